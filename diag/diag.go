@@ -1,0 +1,104 @@
+// Package diag holds compiler diagnostics and renders them in the
+// `file:line:col: error: message` form, followed by the source line and a
+// caret under the column.
+package diag
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Diagnostic is one error at a position. Line and Col are 1-based; a
+// Diagnostic with Line 0 names only its file.
+type Diagnostic struct {
+	File      string
+	Line, Col int
+	Msg       string
+}
+
+func (d Diagnostic) String() string {
+	if d.Line <= 0 {
+		if d.File == "" {
+			return "error: " + d.Msg
+		}
+		return fmt.Sprintf("%s: error: %s", d.File, d.Msg)
+	}
+	return fmt.Sprintf("%s:%d:%d: error: %s", d.File, d.Line, d.Col, d.Msg)
+}
+
+// List is an error made of one or more diagnostics.
+type List []Diagnostic
+
+func (l List) Error() string {
+	parts := make([]string, len(l))
+	for i, d := range l {
+		parts[i] = d.String()
+	}
+	return strings.Join(parts, "\n")
+}
+
+// Sort orders diagnostics by file and position and removes exact repeats.
+func (l List) Sort() List {
+	sort.SliceStable(l, func(i, j int) bool {
+		a, b := l[i], l[j]
+		if a.File != b.File {
+			return a.File < b.File
+		}
+		if a.Line != b.Line {
+			return a.Line < b.Line
+		}
+		return a.Col < b.Col
+	})
+	out := l[:0]
+	for i, d := range l {
+		if i > 0 && d == l[i-1] {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// Render writes each diagnostic followed, when the source text of its file
+// is known, by the offending line and a caret under the column.
+func Render(l List, sources map[string]string) string {
+	var b strings.Builder
+	for _, d := range l {
+		b.WriteString(d.String())
+		b.WriteByte('\n')
+		if d.Line <= 0 {
+			continue
+		}
+		src, ok := sources[d.File]
+		if !ok {
+			continue
+		}
+		lines := strings.Split(src, "\n")
+		if d.Line > len(lines) {
+			continue
+		}
+		line := strings.TrimRight(lines[d.Line-1], "\r")
+		b.WriteString(line)
+		b.WriteByte('\n')
+		col := d.Col
+		if col < 1 {
+			col = 1
+		}
+		// Keep tabs so the caret lines up under tab-indented source.
+		var pad strings.Builder
+		for i := 0; i < col-1 && i < len(line); i++ {
+			if line[i] == '\t' {
+				pad.WriteByte('\t')
+			} else {
+				pad.WriteByte(' ')
+			}
+		}
+		for i := len(line); i < col-1; i++ {
+			pad.WriteByte(' ')
+		}
+		b.WriteString(pad.String())
+		b.WriteString("^\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,121 @@
+package ir
+
+import "fmt"
+
+// Linear algebra and reductions.
+
+func init() {
+	Register(&OpDef{
+		Name: "matmul", Summary: "NumPy matmul: batched, broadcasting", MinOperands: 2, MaxOperands: 2,
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			s, _, err := MatmulShape(in[0], in[1])
+			if err != nil {
+				return nil, err
+			}
+			return []Type{{DType: in[0].DType, Shape: s}}, nil
+		},
+		FLOPs: func(in, out []Type, _ Attrs) int64 {
+			_, k, _ := MatmulShape(in[0], in[1])
+			return 2 * out[0].NumElements() * k
+		},
+		Fusion: OutFusable,
+	})
+	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
+		Register(&OpDef{
+			Name: name, Summary: "reduce over axes (all axes when absent)", MinOperands: 1, MaxOperands: 1,
+			Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}, {Name: "keepdims", Kind: AttrBool}},
+			Infer: func(in []Type, a Attrs) ([]Type, error) {
+				axes, err := ReduceAxes(a, in[0].Rank())
+				if err != nil {
+					return nil, err
+				}
+				return []Type{{DType: in[0].DType, Shape: ReducedShape(in[0].Shape, axes, a.Bool("keepdims", false))}}, nil
+			},
+			FLOPs:  inputFLOPs,
+			Fusion: Reduction,
+		})
+	}
+}
+
+// MatmulShape returns the result shape of a NumPy matmul and its
+// contraction length.
+func MatmulShape(a, b Type) (Shape, int64, error) {
+	if a.DType != b.DType {
+		return nil, 0, fmt.Errorf("operand dtypes differ: %s and %s", a.DType, b.DType)
+	}
+	if a.Rank() == 0 || b.Rank() == 0 {
+		return nil, 0, fmt.Errorf("matmul operands must have rank >= 1, got %s and %s", a, b)
+	}
+	as, bs := a.Shape, b.Shape
+	if len(as) == 1 {
+		as = Shape{1, as[0]}
+	}
+	if len(bs) == 1 {
+		bs = Shape{bs[0], 1}
+	}
+	k := as[len(as)-1]
+	if bs[len(bs)-2] != k {
+		return nil, 0, fmt.Errorf("matmul contraction mismatch: %s and %s", a, b)
+	}
+	batch, err := BroadcastShapes(as[:len(as)-2], bs[:len(bs)-2])
+	if err != nil {
+		return nil, 0, err
+	}
+	out := append(batch.Clone(), as[len(as)-2], bs[len(bs)-1])
+	if a.Rank() == 1 {
+		out = append(out[:len(out)-2], out[len(out)-1])
+	}
+	if b.Rank() == 1 {
+		out = out[:len(out)-1]
+	}
+	return out, k, nil
+}
+
+// ReduceAxes returns the sorted, normalized "axes" attribute (all axes
+// when absent).
+func ReduceAxes(a Attrs, rank int) ([]int, error) {
+	raw, ok := a["axes"]
+	if !ok {
+		all := make([]int, rank)
+		for i := range all {
+			all[i] = i
+		}
+		return all, nil
+	}
+	ints, _ := raw.Ints()
+	seen := make([]bool, rank)
+	for _, x := range ints {
+		ax, err := NormalizeAxis(x, rank)
+		if err != nil {
+			return nil, err
+		}
+		if seen[ax] {
+			return nil, fmt.Errorf("axis %d repeated", x)
+		}
+		seen[ax] = true
+	}
+	var out []int
+	for i, s := range seen {
+		if s {
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}
+
+// ReducedShape removes (or, with keep, sets to 1) the given axes.
+func ReducedShape(s Shape, axes []int, keep bool) Shape {
+	out := Shape{}
+	j := 0
+	for i, d := range s {
+		if j < len(axes) && axes[j] == i {
+			j++
+			if keep {
+				out = append(out, 1)
+			}
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}

@@ -1,0 +1,204 @@
+package ir
+
+import (
+	"fmt"
+
+	"github.com/kiln-compiler/kiln/diag"
+)
+
+// Verify checks the module's structural invariants and returns every
+// problem found, or nil:
+//   - function names are unique; value names are unique within a function;
+//   - every operand is defined before its use (a region sees only its
+//     arguments and its own ops);
+//   - every op kind is registered, its operand count and attributes are
+//     valid and its result types equal the inferred ones;
+//   - every tensor's byte size fits in int64; offsets are not negative.
+func Verify(m *Module) error {
+	var errs diag.List
+	funcs := map[string]bool{}
+	for _, f := range m.Funcs {
+		if funcs[f.Name] {
+			errs = append(errs, at(f.Pos, f, nil, fmt.Sprintf("function @%s is defined twice", QuoteName(f.Name))))
+		}
+		funcs[f.Name] = true
+		errs = append(errs, verifyFunc(f)...)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
+}
+
+// at builds a diagnostic at p, falling back to the op's location or the
+// function's position when p is unknown (ops made by passes).
+func at(p Pos, f *Func, op *Op, msg string) diag.Diagnostic {
+	if !p.IsValid() && op != nil && op.Loc.Line > 0 {
+		return diag.Diagnostic{File: op.Loc.File, Line: op.Loc.Line, Col: op.Loc.Col, Msg: msg}
+	}
+	if !p.IsValid() {
+		p = f.Pos
+		if op != nil {
+			msg = fmt.Sprintf("in @%s, op %s: %s", QuoteName(f.Name), op.Kind, msg)
+		} else {
+			msg = fmt.Sprintf("in @%s: %s", QuoteName(f.Name), msg)
+		}
+	}
+	return diag.Diagnostic{File: p.File, Line: p.Line, Col: p.Col, Msg: msg}
+}
+
+type verifier struct {
+	f     *Func
+	names map[string]bool
+	errs  diag.List
+}
+
+func verifyFunc(f *Func) diag.List {
+	v := &verifier{f: f, names: map[string]bool{}}
+	scope := map[*Value]bool{}
+	for i, a := range f.Args {
+		if a.Arg == nil {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %d has no argument info", i)))
+			continue
+		}
+		v.define(a, f.Pos, nil)
+		scope[a] = true
+		if a.Arg.Init != nil {
+			if err := a.Arg.Init.Validate(); err != nil {
+				v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("initial value of %s: %v", a.Ref(), err)))
+			} else if !a.Arg.Init.Type.Equal(a.Type) {
+				v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("initial value of %s has type %s, want %s", a.Ref(), a.Arg.Init.Type, a.Type)))
+			}
+		}
+	}
+	v.block(f.Body, scope)
+	for i, r := range f.Results {
+		if r.Value == nil || !scope[r.Value] {
+			name := "<nil>"
+			if r.Value != nil {
+				name = r.Value.Ref()
+			}
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("result %d uses undefined value %s", i, name)))
+		}
+	}
+	return v.errs
+}
+
+func (v *verifier) define(val *Value, p Pos, op *Op) {
+	if v.names[val.Name] {
+		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("value %s is defined twice", val.Ref())))
+	}
+	v.names[val.Name] = true
+	if _, ok := val.Type.Bytes(); !ok {
+		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("type %s of %s is too large: its size in bytes overflows int64", val.Type, val.Ref())))
+	}
+	if val.Type.DType == Invalid {
+		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("value %s has no dtype", val.Ref())))
+	}
+	if val.Offset < NoOffset {
+		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("value %s has negative offset %d", val.Ref(), val.Offset)))
+	}
+}
+
+func (v *verifier) block(body []*Op, scope map[*Value]bool) {
+	for _, op := range body {
+		v.op(op, scope)
+		for _, r := range op.Results {
+			scope[r] = true
+		}
+	}
+}
+
+func (v *verifier) op(op *Op, scope map[*Value]bool) {
+	ok := true
+	for i, x := range op.Operands {
+		if x == nil || !scope[x] {
+			name := "<nil>"
+			if x != nil {
+				name = x.Ref()
+			}
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("operand %d of %s uses undefined value %s", i, op.Kind, name)))
+			ok = false
+		}
+	}
+	for i, r := range op.Results {
+		if r.Def != op || r.Index != i {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("result %s is not linked to its op", r.Ref())))
+		}
+		v.define(r, op.Pos, op)
+	}
+	if op.Region != nil {
+		v.region(op, scope)
+	}
+	d := op.Def()
+	if d == nil {
+		v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("unknown op %q", op.Kind)))
+		return
+	}
+	if d.HasRegion != (op.Region != nil) {
+		if d.HasRegion {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("op %s needs a region", op.Kind)))
+		} else {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("op %s takes no region", op.Kind)))
+		}
+		return
+	}
+	if d.HasRegion {
+		if err := d.CheckAttrs(op.Attrs); err != nil {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s: %v", op.Kind, err)))
+		}
+		return
+	}
+	if !ok {
+		return
+	}
+	in := make([]Type, len(op.Operands))
+	for i, x := range op.Operands {
+		in[i] = x.Type
+	}
+	want, err := d.InferTypes(in, op.Attrs)
+	if err != nil {
+		v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s: %v", op.Kind, err)))
+		return
+	}
+	if len(want) != len(op.Results) {
+		v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s has %d results, want %d", op.Kind, len(op.Results), len(want))))
+		return
+	}
+	for i, r := range op.Results {
+		if !r.Type.Equal(want[i]) {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s result %s has type %s, but its operands give %s", op.Kind, r.Ref(), r.Type, want[i])))
+		}
+	}
+}
+
+// region checks a kernel body: it sees only its own arguments, which match
+// the op's operands, and it yields values matching the op's results.
+func (v *verifier) region(op *Op, _ map[*Value]bool) {
+	r := op.Region
+	inner := map[*Value]bool{}
+	if len(r.Args) != len(op.Operands) {
+		v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("region has %d arguments for %d operands", len(r.Args), len(op.Operands))))
+	}
+	for i, a := range r.Args {
+		v.define(a, op.Pos, op)
+		inner[a] = true
+		if i < len(op.Operands) && op.Operands[i] != nil && !a.Type.Equal(op.Operands[i].Type) {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("region argument %s has type %s, operand has %s", a.Ref(), a.Type, op.Operands[i].Type)))
+		}
+	}
+	v.block(r.Body, inner)
+	if len(r.Yield) != len(op.Results) {
+		v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("region yields %d values for %d results", len(r.Yield), len(op.Results))))
+		return
+	}
+	for i, y := range r.Yield {
+		if y == nil || !inner[y] {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("region yields a value not defined in it (result %d)", i)))
+			continue
+		}
+		if !y.Type.Equal(op.Results[i].Type) {
+			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("region yields %s for result of type %s", y.Type, op.Results[i].Type)))
+		}
+	}
+}

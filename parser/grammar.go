@@ -1,0 +1,144 @@
+package parser
+
+import (
+	"github.com/alecthomas/participle/v2"
+	"github.com/alecthomas/participle/v2/lexer"
+)
+
+// The lexer: rules are tried in order at each position.
+var kirLexer = lexer.MustSimple([]lexer.SimpleRule{
+	{Name: "Comment", Pattern: `//[^\n]*`},
+	{Name: "Whitespace", Pattern: `[ \t\r\n]+`},
+	{Name: "Keyword", Pattern: `(?:func|return|yield)\b`},
+	{Name: "ValueRef", Pattern: `%(?:[A-Za-z0-9_.$-]+|"(?:\\.|[^"\\\n])*")`},
+	{Name: "FuncRef", Pattern: `@(?:[A-Za-z0-9_.$-]+|"(?:\\.|[^"\\\n])*")`},
+	{Name: "Hex", Pattern: `0x[0-9a-fA-F]*`},
+	{Name: "Float", Pattern: `[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf\b|nan\b)`},
+	{Name: "Int", Pattern: `[-+]?\d+`},
+	{Name: "String", Pattern: `"(?:\\.|[^"\\\n])*"`},
+	{Name: "Arrow", Pattern: `->`},
+	{Name: "Ident", Pattern: `[A-Za-z_][A-Za-z0-9_.]*`},
+	{Name: "Punct", Pattern: `[(){}\[\],:=<>]`},
+})
+
+var kirParser = participle.MustBuild[fileAST](
+	participle.Lexer(kirLexer),
+	participle.Elide("Comment", "Whitespace"),
+	participle.UseLookahead(4),
+)
+
+type fileAST struct {
+	Funcs []*funcAST `parser:"@@*"`
+}
+
+type funcAST struct {
+	Pos       lexer.Position
+	Name      string       `parser:"'func' @FuncRef"`
+	Args      []*argAST    `parser:"'(' (@@ (',' @@)*)? ')'"`
+	Results   []*resultAST `parser:"Arrow '(' (@@ (',' @@)*)? ')'"`
+	Attrs     *attrDictAST `parser:"('attributes' @@)?"`
+	Body      []*opAST     `parser:"'{' @@*"`
+	ReturnPos lexer.Position
+	Return    []*refAST `parser:"'return' (@@ (',' @@)*)? '}'"`
+}
+
+type refAST struct {
+	Pos  lexer.Position
+	Name string `parser:"@ValueRef"`
+}
+
+type argAST struct {
+	Pos   lexer.Position
+	Name  string        `parser:"@ValueRef ':'"`
+	Type  *typeAST      `parser:"@@"`
+	Attrs []*argAttrAST `parser:"('{' @@ (',' @@)* '}')?"`
+}
+
+type argAttrAST struct {
+	Pos   lexer.Position
+	Key   string    `parser:"@(Ident | String)"`
+	Value *valueAST `parser:"('=' @@)?"`
+}
+
+type resultAST struct {
+	Pos  lexer.Position
+	Name *string  `parser:"(@(Ident | String) ':')?"`
+	Type *typeAST `parser:"@@"`
+}
+
+type typeAST struct {
+	Pos   lexer.Position
+	DType string   `parser:"@Ident"`
+	Dims  []string `parser:"'[' (@Int (',' @Int)*)? ']'"`
+}
+
+type opAST struct {
+	Pos      lexer.Position
+	Results  []*refAST        `parser:"(@@ (',' @@)* '=')?"`
+	Kind     string           `parser:"@Ident"`
+	Operands []*refAST        `parser:"'(' (@@ (',' @@)*)? ')'"`
+	Attrs    *attrDictAST     `parser:"@@?"`
+	Types    []*resultTypeAST `parser:"(':' @@ (',' @@)*)?"`
+	Loc      *locAST          `parser:"('loc' '(' @@ ')')?"`
+	Region   *regionAST       `parser:"@@?"`
+}
+
+type resultTypeAST struct {
+	Type   *typeAST `parser:"@@"`
+	Offset *string  `parser:"('at' @Int)?"`
+}
+
+type regionAST struct {
+	Pos      lexer.Position
+	Args     []*paramAST `parser:"'region' '(' (@@ (',' @@)*)? ')'"`
+	Body     []*opAST    `parser:"'{' @@*"`
+	YieldPos lexer.Position
+	Yield    []*refAST `parser:"'yield' (@@ (',' @@)*)? '}'"`
+}
+
+type paramAST struct {
+	Pos  lexer.Position
+	Name string   `parser:"@ValueRef ':'"`
+	Type *typeAST `parser:"@@"`
+}
+
+type attrDictAST struct {
+	Entries []*attrEntryAST `parser:"'{' (@@ (',' @@)*)? '}'"`
+}
+
+type attrEntryAST struct {
+	Pos   lexer.Position
+	Key   string    `parser:"@(Ident | String) '='"`
+	Value *valueAST `parser:"@@"`
+}
+
+type valueAST struct {
+	Pos   lexer.Position
+	Float *string   `parser:"  @Float"`
+	Int   *string   `parser:"| @Int"`
+	Str   *string   `parser:"| @String"`
+	Bool  *string   `parser:"| @('true' | 'false')"`
+	Dense *denseAST `parser:"| 'dense' '<' @@ '>'"`
+	List  *listAST  `parser:"| @@"`
+	DType *string   `parser:"| @Ident"`
+}
+
+type listAST struct {
+	Elems []*valueAST `parser:"'[' (@@ (',' @@)*)? ']'"`
+}
+
+type denseAST struct {
+	Type  *typeAST  `parser:"@@ ':'"`
+	Hex   *string   `parser:"(  @Hex"`
+	List  *listAST  `parser:" | @@"`
+	Splat *valueAST `parser:" | @@)"`
+}
+
+type locAST struct {
+	Pos   lexer.Position
+	Fused []*locAST `parser:"  'fused' '[' (@@ (',' @@)*)? ']'"`
+	File  *string   `parser:"| @String"`
+	Line  *string   `parser:"  (':' ( @Int"`
+	Col   *string   `parser:"         ':' @Int"`
+	Name  *string   `parser:"       | @String))?"`
+}

@@ -1,0 +1,489 @@
+package parser
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/alecthomas/participle/v2"
+	"github.com/alecthomas/participle/v2/lexer"
+
+	"github.com/kiln-compiler/kiln/diag"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// maxErrors bounds the diagnostics of one parse.
+const maxErrors = 20
+
+// Parse reads a module from src; filename is used in positions. On
+// failure the error is a diag.List with every problem found.
+func Parse(filename, src string) (*ir.Module, error) {
+	var errs diag.List
+	m := &ir.Module{}
+	text := src
+	for {
+		ast, err := kirParser.ParseString(filename, text)
+		if err == nil {
+			for _, f := range ast.Funcs {
+				fn, ferrs := lowerFunc(filename, f)
+				errs = append(errs, ferrs...)
+				if fn != nil {
+					m.Funcs = append(m.Funcs, fn)
+				}
+			}
+			break
+		}
+		d := syntaxDiag(filename, err)
+		errs = append(errs, d)
+		// Lower the functions that parsed before the error by reparsing
+		// the text up to the start of the failing function.
+		start := funcStartBefore(text, d.Line)
+		if start > 0 {
+			if head, herr := kirParser.ParseString(filename, text[:start]); herr == nil {
+				for _, f := range head.Funcs {
+					fn, ferrs := lowerFunc(filename, f)
+					errs = append(errs, ferrs...)
+					if fn != nil {
+						m.Funcs = append(m.Funcs, fn)
+					}
+				}
+			}
+		}
+		next := nextFuncLine(text, d.Line)
+		if next < 0 || len(errs) >= maxErrors {
+			break
+		}
+		text = blankBefore(text, next)
+	}
+	if len(errs) > 0 {
+		return nil, errs.Sort()
+	}
+	return m, nil
+}
+
+func syntaxDiag(filename string, err error) diag.Diagnostic {
+	var perr participle.Error
+	if errors.As(err, &perr) {
+		p := perr.Position()
+		return diag.Diagnostic{File: filename, Line: max(p.Line, 1), Col: max(p.Column, 1), Msg: friendly(perr.Message())}
+	}
+	return diag.Diagnostic{File: filename, Line: 1, Col: 1, Msg: err.Error()}
+}
+
+// friendly rewrites participle's token names into the words a user sees.
+func friendly(msg string) string {
+	r := strings.NewReplacer(
+		"<valueref>", "a value (%name)",
+		"<funcref>", "a function name (@name)",
+		"<ident>", "a name",
+		"<int>", "an integer",
+		"<float>", "a number",
+		"<string>", "a string",
+		"<arrow>", "\"->\"",
+		"<hex>", "hex digits",
+		"<EOF>", "end of file",
+	)
+	return r.Replace(msg)
+}
+
+// lineStarts returns the byte offset of each line's start.
+func lineStarts(text string) []int {
+	starts := []int{0}
+	for i := 0; i < len(text); i++ {
+		if text[i] == '\n' {
+			starts = append(starts, i+1)
+		}
+	}
+	return starts
+}
+
+func isFuncLine(text string, start int) bool {
+	return strings.HasPrefix(text[start:], "func ") || strings.HasPrefix(text[start:], "func@")
+}
+
+// nextFuncLine returns the offset of the first line after line that
+// starts a function, or -1.
+func nextFuncLine(text string, line int) int {
+	starts := lineStarts(text)
+	for l := line; l < len(starts); l++ { // starts[l] is the start of line l+1
+		if isFuncLine(text, starts[l]) {
+			return starts[l]
+		}
+	}
+	return -1
+}
+
+// funcStartBefore returns the offset of the last function start at or
+// before line, or 0.
+func funcStartBefore(text string, line int) int {
+	starts := lineStarts(text)
+	for l := min(line, len(starts)) - 1; l >= 0; l-- {
+		if isFuncLine(text, starts[l]) {
+			return starts[l]
+		}
+	}
+	return 0
+}
+
+// blankBefore replaces everything before off with spaces, keeping the
+// newlines, so positions in the rest stay exact.
+func blankBefore(text string, off int) string {
+	b := []byte(text)
+	for i := 0; i < off; i++ {
+		if b[i] != '\n' {
+			b[i] = ' '
+		}
+	}
+	return string(b)
+}
+
+type lowerer struct {
+	file  string
+	f     *ir.Func
+	errs  diag.List
+	later map[string]bool // names defined somewhere in the function
+}
+
+func (l *lowerer) errorf(p lexer.Position, format string, args ...any) {
+	l.errs = append(l.errs, diag.Diagnostic{File: l.file, Line: p.Line, Col: p.Column, Msg: fmt.Sprintf(format, args...)})
+}
+
+func pos(file string, p lexer.Position) ir.Pos {
+	return ir.Pos{File: file, Line: p.Line, Col: p.Column}
+}
+
+func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
+	l := &lowerer{file: file, later: map[string]bool{}}
+	f := &ir.Func{Name: unquoteSigil(fa.Name), Pos: pos(file, fa.Pos)}
+	l.f = f
+	collectNames(fa.Body, l.later)
+	scope := map[string]*ir.Value{}
+	for i, a := range fa.Args {
+		v := &ir.Value{Name: unquoteSigil(a.Name), Type: l.lowerType(a.Type), Index: i, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
+		l.lowerArgAttrs(v, a)
+		l.define(scope, v, a.Pos)
+		f.Args = append(f.Args, v)
+	}
+	if fa.Attrs != nil {
+		f.Attrs = l.lowerAttrs(fa.Attrs)
+	}
+	f.Body = l.lowerBody(fa.Body, scope)
+	if len(fa.Return) != len(fa.Results) {
+		l.errorf(fa.ReturnPos, "return has %d values, but @%s declares %d results", len(fa.Return), f.Name, len(fa.Results))
+	}
+	for i, r := range fa.Return {
+		v := l.use(scope, r)
+		if v == nil || i >= len(fa.Results) {
+			continue
+		}
+		res := ir.Result{Value: v}
+		if n := fa.Results[i].Name; n != nil {
+			res.Name = unquoteName(*n)
+		}
+		if t := l.lowerType(fa.Results[i].Type); t.DType != ir.Invalid && !t.Equal(v.Type) {
+			l.errorf(r.Pos, "returned value %s has type %s, but result %d is declared %s", r.Name, v.Type, i, t)
+		}
+		f.Results = append(f.Results, res)
+	}
+	if len(l.errs) > 0 {
+		return nil, l.errs
+	}
+	return f, nil
+}
+
+func collectNames(body []*opAST, names map[string]bool) {
+	for _, op := range body {
+		for _, r := range op.Results {
+			names[unquoteSigil(r.Name)] = true
+		}
+		if op.Region != nil {
+			collectNames(op.Region.Body, names)
+		}
+	}
+}
+
+func (l *lowerer) define(scope map[string]*ir.Value, v *ir.Value, p lexer.Position) {
+	if _, dup := scope[v.Name]; dup {
+		l.errorf(p, "value %s is defined twice", v.Ref())
+		return
+	}
+	scope[v.Name] = v
+}
+
+func (l *lowerer) use(scope map[string]*ir.Value, r *refAST) *ir.Value {
+	name := unquoteSigil(r.Name)
+	if v, ok := scope[name]; ok {
+		return v
+	}
+	if l.later[name] {
+		l.errorf(r.Pos, "value %s is used before it is defined", r.Name)
+	} else {
+		l.errorf(r.Pos, "use of undefined value %s", r.Name)
+	}
+	return nil
+}
+
+func (l *lowerer) lowerBody(body []*opAST, scope map[string]*ir.Value) []*ir.Op {
+	var out []*ir.Op
+	for _, oa := range body {
+		op := &ir.Op{Kind: oa.Kind, Pos: pos(l.file, oa.Pos)}
+		ok := true
+		for _, r := range oa.Operands {
+			v := l.use(scope, r)
+			ok = ok && v != nil
+			op.Operands = append(op.Operands, v)
+		}
+		if oa.Attrs != nil {
+			op.Attrs = l.lowerAttrs(oa.Attrs)
+		}
+		if oa.Loc != nil {
+			op.Loc = l.lowerLoc(oa.Loc)
+		}
+		if len(oa.Types) != len(oa.Results) {
+			l.errorf(oa.Pos, "%s defines %d values but lists %d types", oa.Kind, len(oa.Results), len(oa.Types))
+			ok = false
+		}
+		if oa.Region != nil {
+			op.Region = l.lowerRegion(oa.Region)
+		}
+		for i, r := range oa.Results {
+			v := &ir.Value{Name: unquoteSigil(r.Name), Def: op, Index: i, Offset: ir.NoOffset}
+			if i < len(oa.Types) {
+				v.Type = l.lowerType(oa.Types[i].Type)
+				if o := oa.Types[i].Offset; o != nil {
+					v.Offset = l.parseInt(*o, oa.Types[i].Type.Pos)
+					if v.Offset < 0 {
+						l.errorf(oa.Types[i].Type.Pos, "offset of %s must not be negative", r.Name)
+					}
+				}
+			}
+			op.Results = append(op.Results, v)
+			l.define(scope, v, r.Pos)
+		}
+		if ok {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+func (l *lowerer) lowerRegion(ra *regionAST) *ir.Region {
+	inner := map[string]*ir.Value{}
+	r := &ir.Region{}
+	for i, p := range ra.Args {
+		v := &ir.Value{Name: unquoteSigil(p.Name), Type: l.lowerType(p.Type), Index: i, Offset: ir.NoOffset}
+		l.define(inner, v, p.Pos)
+		r.Args = append(r.Args, v)
+	}
+	r.Body = l.lowerBody(ra.Body, inner)
+	for _, y := range ra.Yield {
+		if v := l.use(inner, y); v != nil {
+			r.Yield = append(r.Yield, v)
+		}
+	}
+	return r
+}
+
+func (l *lowerer) lowerType(t *typeAST) ir.Type {
+	d, ok := ir.ParseDType(t.DType)
+	if !ok {
+		l.errorf(t.Pos, "unknown dtype %q (want one of %s)", t.DType, ir.DTypeNames())
+	}
+	shape := ir.Shape{}
+	for _, s := range t.Dims {
+		n := l.parseInt(s, t.Pos)
+		if n < 0 {
+			l.errorf(t.Pos, "dimension %d must not be negative", n)
+		}
+		shape = append(shape, n)
+	}
+	return ir.Type{DType: d, Shape: shape}
+}
+
+func (l *lowerer) parseInt(s string, p lexer.Position) int64 {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		l.errorf(p, "integer %s is out of range", s)
+	}
+	return n
+}
+
+func (l *lowerer) lowerArgAttrs(v *ir.Value, a *argAST) {
+	for _, at := range a.Attrs {
+		key := unquoteName(at.Key)
+		switch {
+		case at.Value == nil && (key == "param" || key == "state"):
+			if v.Arg.Kind != ir.ArgData {
+				l.errorf(at.Pos, "argument %s is already %s", a.Name, v.Arg.Kind)
+			}
+			v.Arg.Kind = ir.ArgParam
+			if key == "state" {
+				v.Arg.Kind = ir.ArgState
+			}
+		case at.Value == nil:
+			l.errorf(at.Pos, "argument attribute %q needs a value (only param and state stand alone)", key)
+		case key == "init":
+			val := l.lowerValue(at.Value)
+			if val.Kind != ir.AttrDense {
+				l.errorf(at.Value.Pos, "init must be a dense constant")
+				continue
+			}
+			v.Arg.Init = val.Dense
+		default:
+			if v.Arg.Attrs == nil {
+				v.Arg.Attrs = ir.Attrs{}
+			}
+			v.Arg.Attrs[key] = l.lowerValue(at.Value)
+		}
+	}
+}
+
+func (l *lowerer) lowerAttrs(d *attrDictAST) ir.Attrs {
+	out := ir.Attrs{}
+	for _, e := range d.Entries {
+		key := unquoteName(e.Key)
+		if _, dup := out[key]; dup {
+			l.errorf(e.Pos, "attribute %q is given twice", key)
+		}
+		out[key] = l.lowerValue(e.Value)
+	}
+	return out
+}
+
+func (l *lowerer) lowerValue(v *valueAST) ir.Attr {
+	switch {
+	case v.Float != nil:
+		return ir.FloatAttr(parseFloat(*v.Float))
+	case v.Int != nil:
+		return ir.IntAttr(l.parseInt(*v.Int, v.Pos))
+	case v.Str != nil:
+		return ir.StringAttr(unquoteName(*v.Str))
+	case v.Bool != nil:
+		return ir.BoolAttr(*v.Bool == "true")
+	case v.List != nil:
+		out := ir.Attr{Kind: ir.AttrList, List: []ir.Attr{}}
+		for _, e := range v.List.Elems {
+			out.List = append(out.List, l.lowerValue(e))
+		}
+		return out
+	case v.Dense != nil:
+		return ir.DenseAttr(l.lowerDense(v.Dense, v.Pos))
+	case v.DType != nil:
+		d, ok := ir.ParseDType(*v.DType)
+		if !ok {
+			l.errorf(v.Pos, "unknown attribute value %q (a dtype, number, string, bool, list or dense constant)", *v.DType)
+		}
+		return ir.TypeAttr(d)
+	}
+	return ir.Attr{}
+}
+
+func parseFloat(s string) float64 {
+	switch strings.TrimPrefix(s, "+") {
+	case "inf":
+		return math.Inf(1)
+	case "-inf":
+		return math.Inf(-1)
+	case "nan", "-nan":
+		return math.NaN()
+	}
+	f, _ := strconv.ParseFloat(s, 64) // the lexer admits only valid floats; overflow gives ±Inf
+	return f
+}
+
+func (l *lowerer) lowerDense(da *denseAST, p lexer.Position) *ir.Dense {
+	t := l.lowerType(da.Type)
+	if t.DType == ir.Invalid {
+		return &ir.Dense{Type: t}
+	}
+	if da.Hex != nil {
+		raw, err := hex.DecodeString(strings.TrimPrefix(*da.Hex, "0x"))
+		if err != nil {
+			l.errorf(p, "dense hex data: %v", err)
+			return &ir.Dense{Type: t}
+		}
+		d, err := ir.DenseFromRaw(t, raw)
+		if err != nil {
+			l.errorf(p, "dense constant: %v", err)
+		}
+		return d
+	}
+	var elems []*valueAST
+	if da.List != nil {
+		elems = da.List.Elems
+	} else {
+		elems = []*valueAST{da.Splat}
+	}
+	d := &ir.Dense{Type: t}
+	for _, e := range elems {
+		a := l.lowerValue(e)
+		var f float64
+		switch a.Kind {
+		case ir.AttrFloat:
+			f = a.Float
+		case ir.AttrInt:
+			f = float64(a.Int)
+		case ir.AttrBool:
+			if a.Bool {
+				f = 1
+			}
+		default:
+			l.errorf(e.Pos, "dense elements must be numbers or bools")
+			continue
+		}
+		if t.DType.IsFloat() {
+			d.Floats = append(d.Floats, ir.RoundTo(t.DType, f))
+		} else if a.Kind == ir.AttrFloat {
+			l.errorf(e.Pos, "%s constant holds a non-integer %s", t.DType, ir.FormatFloat(f))
+		} else {
+			d.Ints = append(d.Ints, int64(ir.RoundTo(t.DType, float64(a.Int))))
+			if a.Kind == ir.AttrInt {
+				d.Ints[len(d.Ints)-1] = a.Int
+			}
+		}
+	}
+	if err := d.Validate(); err != nil {
+		l.errorf(p, "%v", err)
+	}
+	return d
+}
+
+func (l *lowerer) lowerLoc(la *locAST) ir.Location {
+	if la.Fused != nil || la.File == nil {
+		var parts []ir.Location
+		for _, f := range la.Fused {
+			parts = append(parts, l.lowerLoc(f))
+		}
+		return ir.Location{Fused: parts}
+	}
+	loc := ir.Location{}
+	first := unquoteName(*la.File)
+	switch {
+	case la.Line != nil:
+		loc.File = first
+		loc.Line = int(l.parseInt(*la.Line, la.Pos))
+		loc.Col = int(l.parseInt(*la.Col, la.Pos))
+	case la.Name != nil:
+		loc.File = first
+		loc.Name = unquoteName(*la.Name)
+	default:
+		loc.Name = first
+	}
+	return loc
+}
+
+// unquoteSigil strips the % or @ sigil and unquotes a quoted name.
+func unquoteSigil(s string) string { return unquoteName(s[1:]) }
+
+func unquoteName(s string) string {
+	if strings.HasPrefix(s, `"`) {
+		if u, err := strconv.Unquote(s); err == nil {
+			return u
+		}
+		return s[1 : len(s)-1]
+	}
+	return s
+}
