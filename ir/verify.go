@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/kiln-compiler/kiln/diag"
 )
@@ -145,7 +146,7 @@ func (v *verifier) op(op *Op, scope map[*Value]bool) {
 	}
 	if d.HasRegion {
 		if err := d.CheckAttrs(op.Attrs); err != nil {
-			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s: %v", op.Kind, err)))
+			v.errs = append(v.errs, at(op.Pos, v.f, op, err.Error()))
 		}
 		return
 	}
@@ -158,7 +159,11 @@ func (v *verifier) op(op *Op, scope map[*Value]bool) {
 	}
 	want, err := d.InferTypes(in, op.Attrs)
 	if err != nil {
-		v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s: %v", op.Kind, err)))
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "op ") {
+			msg = op.Kind + ": " + msg
+		}
+		v.errs = append(v.errs, at(op.Pos, v.f, op, msg))
 		return
 	}
 	if len(want) != len(op.Results) {

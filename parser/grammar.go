@@ -24,7 +24,7 @@ var kirLexer = lexer.MustSimple([]lexer.SimpleRule{
 var kirParser = participle.MustBuild[fileAST](
 	participle.Lexer(kirLexer),
 	participle.Elide("Comment", "Whitespace"),
-	participle.UseLookahead(4),
+	participle.UseLookahead(2),
 )
 
 type fileAST struct {
@@ -32,14 +32,19 @@ type fileAST struct {
 }
 
 type funcAST struct {
-	Pos       lexer.Position
-	Name      string       `parser:"'func' @FuncRef"`
-	Args      []*argAST    `parser:"'(' (@@ (',' @@)*)? ')'"`
-	Results   []*resultAST `parser:"Arrow '(' (@@ (',' @@)*)? ')'"`
-	Attrs     *attrDictAST `parser:"('attributes' @@)?"`
-	Body      []*opAST     `parser:"'{' @@*"`
-	ReturnPos lexer.Position
-	Return    []*refAST `parser:"'return' (@@ (',' @@)*)? '}'"`
+	Pos     lexer.Position
+	Name    string         `parser:"'func' @FuncRef"`
+	Args    []*argAST      `parser:"'(' (@@ (',' @@)*)? ')'"`
+	Results []*resultAST   `parser:"Arrow '(' (@@ (',' @@)*)? ')'"`
+	Attrs   *attrDictAST   `parser:"('attributes' @@)?"`
+	Body    []*opAST       `parser:"'{' @@*"`
+	Return  *terminatorAST `parser:"'return' @@ '}'"`
+}
+
+// terminatorAST is the value list of a return or yield.
+type terminatorAST struct {
+	Pos    lexer.Position
+	Values []*refAST `parser:"(@@ (',' @@)*)?"`
 }
 
 type refAST struct {
@@ -89,11 +94,10 @@ type resultTypeAST struct {
 }
 
 type regionAST struct {
-	Pos      lexer.Position
-	Args     []*paramAST `parser:"'region' '(' (@@ (',' @@)*)? ')'"`
-	Body     []*opAST    `parser:"'{' @@*"`
-	YieldPos lexer.Position
-	Yield    []*refAST `parser:"'yield' (@@ (',' @@)*)? '}'"`
+	Pos   lexer.Position
+	Args  []*paramAST    `parser:"'region' '(' (@@ (',' @@)*)? ')'"`
+	Body  []*opAST       `parser:"'{' @@*"`
+	Yield *terminatorAST `parser:"'yield' @@ '}'"`
 }
 
 type paramAST struct {

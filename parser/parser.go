@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -19,7 +20,9 @@ import (
 const maxErrors = 20
 
 // Parse reads a module from src; filename is used in positions. On
-// failure the error is a diag.List with every problem found.
+// failure the error is a diag.List with every problem found, and the
+// module holds the functions that did parse (so that a caller can verify
+// them too and report all errors at once).
 func Parse(filename, src string) (*ir.Module, error) {
 	var errs diag.List
 	m := &ir.Module{}
@@ -37,6 +40,7 @@ func Parse(filename, src string) (*ir.Module, error) {
 			break
 		}
 		d := syntaxDiag(filename, err)
+		d.Msg = strings.TrimPrefix(d.Msg, "lexer: ")
 		errs = append(errs, d)
 		// Lower the functions that parsed before the error by reparsing
 		// the text up to the start of the failing function.
@@ -59,7 +63,7 @@ func Parse(filename, src string) (*ir.Module, error) {
 		text = blankBefore(text, next)
 	}
 	if len(errs) > 0 {
-		return nil, errs.Sort()
+		return m, errs.Sort()
 	}
 	return m, nil
 }
@@ -73,8 +77,27 @@ func syntaxDiag(filename string, err error) diag.Diagnostic {
 	return diag.Diagnostic{File: filename, Line: 1, Col: 1, Msg: err.Error()}
 }
 
-// friendly rewrites participle's token names into the words a user sees.
+// friendly rewrites participle's messages into the words a user sees:
+// token names become descriptions, and a list of expected grammar
+// alternatives becomes the literal tokens it starts with.
 func friendly(msg string) string {
+	msg = strings.TrimPrefix(msg, "lexer: ")
+	if i := strings.Index(msg, " (expected "); i >= 0 {
+		want := msg[i+len(" (expected ") : len(msg)-1]
+		msg = msg[:i]
+		if lits := expectedLiterals(want); lits != "" {
+			msg += "; expected " + lits
+		}
+	}
+	msg = strings.Replace(msg, `unexpected token "<EOF>"`, "unexpected end of file", 1)
+	if rest, ok := strings.CutPrefix(msg, "invalid input text "); ok {
+		if r, err := strconv.Unquote(strings.SplitN(rest, "...", 2)[0] + `"`); err == nil && r != "" {
+			return fmt.Sprintf("unexpected character %q", []rune(r)[0])
+		}
+		if r, err := strconv.Unquote(rest); err == nil && r != "" {
+			return fmt.Sprintf("unexpected character %q", []rune(r)[0])
+		}
+	}
 	r := strings.NewReplacer(
 		"<valueref>", "a value (%name)",
 		"<funcref>", "a function name (@name)",
@@ -88,6 +111,28 @@ func friendly(msg string) string {
 	)
 	return r.Replace(msg)
 }
+
+// expectedLiterals lists the quoted tokens and token classes of an
+// expected-grammar string, as "a", "b" or "c".
+func expectedLiterals(want string) string {
+	var out []string
+	seen := map[string]bool{}
+	for _, m := range literalRE.FindAllString(want, -1) {
+		if !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	switch len(out) {
+	case 0:
+		return ""
+	case 1:
+		return out[0]
+	}
+	return strings.Join(out[:len(out)-1], ", ") + " or " + out[len(out)-1]
+}
+
+var literalRE = regexp.MustCompile(`"[^"]*"|<[a-z]+>`)
 
 // lineStarts returns the byte offset of each line's start.
 func lineStarts(text string) []int {
@@ -171,10 +216,10 @@ func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
 		f.Attrs = l.lowerAttrs(fa.Attrs)
 	}
 	f.Body = l.lowerBody(fa.Body, scope)
-	if len(fa.Return) != len(fa.Results) {
-		l.errorf(fa.ReturnPos, "return has %d values, but @%s declares %d results", len(fa.Return), f.Name, len(fa.Results))
+	if len(fa.Return.Values) != len(fa.Results) {
+		l.errorf(fa.Return.Pos, "return has %s, but @%s declares %s", plural(len(fa.Return.Values), "value"), f.Name, plural(len(fa.Results), "result"))
 	}
-	for i, r := range fa.Return {
+	for i, r := range fa.Return.Values {
 		v := l.use(scope, r)
 		if v == nil || i >= len(fa.Results) {
 			continue
@@ -183,7 +228,7 @@ func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
 		if n := fa.Results[i].Name; n != nil {
 			res.Name = unquoteName(*n)
 		}
-		if t := l.lowerType(fa.Results[i].Type); t.DType != ir.Invalid && !t.Equal(v.Type) {
+		if t := l.lowerType(fa.Results[i].Type); t.DType != ir.Invalid && v.Type.DType != ir.Invalid && !t.Equal(v.Type) {
 			l.errorf(r.Pos, "returned value %s has type %s, but result %d is declared %s", r.Name, v.Type, i, t)
 		}
 		f.Results = append(f.Results, res)
@@ -192,6 +237,13 @@ func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
 		return nil, l.errs
 	}
 	return f, nil
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 func collectNames(body []*opAST, names map[string]bool) {
@@ -279,7 +331,7 @@ func (l *lowerer) lowerRegion(ra *regionAST) *ir.Region {
 		r.Args = append(r.Args, v)
 	}
 	r.Body = l.lowerBody(ra.Body, inner)
-	for _, y := range ra.Yield {
+	for _, y := range ra.Yield.Values {
 		if v := l.use(inner, y); v != nil {
 			r.Yield = append(r.Yield, v)
 		}

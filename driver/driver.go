@@ -1,0 +1,242 @@
+package driver
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/diag"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/parser"
+)
+
+// Version is the kiln release.
+const Version = "0.1.0-dev"
+
+// env is one invocation's standard streams.
+type env struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+}
+
+type command struct {
+	name    string
+	usage   string // the synopsis line
+	summary string
+	// flags declares the command's flags on fs and returns the function
+	// that runs it with the positional arguments.
+	flags func(fs *flag.FlagSet) func(e *env, args []string) error
+}
+
+var commands []*command
+
+func addCommand(c *command) { commands = append(commands, c) }
+
+// exitError carries an exit status with an already printed message.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// usageError is a misuse of the command line (exit status 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// Main runs the kiln command with the given arguments (without the
+// program name) and returns the exit status: 0 on success, 1 on an error
+// in the input or a failing pass, 2 on a misuse of the command line.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(stderr, "kiln: internal error: %v\nplease report this with the input that caused it\n", r)
+			code = 1
+		}
+	}()
+	if len(args) == 0 {
+		printHelp(stderr)
+		return 2
+	}
+	name := args[0]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			if c := findCommand(args[1]); c != nil {
+				fmt.Fprint(stdout, commandHelp(c))
+				return 0
+			}
+		}
+		printHelp(stdout)
+		return 0
+	case "version", "--version", "-version":
+		fmt.Fprintf(stdout, "kiln %s\n", Version)
+		return 0
+	}
+	c := findCommand(name)
+	if c == nil {
+		fmt.Fprintf(stderr, "kiln: unknown command %q\n\n", name)
+		printHelp(stderr)
+		return 2
+	}
+	fs := flag.NewFlagSet("kiln "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	run := c.flags(fs)
+	pos, err := parseInterleaved(fs, args[1:])
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, commandHelp(c))
+		return 0
+	case err != nil:
+		err = usageError{err.Error()}
+	default:
+		err = run(e, pos)
+	}
+	var ee exitError
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "kiln %s: %s\nrun 'kiln help %s' for usage\n", c.name, ue.msg, c.name)
+		return 2
+	}
+	fmt.Fprintf(stderr, "%s\n", strings.TrimRight(err.Error(), "\n"))
+	return 1
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprintf(w, "kiln %s: a memory-optimising compiler for deep-learning graphs\n\nUsage:\n", Version)
+	sorted := append([]*command{}, commands...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].name < sorted[j].name })
+	for _, c := range sorted {
+		fmt.Fprintf(w, "  %-52s %s\n", c.usage, c.summary)
+	}
+	fmt.Fprintf(w, "  %-52s %s\n", "kiln version", "print the version")
+	fmt.Fprintf(w, "\nIN is a .kir file or - for standard input. 'kiln help COMMAND' shows a command's flags.\n")
+}
+
+func commandHelp(c *command) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "usage: %s\n\n%s\n", c.usage, c.summary)
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	c.flags(fs)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		b.WriteString("\nflags:\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			dash := "--"
+			if len(f.Name) == 1 || f.Name[0] == 'O' {
+				dash = "-"
+			}
+			fmt.Fprintf(&b, "  %s%s", dash, f.Name)
+			if name != "" {
+				fmt.Fprintf(&b, " %s", name)
+			}
+			fmt.Fprintf(&b, "\n      %s", usage)
+			if f.DefValue != "" && f.DefValue != "false" {
+				fmt.Fprintf(&b, " (default %s)", f.DefValue)
+			}
+			b.WriteString("\n")
+		})
+	}
+	return b.String()
+}
+
+// parseInterleaved parses flags that may come before or after positional
+// arguments ("--" ends the flags) and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > 0 && len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// input is a parsed input file with its text kept for diagnostics.
+type input struct {
+	path   string // "-" for standard input
+	name   string // the name used in diagnostics
+	text   string
+	module *ir.Module
+}
+
+// readModule reads and parses IN (a .kir file or - for standard input)
+// and verifies it. Diagnostics are rendered to stderr and the returned
+// error is an exitError.
+func readModule(e *env, path string) (*input, error) {
+	in := &input{path: path, name: path}
+	var data []byte
+	var err error
+	if path == "-" {
+		in.name = "<stdin>"
+		data, err = io.ReadAll(e.stdin)
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kiln: cannot read input: %v", unwrapPathError(err))
+	}
+	in.text = string(data)
+	m, perr := parser.Parse(in.name, in.text)
+	verr := ir.Verify(m)
+	if perr != nil || verr != nil {
+		var all diag.List
+		for _, err := range []error{perr, verr} {
+			var dl diag.List
+			if errors.As(err, &dl) {
+				all = append(all, dl...)
+			}
+		}
+		return nil, in.report(e, all.Sort())
+	}
+	in.module = m
+	return in, nil
+}
+
+// report renders err (diagnostics with source lines where it has them)
+// to stderr and returns an exitError.
+func (in *input) report(e *env, err error) error {
+	var dl diag.List
+	if errors.As(err, &dl) {
+		fmt.Fprint(e.stderr, diag.Render(dl, map[string]string{in.name: in.text}))
+		return exitError{1}
+	}
+	fmt.Fprintf(e.stderr, "%s\n", err)
+	return exitError{1}
+}
+
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %v", pe.Path, pe.Err)
+	}
+	return err
+}

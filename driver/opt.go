@@ -1,0 +1,155 @@
+package driver
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/outfile"
+	"github.com/kiln-compiler/kiln/passes"
+)
+
+// pipelineFlags are the flags shared by every command that runs passes.
+type pipelineFlags struct {
+	passes           string
+	printBefore      string
+	printAfter       string
+	printAfterAll    bool
+	printAfterChange bool
+	verifyEach       bool
+	timing           bool
+	timingFormat     string
+	stats            bool
+	dumpDir          string
+	reproducerDir    string
+}
+
+func (p *pipelineFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.passes, "passes", "", "pass pipeline, e.g. 'dce,cse,reorder{algo=best}'")
+	fs.StringVar(&p.printBefore, "print-ir-before", "", "comma-separated passes before which to print the IR (to stderr)")
+	fs.StringVar(&p.printAfter, "print-ir-after", "", "comma-separated passes after which to print the IR (to stderr)")
+	fs.BoolVar(&p.printAfterAll, "print-ir-after-all", false, "print the IR after every pass")
+	fs.BoolVar(&p.printAfterChange, "print-ir-after-change", false, "print the IR after every pass that changed it")
+	fs.BoolVar(&p.verifyEach, "verify-each", true, "verify the IR after every pass")
+	fs.BoolVar(&p.timing, "timing", false, "report the wall time of each pass (to stderr)")
+	fs.StringVar(&p.timingFormat, "timing-format", "text", "timing report format: text or json")
+	fs.BoolVar(&p.stats, "stats", false, "print pass statistics (to stderr)")
+	fs.StringVar(&p.dumpDir, "dump-dir", "", "write the IR after each pass to DIR/NN-pass.kir")
+	fs.StringVar(&p.reproducerDir, "reproducer-dir", "", "where a failing pass leaves its reproducer (default: the temp folder)")
+}
+
+func nameSet(list string) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// run parses the pipeline and applies it to in's module, reporting
+// timing and statistics on stderr. It returns the manager for reports.
+func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager, error) {
+	if p.timingFormat != "text" && p.timingFormat != "json" {
+		return nil, usageError{fmt.Sprintf("--timing-format must be text or json, not %q", p.timingFormat)}
+	}
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	if err != nil {
+		return nil, fmt.Errorf("kiln: %v", err)
+	}
+	for name := range nameSet(p.printBefore + "," + p.printAfter) {
+		if passes.Lookup(name) == nil {
+			return nil, fmt.Errorf("kiln: --print-ir-before/--print-ir-after name unknown pass %q", name)
+		}
+	}
+	mg := &passes.Manager{Inst: passes.Instrumentation{
+		PrintBefore:      nameSet(p.printBefore),
+		PrintAfter:       nameSet(p.printAfter),
+		PrintAfterAll:    p.printAfterAll,
+		PrintAfterChange: p.printAfterChange,
+		VerifyEach:       p.verifyEach,
+		DumpDir:          p.dumpDir,
+		ReproducerDir:    p.reproducerDir,
+		Log:              e.stderr,
+	}}
+	runErr := mg.Run(in.module, pipe)
+	if p.timing {
+		if err := mg.WriteTiming(e.stderr, p.timingFormat == "json"); err != nil {
+			return nil, err
+		}
+	}
+	if p.stats {
+		mg.WriteStats(e.stderr)
+	}
+	if runErr != nil {
+		return nil, fmt.Errorf("%s: error: %v", in.name, runErr)
+	}
+	return mg, nil
+}
+
+func init() {
+	addCommand(&command{
+		name:    "opt",
+		usage:   "kiln opt IN [--passes P] [-o OUT]",
+		summary: "parse, verify, run passes and print the IR (without passes: a checker)",
+		flags: func(fs *flag.FlagSet) func(*env, []string) error {
+			var pf pipelineFlags
+			pf.register(fs)
+			out := fs.String("o", "-", "output file (- for standard output)")
+			return func(e *env, args []string) error {
+				if len(args) != 1 {
+					return usageError{"want exactly one input file (or - for standard input)"}
+				}
+				in, err := readModule(e, args[0])
+				if err != nil {
+					return err
+				}
+				if _, err := pf.run(e, in, pf.passes); err != nil {
+					return err
+				}
+				return writeOutput(e, *out, []byte(in.module.String()), args[0])
+			}
+		},
+	})
+	addCommand(&command{
+		name:    "passes",
+		usage:   "kiln passes",
+		summary: "list every pass with its summary and options",
+		flags: func(fs *flag.FlagSet) func(*env, []string) error {
+			return func(e *env, args []string) error {
+				if len(args) != 0 {
+					return usageError{"takes no arguments"}
+				}
+				for _, p := range passes.All() {
+					fmt.Fprintf(e.stdout, "%s\n    %s\n", p.Name, p.Summary)
+					for _, o := range p.Options {
+						kind := o.Kind.String()
+						if o.Kind == passes.EnumOption {
+							kind = strings.Join(o.Enum, "|")
+						}
+						def := ""
+						if o.Default != "" {
+							def = " (default " + o.Default + ")"
+						}
+						fmt.Fprintf(e.stdout, "    %s=<%s>%s: %s\n", o.Name, kind, def, o.Doc)
+					}
+				}
+				return nil
+			}
+		},
+	})
+}
+
+// writeOutput writes data to path ("-" is standard output) atomically,
+// never over any of inputs.
+func writeOutput(e *env, path string, data []byte, inputs ...string) error {
+	if path == "-" || path == "" {
+		_, err := e.stdout.Write(data)
+		return err
+	}
+	if err := outfile.Write(path, data, inputs...); err != nil {
+		return fmt.Errorf("kiln: cannot write %s: %v", path, unwrapPathError(err))
+	}
+	return nil
+}

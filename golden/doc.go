@@ -1,0 +1,6 @@
+// Package golden runs Kiln's golden-file tests: each case is a txtar
+// archive holding the command to run, its input files and the expected
+// standard output, standard error, exit status and output files. Setting
+// KILN_UPDATE=1 rewrites the expectations in place; a mismatch prints a
+// line diff. Out-of-tree passes can use the same harness (docs/plugins.md).
+package golden

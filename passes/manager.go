@@ -1,0 +1,200 @@
+package passes
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/outfile"
+)
+
+// Instrumentation says what the Manager reports around each pass.
+type Instrumentation struct {
+	PrintBefore      map[string]bool // pass names
+	PrintAfter       map[string]bool
+	PrintAfterAll    bool
+	PrintAfterChange bool
+	VerifyEach       bool
+	DumpDir          string    // one numbered file per pass when set
+	ReproducerDir    string    // where a failing pass leaves its reproducer; default os.TempDir()
+	Log              io.Writer // IR printing goes here (stderr in the CLI)
+}
+
+// PassRun records one pass execution.
+type PassRun struct {
+	Name    string
+	Seconds float64
+	Stats   []Stat
+	Changed bool
+}
+
+// Manager runs pipelines.
+type Manager struct {
+	Inst Instrumentation
+	Runs []PassRun // filled by Run
+}
+
+// PassError is a pass that failed, panicked or produced invalid IR.
+type PassError struct {
+	Pass       string
+	Err        error
+	Reproducer string // path of the reproducer file, if one was written
+}
+
+func (e *PassError) Error() string {
+	msg := fmt.Sprintf("pass %s failed: %v", e.Pass, e.Err)
+	if e.Reproducer != "" {
+		msg += "\nreproducer: " + e.Reproducer
+	}
+	return msg
+}
+
+func (e *PassError) Unwrap() error { return e.Err }
+
+// Run applies the pipeline to m in order. On failure the module is left
+// as the failing pass left it, and the error is a *PassError.
+func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
+	in := mg.Inst
+	log := in.Log
+	if log == nil {
+		log = io.Discard
+	}
+	if in.DumpDir != "" {
+		if err := os.MkdirAll(in.DumpDir, 0o755); err != nil {
+			return err
+		}
+		if err := writeAtomic(filepath.Join(in.DumpDir, "00-input.kir"), m.String()); err != nil {
+			return err
+		}
+	}
+	for i, step := range pipe {
+		name := step.Pass.Name
+		before := ""
+		if in.PrintAfterChange || in.PrintBefore[name] {
+			before = m.String()
+		}
+		if in.PrintBefore[name] {
+			fmt.Fprintf(log, "// -----// IR Dump Before %s //----- //\n%s\n", name, before)
+		}
+		snapshot := m.String()
+		ctx, err := NewContext(step.Pass, step.Args)
+		if err != nil {
+			return &PassError{Pass: name, Err: err}
+		}
+		start := time.Now()
+		err = runGuarded(step.Pass, ctx, m)
+		secs := time.Since(start).Seconds()
+		if err == nil && in.VerifyEach {
+			if verr := ir.Verify(m); verr != nil {
+				err = fmt.Errorf("it produced invalid IR:\n%v", verr)
+			}
+		}
+		if err != nil {
+			rep := mg.writeReproducer(name, snapshot, pipe[i:])
+			return &PassError{Pass: name, Err: err, Reproducer: rep}
+		}
+		after := m.String()
+		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Changed: after != snapshot}
+		mg.Runs = append(mg.Runs, run)
+		if in.PrintAfterAll || in.PrintAfter[name] || in.PrintAfterChange && run.Changed {
+			fmt.Fprintf(log, "// -----// IR Dump After %s //----- //\n%s\n", name, after)
+		}
+		if in.DumpDir != "" {
+			file := filepath.Join(in.DumpDir, fmt.Sprintf("%02d-%s.kir", i+1, sanitize(name)))
+			if err := writeAtomic(file, after); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// runGuarded runs a pass and turns a panic into an error with its stack.
+func runGuarded(p *Pass, ctx *Context, m *ir.Module) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return p.Run(ctx, m)
+}
+
+func (mg *Manager) writeReproducer(pass, input string, rest Pipeline) string {
+	dir := mg.Inst.ReproducerDir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	path := filepath.Join(dir, "kiln-reproducer-"+sanitize(pass)+".kir")
+	text := fmt.Sprintf("// kiln reproducer: pass %s failed on this input.\n// run: kiln opt %s --passes='%s'\n%s",
+		pass, filepath.Base(path), rest.String(), input)
+	if err := writeAtomic(path, text); err != nil {
+		return ""
+	}
+	return path
+}
+
+func sanitize(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' {
+			return r
+		}
+		return '_'
+	}, name)
+}
+
+func writeAtomic(path, text string) error { return outfile.Write(path, []byte(text)) }
+
+// WriteTiming prints the wall time of each pass as a table, or as JSON when
+// asJSON is set.
+func (mg *Manager) WriteTiming(w io.Writer, asJSON bool) error {
+	total := 0.0
+	for _, r := range mg.Runs {
+		total += r.Seconds
+	}
+	if asJSON {
+		type entry struct {
+			Name    string  `json:"name"`
+			Seconds float64 `json:"seconds"`
+		}
+		out := struct {
+			Passes       []entry `json:"passes"`
+			TotalSeconds float64 `json:"total_seconds"`
+		}{Passes: []entry{}, TotalSeconds: total}
+		for _, r := range mg.Runs {
+			out.Passes = append(out.Passes, entry{r.Name, r.Seconds})
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "seconds\t%\tpass\t")
+	for _, r := range mg.Runs {
+		pct := 0.0
+		if total > 0 {
+			pct = 100 * r.Seconds / total
+		}
+		fmt.Fprintf(tw, "%.6f\t%.1f\t%s\t\n", r.Seconds, pct, r.Name)
+	}
+	fmt.Fprintf(tw, "%.6f\t100.0\ttotal\t\n", total)
+	return tw.Flush()
+}
+
+// WriteStats prints each pass's statistics, one per line: "pass: name = value".
+func (mg *Manager) WriteStats(w io.Writer) {
+	for _, r := range mg.Runs {
+		if len(r.Stats) == 0 {
+			fmt.Fprintf(w, "%s: (no statistics)\n", r.Name)
+		}
+		for _, s := range r.Stats {
+			fmt.Fprintf(w, "%s: %s = %v\n", r.Name, s.Name, s.Value)
+		}
+	}
+}
