@@ -11,8 +11,8 @@ func Diff(want, got string) string {
 	if want == got {
 		return ""
 	}
-	a := strings.SplitAfter(want, "\n")
-	b := strings.SplitAfter(got, "\n")
+	a := splitLines(want)
+	b := splitLines(got)
 	// Longest common subsequence table, from the ends.
 	n, m := len(a), len(b)
 	lcs := make([][]int32, n+1)
@@ -40,12 +40,12 @@ func Diff(want, got string) string {
 			lines = append(lines, line{' ', a[i]})
 			i++
 			j++
-		case j < m && (i == n || lcs[i][j+1] >= lcs[i+1][j]):
-			lines = append(lines, line{'+', b[j]})
-			j++
-		default:
+		case i < n && (j == m || lcs[i+1][j] >= lcs[i][j+1]):
 			lines = append(lines, line{'-', a[i]})
 			i++
+		default:
+			lines = append(lines, line{'+', b[j]})
+			j++
 		}
 	}
 	var out strings.Builder
@@ -66,4 +66,13 @@ func Diff(want, got string) string {
 		fmt.Fprintf(&out, "%c %s\n", l.op, text)
 	}
 	return out.String()
+}
+
+// splitLines splits after each newline, without the empty tail.
+func splitLines(s string) []string {
+	l := strings.SplitAfter(s, "\n")
+	if len(l) > 0 && l[len(l)-1] == "" {
+		l = l[:len(l)-1]
+	}
+	return l
 }

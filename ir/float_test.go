@@ -27,9 +27,9 @@ func TestFloat16Rounding(t *testing.T) {
 
 func TestBFloat16Rounding(t *testing.T) {
 	require.Equal(t, uint16(0x3F80), BFloat16Bits(1))
-	require.Equal(t, uint16(0x3F80), BFloat16Bits(1+1.0/256))  // tie to even
-	require.Equal(t, uint16(0x3F82), BFloat16Bits(1+3.0/256))  // tie to even, upwards
-	require.Equal(t, uint16(0x4049), BFloat16Bits(math.Pi))    // 3.140625
+	require.Equal(t, uint16(0x3F80), BFloat16Bits(1+1.0/256)) // tie to even
+	require.Equal(t, uint16(0x3F82), BFloat16Bits(1+3.0/256)) // tie to even, upwards
+	require.Equal(t, uint16(0x4049), BFloat16Bits(math.Pi))   // 3.140625
 	require.Equal(t, uint16(0x7F80), BFloat16Bits(math.Inf(1)))
 	require.Equal(t, 3.140625, RoundTo(BF16, math.Pi))
 }
