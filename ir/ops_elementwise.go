@@ -16,8 +16,38 @@ func init() {
 		{"tanh", "hyperbolic tangent"},
 		{"sigmoid", "1/(1+e^-x)"},
 		{"identity", "x, copied"},
+		{"erf", "the error function"},
+		{"silu", "x * sigmoid(x)"},
+		{"hard_swish", "x * relu6(x + 3) / 6"},
+		{"sign", "-1, 0 or 1"},
 	} {
-		registerUnary(u.name, u.summary)
+		registerUnary(u.name, u.summary, nil)
+	}
+	registerUnary("gelu", "x * Phi(x); approximate = \"none\" (erf) or \"tanh\"", []AttrSpec{{Name: "approximate", Kind: AttrString}})
+	registerUnary("hard_sigmoid", "max(0, min(1, alpha*x + beta)); alpha 0.2, beta 0.5 by default", []AttrSpec{{Name: "alpha", Kind: AttrFloat}, {Name: "beta", Kind: AttrFloat}})
+	// Gradients of unary ops: (dy, s) -> dy * f'(x), where s is the
+	// forward output y for relu, sigmoid and tanh and the input x otherwise.
+	for _, g := range []struct {
+		name  string
+		attrs []AttrSpec
+	}{
+		{"relu_grad", nil}, {"sigmoid_grad", nil}, {"tanh_grad", nil}, {"erf_grad", nil}, {"silu_grad", nil},
+		{"hard_swish_grad", nil},
+		{"gelu_grad", []AttrSpec{{Name: "approximate", Kind: AttrString}}},
+		{"hard_sigmoid_grad", []AttrSpec{{Name: "alpha", Kind: AttrFloat}, {Name: "beta", Kind: AttrFloat}}},
+	} {
+		Register(&OpDef{
+			Name: g.name, Summary: "dy * f'(x) of the forward op", MinOperands: 2, MaxOperands: 2, Attrs: g.attrs,
+			Infer: func(in []Type, _ Attrs) ([]Type, error) {
+				if !in[0].Equal(in[1]) {
+					return nil, fmt.Errorf("dy %s and saved value %s differ", in[0], in[1])
+				}
+				return []Type{in[0]}, floatOperand(in[0])
+			},
+			FLOPs:   func(in, _ []Type, _ Attrs) int64 { return 2 * in[0].NumElements() },
+			Fusion:  Elementwise,
+			InPlace: true,
+		})
 	}
 	for _, b := range []struct {
 		name, summary string
@@ -29,9 +59,43 @@ func init() {
 		{"div", "a / b", false},
 		{"max", "elementwise maximum", true},
 		{"min", "elementwise minimum", true},
+		{"pow", "a ^ b", false},
 	} {
 		registerBinary(b.name, b.summary, b.commutative)
 	}
+	for _, name := range []string{"eq", "ne", "lt", "le", "gt", "ge"} {
+		Register(&OpDef{
+			Name: name, Summary: "comparison, broadcasting, giving bool", MinOperands: 2, MaxOperands: 2,
+			Infer: func(in []Type, _ Attrs) ([]Type, error) {
+				if err := sameDType(in...); err != nil {
+					return nil, err
+				}
+				s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
+				return []Type{{DType: Bool, Shape: s}}, err
+			},
+			Fusion:      Broadcast,
+			Commutative: name == "eq" || name == "ne",
+		})
+	}
+	Register(&OpDef{
+		Name: "where", Summary: "cond ? a : b, broadcasting", MinOperands: 3, MaxOperands: 3,
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			if in[0].DType != Bool {
+				return nil, fmt.Errorf("condition must be bool, got %s", in[0])
+			}
+			if err := sameDType(in[1], in[2]); err != nil {
+				return nil, err
+			}
+			s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
+			if err != nil {
+				return nil, err
+			}
+			s, err = BroadcastShapes(s, in[2].Shape)
+			return []Type{{DType: in[1].DType, Shape: s}}, err
+		},
+		Fusion:  Broadcast,
+		InPlace: true,
+	})
 	Register(&OpDef{
 		Name: "constant", Summary: "a constant tensor", MaxOperands: 0,
 		Attrs:  []AttrSpec{{Name: "value", Kind: AttrDense, Required: true}},
@@ -50,11 +114,11 @@ func init() {
 	})
 }
 
-func registerUnary(name, summary string) {
+func registerUnary(name, summary string, attrs []AttrSpec) {
 	Register(&OpDef{
-		Name: name, Summary: summary, MinOperands: 1, MaxOperands: 1,
+		Name: name, Summary: summary, MinOperands: 1, MaxOperands: 1, Attrs: attrs,
 		Infer: func(in []Type, _ Attrs) ([]Type, error) {
-			if !in[0].DType.IsFloat() && name != "identity" && name != "neg" && name != "abs" {
+			if !in[0].DType.IsFloat() && name != "identity" && name != "neg" && name != "abs" && name != "sign" {
 				return nil, fmt.Errorf("%s needs a floating-point operand, got %s", name, in[0])
 			}
 			return []Type{in[0]}, nil
@@ -68,8 +132,8 @@ func registerBinary(name, summary string, commutative bool) {
 	Register(&OpDef{
 		Name: name, Summary: summary, MinOperands: 2, MaxOperands: 2,
 		Infer: func(in []Type, _ Attrs) ([]Type, error) {
-			if in[0].DType != in[1].DType {
-				return nil, fmt.Errorf("operand dtypes differ: %s and %s", in[0].DType, in[1].DType)
+			if err := sameDType(in...); err != nil {
+				return nil, err
 			}
 			s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
 			if err != nil {

@@ -119,3 +119,47 @@ func ReducedShape(s Shape, axes []int, keep bool) Shape {
 	}
 	return out
 }
+
+func init() {
+	Register(&OpDef{
+		Name: "gemm", Summary: "alpha * op(A) @ op(B) + beta * C, op transposing when trans_a/trans_b", MinOperands: 2, MaxOperands: 3,
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat}, {Name: "beta", Kind: AttrFloat}, {Name: "trans_a", Kind: AttrBool}, {Name: "trans_b", Kind: AttrBool}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			m, n, _, err := GemmDims(in[0], in[1], a)
+			if err != nil {
+				return nil, err
+			}
+			out := Shape{m, n}
+			if len(in) == 3 {
+				if b, err := BroadcastShapes(in[2].Shape, out); err != nil || !b.Equal(out) || in[2].DType != in[0].DType {
+					return nil, fmt.Errorf("C %s does not broadcast to [%d,%d]", in[2], m, n)
+				}
+			}
+			return []Type{{DType: in[0].DType, Shape: out}}, nil
+		},
+		FLOPs: func(in, _ []Type, a Attrs) int64 {
+			m, n, k, _ := GemmDims(in[0], in[1], a)
+			return 2 * m * n * k
+		},
+		Fusion: OutFusable,
+	})
+}
+
+// GemmDims returns M, N and K of a gemm.
+func GemmDims(a, b Type, at Attrs) (m, n, k int64, err error) {
+	if a.Rank() != 2 || b.Rank() != 2 || a.DType != b.DType {
+		return 0, 0, 0, fmt.Errorf("gemm needs two matrices of one dtype, got %s and %s", a, b)
+	}
+	m, k = a.Shape[0], a.Shape[1]
+	if at.Bool("trans_a", false) {
+		m, k = k, m
+	}
+	kb, n := b.Shape[0], b.Shape[1]
+	if at.Bool("trans_b", false) {
+		kb, n = n, kb
+	}
+	if k != kb {
+		return 0, 0, 0, fmt.Errorf("gemm contraction mismatch: %s and %s", a, b)
+	}
+	return m, n, k, nil
+}

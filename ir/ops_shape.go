@@ -67,3 +67,310 @@ func NormalizeAxis(axis int64, rank int) (int, error) {
 	}
 	return int(axis), nil
 }
+
+func init() {
+	Register(&OpDef{
+		Name: "flatten", Summary: "reshape to [prod(dims before axis), prod(dims from axis)] (a view)", MinOperands: 1, MaxOperands: 1,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			axis := a.Int("axis", 1)
+			if axis < 0 {
+				axis += int64(in[0].Rank())
+			}
+			if axis < 0 || axis > int64(in[0].Rank()) {
+				return nil, fmt.Errorf("axis %d is out of range for rank %d", a.Int("axis", 1), in[0].Rank())
+			}
+			outer, _ := in[0].Shape[:axis].NumElements()
+			inner, _ := in[0].Shape[axis:].NumElements()
+			return []Type{{DType: in[0].DType, Shape: Shape{outer, inner}}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective, View: true,
+	})
+	Register(&OpDef{
+		Name: "squeeze", Summary: "remove size-1 dimensions (all when axes is absent; a view)", MinOperands: 1, MaxOperands: 1,
+		Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			out := Shape{}
+			drop := map[int]bool{}
+			if axes, ok := a["axes"]; ok {
+				ints, _ := axes.Ints()
+				for _, x := range ints {
+					ax, err := NormalizeAxis(x, in[0].Rank())
+					if err != nil {
+						return nil, err
+					}
+					if in[0].Shape[ax] != 1 {
+						return nil, fmt.Errorf("cannot squeeze axis %d of size %d", x, in[0].Shape[ax])
+					}
+					drop[ax] = true
+				}
+			} else {
+				for i, d := range in[0].Shape {
+					drop[i] = d == 1
+				}
+			}
+			for i, d := range in[0].Shape {
+				if !drop[i] {
+					out = append(out, d)
+				}
+			}
+			return []Type{{DType: in[0].DType, Shape: out}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective, View: true,
+	})
+	Register(&OpDef{
+		Name: "unsqueeze", Summary: "insert size-1 dimensions at axes of the result (a view)", MinOperands: 1, MaxOperands: 1,
+		Attrs: []AttrSpec{{Name: "axes", Kind: AttrList, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			axes := a.Ints("axes", nil)
+			rank := in[0].Rank() + len(axes)
+			ins := make([]bool, rank)
+			for _, x := range axes {
+				ax, err := NormalizeAxis(x, rank)
+				if err != nil {
+					return nil, err
+				}
+				if ins[ax] {
+					return nil, fmt.Errorf("axis %d repeated", x)
+				}
+				ins[ax] = true
+			}
+			out := Shape{}
+			j := 0
+			for i := 0; i < rank; i++ {
+				if ins[i] {
+					out = append(out, 1)
+				} else {
+					out = append(out, in[0].Shape[j])
+					j++
+				}
+			}
+			return []Type{{DType: in[0].DType, Shape: out}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective, View: true,
+	})
+	Register(&OpDef{
+		Name: "expand", Summary: "broadcast to shape", MinOperands: 1, MaxOperands: 1,
+		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			s, err := BroadcastShapes(in[0].Shape, Shape(a.Ints("shape", nil)))
+			return []Type{{DType: in[0].DType, Shape: s}}, err
+		},
+		FLOPs: zeroFLOPs, Fusion: Broadcast,
+	})
+	Register(&OpDef{
+		Name: "sum_to", Summary: "sum a broadcast tensor back down to shape (the gradient of broadcasting)", MinOperands: 1, MaxOperands: 1,
+		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			s := Shape(a.Ints("shape", nil))
+			if b, err := BroadcastShapes(s, in[0].Shape); err != nil || !b.Equal(in[0].Shape) {
+				return nil, fmt.Errorf("%s does not broadcast to %s", s, in[0].Shape)
+			}
+			return []Type{{DType: in[0].DType, Shape: s}}, nil
+		},
+		FLOPs: inputFLOPs, Fusion: Reduction,
+	})
+	Register(&OpDef{
+		Name: "concat", Summary: "join along axis", MinOperands: 1, MaxOperands: -1,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			ax, err := NormalizeAxis(a.Int("axis", 0), in[0].Rank())
+			if err != nil {
+				return nil, err
+			}
+			out := in[0].Shape.Clone()
+			for _, t := range in[1:] {
+				if t.DType != in[0].DType || t.Rank() != in[0].Rank() {
+					return nil, fmt.Errorf("cannot concatenate %s and %s", in[0], t)
+				}
+				for i := range out {
+					if i != ax && t.Shape[i] != out[i] {
+						return nil, fmt.Errorf("cannot concatenate %s and %s along axis %d", in[0], t, ax)
+					}
+				}
+				out[ax] += t.Shape[ax]
+			}
+			return []Type{{DType: in[0].DType, Shape: out}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+	Register(&OpDef{
+		Name: "split", Summary: "cut along axis into pieces of the given sizes", MinOperands: 1, MaxOperands: 1,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Required: true}, {Name: "sizes", Kind: AttrList, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			ax, err := NormalizeAxis(a.Int("axis", 0), in[0].Rank())
+			if err != nil {
+				return nil, err
+			}
+			var out []Type
+			total := int64(0)
+			for _, s := range a.Ints("sizes", nil) {
+				if s < 0 {
+					return nil, fmt.Errorf("split size %d is negative", s)
+				}
+				sh := in[0].Shape.Clone()
+				sh[ax] = s
+				total += s
+				out = append(out, Type{DType: in[0].DType, Shape: sh})
+			}
+			if total != in[0].Shape[ax] || len(out) == 0 {
+				return nil, fmt.Errorf("split sizes %v do not add up to %d", a.Ints("sizes", nil), in[0].Shape[ax])
+			}
+			return out, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+	sliceAttrs := []AttrSpec{{Name: "starts", Kind: AttrList, Required: true}, {Name: "ends", Kind: AttrList, Required: true},
+		{Name: "axes", Kind: AttrList}, {Name: "steps", Kind: AttrList}}
+	Register(&OpDef{
+		Name: "slice", Summary: "ONNX Slice with static starts, ends, axes and steps (ends clamp; negative indices count from the end)",
+		MinOperands: 1, MaxOperands: 1, Attrs: sliceAttrs,
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			sl, err := SliceOf(in[0].Shape, a)
+			if err != nil {
+				return nil, err
+			}
+			return []Type{{DType: in[0].DType, Shape: sl.Out}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+	Register(&OpDef{
+		Name: "slice_grad", Summary: "scatter dy into zeros of input_shape at the slice's positions",
+		MinOperands: 1, MaxOperands: 1, Attrs: append(sliceAttrs, AttrSpec{Name: "input_shape", Kind: AttrList, Required: true}),
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			xs := Shape(a.Ints("input_shape", nil))
+			sl, err := SliceOf(xs, a)
+			if err != nil {
+				return nil, err
+			}
+			if !sl.Out.Equal(in[0].Shape) {
+				return nil, fmt.Errorf("dy %s does not match the slice %s", in[0], sl.Out)
+			}
+			return []Type{{DType: in[0].DType, Shape: xs}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+	Register(&OpDef{
+		Name: "gather", Summary: "take entries of data along axis at integer indices (embeddings)", MinOperands: 2, MaxOperands: 2,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			s, err := GatherShape(in[0].Shape, in[1], a.Int("axis", 0))
+			return []Type{{DType: in[0].DType, Shape: s}}, err
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+	Register(&OpDef{
+		Name: "gather_grad", Summary: "scatter-add dy into zeros of data_shape at the gathered indices", MinOperands: 2, MaxOperands: 2,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			ds := Shape(a.Ints("data_shape", nil))
+			s, err := GatherShape(ds, in[1], a.Int("axis", 0))
+			if err != nil {
+				return nil, err
+			}
+			if !s.Equal(in[0].Shape) {
+				return nil, fmt.Errorf("dy %s does not match the gather result %s", in[0], s)
+			}
+			return []Type{{DType: in[0].DType, Shape: ds}}, nil
+		},
+		FLOPs: inputFLOPs, Fusion: Opaque,
+	})
+	Register(&OpDef{
+		Name: "pad", Summary: "constant padding; pads = [begin of each axis..., end of each axis...], negative pads crop",
+		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "pads", Kind: AttrList, Required: true}, {Name: "value", Kind: AttrFloat}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			pads := a.Ints("pads", nil)
+			r := in[0].Rank()
+			if len(pads) != 2*r {
+				return nil, fmt.Errorf("pad wants %d pads for rank %d, got %d", 2*r, r, len(pads))
+			}
+			out := in[0].Shape.Clone()
+			for i := range out {
+				out[i] += pads[i] + pads[i+r]
+				if out[i] < 0 {
+					return nil, fmt.Errorf("pads %v crop dimension %d below zero", pads, i)
+				}
+			}
+			return []Type{{DType: in[0].DType, Shape: out}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+}
+
+// GatherShape is data's shape with axis replaced by the indices' shape.
+func GatherShape(data Shape, idx Type, axis int64) (Shape, error) {
+	if !idx.DType.IsInt() {
+		return nil, fmt.Errorf("indices must be integers, got %s", idx)
+	}
+	ax, err := NormalizeAxis(axis, len(data))
+	if err != nil {
+		return nil, err
+	}
+	out := append(Shape{}, data[:ax]...)
+	out = append(out, idx.Shape...)
+	return append(out, data[ax+1:]...), nil
+}
+
+// Slice is a resolved slice: for every axis, the first index, the step
+// and the count taken.
+type Slice struct {
+	Start, Step, Out Shape
+}
+
+// SliceOf resolves ONNX Slice semantics for a static input shape.
+func SliceOf(in Shape, a Attrs) (Slice, error) {
+	r := len(in)
+	sl := Slice{Start: make(Shape, r), Step: make(Shape, r), Out: in.Clone()}
+	for i := range sl.Step {
+		sl.Step[i] = 1
+	}
+	starts, ends := a.Ints("starts", nil), a.Ints("ends", nil)
+	axes := a.Ints("axes", nil)
+	if axes == nil {
+		for i := range starts {
+			axes = append(axes, int64(i))
+		}
+	}
+	steps := a.Ints("steps", nil)
+	if steps == nil {
+		for range starts {
+			steps = append(steps, 1)
+		}
+	}
+	if len(starts) != len(ends) || len(axes) != len(starts) || len(steps) != len(starts) {
+		return sl, fmt.Errorf("slice starts, ends, axes and steps must have the same length")
+	}
+	seen := map[int]bool{}
+	for i, x := range axes {
+		ax, err := NormalizeAxis(x, r)
+		if err != nil {
+			return sl, err
+		}
+		if seen[ax] {
+			return sl, fmt.Errorf("slice axis %d repeated", x)
+		}
+		seen[ax] = true
+		d, st := in[ax], steps[i]
+		if st == 0 {
+			return sl, fmt.Errorf("slice step must not be 0")
+		}
+		b, e := starts[i], ends[i]
+		if b < 0 {
+			b += d
+		}
+		if e < 0 {
+			e += d
+		}
+		if st > 0 {
+			b, e = clamp(b, 0, d), clamp(e, 0, d)
+			sl.Out[ax] = max(0, (e-b+st-1)/st)
+		} else {
+			b, e = clamp(b, 0, d-1), clamp(e, -1, d-1)
+			sl.Out[ax] = max(0, (b-e-st-1)/(-st))
+		}
+		sl.Start[ax], sl.Step[ax] = b, st
+	}
+	return sl, nil
+}
+
+func clamp(x, lo, hi int64) int64 { return max(lo, min(x, hi)) }

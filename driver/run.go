@@ -1,0 +1,168 @@
+package driver
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/outfile"
+)
+
+// inputFlags collects repeated --input NAME=FILE.npy flags.
+type inputFlags []string
+
+func (f *inputFlags) String() string     { return strings.Join(*f, ",") }
+func (f *inputFlags) Set(s string) error { *f = append(*f, s); return nil }
+
+func init() {
+	addCommand(&command{
+		name:    "run",
+		usage:   "kiln run IN [--passes P] [--input NAME=FILE.npy]... [--seed N] --output-dir DIR",
+		summary: "run a function with the reference interpreter and write each result as DIR/NAME.npy",
+		flags: func(fs *flag.FlagSet) func(*env, []string) error {
+			var pf pipelineFlags
+			pf.register(fs)
+			var inputs inputFlags
+			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
+			seed := fs.Uint64("seed", 0, "seed of the values drawn for arguments without --input")
+			outDir := fs.String("output-dir", "", "folder for the results (created if missing)")
+			backend := fs.String("backend", "interp", "interp (the reference interpreter)")
+			fn := fs.String("func", "", "function to run (default: the first)")
+			return func(e *env, args []string) error {
+				if len(args) != 1 {
+					return usageError{"want exactly one input file (or - for standard input)"}
+				}
+				if *outDir == "" {
+					return usageError{"--output-dir is required"}
+				}
+				if *backend != "interp" {
+					return usageError{fmt.Sprintf("--backend %q is not available (this build has: interp)", *backend)}
+				}
+				in, err := readModule(e, args[0])
+				if err != nil {
+					return err
+				}
+				if _, err := pf.run(e, in, pf.passes); err != nil {
+					return err
+				}
+				f, err := pickFunc(in, *fn)
+				if err != nil {
+					return err
+				}
+				vals, err := argumentValues(f, inputs, *seed)
+				if err != nil {
+					return err
+				}
+				res, err := interp.Run(f, vals, interp.Options{Seed: *seed})
+				if err != nil {
+					return fmt.Errorf("kiln: run failed: %v", err)
+				}
+				return writeResults(f, res, *outDir, args[0])
+			}
+		},
+	})
+}
+
+// pickFunc returns the named function, or the first one.
+func pickFunc(in *input, name string) (*ir.Func, error) {
+	if len(in.module.Funcs) == 0 {
+		return nil, fmt.Errorf("%s: error: the module has no function", in.name)
+	}
+	if name == "" {
+		return in.module.Funcs[0], nil
+	}
+	if f := in.module.Func(name); f != nil {
+		return f, nil
+	}
+	return nil, fmt.Errorf("%s: error: no function @%s", in.name, name)
+}
+
+// argumentValues gives every argument a value: --input files first, then
+// the argument's initial value, then a seeded random draw.
+func argumentValues(f *ir.Func, inputs []string, seed uint64) ([]*interp.Tensor, error) {
+	given := map[string]*interp.Tensor{}
+	for _, spec := range inputs {
+		name, file, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || file == "" {
+			return nil, usageError{fmt.Sprintf("--input %q: want NAME=FILE.npy", spec)}
+		}
+		var arg *ir.Value
+		for _, a := range f.Args {
+			if a.Name == name {
+				arg = a
+			}
+		}
+		if arg == nil {
+			names := make([]string, len(f.Args))
+			for i, a := range f.Args {
+				names[i] = a.Name
+			}
+			return nil, fmt.Errorf("kiln: --input %s: @%s has no argument %q (it has %s)", spec, f.Name, name, strings.Join(names, ", "))
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
+		}
+		t, err := npy.Read(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("kiln: --input %s: %s: %v", name, file, err)
+		}
+		if !t.Type.Equal(arg.Type) {
+			return nil, fmt.Errorf("kiln: --input %s: %s holds %s, but argument %s is %s", name, file, t.Type, arg.Ref(), arg.Type)
+		}
+		given[name] = t
+	}
+	random := interp.RandomArgs(f, seed)
+	vals := make([]*interp.Tensor, len(f.Args))
+	for i, a := range f.Args {
+		switch {
+		case given[a.Name] != nil:
+			vals[i] = given[a.Name]
+		case a.Arg.Init != nil:
+			vals[i] = interp.FromDense(a.Arg.Init)
+		default:
+			vals[i] = random[i]
+		}
+	}
+	return vals, nil
+}
+
+// FileName maps a result name to its file name: every character outside
+// A-Za-z0-9._- becomes _.
+func FileName(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, name) + ".npy"
+}
+
+func writeResults(f *ir.Func, res []*interp.Tensor, dir string, inputs ...string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("kiln: cannot create %s: %v", dir, unwrapPathError(err))
+	}
+	seen := map[string]string{}
+	for i, t := range res {
+		name := FileName(f.ResultName(i))
+		if prev, dup := seen[name]; dup {
+			return fmt.Errorf("kiln: results %q and %q both map to file %s", prev, f.ResultName(i), name)
+		}
+		seen[name] = f.ResultName(i)
+		var b bytes.Buffer
+		if err := npy.Write(&b, t); err != nil {
+			return fmt.Errorf("kiln: result %s: %v", strconv.Quote(f.ResultName(i)), err)
+		}
+		if err := outfile.Write(filepath.Join(dir, name), b.Bytes(), inputs...); err != nil {
+			return fmt.Errorf("kiln: %v", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,205 @@
+package interp
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// runtime is the state of one run that impure ops draw from.
+type runtime struct {
+	rng *rand.Rand
+}
+
+func (rt *runtime) uniform() float64 { return rt.rng.Float64() }
+
+// Options control a run.
+type Options struct {
+	// Seed seeds the random stream of impure ops (random_uniform).
+	Seed uint64
+}
+
+// Run executes f on args (one per argument, in order) and returns its
+// results. Arguments must have exactly the declared types.
+func Run(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, error) {
+	if len(args) != len(f.Args) {
+		return nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args))
+	}
+	env := map[*ir.Value]*Tensor{}
+	for i, a := range f.Args {
+		if args[i] == nil || !args[i].Type.Equal(a.Type) {
+			got := "nothing"
+			if args[i] != nil {
+				got = args[i].Type.String()
+			}
+			return nil, fmt.Errorf("argument %s: got %s, want %s", a.Ref(), got, a.Type)
+		}
+		env[a] = args[i]
+	}
+	rt := &runtime{rng: rand.New(rand.NewPCG(opt.Seed, 0x6b696c6e))}
+	last := lastUses(f)
+	for i, op := range f.Body {
+		if err := exec(op, env, rt); err != nil {
+			return nil, err
+		}
+		for _, v := range last[i] {
+			delete(env, v)
+		}
+	}
+	out := make([]*Tensor, len(f.Results))
+	for i, r := range f.Results {
+		out[i] = env[r.Value]
+	}
+	return out, nil
+}
+
+// lastUses lists, for each op index, the values whose last use it is
+// (function results are never released).
+func lastUses(f *ir.Func) [][]*ir.Value {
+	lastAt := map[*ir.Value]int{}
+	for i, op := range f.Body {
+		for _, v := range op.Operands {
+			lastAt[v] = i
+		}
+		for _, r := range op.Results {
+			if _, used := lastAt[r]; !used {
+				lastAt[r] = i
+			}
+		}
+	}
+	for _, r := range f.Results {
+		delete(lastAt, r.Value)
+	}
+	out := make([][]*ir.Value, len(f.Body))
+	for v, i := range lastAt {
+		out[i] = append(out[i], v)
+	}
+	return out
+}
+
+func exec(op *ir.Op, env map[*ir.Value]*Tensor, rt *runtime) error {
+	in := make([]*Tensor, len(op.Operands))
+	for i, v := range op.Operands {
+		in[i] = env[v]
+		if in[i] == nil {
+			return fmt.Errorf("%s: operand %s has no value", describe(op), v.Ref())
+		}
+	}
+	out := make([]ir.Type, len(op.Results))
+	for i, r := range op.Results {
+		out[i] = r.Type
+	}
+	var res []*Tensor
+	var err error
+	if op.Region != nil {
+		res, err = execRegion(op.Region, in, rt)
+	} else {
+		k := kernels[op.Kind]
+		if k == nil {
+			return fmt.Errorf("%s: the interpreter has no kernel for op %q", describe(op), op.Kind)
+		}
+		res, err = k(op, in, out, rt)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %v", describe(op), err)
+	}
+	for i, r := range op.Results {
+		t := res[i]
+		if !t.Type.Shape.Equal(r.Type.Shape) || t.Len() != int(r.Type.NumElements()) {
+			return fmt.Errorf("%s: kernel produced %s for %s", describe(op), t.Type, r.Type)
+		}
+		if t.Type.DType != r.Type.DType {
+			t = &Tensor{Type: r.Type, F: t.F, I: t.I}
+		}
+		t.round()
+		env[r] = t
+	}
+	return nil
+}
+
+func execRegion(r *ir.Region, in []*Tensor, rt *runtime) ([]*Tensor, error) {
+	env := map[*ir.Value]*Tensor{}
+	for i, a := range r.Args {
+		env[a] = in[i]
+	}
+	for _, op := range r.Body {
+		if err := exec(op, env, rt); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]*Tensor, len(r.Yield))
+	for i, y := range r.Yield {
+		out[i] = env[y]
+	}
+	return out, nil
+}
+
+func describe(op *ir.Op) string {
+	s := "op " + op.Kind
+	if len(op.Results) > 0 {
+		s += " defining " + op.Results[0].Ref()
+	}
+	if !op.Loc.IsUnknown() {
+		s += " at " + op.Loc.String()
+	}
+	return s
+}
+
+// IndexBound returns, for an integer argument used as indices (gather
+// indices or cross-entropy labels), the exclusive upper bound of valid
+// values; ok is false for other arguments.
+func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
+	found := false
+	f.Walk(func(op *ir.Op) {
+		switch {
+		case op.Kind == "gather" && op.Operands[1] == arg:
+			ax, err := ir.NormalizeAxis(op.Attrs.Int("axis", 0), op.Operands[0].Type.Rank())
+			if err == nil {
+				d := op.Operands[0].Type.Shape[ax]
+				if !found || d < bound {
+					bound, found = d, true
+				}
+			}
+		case op.Kind == "softmax_cross_entropy" && op.Operands[1] == arg:
+			d := op.Operands[0].Type.Shape[1]
+			if !found || d < bound {
+				bound, found = d, true
+			}
+		}
+	})
+	return bound, found
+}
+
+// RandomArgs draws a value for every argument from seed, as the design
+// notes' Contracts define: floating arguments from normal(0, 1), integer
+// arguments that index uniformly within the indexed dimension, other
+// integers uniformly in [0, 10), bools uniformly.
+func RandomArgs(f *ir.Func, seed uint64) []*Tensor {
+	rng := rand.New(rand.NewPCG(seed, 0x6172677321))
+	out := make([]*Tensor, len(f.Args))
+	for i, a := range f.Args {
+		out[i] = RandomTensor(f, a, rng)
+	}
+	return out
+}
+
+// RandomTensor draws one argument's value (see RandomArgs).
+func RandomTensor(f *ir.Func, a *ir.Value, rng *rand.Rand) *Tensor {
+	t := New(a.Type)
+	for j := range t.F {
+		t.F[j] = rng.NormFloat64()
+	}
+	t.round()
+	bound := int64(10)
+	if b, ok := IndexBound(f, a); ok {
+		bound = b
+	}
+	if a.Type.DType == ir.Bool {
+		bound = 2
+	}
+	for j := range t.I {
+		t.I[j] = rng.Int64N(max(bound, 1))
+	}
+	return t
+}

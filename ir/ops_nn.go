@@ -1,0 +1,467 @@
+package ir
+
+import "fmt"
+
+// Neural-network ops: convolution, pooling, normalisation, softmax,
+// dropout, losses.
+
+func init() {
+	convAttrs := []AttrSpec{{Name: "strides", Kind: AttrList}, {Name: "pads", Kind: AttrList},
+		{Name: "dilations", Kind: AttrList}, {Name: "groups", Kind: AttrInt}}
+	Register(&OpDef{
+		Name: "conv2d", Summary: "2-D convolution of x[N,C,H,W] with w[M,C/groups,kH,kW] and optional bias[M]; pads = [top, left, bottom, right]",
+		MinOperands: 2, MaxOperands: 3, Attrs: convAttrs,
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			g, err := ConvGeometryOf(in[0].Shape, in[1].Shape, a)
+			if err != nil {
+				return nil, err
+			}
+			if err := sameDType(in...); err != nil {
+				return nil, err
+			}
+			if len(in) == 3 && (in[2].Rank() != 1 || in[2].Shape[0] != in[1].Shape[0]) {
+				return nil, fmt.Errorf("bias %s does not match %d output channels", in[2], in[1].Shape[0])
+			}
+			return []Type{{DType: in[0].DType, Shape: Shape{g.N, g.M, g.OH, g.OW}}}, nil
+		},
+		FLOPs: func(in, out []Type, a Attrs) int64 {
+			g, _ := ConvGeometryOf(in[0].Shape, in[1].Shape, a)
+			return 2 * out[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
+		},
+		Fusion: OutFusable,
+	})
+	Register(&OpDef{
+		Name: "conv2d_grad_input", Summary: "gradient of conv2d with respect to its input, from dy and w",
+		MinOperands: 2, MaxOperands: 2, Attrs: append(convAttrs, AttrSpec{Name: "input_shape", Kind: AttrList, Required: true}),
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			xs := Shape(a.Ints("input_shape", nil))
+			g, err := ConvGeometryOf(xs, in[1].Shape, a)
+			if err != nil {
+				return nil, err
+			}
+			if !in[0].Shape.Equal(Shape{g.N, g.M, g.OH, g.OW}) {
+				return nil, fmt.Errorf("dy %s does not match the convolution output [%d,%d,%d,%d]", in[0], g.N, g.M, g.OH, g.OW)
+			}
+			return []Type{{DType: in[0].DType, Shape: xs}}, nil
+		},
+		FLOPs: func(in, out []Type, a Attrs) int64 {
+			g, _ := ConvGeometryOf(out[0].Shape, in[1].Shape, a)
+			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
+		},
+		Fusion: OutFusable,
+	})
+	Register(&OpDef{
+		Name: "conv2d_grad_weight", Summary: "gradient of conv2d with respect to its weight, from dy and x",
+		MinOperands: 2, MaxOperands: 2, Attrs: append(convAttrs, AttrSpec{Name: "weight_shape", Kind: AttrList, Required: true}),
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			ws := Shape(a.Ints("weight_shape", nil))
+			g, err := ConvGeometryOf(in[1].Shape, ws, a)
+			if err != nil {
+				return nil, err
+			}
+			if !in[0].Shape.Equal(Shape{g.N, g.M, g.OH, g.OW}) {
+				return nil, fmt.Errorf("dy %s does not match the convolution output [%d,%d,%d,%d]", in[0], g.N, g.M, g.OH, g.OW)
+			}
+			return []Type{{DType: in[0].DType, Shape: ws}}, nil
+		},
+		FLOPs: func(in, out []Type, a Attrs) int64 {
+			g, _ := ConvGeometryOf(in[1].Shape, out[0].Shape, a)
+			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
+		},
+		Fusion: OutFusable,
+	})
+
+	poolAttrs := []AttrSpec{{Name: "kernel", Kind: AttrList, Required: true}, {Name: "strides", Kind: AttrList},
+		{Name: "pads", Kind: AttrList}, {Name: "dilations", Kind: AttrList}, {Name: "ceil_mode", Kind: AttrBool},
+		{Name: "count_include_pad", Kind: AttrBool}}
+	for _, name := range []string{"max_pool2d", "avg_pool2d"} {
+		Register(&OpDef{
+			Name: name, Summary: "2-D pooling over x[N,C,H,W]", MinOperands: 1, MaxOperands: 1, Attrs: poolAttrs,
+			Infer: func(in []Type, a Attrs) ([]Type, error) {
+				p, err := PoolGeometryOf(in[0].Shape, a)
+				if err != nil {
+					return nil, err
+				}
+				return []Type{{DType: in[0].DType, Shape: Shape{p.N, p.C, p.OH, p.OW}}}, nil
+			},
+			FLOPs: func(in, out []Type, a Attrs) int64 {
+				p, _ := PoolGeometryOf(in[0].Shape, a)
+				return out[0].NumElements() * p.KH * p.KW
+			},
+			Fusion: Reduction,
+		})
+	}
+	Register(&OpDef{
+		Name: "max_pool2d_grad", Summary: "gradient of max_pool2d, from dy and x", MinOperands: 2, MaxOperands: 2, Attrs: poolAttrs,
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			p, err := PoolGeometryOf(in[1].Shape, a)
+			if err != nil {
+				return nil, err
+			}
+			if !in[0].Shape.Equal(Shape{p.N, p.C, p.OH, p.OW}) {
+				return nil, fmt.Errorf("dy %s does not match the pooling output", in[0])
+			}
+			return []Type{in[1]}, nil
+		},
+		Fusion: Opaque,
+	})
+	Register(&OpDef{
+		Name: "avg_pool2d_grad", Summary: "gradient of avg_pool2d, from dy",
+		MinOperands: 1, MaxOperands: 1, Attrs: append(poolAttrs, AttrSpec{Name: "input_shape", Kind: AttrList, Required: true}),
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			xs := Shape(a.Ints("input_shape", nil))
+			p, err := PoolGeometryOf(xs, a)
+			if err != nil {
+				return nil, err
+			}
+			if !in[0].Shape.Equal(Shape{p.N, p.C, p.OH, p.OW}) {
+				return nil, fmt.Errorf("dy %s does not match the pooling output", in[0])
+			}
+			return []Type{{DType: in[0].DType, Shape: xs}}, nil
+		},
+		Fusion: Opaque,
+	})
+	Register(&OpDef{
+		Name: "global_avg_pool", Summary: "mean over H and W: [N,C,H,W] -> [N,C,1,1]", MinOperands: 1, MaxOperands: 1,
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			if in[0].Rank() < 3 {
+				return nil, fmt.Errorf("needs rank >= 3, got %s", in[0])
+			}
+			out := in[0].Shape.Clone()
+			for i := 2; i < len(out); i++ {
+				out[i] = 1
+			}
+			return []Type{{DType: in[0].DType, Shape: out}}, nil
+		},
+		FLOPs:  inputFLOPs,
+		Fusion: Reduction,
+	})
+
+	Register(&OpDef{
+		Name: "batch_norm_train", Summary: "batch normalisation with batch statistics: (x, scale, bias, running_mean, running_var) -> (y, new_running_mean, new_running_var, saved_mean, saved_invstd)",
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat}, {Name: "momentum", Kind: AttrFloat}},
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			c, err := channelParams(in)
+			if err != nil {
+				return nil, err
+			}
+			return []Type{in[0], c, c, c, c}, nil
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 4 * in[0].NumElements() },
+		Fusion: Reduction,
+	})
+	Register(&OpDef{
+		Name: "batch_norm_infer", Summary: "batch normalisation with given statistics: (x, scale, bias, mean, var) -> y",
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat}},
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			if _, err := channelParams(in); err != nil {
+				return nil, err
+			}
+			return []Type{in[0]}, nil
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 2 * in[0].NumElements() },
+		Fusion: Broadcast,
+	})
+	Register(&OpDef{
+		Name: "batch_norm_grad", Summary: "gradient of batch_norm_train: (dy, x, scale, saved_mean, saved_invstd) -> (dx, dscale, dbias)",
+		MinOperands: 5, MaxOperands: 5,
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			c, err := channelParams([]Type{in[1], in[2], in[3], in[4]})
+			if err != nil {
+				return nil, err
+			}
+			if !in[0].Equal(in[1]) {
+				return nil, fmt.Errorf("dy %s and x %s differ", in[0], in[1])
+			}
+			return []Type{in[1], c, c}, nil
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 6 * in[0].NumElements() },
+		Fusion: Reduction,
+	})
+
+	Register(&OpDef{
+		Name: "layer_norm", Summary: "normalise over the axes from axis on: (x, scale[, bias]) -> (y, mean, invstd)",
+		MinOperands: 2, MaxOperands: 3, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "epsilon", Kind: AttrFloat}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			stat, norm, err := layerNormShapes(in[0], a)
+			if err != nil {
+				return nil, err
+			}
+			for _, p := range in[1:] {
+				if !p.Shape.Equal(norm) || p.DType != in[0].DType {
+					return nil, fmt.Errorf("scale/bias %s must be %s%s", p, in[0].DType, norm)
+				}
+			}
+			return []Type{in[0], {DType: in[0].DType, Shape: stat}, {DType: in[0].DType, Shape: stat}}, nil
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 5 * in[0].NumElements() },
+		Fusion: Reduction,
+	})
+	Register(&OpDef{
+		Name: "layer_norm_grad", Summary: "gradient of layer_norm: (dy, x, scale, mean, invstd) -> (dx, dscale, dbias)",
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			stat, norm, err := layerNormShapes(in[1], a)
+			if err != nil {
+				return nil, err
+			}
+			if !in[0].Equal(in[1]) || !in[2].Shape.Equal(norm) || !in[3].Shape.Equal(stat) || !in[4].Shape.Equal(stat) {
+				return nil, fmt.Errorf("operand shapes do not fit layer_norm of %s", in[1])
+			}
+			return []Type{in[1], in[2], in[2]}, nil
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 8 * in[0].NumElements() },
+		Fusion: Reduction,
+	})
+
+	for _, name := range []string{"softmax", "log_softmax"} {
+		Register(&OpDef{
+			Name: name, Summary: "along axis", MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
+			Infer: func(in []Type, a Attrs) ([]Type, error) {
+				if _, err := NormalizeAxis(a.Int("axis", -1), in[0].Rank()); err != nil {
+					return nil, err
+				}
+				return []Type{in[0]}, floatOperand(in[0])
+			},
+			FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 3 * in[0].NumElements() },
+			Fusion: Reduction,
+		})
+		Register(&OpDef{
+			Name: name + "_grad", Summary: "gradient of " + name + " from dy and its output y", MinOperands: 2, MaxOperands: 2,
+			Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
+			Infer: func(in []Type, a Attrs) ([]Type, error) {
+				if !in[0].Equal(in[1]) {
+					return nil, fmt.Errorf("dy %s and y %s differ", in[0], in[1])
+				}
+				_, err := NormalizeAxis(a.Int("axis", -1), in[0].Rank())
+				return []Type{in[0]}, err
+			},
+			FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 3 * in[0].NumElements() },
+			Fusion: Reduction,
+		})
+	}
+
+	Register(&OpDef{
+		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, so recomputing reproduces it",
+		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat}, {Name: "seed", Kind: AttrInt, Required: true}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			if r := a.Float("ratio", 0.5); r < 0 || r >= 1 {
+				return nil, fmt.Errorf("ratio %g must be in [0, 1)", r)
+			}
+			return []Type{in[0], {DType: Bool, Shape: in[0].Shape}}, floatOperand(in[0])
+		},
+		Fusion: Elementwise,
+	})
+	Register(&OpDef{
+		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio)", MinOperands: 2, MaxOperands: 2,
+		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat}},
+		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			if in[1].DType != Bool || !in[1].Shape.Equal(in[0].Shape) {
+				return nil, fmt.Errorf("mask %s must be bool%s", in[1], in[0].Shape)
+			}
+			return []Type{in[0]}, nil
+		},
+		Fusion:  Elementwise,
+		InPlace: true,
+	})
+	Register(&OpDef{
+		Name: "random_uniform", Summary: "uniform [0,1) numbers from the run's random stream (impure: never merged or recomputed)",
+		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType}},
+		Infer: func(_ []Type, a Attrs) ([]Type, error) {
+			d := F32
+			if t, ok := a["dtype"]; ok {
+				d = t.DType
+			}
+			s := Shape(a.Ints("shape", nil))
+			if _, ok := s.NumElements(); !ok {
+				return nil, fmt.Errorf("shape %s is not valid", s)
+			}
+			return []Type{{DType: d, Shape: s}}, nil
+		},
+		Fusion: Opaque,
+		Impure: true,
+	})
+
+	Register(&OpDef{
+		Name: "softmax_cross_entropy", Summary: "softmax cross-entropy of logits[N,K] (or [N,K,...]) with integer labels[N] (or [N,...]); reduction mean or sum",
+		MinOperands: 2, MaxOperands: 2, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			if err := crossEntropyShapes(in[0], in[1], a); err != nil {
+				return nil, err
+			}
+			return []Type{{DType: in[0].DType, Shape: Shape{}}}, nil
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 4 * in[0].NumElements() },
+		Fusion: Reduction,
+	})
+	Register(&OpDef{
+		Name: "softmax_cross_entropy_grad", Summary: "gradient of softmax_cross_entropy: (dloss, logits, labels) -> dlogits",
+		MinOperands: 3, MaxOperands: 3, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			if in[0].Rank() != 0 {
+				return nil, fmt.Errorf("dloss must be a scalar, got %s", in[0])
+			}
+			return []Type{in[1]}, crossEntropyShapes(in[1], in[2], a)
+		},
+		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 4 * in[1].NumElements() },
+		Fusion: Reduction,
+	})
+}
+
+func crossEntropyShapes(logits, labels Type, a Attrs) error {
+	if r := a.String("reduction", "mean"); r != "mean" && r != "sum" {
+		return fmt.Errorf("reduction must be mean or sum, not %q", r)
+	}
+	if err := floatOperand(logits); err != nil {
+		return err
+	}
+	if !labels.DType.IsInt() {
+		return fmt.Errorf("labels must be integers, got %s", labels)
+	}
+	if logits.Rank() < 2 || labels.Rank() != logits.Rank()-1 || labels.Shape[0] != logits.Shape[0] {
+		return fmt.Errorf("labels %s do not fit logits %s", labels, logits)
+	}
+	for i := 1; i < labels.Rank(); i++ {
+		if labels.Shape[i] != logits.Shape[i+1] {
+			return fmt.Errorf("labels %s do not fit logits %s", labels, logits)
+		}
+	}
+	return nil
+}
+
+func floatOperand(t Type) error {
+	if !t.DType.IsFloat() {
+		return fmt.Errorf("needs a floating-point operand, got %s", t)
+	}
+	return nil
+}
+
+func sameDType(ts ...Type) error {
+	for _, t := range ts[1:] {
+		if t.DType != ts[0].DType {
+			return fmt.Errorf("operand dtypes differ: %s and %s", ts[0].DType, t.DType)
+		}
+	}
+	return nil
+}
+
+// channelParams checks batch-norm operands: x[N,C,...] and four [C] vectors.
+func channelParams(in []Type) (Type, error) {
+	if in[0].Rank() < 2 {
+		return Type{}, fmt.Errorf("x must have rank >= 2, got %s", in[0])
+	}
+	c := Type{DType: in[0].DType, Shape: Shape{in[0].Shape[1]}}
+	for _, p := range in[1:] {
+		if !p.Equal(c) {
+			return Type{}, fmt.Errorf("per-channel operand %s must be %s", p, c)
+		}
+	}
+	return c, floatOperand(in[0])
+}
+
+// layerNormShapes returns the statistics shape (x's shape with the
+// normalised axes set to 1) and the normalised shape.
+func layerNormShapes(x Type, a Attrs) (stat, norm Shape, err error) {
+	axis, err := NormalizeAxis(a.Int("axis", -1), x.Rank())
+	if err != nil {
+		return nil, nil, err
+	}
+	stat = x.Shape.Clone()
+	for i := axis; i < len(stat); i++ {
+		stat[i] = 1
+	}
+	return stat, x.Shape[axis:].Clone(), floatOperand(x)
+}
+
+// ConvGeometry is the resolved shape arithmetic of a 2-D convolution.
+type ConvGeometry struct {
+	N, C, H, W, M, KH, KW, OH, OW int64
+	SH, SW, DH, DW                int64
+	PT, PL, PB, PR                int64
+	Groups                        int64
+}
+
+// ConvGeometryOf resolves conv2d attributes for x[N,C,H,W] and w[M,C/g,kH,kW].
+func ConvGeometryOf(x, w Shape, a Attrs) (ConvGeometry, error) {
+	var g ConvGeometry
+	if len(x) != 4 || len(w) != 4 {
+		return g, fmt.Errorf("conv2d needs x[N,C,H,W] and w[M,C/groups,kH,kW], got %s and %s", x, w)
+	}
+	g.N, g.C, g.H, g.W = x[0], x[1], x[2], x[3]
+	g.M, g.KH, g.KW = w[0], w[2], w[3]
+	g.Groups = a.Int("groups", 1)
+	s := a.Ints("strides", []int64{1, 1})
+	d := a.Ints("dilations", []int64{1, 1})
+	p := a.Ints("pads", []int64{0, 0, 0, 0})
+	if len(s) != 2 || len(d) != 2 || len(p) != 4 {
+		return g, fmt.Errorf("conv2d wants 2 strides, 2 dilations and 4 pads")
+	}
+	g.SH, g.SW, g.DH, g.DW = s[0], s[1], d[0], d[1]
+	g.PT, g.PL, g.PB, g.PR = p[0], p[1], p[2], p[3]
+	if g.Groups < 1 || g.C%g.Groups != 0 || g.M%g.Groups != 0 || w[1] != g.C/g.Groups {
+		return g, fmt.Errorf("conv2d groups=%d does not fit %d input and %d output channels with weight %s", g.Groups, g.C, g.M, w)
+	}
+	if g.SH < 1 || g.SW < 1 || g.DH < 1 || g.DW < 1 || g.PT < 0 || g.PL < 0 || g.PB < 0 || g.PR < 0 {
+		return g, fmt.Errorf("conv2d strides and dilations must be positive and pads not negative")
+	}
+	g.OH = (g.H+g.PT+g.PB-g.DH*(g.KH-1)-1)/g.SH + 1
+	g.OW = (g.W+g.PL+g.PR-g.DW*(g.KW-1)-1)/g.SW + 1
+	if g.OH < 1 || g.OW < 1 || g.KH < 1 || g.KW < 1 {
+		return g, fmt.Errorf("conv2d of %s with kernel %s gives an empty output", x, w)
+	}
+	return g, nil
+}
+
+// PoolGeometry is the resolved shape arithmetic of 2-D pooling.
+type PoolGeometry struct {
+	N, C, H, W, KH, KW, OH, OW int64
+	SH, SW, DH, DW             int64
+	PT, PL, PB, PR             int64
+	CeilMode, CountIncludePad  bool
+}
+
+// PoolGeometryOf resolves pooling attributes for x[N,C,H,W]. With
+// ceil_mode the output rounds up, but a window never starts in the
+// bottom/right padding (PyTorch's rule).
+func PoolGeometryOf(x Shape, a Attrs) (PoolGeometry, error) {
+	var p PoolGeometry
+	if len(x) != 4 {
+		return p, fmt.Errorf("pooling needs x[N,C,H,W], got %s", x)
+	}
+	p.N, p.C, p.H, p.W = x[0], x[1], x[2], x[3]
+	k := a.Ints("kernel", nil)
+	if len(k) != 2 {
+		return p, fmt.Errorf("pooling wants a kernel of 2 sizes")
+	}
+	p.KH, p.KW = k[0], k[1]
+	s := a.Ints("strides", k)
+	d := a.Ints("dilations", []int64{1, 1})
+	pads := a.Ints("pads", []int64{0, 0, 0, 0})
+	if len(s) != 2 || len(d) != 2 || len(pads) != 4 {
+		return p, fmt.Errorf("pooling wants 2 strides, 2 dilations and 4 pads")
+	}
+	p.SH, p.SW, p.DH, p.DW = s[0], s[1], d[0], d[1]
+	p.PT, p.PL, p.PB, p.PR = pads[0], pads[1], pads[2], pads[3]
+	p.CeilMode = a.Bool("ceil_mode", false)
+	p.CountIncludePad = a.Bool("count_include_pad", false)
+	if p.KH < 1 || p.KW < 1 || p.SH < 1 || p.SW < 1 || p.DH < 1 || p.DW < 1 || p.PT < 0 || p.PL < 0 || p.PB < 0 || p.PR < 0 {
+		return p, fmt.Errorf("pooling kernel, strides and dilations must be positive and pads not negative")
+	}
+	out := func(in, pa, pb, k, s, d int64) int64 {
+		span := in + pa + pb - d*(k-1) - 1
+		o := span/s + 1
+		if p.CeilMode {
+			o = (span+s-1)/s + 1
+			if (o-1)*s >= in+pa {
+				o--
+			}
+		}
+		return o
+	}
+	p.OH = out(p.H, p.PT, p.PB, p.KH, p.SH, p.DH)
+	p.OW = out(p.W, p.PL, p.PR, p.KW, p.SW, p.DW)
+	if p.OH < 1 || p.OW < 1 {
+		return p, fmt.Errorf("pooling of %s with kernel %v gives an empty output", x, k)
+	}
+	return p, nil
+}
