@@ -1,0 +1,6 @@
+package driver
+
+// The passes built into kiln register themselves when imported.
+import (
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+)
