@@ -112,6 +112,7 @@ func runCase(t *testing.T, path, program string, main MainFunc) {
 	}
 	normalize := func(s string) string {
 		s = strings.ReplaceAll(s, work, "$WORK")
+		s = strings.ReplaceAll(s, filepath.Join(os.TempDir(), "kiln-reproducer"), "$TMP/kiln-reproducer")
 		if bytes.Contains(ar.Comment, []byte("normalize-numbers")) {
 			s = numberRE.ReplaceAllString(s, "N")
 			s = spacesRE.ReplaceAllString(s, " ")

@@ -67,7 +67,13 @@ func init() {
 
 	// Broadcasting binary ops.
 	rules["add"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
-		return []*ir.Value{b.sumTo(dys[0], x(op, 0).Type.Shape, grad(op)), b.sumTo(dys[0], x(op, 1).Type.Shape, grad(op))}
+		out := make([]*ir.Value, 2)
+		for i := range out {
+			if need[i] {
+				out[i] = b.sumTo(dys[0], x(op, i).Type.Shape, grad(op))
+			}
+		}
+		return out
 	}
 	rules["sub"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
 		out := []*ir.Value{b.sumTo(dys[0], x(op, 0).Type.Shape, grad(op)), nil}

@@ -1,0 +1,94 @@
+package driver
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
+)
+
+func kiln(t *testing.T, args ...string) (string, string, int) {
+	var out, errb bytes.Buffer
+	code := Main(args, strings.NewReader(""), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func readNpy(t *testing.T, path string) *interp.Tensor {
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	x, err := npy.Read(bytes.NewReader(b))
+	require.NoError(t, err)
+	return x
+}
+
+// TestRunBundledModels runs the bundled MLP and CNN forward and as
+// training steps, and checks the written .npy files against the
+// interpreter run directly.
+func TestRunBundledModels(t *testing.T) {
+	for _, name := range []string{"mlp", "cnn"} {
+		for _, pipeline := range []string{"", "autodiff"} {
+			src := filepath.Join("..", "testdata", "examples", name+".kir")
+			dir := t.TempDir()
+			_, stderr, code := kiln(t, "run", src, "--passes", pipeline, "--seed", "5", "--output-dir", dir)
+			require.Equal(t, 0, code, stderr)
+
+			text, _ := os.ReadFile(src)
+			m, err := parser.Parse(src, string(text))
+			require.NoError(t, err)
+			if pipeline != "" {
+				p, _ := passes.ParsePipeline(pipeline, nil)
+				require.NoError(t, (&passes.Manager{}).Run(m, p))
+			}
+			f := m.Funcs[0]
+			want, err := interp.Run(f, interp.RandomArgs(f, 5), interp.Options{Seed: 5})
+			require.NoError(t, err)
+			for i := range want {
+				got := readNpy(t, filepath.Join(dir, FileName(f.ResultName(i))))
+				require.Equal(t, want[i].Type, got.Type)
+				require.Equal(t, want[i].F, got.F, "%s %s result %s", name, pipeline, f.ResultName(i))
+			}
+			if pipeline == "autodiff" {
+				require.FileExists(t, filepath.Join(dir, "grad.w1.npy"))
+				require.FileExists(t, filepath.Join(dir, "loss.npy"))
+			}
+		}
+	}
+}
+
+// TestRunWithInputs feeds an argument from a .npy file and checks a
+// shape mismatch names the argument.
+func TestRunWithInputs(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "f.kir")
+	require.NoError(t, os.WriteFile(src, []byte("func @f(%x: f32[3], %y: f32[3]) -> (\"out/y\": f32[3]) {\n  %z = add(%x, %y) : f32[3]\n  return %z\n}\n"), 0o644))
+	var b bytes.Buffer
+	x := interp.FromFloats(parseType(t, "f32[3]"), []float64{1, 2, 3})
+	require.NoError(t, npy.Write(&b, x))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "x.npy"), b.Bytes(), 0o644))
+	_, stderr, code := kiln(t, "run", src, "--input", "x="+filepath.Join(dir, "x.npy"), "--input", "y="+filepath.Join(dir, "x.npy"), "--output-dir", filepath.Join(dir, "out"))
+	require.Equal(t, 0, code, stderr)
+	got := readNpy(t, filepath.Join(dir, "out", "out_y.npy"))
+	require.Equal(t, []float64{2, 4, 6}, got.F)
+
+	b.Reset()
+	require.NoError(t, npy.Write(&b, interp.FromFloats(parseType(t, "f32[4]"), []float64{1, 2, 3, 4})))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bad.npy"), b.Bytes(), 0o644))
+	_, stderr, code = kiln(t, "run", src, "--input", "x="+filepath.Join(dir, "bad.npy"), "--output-dir", filepath.Join(dir, "out"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "holds f32[4], but argument %x is f32[3]")
+}
+
+func parseType(t *testing.T, s string) ir.Type {
+	m, err := parser.Parse("t", "func @f(%x: "+s+") -> () {\n  return\n}\n")
+	require.NoError(t, err)
+	return m.Funcs[0].Args[0].Type
+}
