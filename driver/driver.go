@@ -11,6 +11,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/parser"
 )
 
@@ -188,10 +189,13 @@ type input struct {
 	module *ir.Module
 }
 
-// readModule reads and parses IN (a .kir file or - for standard input)
-// and verifies it. Diagnostics are rendered to stderr and the returned
-// error is an exitError.
+// readModule reads and parses IN (a .kir file, an .onnx file, or - for
+// standard input holding text) and verifies it. Diagnostics are rendered
+// to stderr and the returned error is an exitError.
 func readModule(e *env, path string) (*input, error) {
+	if strings.HasSuffix(strings.ToLower(path), ".onnx") {
+		return importModule(e, path, onnx.Options{})
+	}
 	in := &input{path: path, name: path}
 	var data []byte
 	var err error
@@ -239,4 +243,21 @@ func unwrapPathError(err error) error {
 		return fmt.Errorf("%s: %v", pe.Path, pe.Err)
 	}
 	return err
+}
+
+// importModule reads an ONNX model and verifies the imported module.
+func importModule(e *env, path string, opt onnx.Options) (*input, error) {
+	in := &input{path: path, name: path}
+	m, err := onnx.ImportFile(path, opt)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "%s\n", unwrapPathError(err))
+		return nil, exitError{1}
+	}
+	if err := ir.Verify(m); err != nil {
+		fmt.Fprintf(e.stderr, "%s: error: the imported module does not verify:\n%v\n", path, err)
+		return nil, exitError{1}
+	}
+	in.module = m
+	in.text = m.String()
+	return in, nil
 }

@@ -203,3 +203,27 @@ func RandomTensor(f *ir.Func, a *ir.Value, rng *rand.Rand) *Tensor {
 	}
 	return t
 }
+
+// EvalOp runs a single op on concrete operands (constant folding uses it).
+// The op's operands and results must carry their types; impure ops draw
+// from a stream seeded with 0.
+func EvalOp(op *ir.Op, in []*Tensor) ([]*Tensor, error) {
+	env := map[*ir.Value]*Tensor{}
+	for i, v := range op.Operands {
+		env[v] = in[i]
+	}
+	rt := &runtime{rng: rand.New(rand.NewPCG(0, 0x6b696c6e))}
+	if err := exec(op, env, rt); err != nil {
+		return nil, err
+	}
+	out := make([]*Tensor, len(op.Results))
+	for i, r := range op.Results {
+		out[i] = env[r]
+	}
+	return out, nil
+}
+
+// ToDense converts a tensor to a constant of the same type.
+func (x *Tensor) ToDense() *ir.Dense {
+	return &ir.Dense{Type: x.Type, Floats: append([]float64(nil), x.F...), Ints: append([]int64(nil), x.I...)}
+}

@@ -264,25 +264,41 @@ func (d *Dense) Validate() error {
 	return nil
 }
 
-// Equal reports whether d and e are the same constant (bitwise for floats).
+// Equal reports whether d and e are the same constant: the same type and
+// the same elements (bitwise for floats), whether stored as a splat or not.
 func (d *Dense) Equal(e *Dense) bool {
 	if d == nil || e == nil {
 		return d == e
 	}
-	if !d.Type.Equal(e.Type) || len(d.Floats) != len(e.Floats) || len(d.Ints) != len(e.Ints) {
+	if !d.Type.Equal(e.Type) || d.Validate() != nil || e.Validate() != nil {
 		return false
 	}
-	for i := range d.Floats {
-		if math.Float64bits(d.Floats[i]) != math.Float64bits(e.Floats[i]) {
-			return false
-		}
-	}
-	for i := range d.Ints {
-		if d.Ints[i] != e.Ints[i] {
+	n := d.Type.NumElements()
+	for i := int64(0); i < n; i++ {
+		if d.Type.DType.IsFloat() {
+			if math.Float64bits(d.Float(i)) != math.Float64bits(e.Float(i)) {
+				return false
+			}
+		} else if d.Int(i) != e.Int(i) {
 			return false
 		}
 	}
 	return true
+}
+
+// AllEqual reports whether every stored element has the same value (bitwise
+// for floats), so that the constant can be written as a splat.
+func (d *Dense) AllEqual() bool {
+	for i := 1; i < d.Len(); i++ {
+		if d.Type.DType.IsFloat() {
+			if math.Float64bits(d.Floats[i]) != math.Float64bits(d.Floats[0]) {
+				return false
+			}
+		} else if d.Ints[i] != d.Ints[0] {
+			return false
+		}
+	}
+	return d.Len() > 0
 }
 
 // RawBytes encodes the values little-endian in the tensor's dtype, as

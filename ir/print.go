@@ -227,7 +227,7 @@ func formatDense(d *Dense) string {
 	b.WriteString(d.Type.String())
 	b.WriteString(": ")
 	switch {
-	case d.IsSplat() || d.Type.Rank() == 0 && d.Len() == 1:
+	case d.Len() > 0 && (d.Type.NumElements() > 1 || d.Type.Rank() == 0) && d.AllEqual():
 		b.WriteString(denseElem(d, 0))
 	case d.Len() > denseListLimit:
 		b.WriteString("0x")

@@ -1,0 +1,456 @@
+package onnx
+
+import (
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// converter turns one ONNX node into Kiln ops (or import-time constants)
+// and returns an entry for each of the node's outputs.
+type converter func(im *importer, n *node, in []entry) ([]entry, error)
+
+var converters map[string]converter
+
+// simple maps ONNX ops to Kiln ops with the same operands and no attributes.
+var simple = map[string]string{
+	"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Log": "log",
+	"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Sign": "sign", "HardSwish": "hard_swish",
+	"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
+	"Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge",
+	"Where": "where", "MatMul": "matmul", "GlobalAveragePool": "global_avg_pool",
+}
+
+func init() {
+	converters = map[string]converter{}
+	for onnxName, kind := range simple {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			return im.emit(kind, in, nil)
+		}
+	}
+	for onnxName, kind := range map[string]string{"Max": "max", "Min": "min", "Sum": "add"} {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			acc := []entry{in[0]}
+			for _, e := range in[1:] {
+				var err error
+				if acc, err = im.emit(kind, []entry{acc[0], e}, nil); err != nil {
+					return nil, err
+				}
+			}
+			return acc, nil
+		}
+	}
+	converters["Identity"] = func(im *importer, n *node, in []entry) ([]entry, error) { return in, nil }
+	converters["HardSigmoid"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("hard_sigmoid", in, ir.Attrs{"alpha": ir.FloatAttr(f32(attrFloat(n, "alpha", 0.2))), "beta": ir.FloatAttr(f32(attrFloat(n, "beta", 0.5)))})
+	}
+	converters["Gelu"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("gelu", in, ir.Attrs{"approximate": ir.StringAttr(attrString(n, "approximate", "none"))})
+	}
+	for onnxName, kind := range map[string]string{"Softmax": "softmax", "LogSoftmax": "log_softmax"} {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			return im.emit(kind, in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", -1))})
+		}
+	}
+	converters["Conv"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
+			return nil, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
+		}
+		if in[0].typ().Rank() != 4 {
+			return nil, im.errorf("only 2-D convolution is supported, input is %s", in[0].typ())
+		}
+		a := ir.Attrs{}
+		if v := attrInts(n, "strides"); v != nil {
+			a["strides"] = ir.IntsAttr(v...)
+		}
+		if v := attrInts(n, "pads"); v != nil {
+			a["pads"] = ir.IntsAttr(v...)
+		}
+		if v := attrInts(n, "dilations"); v != nil {
+			a["dilations"] = ir.IntsAttr(v...)
+		}
+		if g := attrInt(n, "group", 1); g != 1 {
+			a["groups"] = ir.IntAttr(g)
+		}
+		return im.emit("conv2d", present(in), a)
+	}
+	converters["BatchNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		eps := ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))
+		if attrInt(n, "training_mode", 0) == 1 {
+			return im.emit("batch_norm_train", in, ir.Attrs{"epsilon": eps, "momentum": ir.FloatAttr(f32(attrFloat(n, "momentum", 0.9)))})
+		}
+		return im.emit("batch_norm_infer", in, ir.Attrs{"epsilon": eps})
+	}
+	converters["Gemm"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		a := ir.Attrs{}
+		if v := attrFloat(n, "alpha", 1); v != 1 {
+			a["alpha"] = ir.FloatAttr(f32(v))
+		}
+		if v := attrFloat(n, "beta", 1); v != 1 {
+			a["beta"] = ir.FloatAttr(f32(v))
+		}
+		if attrInt(n, "transA", 0) == 1 {
+			a["trans_a"] = ir.BoolAttr(true)
+		}
+		if attrInt(n, "transB", 0) == 1 {
+			a["trans_b"] = ir.BoolAttr(true)
+		}
+		return im.emit("gemm", present(in), a)
+	}
+	for onnxName, kind := range map[string]string{"MaxPool": "max_pool2d", "AveragePool": "avg_pool2d"} {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			if len(n.Outputs) > 1 && n.Outputs[1] != "" {
+				return nil, im.errorf("the indices output of MaxPool is not supported")
+			}
+			if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
+				return nil, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
+			}
+			a := ir.Attrs{"kernel": ir.IntsAttr(attrInts(n, "kernel_shape")...)}
+			if v := attrInts(n, "strides"); v != nil {
+				a["strides"] = ir.IntsAttr(v...)
+			} else {
+				a["strides"] = ir.IntsAttr(1, 1)
+			}
+			if v := attrInts(n, "pads"); v != nil {
+				a["pads"] = ir.IntsAttr(v...)
+			}
+			if v := attrInts(n, "dilations"); v != nil {
+				a["dilations"] = ir.IntsAttr(v...)
+			}
+			if attrInt(n, "ceil_mode", 0) == 1 {
+				a["ceil_mode"] = ir.BoolAttr(true)
+			}
+			if kind == "avg_pool2d" && attrInt(n, "count_include_pad", 0) == 1 {
+				a["count_include_pad"] = ir.BoolAttr(true)
+			}
+			return im.emit(kind, in[:1], a)
+		}
+	}
+	converters["LayerNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("layer_norm", present(in), ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", -1)), "epsilon": ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))})
+	}
+	converters["Dropout"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		ratio, err := im.constFloat(in, 1, 0.5, "the dropout ratio")
+		if err != nil {
+			return nil, err
+		}
+		training, err := im.constFloat(in, 2, 0, "training_mode")
+		if err != nil {
+			return nil, err
+		}
+		if training == 0 || ratio == 0 {
+			mask := interp.New(ir.Type{DType: ir.Bool, Shape: in[0].typ().Shape})
+			for i := range mask.I {
+				mask.I[i] = 1
+			}
+			return []entry{in[0], {k: mask}}, nil
+		}
+		im.seeds++
+		seed := attrInt(n, "seed", im.seeds)
+		return im.emit("dropout", in[:1], ir.Attrs{"ratio": ir.FloatAttr(f32(ratio)), "seed": ir.IntAttr(seed)})
+	}
+	converters["SoftmaxCrossEntropyLoss"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		if len(in) > 2 && !in[2].missing() {
+			return nil, im.errorf("class weights are not supported")
+		}
+		if attr(n, "ignore_index") != nil {
+			return nil, im.errorf("ignore_index is not supported")
+		}
+		r := attrString(n, "reduction", "mean")
+		if r != "mean" && r != "sum" {
+			return nil, im.errorf("reduction=%s is not supported (mean or sum)", r)
+		}
+		return im.emit("softmax_cross_entropy", in[:2], ir.Attrs{"reduction": ir.StringAttr(r)})
+	}
+
+	// Shape ops.
+	converters["Reshape"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		shape, err := im.constInts(in, 1, "the target shape")
+		if err != nil {
+			return nil, err
+		}
+		src := in[0].typ().Shape
+		total := in[0].typ().NumElements()
+		known, infer := int64(1), -1
+		for i, d := range shape {
+			switch {
+			case d == 0 && attrInt(n, "allowzero", 0) == 0:
+				if i >= len(src) {
+					return nil, im.errorf("shape entry 0 at %d has no input dimension to copy", i)
+				}
+				shape[i] = src[i]
+			case d == -1:
+				if infer >= 0 {
+					return nil, im.errorf("more than one -1 in shape %v", shape)
+				}
+				infer = i
+				continue
+			case d < 0:
+				return nil, im.errorf("invalid shape entry %d", d)
+			}
+			known *= shape[i]
+		}
+		if infer >= 0 {
+			if known == 0 || total%known != 0 {
+				return nil, im.errorf("cannot infer -1 in %v for %d elements", shape, total)
+			}
+			shape[infer] = total / known
+		}
+		return im.emit("reshape", in[:1], ir.Attrs{"shape": ir.IntsAttr(shape...)})
+	}
+	converters["Transpose"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		perm := attrInts(n, "perm")
+		if perm == nil {
+			r := in[0].typ().Rank()
+			for i := r - 1; i >= 0; i-- {
+				perm = append(perm, int64(i))
+			}
+		}
+		return im.emit("transpose", in, ir.Attrs{"perm": ir.IntsAttr(perm...)})
+	}
+	converters["Flatten"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("flatten", in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", 1))})
+	}
+	converters["Concat"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("concat", present(in), ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", 0))})
+	}
+	converters["Split"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		axis := attrInt(n, "axis", 0)
+		sizes, err := im.constInts(in, 1, "the split sizes")
+		if err != nil {
+			return nil, err
+		}
+		if sizes == nil {
+			sizes = attrInts(n, "split")
+		}
+		if sizes == nil {
+			ax, err := ir.NormalizeAxis(axis, in[0].typ().Rank())
+			if err != nil {
+				return nil, im.errorf("%v", err)
+			}
+			parts := int64(len(n.Outputs))
+			d := in[0].typ().Shape[ax]
+			each := (d + parts - 1) / parts
+			for rest := d; rest > 0; rest -= each {
+				sizes = append(sizes, min(each, rest))
+			}
+		}
+		return im.emit("split", in[:1], ir.Attrs{"axis": ir.IntAttr(axis), "sizes": ir.IntsAttr(sizes...)})
+	}
+	converters["Slice"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		a := ir.Attrs{}
+		for i, name := range []string{"starts", "ends", "axes", "steps"} {
+			v, err := im.constInts(in, i+1, name)
+			if err != nil {
+				return nil, err
+			}
+			if v != nil {
+				a[name] = ir.IntsAttr(v...)
+			}
+		}
+		return im.emit("slice", in[:1], a)
+	}
+	converters["Gather"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("gather", in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", 0))})
+	}
+	converters["Squeeze"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		axes, err := im.constInts(in, 1, "the axes")
+		if err != nil {
+			return nil, err
+		}
+		a := ir.Attrs{}
+		if axes != nil {
+			a["axes"] = ir.IntsAttr(axes...)
+		}
+		return im.emit("squeeze", in[:1], a)
+	}
+	converters["Unsqueeze"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		axes, err := im.constInts(in, 1, "the axes")
+		if err != nil {
+			return nil, err
+		}
+		return im.emit("unsqueeze", in[:1], ir.Attrs{"axes": ir.IntsAttr(axes...)})
+	}
+	converters["Expand"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		shape, err := im.constInts(in, 1, "the shape")
+		if err != nil {
+			return nil, err
+		}
+		return im.emit("expand", in[:1], ir.Attrs{"shape": ir.IntsAttr(shape...)})
+	}
+	converters["Pad"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		if m := attrString(n, "mode", "constant"); m != "constant" {
+			return nil, im.errorf("mode=%s is not supported (constant only)", m)
+		}
+		pads, err := im.constInts(in, 1, "the pads")
+		if err != nil {
+			return nil, err
+		}
+		value, err := im.constFloat(in, 2, 0, "the padding value")
+		if err != nil {
+			return nil, err
+		}
+		axes, err := im.constInts(in, 3, "the axes")
+		if err != nil {
+			return nil, err
+		}
+		if axes != nil {
+			r := in[0].typ().Rank()
+			full := make([]int64, 2*r)
+			for i, ax := range axes {
+				a, err := ir.NormalizeAxis(ax, r)
+				if err != nil {
+					return nil, im.errorf("%v", err)
+				}
+				full[a], full[a+r] = pads[i], pads[i+len(axes)]
+			}
+			pads = full
+		}
+		a := ir.Attrs{"pads": ir.IntsAttr(pads...)}
+		if value != 0 {
+			a["value"] = ir.FloatAttr(value)
+		}
+		return im.emit("pad", in[:1], a)
+	}
+	for onnxName, kind := range map[string]string{"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max"} {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			axes := attrInts(n, "axes")
+			if len(in) > 1 {
+				var err error
+				if axes, err = im.constInts(in, 1, "the axes"); err != nil {
+					return nil, err
+				}
+			}
+			a := ir.Attrs{"keepdims": ir.BoolAttr(attrInt(n, "keepdims", 1) == 1)}
+			if len(axes) > 0 {
+				a["axes"] = ir.IntsAttr(axes...)
+			} else if attrInt(n, "noop_with_empty_axes", 0) == 1 {
+				return in[:1], nil
+			}
+			return im.emit(kind, in[:1], a)
+		}
+	}
+	converters["Cast"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		to, ok := dtypeOf(attrInt(n, "to", 0))
+		if !ok {
+			return nil, im.errorf("cast to ONNX data type %d is not supported", attrInt(n, "to", 0))
+		}
+		return im.emit("cast", in, ir.Attrs{"to": ir.TypeAttr(to)})
+	}
+
+	// Constants and shape arithmetic, evaluated at import.
+	converters["Constant"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		a := n.Attrs
+		if len(a) != 1 {
+			return nil, im.errorf("a Constant needs exactly one value attribute")
+		}
+		var k *interp.Tensor
+		switch a[0].Name {
+		case "value":
+			if a[0].T == nil {
+				return nil, im.errorf("value is not a tensor")
+			}
+			var err error
+			if k, err = im.decodeTensor(a[0].T); err != nil {
+				return nil, im.errorf("%v", err)
+			}
+		case "value_float":
+			k = interp.FromFloats(ir.TensorOf(ir.F32), []float64{float64(a[0].F)})
+		case "value_floats":
+			vals := make([]float64, len(a[0].Floats))
+			for i, v := range a[0].Floats {
+				vals[i] = float64(v)
+			}
+			k = interp.FromFloats(ir.TensorOf(ir.F32, int64(len(vals))), vals)
+		case "value_int":
+			k = interp.FromInts(ir.TensorOf(ir.I64), []int64{a[0].I})
+		case "value_ints":
+			k = interp.FromInts(ir.TensorOf(ir.I64, int64(len(a[0].Ints))), a[0].Ints)
+		default:
+			return nil, im.errorf("constant attribute %q is not supported", a[0].Name)
+		}
+		return []entry{{k: k}}, nil
+	}
+	converters["ConstantOfShape"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		shape, err := im.constInts(in, 0, "the shape")
+		if err != nil {
+			return nil, err
+		}
+		val := interp.FromFloats(ir.TensorOf(ir.F32, 1), []float64{0})
+		if a := attr(n, "value"); a != nil && a.T != nil {
+			if val, err = im.decodeTensor(a.T); err != nil {
+				return nil, im.errorf("%v", err)
+			}
+		}
+		t := ir.Type{DType: val.Type.DType, Shape: ir.Shape(shape)}
+		if _, ok := t.Bytes(); !ok {
+			return nil, im.errorf("shape %v is too large", shape)
+		}
+		k := interp.New(t)
+		for i := range k.F {
+			k.F[i] = val.F[0]
+		}
+		for i := range k.I {
+			k.I[i] = val.I[0]
+		}
+		return []entry{{k: k}}, nil
+	}
+	converters["Shape"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		s := in[0].typ().Shape
+		r := int64(len(s))
+		start, end := attrInt(n, "start", 0), attrInt(n, "end", r)
+		if start < 0 {
+			start += r
+		}
+		if end < 0 {
+			end += r
+		}
+		start, end = max(0, min(start, r)), max(0, min(end, r))
+		dims := append([]int64{}, s[start:max(start, end)]...)
+		return []entry{{k: interp.FromInts(ir.TensorOf(ir.I64, int64(len(dims))), dims)}}, nil
+	}
+	converters["Size"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return []entry{{k: interp.FromInts(ir.TensorOf(ir.I64), []int64{in[0].typ().NumElements()})}}, nil
+	}
+	converters["Range"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		for i := 0; i < 3; i++ {
+			if in[i].k == nil || in[i].k.Len() != 1 {
+				return nil, im.errorf("Range needs constant scalar start, limit and delta")
+			}
+		}
+		start, limit, delta := in[0].k.At(0), in[1].k.At(0), in[2].k.At(0)
+		if delta == 0 {
+			return nil, im.errorf("Range delta is 0")
+		}
+		count := int64(0)
+		if c := (limit - start) / delta; c > 0 {
+			count = int64(c)
+			if float64(count) < c {
+				count++
+			}
+		}
+		if count > 1<<24 {
+			return nil, im.errorf("Range of %d elements is too large to fold", count)
+		}
+		vals := make([]float64, count)
+		for i := range vals {
+			vals[i] = start + float64(i)*delta
+		}
+		t := ir.Type{DType: in[0].k.Type.DType, Shape: ir.Shape{count}}
+		if t.DType.IsFloat() {
+			return []entry{{k: interp.FromFloats(t, vals)}}, nil
+		}
+		ints := make([]int64, count)
+		for i, v := range vals {
+			ints[i] = int64(v)
+		}
+		return []entry{{k: interp.FromInts(t, ints)}}, nil
+	}
+}
+
+// present drops trailing missing optional inputs.
+func present(in []entry) []entry {
+	for len(in) > 0 && in[len(in)-1].missing() {
+		in = in[:len(in)-1]
+	}
+	return in
+}

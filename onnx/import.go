@@ -1,0 +1,546 @@
+package onnx
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Options control an import.
+type Options struct {
+	// Name is the model's file name, used in locations and messages.
+	Name string
+	// Dir is where external tensor data files are looked up.
+	Dir string
+	// DataInputs names the graph inputs that are data; default: the first.
+	DataInputs []string
+	// Batch, when positive, replaces the first dimension of every data input.
+	Batch int64
+}
+
+// ImportFile reads an .onnx file.
+func ImportFile(path string, opt Options) (*ir.Module, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Name == "" {
+		opt.Name = filepath.Base(path)
+	}
+	if opt.Dir == "" {
+		opt.Dir = filepath.Dir(path)
+	}
+	return Import(data, opt)
+}
+
+// Import converts a serialized ModelProto into a module with one function
+// named after the graph.
+func Import(data []byte, opt Options) (*ir.Module, error) {
+	if opt.Name == "" {
+		opt.Name = "model.onnx"
+	}
+	m, err := parseModel(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: cannot decode the model: %v", opt.Name, err)
+	}
+	version := int64(-1)
+	for _, o := range m.Opsets {
+		if o.Domain == "" || o.Domain == "ai.onnx" {
+			version = o.Version
+		}
+	}
+	if version < 13 || version > 17 {
+		return nil, fmt.Errorf("%s: default-domain opset %d is not supported (Kiln reads opsets 13 to 17)", opt.Name, version)
+	}
+	if err := checkSupported(m.Graph, opt.Name); err != nil {
+		return nil, err
+	}
+	im := &importer{opt: opt, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}}
+	f, err := im.run(m.Graph)
+	if err != nil {
+		return nil, err
+	}
+	return &ir.Module{Funcs: []*ir.Func{f}}, nil
+}
+
+// checkSupported lists every op type Kiln cannot import, with counts.
+func checkSupported(g *graph, name string) error {
+	bad := map[string]int{}
+	for _, n := range g.Nodes {
+		key := n.OpType
+		if n.Domain != "" && n.Domain != "ai.onnx" {
+			key = n.Domain + "." + n.OpType
+		} else if converters[n.OpType] == nil {
+			key = n.OpType
+		} else {
+			continue
+		}
+		bad[key]++
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(bad))
+	for k := range bad {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s (%d)", k, bad[k])
+	}
+	return fmt.Errorf("%s: unsupported ONNX ops: %s", name, strings.Join(parts, ", "))
+}
+
+// entry is an ONNX value during import: a runtime value, or a constant
+// known at import time (shape arithmetic), or neither (a missing optional
+// input).
+type entry struct {
+	v *ir.Value
+	k *interp.Tensor
+}
+
+func (e entry) typ() ir.Type {
+	if e.v != nil {
+		return e.v.Type
+	}
+	return e.k.Type
+}
+
+func (e entry) missing() bool { return e.v == nil && e.k == nil }
+
+type importer struct {
+	opt    Options
+	f      *ir.Func
+	vals   map[string]entry
+	consts map[*interp.Tensor]*ir.Value
+	n      *node
+	seeds  int64
+}
+
+func (im *importer) errorf(format string, args ...any) error {
+	return fmt.Errorf("%s: node %s (%s): %s", im.opt.Name, strconv.Quote(im.n.Name), im.n.OpType, fmt.Sprintf(format, args...))
+}
+
+func dtypeOf(t int64) (ir.DType, bool) {
+	switch t {
+	case 1:
+		return ir.F32, true
+	case 3:
+		return ir.I8, true
+	case 6:
+		return ir.I32, true
+	case 7:
+		return ir.I64, true
+	case 9:
+		return ir.Bool, true
+	case 10:
+		return ir.F16, true
+	case 11:
+		return ir.F64, true
+	case 16:
+		return ir.BF16, true
+	case 17:
+		return ir.F8E4M3, true
+	case 19:
+		return ir.F8E5M2, true
+	}
+	return ir.Invalid, false
+}
+
+// decodeTensor reads a TensorProto's values (raw, typed or external).
+func (im *importer) decodeTensor(t *tensor) (*interp.Tensor, error) {
+	dt, ok := dtypeOf(t.DataType)
+	if !ok {
+		return nil, fmt.Errorf("tensor %q has unsupported ONNX data type %d", t.Name, t.DataType)
+	}
+	for _, d := range t.Dims {
+		if d < 0 {
+			return nil, fmt.Errorf("tensor %q has a negative dimension", t.Name)
+		}
+	}
+	ty := ir.Type{DType: dt, Shape: ir.Shape(t.Dims)}
+	n, ok := ty.Shape.NumElements()
+	size, ok2 := ty.Bytes()
+	if !ok || !ok2 {
+		return nil, fmt.Errorf("tensor %q of shape %v is too large", t.Name, t.Dims)
+	}
+	raw := t.RawData
+	if t.DataLocation == 1 {
+		loc := t.External["location"]
+		if loc == "" || strings.Contains(loc, "..") || filepath.IsAbs(loc) {
+			return nil, fmt.Errorf("tensor %q has an invalid external data location %q", t.Name, loc)
+		}
+		data, err := os.ReadFile(filepath.Join(im.opt.Dir, loc))
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: external data: %v", t.Name, err)
+		}
+		off, _ := strconv.ParseInt(t.External["offset"], 10, 64)
+		length := size
+		if l, ok := t.External["length"]; ok {
+			length, _ = strconv.ParseInt(l, 10, 64)
+		}
+		if off < 0 || length < 0 || off+length > int64(len(data)) {
+			return nil, fmt.Errorf("tensor %q: external data range [%d, %d) is outside %s", t.Name, off, off+length, loc)
+		}
+		raw = data[off : off+length]
+	} else if !t.HasRaw {
+		// Typed fields.
+		var d ir.Dense
+		d.Type = ty
+		switch dt {
+		case ir.F32:
+			for _, v := range t.FloatData {
+				d.Floats = append(d.Floats, float64(v))
+			}
+		case ir.F64:
+			d.Floats = t.DoubleData
+		case ir.I64:
+			d.Ints = t.Int64Data
+		case ir.I32, ir.I8, ir.Bool:
+			for _, v := range t.Int32Data {
+				d.Ints = append(d.Ints, int64(v))
+			}
+		case ir.F16, ir.BF16, ir.F8E4M3, ir.F8E5M2:
+			bits := make([]byte, 0, len(t.Int32Data)*2)
+			for _, v := range t.Int32Data {
+				if dt.Size() == 2 {
+					bits = append(bits, byte(v), byte(v>>8))
+				} else {
+					bits = append(bits, byte(v))
+				}
+			}
+			dd, err := ir.DenseFromRaw(ty, bits)
+			if err != nil {
+				return nil, fmt.Errorf("tensor %q: %v", t.Name, err)
+			}
+			d = *dd
+		}
+		if int64(d.Len()) != n {
+			return nil, fmt.Errorf("tensor %q has %d values for shape %v", t.Name, d.Len(), t.Dims)
+		}
+		return interp.FromDense(&d), nil
+	}
+	if int64(len(raw)) != size {
+		return nil, fmt.Errorf("tensor %q has %d bytes of data, shape %v of %s needs %d", t.Name, len(raw), t.Dims, dt, size)
+	}
+	d, err := ir.DenseFromRaw(ty, raw)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %q: %v", t.Name, err)
+	}
+	return interp.FromDense(d), nil
+}
+
+func (im *importer) run(g *graph) (*ir.Func, error) {
+	name := g.Name
+	if name == "" {
+		name = "main"
+	}
+	im.f = &ir.Func{Name: name}
+	inits := map[string]*tensor{}
+	for _, t := range g.Initializer {
+		inits[t.Name] = t
+	}
+	// Inputs that are not initializers, in order.
+	var inputs []*valueInfo
+	for _, vi := range g.Inputs {
+		if inits[vi.Name] == nil {
+			inputs = append(inputs, vi)
+		}
+	}
+	data := map[string]bool{}
+	if len(im.opt.DataInputs) > 0 {
+		for _, d := range im.opt.DataInputs {
+			found := false
+			for _, vi := range inputs {
+				found = found || vi.Name == d
+			}
+			if !found {
+				return nil, fmt.Errorf("%s: --data-inputs names %q, which is not a graph input", im.opt.Name, d)
+			}
+			data[d] = true
+		}
+	} else if len(inputs) > 0 {
+		data[inputs[0].Name] = true
+	}
+	state := stateInputs(g)
+	for _, vi := range inputs {
+		dt, ok := dtypeOf(vi.ElemType)
+		if !ok {
+			return nil, fmt.Errorf("%s: input %q has unsupported ONNX data type %d", im.opt.Name, vi.Name, vi.ElemType)
+		}
+		shape := ir.Shape{}
+		for i, d := range vi.Dims {
+			if d < 0 {
+				if i == 0 && im.opt.Batch > 0 && data[vi.Name] {
+					d = im.opt.Batch
+				} else {
+					return nil, fmt.Errorf("%s: input %q has a symbolic dimension %q; Kiln needs static shapes (re-export with fixed sizes, or --batch for the first)", im.opt.Name, vi.Name, vi.DimNames[i])
+				}
+			}
+			shape = append(shape, d)
+		}
+		if !vi.HasShape {
+			return nil, fmt.Errorf("%s: input %q has no shape", im.opt.Name, vi.Name)
+		}
+		if im.opt.Batch > 0 && data[vi.Name] && len(shape) > 0 {
+			shape[0] = im.opt.Batch
+		}
+		kind := ir.ArgParam
+		switch {
+		case data[vi.Name]:
+			kind = ir.ArgData
+		case state[vi.Name]:
+			kind = ir.ArgState
+		}
+		im.addArg(vi.Name, ir.Type{DType: dt, Shape: shape}, kind, nil)
+	}
+	for _, t := range g.Initializer {
+		im.n = &node{Name: t.Name, OpType: "initializer"}
+		x, err := im.decodeTensor(t)
+		if err != nil {
+			return nil, fmt.Errorf("%s: initializer: %v", im.opt.Name, err)
+		}
+		if !x.Type.DType.IsFloat() {
+			im.vals[t.Name] = entry{k: x} // integer initializers are constants (shapes, indices)
+			continue
+		}
+		kind := ir.ArgParam
+		if state[t.Name] {
+			kind = ir.ArgState
+		}
+		im.addArg(t.Name, x.Type, kind, x.ToDense())
+	}
+	for i, n := range g.Nodes {
+		im.n = n
+		if n.Name == "" {
+			n.Name = fmt.Sprintf("%s_%d", n.OpType, i)
+		}
+		in := make([]entry, len(n.Inputs))
+		for j, name := range n.Inputs {
+			if name == "" {
+				continue
+			}
+			e, ok := im.vals[name]
+			if !ok {
+				return nil, im.errorf("input %q is not defined before this node", name)
+			}
+			in[j] = e
+		}
+		outs, err := converters[n.OpType](im, n, in)
+		if err != nil {
+			return nil, err
+		}
+		for j, name := range n.Outputs {
+			if name == "" || j >= len(outs) {
+				continue
+			}
+			im.vals[name] = outs[j]
+		}
+	}
+	for _, vi := range g.Outputs {
+		e, ok := im.vals[vi.Name]
+		if !ok {
+			return nil, fmt.Errorf("%s: graph output %q is never computed", im.opt.Name, vi.Name)
+		}
+		v := e.v
+		if v == nil {
+			v = im.materialize(e.k)
+		}
+		im.f.Results = append(im.f.Results, ir.Result{Name: vi.Name, Value: v})
+	}
+	return im.f, nil
+}
+
+func (im *importer) addArg(name string, t ir.Type, kind ir.ArgKind, init *ir.Dense) {
+	v := &ir.Value{Name: im.f.UniqueName(name), Type: t, Index: len(im.f.Args), Arg: &ir.ArgInfo{Kind: kind, Init: init}, Offset: ir.NoOffset}
+	im.f.Args = append(im.f.Args, v)
+	im.vals[name] = entry{v: v}
+}
+
+// stateInputs finds inputs used only as batch-norm mean or variance.
+func stateInputs(g *graph) map[string]bool {
+	asStat, other := map[string]bool{}, map[string]bool{}
+	for _, n := range g.Nodes {
+		for j, in := range n.Inputs {
+			if n.OpType == "BatchNormalization" && (j == 3 || j == 4) {
+				asStat[in] = true
+			} else {
+				other[in] = true
+			}
+		}
+	}
+	out := map[string]bool{}
+	for n := range asStat {
+		if !other[n] {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// loc is the location of the current node.
+func (im *importer) loc() ir.Location { return ir.Location{File: im.opt.Name, Name: im.n.Name} }
+
+// materialize turns a constant into a constant op (once per constant).
+func (im *importer) materialize(k *interp.Tensor) *ir.Value {
+	if v, ok := im.consts[k]; ok {
+		return v
+	}
+	base := "const"
+	if im.n != nil && len(im.n.Outputs) > 0 && im.n.Outputs[0] != "" {
+		base = im.n.Outputs[0] + ".const"
+	}
+	op, err := im.f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(k.ToDense())}, im.loc(), base)
+	if err != nil {
+		panic(err) // a constant's type is always valid
+	}
+	im.f.Body = append(im.f.Body, op)
+	im.consts[k] = op.Results[0]
+	return op.Results[0]
+}
+
+// emit creates an op of kind from operand entries. When every operand is a
+// constant the op is evaluated at import time (shape arithmetic folds).
+// Result names come from the node's outputs.
+func (im *importer) emit(kind string, in []entry, attrs ir.Attrs) ([]entry, error) {
+	allConst := true
+	for _, e := range in {
+		allConst = allConst && e.k != nil
+	}
+	d := ir.Lookup(kind)
+	if allConst && len(in) > 0 && d != nil && !d.Impure && kind != "dropout" {
+		types := make([]ir.Type, len(in))
+		tmp := make([]*ir.Value, len(in))
+		vals := make([]*interp.Tensor, len(in))
+		for i, e := range in {
+			types[i] = e.k.Type
+			tmp[i] = &ir.Value{Name: "t" + strconv.Itoa(i), Type: e.k.Type, Offset: ir.NoOffset}
+			vals[i] = e.k
+		}
+		out, err := d.InferTypes(types, attrs)
+		if err != nil {
+			return nil, im.errorf("%v", err)
+		}
+		op := &ir.Op{Kind: kind, Operands: tmp, Attrs: attrs}
+		for i, t := range out {
+			op.Results = append(op.Results, &ir.Value{Name: "r" + strconv.Itoa(i), Type: t, Def: op, Index: i, Offset: ir.NoOffset})
+		}
+		res, err := interp.EvalOp(op, vals)
+		if err != nil {
+			return nil, im.errorf("folding: %v", err)
+		}
+		outs := make([]entry, len(res))
+		for i, r := range res {
+			outs[i] = entry{k: r}
+		}
+		return outs, nil
+	}
+	operands := make([]*ir.Value, len(in))
+	for i, e := range in {
+		if e.v != nil {
+			operands[i] = e.v
+		} else {
+			operands[i] = im.materialize(e.k)
+		}
+	}
+	base := kind
+	if len(im.n.Outputs) > 0 && im.n.Outputs[0] != "" {
+		base = im.n.Outputs[0]
+	}
+	op, err := im.f.NewOp(kind, operands, attrs, im.loc(), base)
+	if err != nil {
+		return nil, im.errorf("%v", err)
+	}
+	for i, r := range op.Results {
+		if i < len(im.n.Outputs) && im.n.Outputs[i] != "" && i > 0 {
+			r.Name = im.f.UniqueName(im.n.Outputs[i])
+		}
+	}
+	im.f.Body = append(im.f.Body, op)
+	outs := make([]entry, len(op.Results))
+	for i, r := range op.Results {
+		outs[i] = entry{v: r}
+	}
+	return outs, nil
+}
+
+// constInts returns input i as integers; it must be known at import time.
+func (im *importer) constInts(in []entry, i int, what string) ([]int64, error) {
+	if i >= len(in) || in[i].missing() {
+		return nil, nil
+	}
+	if in[i].k == nil {
+		return nil, im.errorf("%s must be a constant (computable from static shapes); Kiln needs static shapes", what)
+	}
+	k := in[i].k
+	out := make([]int64, k.Len())
+	for j := range out {
+		out[j] = int64(k.At(j))
+	}
+	return out, nil
+}
+
+func (im *importer) constFloat(in []entry, i int, def float64, what string) (float64, error) {
+	if i >= len(in) || in[i].missing() {
+		return def, nil
+	}
+	if in[i].k == nil || in[i].k.Len() != 1 {
+		return 0, im.errorf("%s must be a constant scalar", what)
+	}
+	return in[i].k.At(0), nil
+}
+
+func attr(n *node, name string) *attribute {
+	for _, a := range n.Attrs {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}
+
+func attrInt(n *node, name string, def int64) int64 {
+	if a := attr(n, name); a != nil {
+		return a.I
+	}
+	return def
+}
+
+func attrFloat(n *node, name string, def float64) float64 {
+	if a := attr(n, name); a != nil {
+		return float64(a.F)
+	}
+	return def
+}
+
+func attrInts(n *node, name string) []int64 {
+	if a := attr(n, name); a != nil {
+		return a.Ints
+	}
+	return nil
+}
+
+func attrString(n *node, name string, def string) string {
+	if a := attr(n, name); a != nil {
+		return string(a.S)
+	}
+	return def
+}
+
+// f32 rounds an ONNX float attribute (stored as float32) for Kiln's
+// float64 attributes: the shortest decimal that is the same float32.
+func f32(x float64) float64 {
+	v, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'g', -1, 32), 64)
+	if math.IsNaN(v) {
+		return x
+	}
+	return v
+}

@@ -1,0 +1,212 @@
+package onnx
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// handMade is a small graph with shape arithmetic to fold, an initializer
+// and a batch-norm whose statistics inputs become state.
+func handMade() []byte {
+	return encModel(tGraph{
+		nodes: []tNode{
+			{op: "Shape", name: "/shape", inputs: []string{"x"}, outputs: []string{"s"}},
+			{op: "Constant", name: "/c0", outputs: []string{"idx"}, tensor: encTensorI64("", nil, []int64{0})},
+			{op: "Gather", name: "/g", inputs: []string{"s", "idx"}, outputs: []string{"n"}, ints: map[string][]int64{"axis": {0}}},
+			{op: "Unsqueeze", name: "/u", inputs: []string{"n", "zero"}, outputs: []string{"n1"}},
+			{op: "Constant", name: "/c1", outputs: []string{"minus1"}, tensor: encTensorI64("", []int64{1}, []int64{-1})},
+			{op: "Concat", name: "/cat", inputs: []string{"n1", "minus1"}, outputs: []string{"shape"}, ints: map[string][]int64{"axis": {0}}},
+			{op: "Conv", name: "/conv", inputs: []string{"x", "w"}, outputs: []string{"c"}, ints: map[string][]int64{"pads": {1, 1, 1, 1}}},
+			{op: "BatchNormalization", name: "/bn", inputs: []string{"c", "g", "b", "rm", "rv"}, outputs: []string{"bn", "rm_out", "rv_out"}, ints: map[string][]int64{"training_mode": {1}}, floats: map[string]float32{"epsilon": 1e-5, "momentum": 0.9}},
+			{op: "Relu", name: "/relu", inputs: []string{"bn"}, outputs: []string{"r"}},
+			{op: "Reshape", name: "/reshape", inputs: []string{"r", "shape"}, outputs: []string{"flat"}},
+			{op: "Gemm", name: "/fc", inputs: []string{"flat", "fcw"}, outputs: []string{"out"}, ints: map[string][]int64{"transB": {1}}},
+		},
+		inits: [][]byte{
+			encTensorI64("zero", []int64{1}, []int64{0}),
+			encTensorF32("fcw", []int64{3, 32}, make([]float32, 96)),
+		},
+		inputs: [][]byte{
+			encValueInfo("x", 1, []int64{2, 1, 4, 4}),
+			encValueInfo("w", 1, []int64{2, 1, 3, 3}),
+			encValueInfo("g", 1, []int64{2}), encValueInfo("b", 1, []int64{2}),
+			encValueInfo("rm", 1, []int64{2}), encValueInfo("rv", 1, []int64{2}),
+		},
+		outputs: [][]byte{encValueInfo("out", 1, []int64{2, 3})},
+	})
+}
+
+func TestImportHandMade(t *testing.T) {
+	m, err := Import(handMade(), Options{Name: "hand.onnx"})
+	require.NoError(t, err)
+	require.NoError(t, ir.Verify(m))
+	text := m.String()
+	require.Contains(t, text, `func @test_graph(%x: f32[2,1,4,4], %w: f32[2,1,3,3] {param}, %g: f32[2] {param}, %b: f32[2] {param}, %rm: f32[2] {state}, %rv: f32[2] {state}, %fcw: f32[3,32] {param, init = dense<f32[3,32]: 0.0>})`)
+	require.Contains(t, text, `%flat = reshape(%r) {shape = [2, 32]}`, "the shape subgraph folds to a constant")
+	require.NotContains(t, text, "gather", "shape arithmetic leaves no ops")
+	require.Contains(t, text, `loc("hand.onnx":"/conv")`)
+	require.Equal(t, "out", m.Funcs[0].Results[0].Name)
+
+	m2, err := Import(handMade(), Options{Name: "hand.onnx", Batch: 4, DataInputs: []string{"x"}})
+	require.NoError(t, err)
+	require.NoError(t, ir.Verify(m2))
+	require.Contains(t, m2.String(), "%x: f32[4,1,4,4]")
+	require.Contains(t, m2.String(), "shape = [4, 32]", "--batch flows through folded shape arithmetic")
+
+	_, err = Import(handMade(), Options{DataInputs: []string{"nope"}})
+	require.ErrorContains(t, err, `--data-inputs names "nope"`)
+}
+
+func TestUnsupportedOpsAreListed(t *testing.T) {
+	data := encModel(tGraph{
+		nodes: []tNode{
+			{op: "Frobnicate", inputs: []string{"x"}, outputs: []string{"a"}},
+			{op: "Frobnicate", inputs: []string{"a"}, outputs: []string{"b"}},
+			{op: "LSTM", inputs: []string{"b"}, outputs: []string{"c"}},
+			{op: "Relu", inputs: []string{"c"}, outputs: []string{"d"}},
+		},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
+		outputs: [][]byte{encValueInfo("d", 1, []int64{2})},
+	})
+	_, err := Import(data, Options{Name: "m.onnx"})
+	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Frobnicate (2), LSTM (1)")
+	_, err = Import(encModel(tGraph{opset: 9, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, "opset 9 is not supported")
+}
+
+func TestNodeErrorsNameTheNode(t *testing.T) {
+	data := encModel(tGraph{
+		nodes:   []tNode{{op: "MatMul", name: "/bad/MatMul", inputs: []string{"x", "y"}, outputs: []string{"z"}}},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 3}), encValueInfo("y", 1, []int64{4, 5})},
+		outputs: [][]byte{encValueInfo("z", 1, []int64{2, 5})},
+	})
+	_, err := Import(data, Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, `m.onnx: node "/bad/MatMul" (MatMul): matmul: matmul contraction mismatch`)
+}
+
+// TestTruncatedModelsFailCleanly cuts a model at every length: each prefix
+// is an error or a smaller valid model, never a panic.
+func TestTruncatedModelsFailCleanly(t *testing.T) {
+	data := handMade()
+	for n := 0; n < len(data); n++ {
+		m, err := Import(data[:n], Options{Name: "cut.onnx"})
+		if err == nil {
+			require.NoError(t, ir.Verify(m), "prefix %d", n)
+		}
+	}
+	garbled := append([]byte(nil), data...)
+	for i := 7; i < len(garbled); i += 13 {
+		garbled[i] ^= 0x5a
+		if m, err := Import(garbled, Options{}); err == nil {
+			_ = ir.Verify(m)
+		}
+	}
+}
+
+func FuzzImport(f *testing.F) {
+	f.Add(handMade())
+	for _, p := range zooFiles() {
+		if b, err := os.ReadFile(p); err == nil && len(b) < 100000 {
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Import(data, Options{Name: "fuzz.onnx"})
+		if err == nil {
+			_ = ir.Verify(m)
+		}
+	})
+}
+
+func zooFiles() []string {
+	files, _ := filepath.Glob("../testdata/models/*.onnx")
+	small, _ := filepath.Glob("../testdata/models/*/model.onnx")
+	return append(files, small...)
+}
+
+// TestZooImports imports every committed model, verifies it and round-trips
+// it through the text format.
+func TestZooImports(t *testing.T) {
+	files := zooFiles()
+	require.NotEmpty(t, files)
+	for _, path := range files {
+		m, err := ImportFile(path, Options{})
+		require.NoError(t, err, path)
+		require.NoError(t, ir.Verify(m), path)
+		text := m.String()
+		m2, err := parser.Parse(path, text)
+		require.NoError(t, err, path)
+		require.Empty(t, ir.Diff(m, m2), path)
+	}
+}
+
+func loadNpy(t *testing.T, path string) *interp.Tensor {
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	x, err := npy.Read(bytes.NewReader(b))
+	require.NoError(t, err)
+	return x
+}
+
+// TestSmallModelsMatchPyTorch runs the small zoo models with their real
+// weights and compares outputs, and gradients after autodiff, with the
+// values PyTorch computed (committed .npy files).
+func TestSmallModelsMatchPyTorch(t *testing.T) {
+	dirs, _ := filepath.Glob("../testdata/models/*/model.onnx")
+	require.NotEmpty(t, dirs, "the small models are committed under testdata/models")
+	for _, path := range dirs {
+		dir := filepath.Dir(path)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			m, err := ImportFile(path, Options{})
+			require.NoError(t, err)
+			f := m.Funcs[0]
+			args := make([]*interp.Tensor, len(f.Args))
+			for i, a := range f.Args {
+				switch {
+				case a.Arg.Kind == ir.ArgData:
+					args[i] = loadNpy(t, filepath.Join(dir, "input.npy"))
+				case a.Arg.Init != nil:
+					args[i] = interp.FromDense(a.Arg.Init)
+				default:
+					t.Fatalf("argument %s has no value", a.Name)
+				}
+			}
+			out, err := interp.Run(f, args, interp.Options{})
+			require.NoError(t, err)
+			want := loadNpy(t, filepath.Join(dir, "output.npy"))
+			require.LessOrEqual(t, passtest.RelErr(out[0], want), 1e-4, "output")
+
+			pipe, err := passes.ParsePipeline("autodiff", nil)
+			require.NoError(t, err)
+			require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+			res, err := interp.Run(f, args, interp.Options{})
+			require.NoError(t, err)
+			checked := 0
+			for i := 1; i < len(f.Results); i++ {
+				name := f.ResultName(i)
+				file := filepath.Join(dir, name+".npy")
+				if _, err := os.Stat(file); err != nil {
+					t.Fatalf("no PyTorch gradient %s for %s", file, name)
+				}
+				g := loadNpy(t, file)
+				require.LessOrEqual(t, passtest.RelErr(res[i], g), 1e-4, name)
+				checked++
+			}
+			require.Greater(t, checked, 0)
+			require.True(t, strings.HasPrefix(f.ResultName(1), "grad."))
+		})
+	}
+}
