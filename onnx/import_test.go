@@ -202,6 +202,12 @@ func TestSmallModelsMatchPyTorch(t *testing.T) {
 					t.Fatalf("no PyTorch gradient %s for %s", file, name)
 				}
 				g := loadNpy(t, file)
+				if maxAbs(g) < 1e-5 && maxAbs(res[i]) < 1e-5 {
+					// Mathematically zero (a conv bias followed by batch norm):
+					// both sides are rounding noise, where relative error means nothing.
+					checked++
+					continue
+				}
 				require.LessOrEqual(t, passtest.RelErr(res[i], g), 1e-4, name)
 				checked++
 			}
@@ -209,4 +215,12 @@ func TestSmallModelsMatchPyTorch(t *testing.T) {
 			require.True(t, strings.HasPrefix(f.ResultName(1), "grad."))
 		})
 	}
+}
+
+func maxAbs(x *interp.Tensor) float64 {
+	m := 0.0
+	for i := 0; i < x.Len(); i++ {
+		m = max(m, x.At(i), -x.At(i))
+	}
+	return m
 }
