@@ -1,0 +1,283 @@
+// Package alloc solves static memory allocation: given buffers with a
+// size and a live interval [Lower, Upper), give each an offset so that no
+// two buffers live at the same time overlap, using as little total memory
+// as possible (or fitting a given capacity). It holds the greedy
+// best-fit and first-fit heuristics, interference-graph colouring, and a
+// complete branch-and-bound search; Check verifies any solution
+// independently of how it was found.
+package alloc
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Buffer is one allocation request, live on [Lower, Upper).
+type Buffer struct {
+	ID           int
+	Lower, Upper int64
+	Size         int64
+}
+
+// Problem is a set of buffers and an alignment for offsets (and sizes).
+type Problem struct {
+	Buffers   []Buffer
+	Alignment int64 // offsets are multiples of it; 0 or 1 means none
+}
+
+// Solution gives each buffer (by index in Problem.Buffers) an offset.
+type Solution struct {
+	Offsets []int64
+	Size    int64 // the arena: max over buffers of offset + aligned size
+	Optimal bool  // proven minimal (search only)
+	Algo    string
+}
+
+func (p *Problem) align() int64 {
+	if p.Alignment <= 1 {
+		return 1
+	}
+	return p.Alignment
+}
+
+// alignedSize rounds a buffer size up to the alignment.
+func (p *Problem) alignedSize(i int) int64 {
+	a := p.align()
+	return (p.Buffers[i].Size + a - 1) / a * a
+}
+
+func overlapsInTime(a, b Buffer) bool { return a.Lower < b.Upper && b.Lower < a.Upper }
+
+// Check verifies a solution: every buffer placed at a non-negative,
+// aligned offset, no two buffers that live at the same time share a byte,
+// and the arena size covers every buffer. capacity > 0 also bounds it.
+func Check(p *Problem, s *Solution, capacity int64) error {
+	if len(s.Offsets) != len(p.Buffers) {
+		return fmt.Errorf("%d offsets for %d buffers", len(s.Offsets), len(p.Buffers))
+	}
+	a := p.align()
+	type ev struct {
+		t     int64
+		start bool
+		i     int
+	}
+	var evs []ev
+	for i, b := range p.Buffers {
+		o := s.Offsets[i]
+		if o < 0 {
+			return fmt.Errorf("buffer %d has negative offset %d", b.ID, o)
+		}
+		if o%a != 0 {
+			return fmt.Errorf("buffer %d offset %d is not a multiple of %d", b.ID, o, a)
+		}
+		if o+b.Size > s.Size {
+			return fmt.Errorf("buffer %d [%d, %d) exceeds the arena of %d bytes", b.ID, o, o+b.Size, s.Size)
+		}
+		if capacity > 0 && o+b.Size > capacity {
+			return fmt.Errorf("buffer %d [%d, %d) exceeds the capacity %d", b.ID, o, o+b.Size, capacity)
+		}
+		if b.Upper < b.Lower || b.Size < 0 {
+			return fmt.Errorf("buffer %d has an invalid interval or size", b.ID)
+		}
+		if b.Size > 0 && b.Upper > b.Lower {
+			evs = append(evs, ev{b.Lower, true, i}, ev{b.Upper, false, i})
+		}
+	}
+	// Sweep over time; at each start, compare with the buffers live then.
+	sort.Slice(evs, func(x, y int) bool {
+		if evs[x].t != evs[y].t {
+			return evs[x].t < evs[y].t
+		}
+		return !evs[x].start && evs[y].start // ends before starts at the same time
+	})
+	live := map[int]bool{}
+	for _, e := range evs {
+		if !e.start {
+			delete(live, e.i)
+			continue
+		}
+		b, o := p.Buffers[e.i], s.Offsets[e.i]
+		for j := range live {
+			c, q := p.Buffers[j], s.Offsets[j]
+			if o < q+c.Size && q < o+b.Size {
+				return fmt.Errorf("buffers %d [%d, %d) and %d [%d, %d) are live together and overlap", b.ID, o, o+b.Size, c.ID, q, q+c.Size)
+			}
+		}
+		live[e.i] = true
+	}
+	return nil
+}
+
+// MaxLive is the largest total (aligned) size of buffers live at one time:
+// a lower bound for any solution.
+func MaxLive(p *Problem) int64 {
+	type ev struct {
+		t int64
+		d int64
+	}
+	var evs []ev
+	for i, b := range p.Buffers {
+		if b.Upper > b.Lower {
+			s := p.alignedSize(i)
+			evs = append(evs, ev{b.Lower, s}, ev{b.Upper, -s})
+		}
+	}
+	sort.Slice(evs, func(i, j int) bool {
+		if evs[i].t != evs[j].t {
+			return evs[i].t < evs[j].t
+		}
+		return evs[i].d < evs[j].d
+	})
+	cur, best := int64(0), int64(0)
+	for _, e := range evs {
+		cur += e.d
+		best = max(best, cur)
+	}
+	return best
+}
+
+func finish(p *Problem, offs []int64, algo string) *Solution {
+	s := &Solution{Offsets: offs, Algo: algo}
+	for i, b := range p.Buffers {
+		if b.Upper > b.Lower || b.Size > 0 {
+			s.Size = max(s.Size, offs[i]+p.alignedSize(i))
+		}
+	}
+	return s
+}
+
+// sizeOrder sorts buffer indices by decreasing size, then longer lifetime,
+// then earlier start, then id (deterministic).
+func sizeOrder(p *Problem) []int {
+	idx := make([]int, len(p.Buffers))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(x, y int) bool {
+		a, b := p.Buffers[idx[x]], p.Buffers[idx[y]]
+		if a.Size != b.Size {
+			return a.Size > b.Size
+		}
+		if la, lb := a.Upper-a.Lower, b.Upper-b.Lower; la != lb {
+			return la > lb
+		}
+		if a.Lower != b.Lower {
+			return a.Lower < b.Lower
+		}
+		return a.ID < b.ID
+	})
+	return idx
+}
+
+// greedy places buffers in decreasing size; each goes into a gap among the
+// already placed buffers that overlap it in time: the smallest gap that fits
+// (best fit, XLA's GlobalDecreasingSizeBestFit) or the lowest one (first
+// fit, TFLite's greedy by size).
+func greedy(p *Problem, bestFit bool) *Solution {
+	a := p.align()
+	offs := make([]int64, len(p.Buffers))
+	var placed []int
+	type span struct{ lo, hi int64 }
+	for _, i := range sizeOrder(p) {
+		b := p.Buffers[i]
+		size := p.alignedSize(i)
+		var busy []span
+		for _, j := range placed {
+			if overlapsInTime(b, p.Buffers[j]) {
+				busy = append(busy, span{offs[j], offs[j] + p.alignedSize(j)})
+			}
+		}
+		sort.Slice(busy, func(x, y int) bool { return busy[x].lo < busy[y].lo })
+		best, bestGap := int64(-1), int64(-1)
+		cursor := int64(0)
+		for _, s := range busy {
+			if gap := s.lo - cursor; gap >= size {
+				if !bestFit {
+					best = cursor
+					break
+				}
+				if bestGap < 0 || gap < bestGap {
+					best, bestGap = cursor, gap
+				}
+			}
+			cursor = max(cursor, (s.hi+a-1)/a*a)
+		}
+		if best < 0 {
+			best = cursor
+		}
+		offs[i] = best
+		placed = append(placed, i)
+	}
+	name := "greedy-size-lowest"
+	if bestFit {
+		name = "greedy-size"
+	}
+	return finish(p, offs, name)
+}
+
+// GreedyBestFit is XLA's GlobalDecreasingSizeBestFit.
+func GreedyBestFit(p *Problem) *Solution { return greedy(p, true) }
+
+// GreedyFirstFit is TFLite's greedy by size (lowest offset that fits).
+func GreedyFirstFit(p *Problem) *Solution { return greedy(p, false) }
+
+// Coloring groups buffers into shared pools (TVM-style): buffers are
+// taken in decreasing size and join the first pool none of whose members
+// they interfere with; each pool is as large as its largest member and
+// pools are laid out one after another.
+func Coloring(p *Problem) *Solution {
+	var pools [][]int
+	var poolSize []int64
+	color := make([]int, len(p.Buffers))
+	for _, i := range sizeOrder(p) {
+		chosen := -1
+		for c, members := range pools {
+			ok := true
+			for _, j := range members {
+				if overlapsInTime(p.Buffers[i], p.Buffers[j]) {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				chosen = c
+				break
+			}
+		}
+		if chosen < 0 {
+			pools = append(pools, nil)
+			poolSize = append(poolSize, 0)
+			chosen = len(pools) - 1
+		}
+		pools[chosen] = append(pools[chosen], i)
+		poolSize[chosen] = max(poolSize[chosen], p.alignedSize(i))
+		color[i] = chosen
+	}
+	base := make([]int64, len(pools))
+	for c := 1; c < len(pools); c++ {
+		base[c] = base[c-1] + poolSize[c-1]
+	}
+	offs := make([]int64, len(p.Buffers))
+	for i := range offs {
+		offs[i] = base[color[i]]
+	}
+	return finish(p, offs, "coloring")
+}
+
+// Best runs the greedy heuristics, then the search within budget (started
+// from the best greedy solution), and returns the smallest solution.
+func Best(p *Problem, budget time.Duration) *Solution {
+	best := GreedyBestFit(p)
+	if s := GreedyFirstFit(p); s.Size < best.Size {
+		best = s
+	}
+	if budget > 0 {
+		if s := Search(p, SearchOptions{Timeout: budget, Initial: best}); s.Size <= best.Size {
+			if s.Size < best.Size || s.Optimal {
+				best = s
+			}
+		}
+	}
+	return best
+}

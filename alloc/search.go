@@ -1,0 +1,306 @@
+package alloc
+
+import (
+	"math/rand/v2"
+	"sort"
+	"time"
+)
+
+// SearchOptions bound the branch-and-bound search.
+type SearchOptions struct {
+	Timeout time.Duration // 0: no limit
+	// Capacity > 0 asks for any solution within it (stop at the first);
+	// 0 minimises the arena.
+	Capacity int64
+	// Initial is a known solution; the search only looks for better ones.
+	Initial *Solution
+}
+
+// Search is a complete branch-and-bound over canonical placements. Every
+// packing can be rearranged so that each buffer rests on the buffers below
+// it; the search builds such packings bottom-up on a skyline. At each step
+// it takes the lowest level v and the leftmost maximal segment of time at
+// that level, and branches on which buffer is the leftmost one placed at
+// level v inside the segment (the columns left of it stay empty at v and
+// rise to the lower of their walls), or on no buffer at all (the whole
+// segment rises to the lower of its walls). A column between walls can
+// only be covered by a buffer crossing a wall, so these raises lose no
+// packing. The bound max over time of (skyline + unplaced buffers live
+// then) prunes; zero-slack instances (capacity equal to the max-live
+// bound) are pruned at the first wasted byte. It returns the best solution
+// found; Optimal is set when the search finished.
+func Search(p *Problem, opt SearchOptions) *Solution {
+	if opt.Initial == nil {
+		opt.Initial = GreedyBestFit(p)
+		if f := GreedyFirstFit(p); f.Size < opt.Initial.Size {
+			opt.Initial = f
+		}
+	}
+	s := newSearcher(p, opt)
+	s.run()
+	return s.result()
+}
+
+type searcher struct {
+	p         *Problem
+	opt       SearchOptions
+	n         int
+	cols      int
+	lo, hi    []int   // compressed interval of each buffer
+	size      []int64 // aligned sizes
+	h         []int64 // skyline height per column
+	ulive     []int64 // size of unplaced buffers live per column
+	placed    []bool
+	offs      []int64
+	best      []int64
+	bestSize  int64
+	target    int64 // stop as soon as a solution of this size or less is found
+	deadline  time.Time
+	nodes     int64
+	nodeLimit int64
+	truncated bool // the current run hit its node limit
+	stopped   bool
+	done      bool
+	order     []int
+}
+
+func newSearcher(p *Problem, opt SearchOptions) *searcher {
+	n := len(p.Buffers)
+	s := &searcher{p: p, opt: opt, n: n}
+	// Compress time to the distinct interval bounds.
+	var ts []int64
+	for _, b := range p.Buffers {
+		ts = append(ts, b.Lower, b.Upper)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+	uniq := ts[:0]
+	for i, t := range ts {
+		if i == 0 || t != ts[i-1] {
+			uniq = append(uniq, t)
+		}
+	}
+	index := func(t int64) int { return sort.Search(len(uniq), func(i int) bool { return uniq[i] >= t }) }
+	s.cols = max(len(uniq)-1, 0)
+	s.lo, s.hi, s.size = make([]int, n), make([]int, n), make([]int64, n)
+	s.h, s.ulive = make([]int64, s.cols), make([]int64, s.cols)
+	s.placed, s.offs = make([]bool, n), make([]int64, n)
+	for i, b := range p.Buffers {
+		s.lo[i], s.hi[i], s.size[i] = index(b.Lower), index(b.Upper), p.alignedSize(i)
+		if b.Upper <= b.Lower {
+			s.hi[i] = s.lo[i]
+		}
+		for t := s.lo[i]; t < s.hi[i]; t++ {
+			s.ulive[t] += s.size[i]
+		}
+	}
+	s.bestSize = -1
+	if opt.Initial != nil {
+		s.best = append([]int64(nil), opt.Initial.Offsets...)
+		s.bestSize = opt.Initial.Size
+	}
+	s.target = MaxLive(p)
+	if opt.Capacity > 0 {
+		s.target = opt.Capacity
+	}
+	if opt.Timeout > 0 {
+		s.deadline = time.Now().Add(opt.Timeout)
+	}
+	// A fixed preference among equal candidates: larger, longer, earlier first.
+	s.order = sizeOrder(p)
+	return s
+}
+
+// run searches with restarts: the k-th run may visit luby(k)·restartBase
+// nodes and orders equal candidates by a fresh random permutation, which
+// cuts the heavy tail of a single search; the limits grow without bound,
+// so the search stays complete. A run that ends within its limit has
+// explored everything: the best found is then optimal (or nothing fits).
+func (s *searcher) run() {
+	if s.bestSize >= 0 && s.bestSize <= s.target {
+		s.done = true
+		return
+	}
+	rng := rand.New(rand.NewPCG(uint64(s.n), 0x616c6c6f63))
+	for k := 1; ; k++ {
+		s.nodes, s.nodeLimit, s.truncated = 0, luby(k)*restartBase, false
+		s.dfs(0)
+		if s.done || s.stopped && !s.truncated {
+			return
+		}
+		if !s.truncated {
+			s.done = true
+			return
+		}
+		s.stopped = false
+		rng.Shuffle(len(s.order), func(i, j int) { s.order[i], s.order[j] = s.order[j], s.order[i] })
+	}
+}
+
+const restartBase = 2000
+
+// luby is the Luby restart sequence 1 1 2 1 1 2 4 1 1 2 ...
+func luby(k int) int64 {
+	for p := 1; ; p++ {
+		if k == 1<<p-1 {
+			return 1 << (p - 1)
+		}
+		if k < 1<<p-1 {
+			return luby(k - (1<<(p-1) - 1))
+		}
+	}
+}
+
+func (s *searcher) result() *Solution {
+	if s.best == nil || s.opt.Capacity > 0 && s.bestSize > s.opt.Capacity {
+		return &Solution{Size: -1, Algo: "search"}
+	}
+	sol := finish(s.p, s.best, "search")
+	sol.Optimal = s.done && s.opt.Capacity == 0
+	return sol
+}
+
+// limit is the size a new solution must beat (strictly below it).
+func (s *searcher) limit() int64 {
+	if s.opt.Capacity > 0 {
+		if s.bestSize >= 0 && s.bestSize <= s.opt.Capacity {
+			return s.bestSize
+		}
+		return s.opt.Capacity + 1
+	}
+	if s.bestSize < 0 {
+		return 1 << 62
+	}
+	return s.bestSize
+}
+
+// inf marks a column no buffer can cover any more.
+const inf = int64(1) << 62
+
+// wall is the height that bounds a segment at column t: its skyline, or
+// inf outside the horizon or where no unplaced buffer lives.
+func (s *searcher) wall(t int) int64 {
+	if t < 0 || t >= s.cols || s.ulive[t] == 0 {
+		return inf
+	}
+	return s.h[t]
+}
+
+func (s *searcher) dfs(depth int) {
+	if s.stopped {
+		return
+	}
+	s.nodes++
+	if s.nodes > s.nodeLimit {
+		s.stopped, s.truncated = true, true
+		return
+	}
+	if s.nodes&1023 == 0 && !s.deadline.IsZero() && time.Now().After(s.deadline) {
+		s.stopped = true
+		return
+	}
+	lim := s.limit()
+	if depth == s.n {
+		top := int64(0)
+		for i := range s.offs {
+			top = max(top, s.offs[i]+s.size[i])
+		}
+		if top < lim {
+			s.best = append(s.best[:0], s.offs...)
+			s.bestSize = top
+			if top <= s.target {
+				s.stopped, s.done = true, true
+			}
+		}
+		return
+	}
+	// Bound, and the lowest level among columns that still need buffers.
+	v, a := inf, -1
+	for t := 0; t < s.cols; t++ {
+		if s.ulive[t] == 0 {
+			continue
+		}
+		if s.h[t]+s.ulive[t] >= lim {
+			return
+		}
+		if s.h[t] < v {
+			v, a = s.h[t], t
+		}
+	}
+	if a < 0 || v >= inf {
+		return // an unplaced buffer lies under a closed column
+	}
+	// Every unplaced buffer must still fit on the skyline over its interval.
+	for i := range s.placed {
+		if s.placed[i] {
+			continue
+		}
+		p := int64(0)
+		for t := s.lo[i]; t < s.hi[i]; t++ {
+			p = max(p, s.h[t])
+		}
+		if p+s.size[i] >= lim {
+			return
+		}
+	}
+	b := a
+	for b < s.cols && s.ulive[b] > 0 && s.h[b] == v {
+		b++
+	}
+	// Candidates: unplaced buffers inside [a, b), leftmost first, larger first.
+	var cands []int
+	for _, i := range s.order {
+		if !s.placed[i] && s.lo[i] >= a && s.hi[i] <= b && s.hi[i] > s.lo[i] && v+s.size[i] < lim {
+			cands = append(cands, i)
+		}
+	}
+	// Leftmost first; among equals, the order of s.order.
+	sort.SliceStable(cands, func(x, y int) bool {
+		cx, cy := cands[x], cands[y]
+		if s.lo[cx] != s.lo[cy] {
+			return s.lo[cx] < s.lo[cy]
+		}
+		return false
+	})
+	saved := make([]int64, b-a)
+	copy(saved, s.h[a:b])
+	restore := func() { copy(s.h[a:b], saved) }
+	for k, i := range cands {
+		if k > 0 && s.lo[i] == s.lo[cands[k-1]] && s.hi[i] == s.hi[cands[k-1]] && s.size[i] == s.size[cands[k-1]] {
+			continue // an identical buffer was just tried here
+		}
+		top := v + s.size[i]
+		// Columns [a, lo) stay empty at v: they rise to their lower wall.
+		if s.lo[i] > a {
+			raise := min(s.wall(a-1), top)
+			if raise >= lim && raise < inf {
+				continue
+			}
+			for t := a; t < s.lo[i]; t++ {
+				s.h[t] = raise
+			}
+		}
+		s.placed[i] = true
+		s.offs[i] = v
+		for t := s.lo[i]; t < s.hi[i]; t++ {
+			s.h[t] = top
+			s.ulive[t] -= s.size[i]
+		}
+		s.dfs(depth + 1)
+		for t := s.lo[i]; t < s.hi[i]; t++ {
+			s.ulive[t] += s.size[i]
+		}
+		s.placed[i] = false
+		restore()
+		if s.stopped {
+			return
+		}
+		lim = s.limit()
+	}
+	// Nothing more at level v in this segment: it rises to its lower wall.
+	raise := min(s.wall(a-1), s.wall(b))
+	for t := a; t < b; t++ {
+		s.h[t] = raise
+	}
+	s.dfs(depth)
+	restore()
+}

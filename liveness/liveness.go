@@ -1,0 +1,220 @@
+// Package liveness computes the memory a schedule needs: live intervals of
+// every value of a function's top-level block, buffers (a value, the views
+// that alias it, and results written in place over it), live bytes at
+// every program point, the peak and the values live there. Counting
+// follows the design notes' Contracts: at an op its operands and results
+// are live together, unless a result is a view of an operand or written in
+// place over an operand that dies there (they share one buffer);
+// arguments count for the whole function; results live to the end. Values
+// inside kernel regions are internal to their kernel and take no memory.
+package liveness
+
+import (
+	"sort"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Buffer is memory shared by one or more values. Start and End are the
+// indices of the first and last ops at which it is live (inclusive).
+type Buffer struct {
+	ID     int
+	Values []*ir.Value // the root first, then views and in-place results in order
+	Size   int64
+	Start  int
+	End    int
+	// Arg is set for buffers rooted at a function argument (not in the
+	// arena; live for the whole function).
+	Arg bool
+}
+
+// Root is the value that owns the buffer.
+func (b *Buffer) Root() *ir.Value { return b.Values[0] }
+
+// Info is the memory analysis of a function under its current schedule.
+type Info struct {
+	Func     *ir.Func
+	Buffers  []*Buffer // arena buffers first in definition order, then argument buffers
+	BufferOf map[*ir.Value]*Buffer
+	// Bytes of arguments by kind, and of results.
+	ParamBytes, StateBytes, InputBytes, OutputBytes int64
+	// Live[i] is the live bytes while op i runs, arguments included.
+	Live   []int64
+	Peak   int64
+	PeakAt int // index of the first op where the peak is reached (-1: no ops)
+}
+
+// Options tune the analysis.
+type Options struct {
+	// NoInPlace disables in-place reuse (results always get new buffers).
+	NoInPlace bool
+}
+
+// Analyze computes the memory of f's schedule.
+func Analyze(f *ir.Func) *Info { return AnalyzeWith(f, Options{}) }
+
+// AnalyzeWith is Analyze with options.
+func AnalyzeWith(f *ir.Func, opt Options) *Info {
+	n := len(f.Body)
+	info := &Info{Func: f, BufferOf: map[*ir.Value]*Buffer{}, PeakAt: -1}
+	last := map[*ir.Value]int{}
+	for i, op := range f.Body {
+		for _, v := range op.Operands {
+			last[v] = i
+		}
+	}
+	isResult := map[*ir.Value]bool{}
+	for _, r := range f.Results {
+		isResult[r.Value] = true
+	}
+	var argBufs []*Buffer
+	for _, a := range f.Args {
+		b := &Buffer{Values: []*ir.Value{a}, Size: a.Type.SizeBytes(), Start: 0, End: n - 1, Arg: true}
+		info.BufferOf[a] = b
+		argBufs = append(argBufs, b)
+		switch a.Arg.Kind {
+		case ir.ArgParam:
+			info.ParamBytes += b.Size
+		case ir.ArgState:
+			info.StateBytes += b.Size
+		default:
+			info.InputBytes += b.Size
+		}
+	}
+	// lastOf is the last op index at which any member of b is used so far.
+	lastOf := func(v *ir.Value) int {
+		if isResult[v] {
+			return n - 1
+		}
+		if l, ok := last[v]; ok {
+			return l
+		}
+		if v.Def != nil {
+			return -2 // unused: filled with its definition below
+		}
+		return n - 1
+	}
+	var bufs []*Buffer
+	for i, op := range f.Body {
+		d := op.Def()
+		for j, r := range op.Results {
+			var into *Buffer
+			if d != nil && j == 0 && len(op.Operands) > 0 {
+				switch {
+				case d.View:
+					into = info.BufferOf[op.Operands[0]]
+				case d.InPlace && !opt.NoInPlace:
+					into = inPlaceTarget(info, op, r, i, lastOf)
+				}
+			}
+			end := lastOf(r)
+			if end == -2 {
+				end = i
+			}
+			if into != nil {
+				into.Values = append(into.Values, r)
+				if !into.Arg {
+					into.End = max(into.End, end)
+				}
+				info.BufferOf[r] = into
+				continue
+			}
+			b := &Buffer{Values: []*ir.Value{r}, Size: r.Type.SizeBytes(), Start: i, End: end}
+			bufs = append(bufs, b)
+			info.BufferOf[r] = b
+		}
+	}
+	for _, b := range bufs {
+		for _, v := range b.Values {
+			if e := lastOf(v); e > b.End {
+				b.End = e
+			}
+		}
+	}
+	for _, r := range f.Results {
+		info.OutputBytes += r.Value.Type.SizeBytes()
+	}
+	for i, b := range bufs {
+		b.ID = i
+	}
+	for i, b := range argBufs {
+		b.ID = len(bufs) + i
+	}
+	info.Buffers = append(bufs, argBufs...)
+
+	// Live bytes by a difference array over the schedule.
+	args := info.ParamBytes + info.StateBytes + info.InputBytes
+	diff := make([]int64, n+1)
+	for _, b := range bufs {
+		diff[b.Start] += b.Size
+		diff[b.End+1] -= b.Size
+	}
+	info.Live = make([]int64, n)
+	cur := int64(0)
+	info.Peak = args
+	for i := 0; i < n; i++ {
+		cur += diff[i]
+		info.Live[i] = cur + args
+		if info.Live[i] > info.Peak || info.PeakAt < 0 {
+			info.Peak, info.PeakAt = info.Live[i], i
+		}
+	}
+	return info
+}
+
+// inPlaceTarget returns the buffer of an operand that op's result r may
+// overwrite: same byte size, not an argument, and dead after op i.
+func inPlaceTarget(info *Info, op *ir.Op, r *ir.Value, i int, lastOf func(*ir.Value) int) *Buffer {
+	for _, x := range op.Operands {
+		b := info.BufferOf[x]
+		if b == nil || b.Arg || b.Size != r.Type.SizeBytes() || x.Type.DType != r.Type.DType || !x.Type.Shape.Equal(r.Type.Shape) {
+			continue
+		}
+		dies := true
+		for _, v := range b.Values {
+			if l := lastOf(v); l != i && !(l == -2 && v.Def != nil) {
+				dies = false
+			}
+		}
+		if dies {
+			return b
+		}
+	}
+	return nil
+}
+
+// LiveAt returns the arena buffers live while op i runs.
+func (info *Info) LiveAt(i int) []*Buffer {
+	var out []*Buffer
+	for _, b := range info.Buffers {
+		if !b.Arg && b.Start <= i && i <= b.End {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// Largest returns the k largest arena buffers live at the peak, largest
+// first (ties by definition order).
+func (info *Info) Largest(k int) []*Buffer {
+	if info.PeakAt < 0 {
+		return nil
+	}
+	live := info.LiveAt(info.PeakAt)
+	sort.SliceStable(live, func(a, b int) bool { return live[a].Size > live[b].Size })
+	if len(live) > k {
+		live = live[:k]
+	}
+	return live
+}
+
+// ArenaBuffers returns the buffers that need arena memory.
+func (info *Info) ArenaBuffers() []*Buffer {
+	var out []*Buffer
+	for _, b := range info.Buffers {
+		if !b.Arg {
+			out = append(out, b)
+		}
+	}
+	return out
+}
