@@ -265,6 +265,23 @@ func Coloring(p *Problem) *Solution {
 	return finish(p, offs, "coloring")
 }
 
+// BestNodes is the search budget of BestDeterministic, in search nodes.
+const BestNodes = 200000
+
+// BestDeterministic runs the greedy heuristics, then the search within a
+// fixed node budget, and returns the smallest solution; the same problem
+// always gives the same solution.
+func BestDeterministic(p *Problem) *Solution {
+	best := GreedyBestFit(p)
+	if s := GreedyFirstFit(p); s.Size < best.Size {
+		best = s
+	}
+	if s := Search(p, SearchOptions{MaxNodes: BestNodes, Initial: best}); s.Size > 0 && (s.Size < best.Size || s.Optimal) {
+		best = s
+	}
+	return best
+}
+
 // Best runs the greedy heuristics, then the search within budget (started
 // from the best greedy solution), and returns the smallest solution.
 func Best(p *Problem, budget time.Duration) *Solution {

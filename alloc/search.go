@@ -14,6 +14,9 @@ type SearchOptions struct {
 	Capacity int64
 	// Initial is a known solution; the search only looks for better ones.
 	Initial *Solution
+	// MaxNodes > 0 bounds the nodes visited over all restarts, which makes
+	// the result independent of machine speed (deterministic).
+	MaxNodes int64
 }
 
 // Search is a complete branch-and-bound over canonical placements. Every
@@ -121,14 +124,25 @@ func (s *searcher) run() {
 		return
 	}
 	rng := rand.New(rand.NewPCG(uint64(s.n), 0x616c6c6f63))
+	spent := int64(0)
 	for k := 1; ; k++ {
 		s.nodes, s.nodeLimit, s.truncated = 0, luby(k)*restartBase, false
+		if s.opt.MaxNodes > 0 {
+			if spent >= s.opt.MaxNodes {
+				return
+			}
+			s.nodeLimit = min(s.nodeLimit, s.opt.MaxNodes-spent)
+		}
 		s.dfs(0)
+		spent += s.nodes
 		if s.done || s.stopped && !s.truncated {
 			return
 		}
 		if !s.truncated {
 			s.done = true
+			return
+		}
+		if s.opt.MaxNodes > 0 && spent >= s.opt.MaxNodes {
 			return
 		}
 		s.stopped = false
@@ -152,7 +166,8 @@ func luby(k int) int64 {
 
 func (s *searcher) result() *Solution {
 	if s.best == nil || s.opt.Capacity > 0 && s.bestSize > s.opt.Capacity {
-		return &Solution{Size: -1, Algo: "search"}
+		// Optimal here means: the search finished, so nothing fits.
+		return &Solution{Size: -1, Algo: "search", Optimal: s.done}
 	}
 	sol := finish(s.p, s.best, "search")
 	sol.Optimal = s.done && s.opt.Capacity == 0

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/parser"
 )
@@ -211,6 +212,14 @@ func readModule(e *env, path string) (*input, error) {
 	in.text = string(data)
 	m, perr := parser.Parse(in.name, in.text)
 	verr := ir.Verify(m)
+	if perr == nil && verr == nil {
+		for _, f := range m.Funcs {
+			if err := liveness.CheckOffsets(f); err != nil {
+				fmt.Fprintf(e.stderr, "%s: error: invalid buffer assignment: %v\n", at(f.Pos), err)
+				return nil, exitError{1}
+			}
+		}
+	}
 	if perr != nil || verr != nil {
 		var all diag.List
 		for _, err := range []error{perr, verr} {
@@ -260,4 +269,11 @@ func importModule(e *env, path string, opt onnx.Options) (*input, error) {
 	in.module = m
 	in.text = m.String()
 	return in, nil
+}
+
+func at(p ir.Pos) string {
+	if p.IsValid() {
+		return p.String()
+	}
+	return p.File
 }

@@ -2,5 +2,6 @@ package driver
 
 // The passes built into kiln register themselves when imported.
 import (
+	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 )

@@ -172,7 +172,7 @@ func inPlaceTarget(info *Info, op *ir.Op, r *ir.Value, i int, lastOf func(*ir.Va
 		}
 		dies := true
 		for _, v := range b.Values {
-			if l := lastOf(v); l != i && !(l == -2 && v.Def != nil) {
+			if l := lastOf(v); l > i {
 				dies = false
 			}
 		}

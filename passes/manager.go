@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/outfile"
 )
 
@@ -94,6 +95,13 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		if err == nil && in.VerifyEach {
 			if verr := ir.Verify(m); verr != nil {
 				err = fmt.Errorf("it produced invalid IR:\n%v", verr)
+			}
+			for _, f := range m.Funcs {
+				if err == nil {
+					if cerr := liveness.CheckOffsets(f); cerr != nil {
+						err = fmt.Errorf("it produced an invalid buffer assignment: %v", cerr)
+					}
+				}
 			}
 		}
 		if err != nil {

@@ -1,0 +1,145 @@
+package driver
+
+import (
+	"bytes"
+	"encoding/csv"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-compiler/kiln/alloc"
+)
+
+func init() {
+	addCommand(&command{
+		name:    "alloc",
+		usage:   "kiln alloc --capacity N IN.csv [-o OUT.csv] [--timeout S]",
+		summary: "solve a static allocation problem (id,lower,upper,size -> offset); --capacity 0 minimises",
+		flags: func(fs *flag.FlagSet) func(*env, []string) error {
+			capacity := fs.Int64("capacity", 0, "the memory available; 0 minimises the arena")
+			out := fs.String("o", "-", "output file (- for standard output)")
+			timeout := fs.Duration("timeout", 10*time.Second, "time limit of the search")
+			return func(e *env, args []string) error {
+				if len(args) != 1 {
+					return usageError{"want exactly one .csv file (or - for standard input)"}
+				}
+				if *capacity < 0 {
+					return usageError{"--capacity must not be negative"}
+				}
+				var data []byte
+				var err error
+				if args[0] == "-" {
+					data, err = io.ReadAll(e.stdin)
+				} else {
+					data, err = os.ReadFile(args[0])
+				}
+				if err != nil {
+					return fmt.Errorf("kiln: cannot read input: %v", unwrapPathError(err))
+				}
+				name := args[0]
+				if name == "-" {
+					name = "<stdin>"
+				}
+				p, header, err := readAllocCSV(name, data)
+				if err != nil {
+					return err
+				}
+				var sol *alloc.Solution
+				if *capacity > 0 {
+					sol = alloc.GreedyBestFit(p)
+					if f := alloc.GreedyFirstFit(p); f.Size < sol.Size {
+						sol = f
+					}
+					if sol.Size > *capacity {
+						sol = alloc.Search(p, alloc.SearchOptions{Capacity: *capacity, Timeout: *timeout, Initial: sol})
+					}
+					if sol.Size < 0 && sol.Optimal {
+						return fmt.Errorf("kiln: no packing within capacity %d exists (the search was exhaustive; the max-live lower bound is %d)", *capacity, alloc.MaxLive(p))
+					}
+					if sol.Size < 0 || sol.Size > *capacity {
+						return fmt.Errorf("kiln: no packing within capacity %d found in %s (the max-live lower bound is %d)", *capacity, *timeout, alloc.MaxLive(p))
+					}
+				} else {
+					sol = alloc.Best(p, *timeout)
+				}
+				if err := alloc.Check(p, sol, *capacity); err != nil {
+					return fmt.Errorf("kiln: internal error: %v", err)
+				}
+				var b bytes.Buffer
+				w := csv.NewWriter(&b)
+				w.Write(append(header, "offset"))
+				for i, buf := range p.Buffers {
+					w.Write([]string{strconv.Itoa(buf.ID), strconv.FormatInt(buf.Lower, 10), strconv.FormatInt(buf.Upper, 10), strconv.FormatInt(buf.Size, 10), strconv.FormatInt(sol.Offsets[i], 10)})
+				}
+				w.Flush()
+				optimal := ""
+				if sol.Optimal {
+					optimal = ", proven optimal"
+				}
+				fmt.Fprintf(e.stderr, "kiln alloc: %d buffers, arena %d bytes (max-live bound %d), %s%s\n", len(p.Buffers), sol.Size, alloc.MaxLive(p), sol.Algo, optimal)
+				return writeOutput(e, *out, b.Bytes(), args[0])
+			}
+		},
+	})
+}
+
+// readAllocCSV reads id,lower,upper,size rows after a header row. Each
+// buffer is live on [lower, upper). Errors name the line.
+func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, error) {
+	r := csv.NewReader(bytes.NewReader(data))
+	r.FieldsPerRecord = -1
+	r.TrimLeadingSpace = true
+	header, err := r.Read()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s:1: error: no header row (want id,lower,upper,size)", name)
+	}
+	for i := range header {
+		header[i] = strings.TrimSpace(header[i])
+	}
+	if len(header) < 4 {
+		return nil, nil, fmt.Errorf("%s:1: error: the header must name id,lower,upper,size", name)
+	}
+	header = header[:4]
+	p := &alloc.Problem{}
+	seen := map[int]int{}
+	for {
+		line, _ := r.FieldPos(0)
+		rec, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: error: %v", name, err)
+		}
+		line, _ = r.FieldPos(0)
+		if len(rec) == 1 && strings.TrimSpace(rec[0]) == "" {
+			continue
+		}
+		if len(rec) < 4 {
+			return nil, nil, fmt.Errorf("%s:%d: error: want 4 fields (id,lower,upper,size), got %d", name, line, len(rec))
+		}
+		var v [4]int64
+		for i := 0; i < 4; i++ {
+			v[i], err = strconv.ParseInt(strings.TrimSpace(rec[i]), 10, 64)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s:%d: error: %s %q is not an integer", name, line, header[i], rec[i])
+			}
+		}
+		switch {
+		case v[3] < 0:
+			return nil, nil, fmt.Errorf("%s:%d: error: size %d is negative", name, line, v[3])
+		case v[2] <= v[1]:
+			return nil, nil, fmt.Errorf("%s:%d: error: upper %d must be greater than lower %d", name, line, v[2], v[1])
+		}
+		if prev, dup := seen[int(v[0])]; dup {
+			return nil, nil, fmt.Errorf("%s:%d: error: id %d repeats the id on line %d", name, line, v[0], prev)
+		}
+		seen[int(v[0])] = line
+		p.Buffers = append(p.Buffers, alloc.Buffer{ID: int(v[0]), Lower: v[1], Upper: v[2], Size: v[3]})
+	}
+	return p, header, nil
+}

@@ -1,0 +1,155 @@
+package liveness
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// CheckOffsets verifies the arena offsets of a function at the memory
+// level, independently of how they were chosen: every value that needs
+// arena memory has an aligned offset, views sit at their operand's
+// offset, no two values live at the same time share a byte unless one is a
+// view of the other or was written in place over it as it died, and the
+// arena attribute covers every value. Functions without an "arena"
+// attribute are not checked.
+func CheckOffsets(f *ir.Func) error {
+	arenaAttr, ok := f.Attrs["arena"]
+	if !ok {
+		return nil
+	}
+	arena := arenaAttr.Int
+	align := f.Attrs.Int("alignment", 1)
+	if align < 1 {
+		align = 1
+	}
+	n := len(f.Body)
+	last := map[*ir.Value]int{}
+	for i, op := range f.Body {
+		for _, v := range op.Operands {
+			last[v] = i
+		}
+	}
+	for _, r := range f.Results {
+		last[r.Value] = n - 1
+	}
+	// Groups: a value joins its operand's group when it is a view, or when
+	// it was placed in place over an operand that dies at its op.
+	parent := map[*ir.Value]*ir.Value{}
+	var find func(v *ir.Value) *ir.Value
+	find = func(v *ir.Value) *ir.Value {
+		for parent[v] != nil && parent[v] != v {
+			v = parent[v]
+		}
+		return v
+	}
+	onArg := map[*ir.Value]bool{}
+	for _, a := range f.Args {
+		onArg[a] = true
+		if a.Offset != ir.NoOffset {
+			return fmt.Errorf("@%s: argument %s has an arena offset", f.Name, a.Ref())
+		}
+	}
+	// groupEnd is the last use of any member of a group so far.
+	groupEnd := map[*ir.Value]int{}
+	join := func(r, root *ir.Value, i int) {
+		parent[r] = root
+		end := i
+		if l, ok := last[r]; ok {
+			end = l
+		}
+		groupEnd[root] = max(groupEnd[root], end)
+	}
+	for i, op := range f.Body {
+		d := op.Def()
+		for j, r := range op.Results {
+			if d != nil && d.View && j == 0 {
+				x := op.Operands[0]
+				if onArg[find(x)] {
+					onArg[r] = true
+					parent[r] = find(x)
+					if r.Offset != ir.NoOffset {
+						return fmt.Errorf("@%s: %s views an argument but has an arena offset", f.Name, r.Ref())
+					}
+					continue
+				}
+				if r.Offset != x.Offset {
+					return fmt.Errorf("@%s: view %s at offset %d does not sit at its operand %s (offset %d)", f.Name, r.Ref(), r.Offset, x.Ref(), x.Offset)
+				}
+				join(r, find(x), i)
+				continue
+			}
+			if r.Offset == ir.NoOffset {
+				return fmt.Errorf("@%s: %s has no arena offset", f.Name, r.Ref())
+			}
+			if r.Offset%align != 0 {
+				return fmt.Errorf("@%s: offset %d of %s is not a multiple of the alignment %d", f.Name, r.Offset, r.Ref(), align)
+			}
+			if r.Offset+r.Type.SizeBytes() > arena {
+				return fmt.Errorf("@%s: %s [%d, %d) does not fit the arena of %d bytes", f.Name, r.Ref(), r.Offset, r.Offset+r.Type.SizeBytes(), arena)
+			}
+			root := r
+			if d != nil && d.InPlace && j == 0 {
+				for _, x := range op.Operands {
+					g := find(x)
+					if x.Offset == r.Offset && !onArg[g] && x.Type.SizeBytes() == r.Type.SizeBytes() && groupEnd[g] <= i {
+						root = g
+						break
+					}
+				}
+			}
+			join(r, root, i)
+		}
+	}
+	type span struct {
+		root       *ir.Value
+		start, end int
+		lo, hi     int64
+	}
+	groups := map[*ir.Value]*span{}
+	var order []*ir.Value
+	for i, op := range f.Body {
+		for _, r := range op.Results {
+			g := find(r)
+			if onArg[g] {
+				continue
+			}
+			end := i
+			if l, ok := last[r]; ok {
+				end = l
+			}
+			s := groups[g]
+			if s == nil {
+				s = &span{root: g, start: i, end: end, lo: g.Offset, hi: g.Offset + g.Type.SizeBytes()}
+				groups[g] = s
+				order = append(order, g)
+			}
+			s.end = max(s.end, end)
+			s.hi = max(s.hi, r.Offset+r.Type.SizeBytes())
+		}
+	}
+	spans := make([]*span, len(order))
+	for i, g := range order {
+		spans[i] = groups[g]
+	}
+	sort.SliceStable(spans, func(a, b int) bool { return spans[a].start < spans[b].start })
+	var active []*span
+	for _, s := range spans {
+		kept := active[:0]
+		for _, a := range active {
+			if a.end >= s.start {
+				kept = append(kept, a)
+			}
+		}
+		active = kept
+		for _, a := range active {
+			if s.lo < a.hi && a.lo < s.hi && s.lo != s.hi && a.lo != a.hi {
+				return fmt.Errorf("@%s: %s [%d, %d) and %s [%d, %d) are live together (ops %d-%d and %d-%d) and overlap",
+					f.Name, a.root.Ref(), a.lo, a.hi, s.root.Ref(), s.lo, s.hi, a.start, a.end, s.start, s.end)
+			}
+		}
+		active = append(active, s)
+	}
+	return nil
+}

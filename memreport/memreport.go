@@ -1,0 +1,225 @@
+// Package memreport builds the memory report of `kiln mem`: operation
+// count, bytes of parameters, state, inputs and outputs, the peak and the
+// largest values live at it, the arena and planned bytes of a buffer
+// assignment, fragmentation and FLOPs, as text, JSON, and a Chrome trace
+// timeline that Perfetto opens.
+package memreport
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+)
+
+// Top is one of the largest values live at the peak.
+type Top struct {
+	Value string `json:"value"`
+	Bytes int64  `json:"bytes"`
+	Op    string `json:"op"`
+	Loc   string `json:"loc"`
+}
+
+// Pass names a pass of the pipeline that produced the function; Seconds
+// is set only when timing was asked for.
+type Pass struct {
+	Name    string   `json:"name"`
+	Seconds *float64 `json:"seconds,omitempty"`
+}
+
+// Report is the memory report of one function. Field names are a contract
+// (design notes): later work adds fields, never renames them.
+type Report struct {
+	Func           string  `json:"func"`
+	Ops            int     `json:"ops"`
+	ParamsBytes    int64   `json:"params_bytes"`
+	InputsBytes    int64   `json:"inputs_bytes"`
+	OutputsBytes   int64   `json:"outputs_bytes"`
+	StateBytes     int64   `json:"state_bytes"`
+	PeakBytes      int64   `json:"peak_bytes"`
+	ArenaBytes     int64   `json:"arena_bytes"`
+	PlannedBytes   int64   `json:"planned_bytes"`
+	Fragmentation  float64 `json:"fragmentation"`
+	FLOPs          int64   `json:"flops"`
+	RecomputeFLOPs int64   `json:"recompute_flops"`
+	TopAtPeak      []Top   `json:"top_at_peak"`
+	Passes         []Pass  `json:"passes"`
+
+	info *liveness.Info
+}
+
+// DefaultAlignment is the alignment of the default assignment.
+const DefaultAlignment = 64
+
+// Build analyses f. When f carries an arena (buffer assignment ran) the
+// report uses it; otherwise it runs the default assignment on the side.
+func Build(f *ir.Func, passes []Pass) *Report {
+	info := liveness.Analyze(f)
+	r := &Report{
+		Func: f.Name, Ops: len(f.Body),
+		ParamsBytes: info.ParamBytes, InputsBytes: info.InputBytes, OutputsBytes: info.OutputBytes, StateBytes: info.StateBytes,
+		PeakBytes: info.Peak, Passes: passes, TopAtPeak: []Top{}, info: info,
+	}
+	if r.Passes == nil {
+		r.Passes = []Pass{}
+	}
+	if a, ok := f.Attrs["arena"]; ok {
+		r.ArenaBytes = a.Int
+	} else {
+		p := &alloc.Problem{Alignment: DefaultAlignment}
+		for _, b := range info.ArenaBuffers() {
+			p.Buffers = append(p.Buffers, alloc.Buffer{ID: b.ID, Lower: int64(b.Start), Upper: int64(b.End) + 1, Size: b.Size})
+		}
+		r.ArenaBytes = alloc.BestDeterministic(p).Size
+	}
+	r.PlannedBytes = r.ParamsBytes + r.StateBytes + r.InputsBytes + r.ArenaBytes
+	if r.PeakBytes > 0 {
+		r.Fragmentation = float64(r.PlannedBytes)/float64(r.PeakBytes) - 1
+	}
+	for _, op := range f.Body {
+		c := ir.OpCost(op)
+		r.FLOPs += c.FLOPs
+		if op.Attrs.Bool("recomputed", false) {
+			r.RecomputeFLOPs += c.FLOPs
+		}
+	}
+	for _, b := range info.Largest(10) {
+		v := b.Root()
+		t := Top{Value: v.Ref(), Bytes: b.Size}
+		if v.Def != nil {
+			t.Op = v.Def.Kind
+			if !v.Def.Loc.IsUnknown() {
+				t.Loc = v.Def.Loc.String()
+			}
+		}
+		r.TopAtPeak = append(r.TopAtPeak, t)
+	}
+	return r
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Human prints a byte count with a binary unit.
+func Human(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	f := float64(n)
+	u := 0
+	for f >= 1024 && u < len(units)-1 {
+		f /= 1024
+		u++
+	}
+	if u == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.2f %s", f, units[u])
+}
+
+// WriteText writes the report for people.
+func (r *Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "function\t@%s\n", ir.QuoteName(r.Func))
+	fmt.Fprintf(tw, "ops\t%d\n", r.Ops)
+	row := func(name string, n int64) { fmt.Fprintf(tw, "%s\t%s\t(%d bytes)\n", name, Human(n), n) }
+	row("parameters", r.ParamsBytes)
+	row("state", r.StateBytes)
+	row("inputs", r.InputsBytes)
+	row("outputs", r.OutputsBytes)
+	at := ""
+	if r.info != nil && r.info.PeakAt >= 0 {
+		op := r.info.Func.Body[r.info.PeakAt]
+		at = fmt.Sprintf(" at op %d (%s)", r.info.PeakAt, op.Kind)
+		if len(op.Results) > 0 {
+			at = fmt.Sprintf(" at op %d (%s defining %s)", r.info.PeakAt, op.Kind, op.Results[0].Ref())
+		}
+	}
+	fmt.Fprintf(tw, "peak\t%s\t(%d bytes)%s\n", Human(r.PeakBytes), r.PeakBytes, at)
+	row("arena", r.ArenaBytes)
+	row("planned", r.PlannedBytes)
+	fmt.Fprintf(tw, "fragmentation\t%.4f\n", r.Fragmentation)
+	fmt.Fprintf(tw, "flops\t%d\n", r.FLOPs)
+	fmt.Fprintf(tw, "recompute flops\t%d\n", r.RecomputeFLOPs)
+	if len(r.Passes) > 0 {
+		names := make([]string, len(r.Passes))
+		for i, p := range r.Passes {
+			names[i] = p.Name
+			if p.Seconds != nil {
+				names[i] += fmt.Sprintf(" (%.3fs)", *p.Seconds)
+			}
+		}
+		fmt.Fprintf(tw, "passes\t%s\n", strings.Join(names, ", "))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.TopAtPeak) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nlargest values live at the peak:\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  bytes\tvalue\top\tlocation\n")
+	for _, t := range r.TopAtPeak {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", Human(t.Bytes), t.Value, t.Op, t.Loc)
+	}
+	return tw.Flush()
+}
+
+// WriteTimeline writes a Chrome trace (JSON) of the schedule: a counter of
+// live bytes at every op, and one slice per arena buffer from its first to
+// its last op, laid out on lanes so that slices on a lane never overlap.
+// One op is one microsecond of trace time.
+func (r *Report) WriteTimeline(w io.Writer) error {
+	type event struct {
+		Name string         `json:"name"`
+		Ph   string         `json:"ph"`
+		Ts   int64          `json:"ts"`
+		Dur  *int64         `json:"dur,omitempty"`
+		Pid  int            `json:"pid"`
+		Tid  int            `json:"tid"`
+		Args map[string]any `json:"args,omitempty"`
+	}
+	info := r.info
+	var evs []event
+	evs = append(evs, event{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "@" + info.Func.Name}})
+	for i, live := range info.Live {
+		evs = append(evs, event{Name: "live bytes", Ph: "C", Ts: int64(i), Pid: 1, Args: map[string]any{"bytes": live}})
+	}
+	bufs := info.ArenaBuffers()
+	sort.SliceStable(bufs, func(a, b int) bool { return bufs[a].Start < bufs[b].Start })
+	var laneEnd []int
+	for _, b := range bufs {
+		lane := -1
+		for l, end := range laneEnd {
+			if end < b.Start {
+				lane = l
+				break
+			}
+		}
+		if lane < 0 {
+			laneEnd = append(laneEnd, 0)
+			lane = len(laneEnd) - 1
+		}
+		laneEnd[lane] = b.End
+		dur := int64(b.End - b.Start + 1)
+		args := map[string]any{"bytes": b.Size, "first_op": b.Start, "last_op": b.End}
+		if v := b.Root(); v.Def != nil {
+			args["op"] = v.Def.Kind
+			if v.Offset != ir.NoOffset {
+				args["offset"] = v.Offset
+			}
+		}
+		evs = append(evs, event{Name: b.Root().Ref(), Ph: "X", Ts: int64(b.Start), Dur: &dur, Pid: 1, Tid: lane + 1, Args: args})
+	}
+	enc := json.NewEncoder(w)
+	return enc.Encode(map[string]any{"traceEvents": evs, "displayTimeUnit": "ns"})
+}

@@ -1,0 +1,99 @@
+// Package assign is the `assign` pass: it gives every value that needs
+// arena memory an offset in one arena. Views share their operand's
+// offset and in-place results their dying operand's (as the liveness
+// analysis decides); values rooted at arguments take no arena memory.
+package assign
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/passes"
+)
+
+func init() {
+	passes.MustRegister(&passes.Pass{
+		Name:    "assign",
+		Summary: "give every tensor an offset in one arena (buffer assignment)",
+		Options: []passes.Option{
+			{Name: "algo", Kind: passes.EnumOption, Enum: []string{"best", "greedy-size", "greedy-size-lowest", "coloring", "search"}, Default: "best",
+				Doc: "greedy-size: decreasing size, best fit; greedy-size-lowest: lowest offset; coloring: shared pools; search: branch and bound; best: greedy then a bounded search"},
+			{Name: "alignment", Kind: passes.IntOption, Default: "64", Doc: "offsets are multiples of this many bytes"},
+			{Name: "timeout", Kind: passes.DurationOption, Default: "10s", Doc: "time limit of algo=search (best uses a fixed node budget, so its output is deterministic)"},
+		},
+		Run: func(ctx *passes.Context, m *ir.Module) error {
+			align := ctx.Int("alignment")
+			if align < 1 {
+				return fmt.Errorf("alignment must be positive, got %d", align)
+			}
+			for _, f := range m.Funcs {
+				res, err := Assign(f, ctx.String("algo"), align, ctx.Duration("timeout"))
+				if err != nil {
+					return err
+				}
+				ctx.AddStat("arena-bytes", res.Size)
+				ctx.Stat("algorithm", res.Algo)
+				ctx.Stat("proven-optimal", res.Optimal)
+			}
+			return nil
+		},
+	})
+}
+
+// Problem builds the allocation problem of f's schedule: one request per
+// arena buffer, live on [Start, End+1). buffers[i] is request i's buffer.
+func Problem(info *liveness.Info, align int64) (*alloc.Problem, []*liveness.Buffer) {
+	p := &alloc.Problem{Alignment: align}
+	var bufs []*liveness.Buffer
+	for _, b := range info.ArenaBuffers() {
+		p.Buffers = append(p.Buffers, alloc.Buffer{ID: len(bufs), Lower: int64(b.Start), Upper: int64(b.End) + 1, Size: b.Size})
+		bufs = append(bufs, b)
+	}
+	return p, bufs
+}
+
+// Solve runs the named algorithm on a problem.
+func Solve(p *alloc.Problem, algo string, timeout time.Duration) *alloc.Solution {
+	switch algo {
+	case "greedy-size":
+		return alloc.GreedyBestFit(p)
+	case "greedy-size-lowest":
+		return alloc.GreedyFirstFit(p)
+	case "coloring":
+		return alloc.Coloring(p)
+	case "search":
+		return alloc.Search(p, alloc.SearchOptions{Timeout: timeout})
+	}
+	return alloc.BestDeterministic(p)
+}
+
+// Assign sets the offsets of f's values and the function's arena and
+// alignment attributes, and returns the solution it used. Offsets from an
+// earlier assignment are replaced.
+func Assign(f *ir.Func, algo string, align int64, timeout time.Duration) (*alloc.Solution, error) {
+	info := liveness.Analyze(f)
+	p, bufs := Problem(info, align)
+	sol := Solve(p, algo, timeout)
+	if err := alloc.Check(p, sol, 0); err != nil {
+		return nil, fmt.Errorf("internal error: %s produced an invalid assignment: %v", sol.Algo, err)
+	}
+	f.Walk(func(op *ir.Op) {
+		for _, r := range op.Results {
+			r.Offset = ir.NoOffset
+		}
+	})
+	for i, b := range bufs {
+		for _, v := range b.Values {
+			v.Offset = sol.Offsets[i]
+		}
+	}
+	if f.Attrs == nil {
+		f.Attrs = ir.Attrs{}
+	}
+	f.Attrs["arena"] = ir.IntAttr(sol.Size)
+	f.Attrs["alignment"] = ir.IntAttr(align)
+	return sol, nil
+}
