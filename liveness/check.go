@@ -31,8 +31,10 @@ func CheckOffsets(f *ir.Func) error {
 			last[v] = i
 		}
 	}
+	isResult := map[*ir.Value]bool{}
 	for _, r := range f.Results {
 		last[r.Value] = n - 1
+		isResult[r.Value] = true
 	}
 	// Groups: a value joins its operand's group when it is a view, or when
 	// it was placed in place over an operand that dies at its op.
@@ -60,6 +62,9 @@ func CheckOffsets(f *ir.Func) error {
 			end = l
 		}
 		groupEnd[root] = max(groupEnd[root], end)
+		if isResult[r] {
+			groupEnd[root] = n // a result's storage is never taken over
+		}
 	}
 	for i, op := range f.Body {
 		d := op.Def()

@@ -26,6 +26,8 @@ type Buffer struct {
 	// Arg is set for buffers rooted at a function argument (not in the
 	// arena; live for the whole function).
 	Arg bool
+
+	pinned bool // holds a function result
 }
 
 // Root is the value that owns the buffer.
@@ -104,7 +106,7 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 				case d.View:
 					into = info.BufferOf[op.Operands[0]]
 				case d.InPlace && !opt.NoInPlace:
-					into = inPlaceTarget(info, op, r, i, lastOf)
+					into = inPlaceTarget(info, op, r, i, lastOf, isResult)
 				}
 			}
 			end := lastOf(r)
@@ -116,19 +118,13 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 				if !into.Arg {
 					into.End = max(into.End, end)
 				}
+				into.pinned = into.pinned || isResult[r]
 				info.BufferOf[r] = into
 				continue
 			}
-			b := &Buffer{Values: []*ir.Value{r}, Size: r.Type.SizeBytes(), Start: i, End: end}
+			b := &Buffer{Values: []*ir.Value{r}, Size: r.Type.SizeBytes(), Start: i, End: end, pinned: isResult[r]}
 			bufs = append(bufs, b)
 			info.BufferOf[r] = b
-		}
-	}
-	for _, b := range bufs {
-		for _, v := range b.Values {
-			if e := lastOf(v); e > b.End {
-				b.End = e
-			}
 		}
 	}
 	for _, r := range f.Results {
@@ -163,20 +159,15 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 }
 
 // inPlaceTarget returns the buffer of an operand that op's result r may
-// overwrite: same byte size, not an argument, and dead after op i.
-func inPlaceTarget(info *Info, op *ir.Op, r *ir.Value, i int, lastOf func(*ir.Value) int) *Buffer {
+// overwrite: same byte size, not an argument or a function result, and
+// dead after op i.
+func inPlaceTarget(info *Info, op *ir.Op, r *ir.Value, i int, lastOf func(*ir.Value) int, isResult map[*ir.Value]bool) *Buffer {
 	for _, x := range op.Operands {
 		b := info.BufferOf[x]
 		if b == nil || b.Arg || b.Size != r.Type.SizeBytes() || x.Type.DType != r.Type.DType || !x.Type.Shape.Equal(r.Type.Shape) {
 			continue
 		}
-		dies := true
-		for _, v := range b.Values {
-			if l := lastOf(v); l > i {
-				dies = false
-			}
-		}
-		if dies {
+		if b.End <= i && !b.pinned {
 			return b
 		}
 	}
