@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/reorder"
 )
 
 // Models are the full-size zoo graphs.
@@ -108,5 +109,23 @@ func TestZooTrainingSteps(t *testing.T) {
 			t.Errorf("%s: fragmentation %.4f > %.2f (planned %d, peak %d)", name, rep.Fragmentation, limit, rep.PlannedBytes, rep.PeakBytes)
 		}
 		fmt.Printf("%s: %d ops, peak %.1f MiB, planned %.1f MiB, fragmentation %.4f\n", name, len(f.Body), mib(rep.PeakBytes), mib(rep.PlannedBytes), rep.Fragmentation)
+	}
+}
+
+// TestReorderOnZoo: on every zoo training step the reordered peak is at
+// most the import order's, and lower on the transformer graphs.
+func TestReorderOnZoo(t *testing.T) {
+	for _, name := range Models {
+		m, _, _ := TrainingStep(t, name)
+		before := liveness.Analyze(m.Funcs[0]).Peak
+		run(t, m, "reorder")
+		after := liveness.Analyze(m.Funcs[0]).Peak
+		if after > before {
+			t.Errorf("%s: reorder raised the peak from %d to %d", name, before, after)
+		}
+		if name != "resnet50" && after >= before {
+			t.Errorf("%s: reorder did not lower the peak (%d)", name, before)
+		}
+		fmt.Printf("%s: peak %.1f MiB -> %.1f MiB after reorder (%.1f%% lower)\n", name, mib(before), mib(after), 100*(1-float64(after)/float64(before)))
 	}
 }
