@@ -167,7 +167,17 @@ func init() {
 			out[0] = back(b.one("matmul", nil, grad(op), dy, swapLast(b, w2, grad(op))), a2, a)
 		}
 		if need[1] {
-			out[1] = back(b.one("matmul", nil, grad(op), swapLast(b, a2, grad(op)), dy), w2, w)
+			if w2.Type.Rank() == 2 && a2.Type.Rank() > 2 {
+				// w is shared by every batch: fold the batch into the rows
+				// instead of materialising one weight gradient per batch.
+				k, n := a2.Type.Shape[a2.Type.Rank()-1], dy.Type.Shape[dy.Type.Rank()-1]
+				rows := a2.Type.NumElements() / k
+				a3 := b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(rows, k)}, grad(op), a2)
+				d3 := b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(rows, n)}, grad(op), dy)
+				out[1] = back(b.one("matmul", nil, grad(op), swapLast(b, a3, grad(op)), d3), w2, w)
+			} else {
+				out[1] = back(b.one("matmul", nil, grad(op), swapLast(b, a2, grad(op)), dy), w2, w)
+			}
 		}
 		return out
 	}

@@ -1,6 +1,10 @@
 package reorder
 
-import "github.com/kiln-compiler/kiln/ir"
+import (
+	"sort"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
 
 // exactOrder finds an order of the ops in seg (indices into the function,
 // listed in a valid order) that minimises the peak live bytes while they
@@ -159,7 +163,13 @@ func (g *graph) exactOrder(seg []int, maxStates int) []int {
 	states := 1
 	for step := 0; step < k; step++ {
 		next := map[uint64]*state{}
-		for S, st := range level {
+		keys := make([]uint64, 0, len(level))
+		for S := range level {
+			keys = append(keys, S)
+		}
+		sort.Slice(keys, func(a, b int) bool { return keys[a] < keys[b] })
+		for _, S := range keys {
+			st := level[S]
 			for j := 0; j < k; j++ {
 				if S&(1<<j) != 0 || predMask[j]&^S != 0 {
 					continue

@@ -1,0 +1,452 @@
+// Package remat is the `remat` pass: it rewrites a training step so that
+// its peak fits a memory budget by freeing values after their early uses
+// and recomputing them (cloned ops marked recomputed = true, keeping their
+// locations) just before their late uses, choosing what to recompute to
+// add as few FLOPs as it can. Chains of recomputation are followed
+// (operands no longer alive are recomputed too), a recomputed value is
+// shared by the late users after it, dropout regenerates its mask from the
+// same seed, and impure ops or values marked remat = "never" are never
+// recomputed; remat = "always" values are recomputed before their late
+// uses whatever the budget.
+package remat
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/memreport"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
+)
+
+func init() {
+	passes.MustRegister(&passes.Pass{
+		Name:    "remat",
+		Summary: "recompute values so that the peak fits a budget, adding as few FLOPs as possible",
+		Options: []passes.Option{
+			{Name: "budget", Kind: passes.SizeOption, Default: "1.0", Doc: "bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"},
+			{Name: "solver", Kind: passes.EnumOption, Enum: []string{"best", "greedy", "sqrt", "exact"}, Default: "best",
+				Doc: "greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"},
+		},
+		Run: func(ctx *passes.Context, m *ir.Module) error {
+			for _, f := range m.Funcs {
+				peak := liveness.Analyze(f).Peak
+				budget := ctx.Size("budget").Of(peak)
+				res, err := Rematerialize(f, budget, ctx.String("solver"))
+				if err != nil {
+					return err
+				}
+				ctx.AddStat("peak-before", peak)
+				ctx.AddStat("peak-after", res.Peak)
+				ctx.AddStat("budget", budget)
+				ctx.AddStat("recompute-flops", res.FLOPs)
+				ctx.Stat("solver", res.Solver)
+			}
+			return nil
+		},
+	})
+}
+
+// Result is what a solver reached.
+type Result struct {
+	Peak   int64
+	FLOPs  int64
+	Solver string
+}
+
+// BudgetError says the budget cannot be met, like XLA's "can't reduce
+// memory below" message.
+type BudgetError struct {
+	Func    string
+	Budget  int64
+	Reached int64
+	Holders []memreport.Top
+}
+
+func (e *BudgetError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) by recomputation; the budget is %s (%d bytes). Values live at that peak:",
+		e.Func, memreport.Human(e.Reached), e.Reached, memreport.Human(e.Budget), e.Budget)
+	for _, h := range e.Holders {
+		fmt.Fprintf(&b, "\n  %s %s (%s)", memreport.Human(h.Bytes), h.Value, h.Op)
+		if h.Loc != "" {
+			fmt.Fprintf(&b, " at %s", h.Loc)
+		}
+	}
+	return b.String()
+}
+
+// Rematerialize rewrites f to fit budget with the named solver.
+func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
+	applyAlways(f)
+	if p := liveness.Analyze(f).Peak; p <= budget {
+		return Result{Peak: p, Solver: "none"}, nil
+	}
+	text := f.String()
+	type attempt struct {
+		name string
+		run  func(*ir.Func) int64
+	}
+	var attempts []attempt
+	add := func(name string, run func(*ir.Func) int64) { attempts = append(attempts, attempt{name, run}) }
+	switch solver {
+	case "greedy":
+		add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, byRatio) })
+	case "sqrt":
+		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
+	case "exact":
+		add("exact", func(g *ir.Func) int64 { return exact(g, budget, 1<<30) })
+	default:
+		add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, byRatio) })
+		add("greedy-cheapest", func(g *ir.Func) int64 { return greedy(g, budget, byCost) })
+		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
+		add("exact", func(g *ir.Func) int64 { return exact(g, budget, 4096) })
+	}
+	var best *ir.Func
+	bestRes := Result{FLOPs: math.MaxInt64}
+	lowest := int64(math.MaxInt64)
+	var lowestFunc *ir.Func
+	for _, a := range attempts {
+		g := reparse(text)
+		flops := a.run(g)
+		if flops < 0 {
+			continue
+		}
+		peak := liveness.Analyze(g).Peak
+		if peak < lowest {
+			lowest, lowestFunc = peak, g
+		}
+		if peak <= budget && flops < bestRes.FLOPs {
+			best, bestRes = g, Result{Peak: peak, FLOPs: flops, Solver: a.name}
+		}
+	}
+	if best == nil {
+		e := &BudgetError{Func: f.Name, Budget: budget, Reached: lowest}
+		if lowestFunc == nil {
+			lowestFunc = f
+			e.Reached = liveness.Analyze(f).Peak
+		}
+		e.Holders = memreport.Build(lowestFunc, nil).TopAtPeak
+		return Result{}, e
+	}
+	*f = *best
+	return bestRes, nil
+}
+
+// reparse copies a function through its text (the solvers work on copies).
+func reparse(text string) *ir.Func {
+	m, err := parser.Parse("remat", text)
+	if err != nil {
+		panic("remat: the printed function does not parse: " + err.Error())
+	}
+	return m.Funcs[0]
+}
+
+// applyAlways recomputes values marked remat = "always" before each use
+// after their first.
+func applyAlways(f *ir.Func) {
+	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	for {
+		s := analyse(f)
+		done := true
+		for _, op := range f.Body {
+			if op.Attrs.String("remat", "") != "always" || op.Attrs.Bool("recomputed", false) {
+				continue
+			}
+			for _, v := range op.Results {
+				if u := s.uses[v]; len(u) > 1 && rw.recompute(s, v, u[1]) {
+					done = false
+					break
+				}
+			}
+			if !done {
+				break
+			}
+		}
+		if done {
+			return
+		}
+	}
+}
+
+type scoring int
+
+const (
+	byRatio scoring = iota // added FLOPs per byte freed
+	byCost                 // added FLOPs, then bytes
+)
+
+// greedy repeatedly takes the peak, and among the buffers live there that
+// are used again later, recomputes the one with the best score before its
+// first use after the peak; a change is kept only when the peak drops.
+// It returns the FLOPs added (the peak may still be above the budget when
+// no candidate helps any more).
+func greedy(f *ir.Func, budget int64, score scoring) int64 {
+	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	for iter := 0; iter < 100000; iter++ {
+		info := liveness.Analyze(f)
+		if info.Peak <= budget {
+			return rw.flops
+		}
+		p := info.PeakAt
+		peakOp, peakLive := f.Body[p], info.Live[p]
+		s := analyse(f)
+		type cand struct {
+			vals  []*ir.Value
+			at    []int
+			flops int64
+			size  int64
+		}
+		var cands []cand
+		for _, b := range info.LiveAt(p) {
+			c := cand{size: b.Size}
+			ok := len(b.Values) > 0
+			for _, v := range b.Values {
+				if f.IsResult(v) || v.Def == nil || s.pos[v.Def] >= p {
+					ok = false
+					break
+				}
+				late := -1
+				for _, u := range s.uses[v] {
+					if u > p {
+						late = u
+						break
+					}
+				}
+				if late < 0 {
+					continue
+				}
+				var ops []*ir.Op
+				memo := map[*ir.Value]bool{}
+				if !recomputable(v.Def) {
+					ok = false
+					break
+				}
+				for _, u := range v.Def.Operands {
+					if !rw.plan(s, u, late, memo, &ops) {
+						ok = false
+					}
+				}
+				c.vals = append(c.vals, v)
+				c.at = append(c.at, late)
+				c.flops += cost(ops) + ir.OpCost(v.Def).FLOPs
+			}
+			if ok && len(c.vals) > 0 {
+				cands = append(cands, c)
+			}
+		}
+		sort.SliceStable(cands, func(i, j int) bool {
+			a, b := cands[i], cands[j]
+			if score == byRatio {
+				ra, rb := float64(a.flops)/float64(a.size+1), float64(b.flops)/float64(b.size+1)
+				if ra != rb {
+					return ra < rb
+				}
+				return a.size > b.size
+			}
+			if a.flops != b.flops {
+				return a.flops < b.flops
+			}
+			return a.size > b.size
+		})
+		progress := false
+		for k, c := range cands {
+			if k >= 24 {
+				break
+			}
+			rw.begin()
+			ok := true
+			// Later positions first, so earlier insertions do not shift them.
+			order := make([]int, len(c.vals))
+			for i := range order {
+				order[i] = i
+			}
+			sort.Slice(order, func(a, b int) bool { return c.at[order[a]] > c.at[order[b]] })
+			for _, i := range order {
+				s := analyse(f)
+				if !rw.recompute(s, c.vals[i], c.at[i]) {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				// Keep the change when the peak does not rise and the bytes
+				// live at the old peak point drop (peaks can be plateaus).
+				after := liveness.Analyze(f)
+				if after.Peak < info.Peak || after.Peak == info.Peak && liveAt(after, peakOp) < peakLive {
+					progress = true
+					break
+				}
+			}
+			rw.undo()
+		}
+		if !progress {
+			return rw.flops // stuck above the budget: the caller sees the peak
+		}
+	}
+	return rw.flops
+}
+
+// forwardOps returns the ops the first result (the loss) depends on.
+func forwardOps(f *ir.Func) map[*ir.Op]bool {
+	fwd := map[*ir.Op]bool{}
+	if len(f.Results) == 0 {
+		return fwd
+	}
+	var visit func(v *ir.Value)
+	visit = func(v *ir.Value) {
+		if v.Def == nil || fwd[v.Def] {
+			return
+		}
+		fwd[v.Def] = true
+		for _, u := range v.Def.Operands {
+			visit(u)
+		}
+	}
+	visit(f.Results[0].Value)
+	return fwd
+}
+
+// sqrtCheckpoints is Chen et al.'s segment checkpointing: the forward ops
+// are cut into about sqrt(n) segments; the values at segment ends are kept
+// and every other value the backward needs is recomputed from them.
+func sqrtCheckpoints(f *ir.Func) int64 {
+	fwd := forwardOps(f)
+	var order []*ir.Op
+	for _, op := range f.Body {
+		if fwd[op] {
+			order = append(order, op)
+		}
+	}
+	if len(order) == 0 {
+		return 0
+	}
+	seg := int(math.Ceil(math.Sqrt(float64(len(order)))))
+	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	for i, op := range order {
+		if (i+1)%seg == 0 || !recomputable(op) {
+			for _, r := range op.Results {
+				rw.keep[r] = true
+			}
+		}
+	}
+	// Recompute, in reverse forward order, every non-kept forward value
+	// used by a backward op.
+	for i := len(order) - 1; i >= 0; i-- {
+		op := order[i]
+		for _, v := range op.Results {
+			if rw.keep[v] || f.IsResult(v) {
+				continue
+			}
+			s := analyse(f)
+			first := -1
+			for _, u := range s.uses[v] {
+				if !fwd[f.Body[u]] {
+					first = u
+					break
+				}
+			}
+			if first >= 0 {
+				rw.recompute(s, v, first)
+			}
+		}
+	}
+	return rw.flops
+}
+
+// savedValues lists forward values used by backward ops: what a training
+// step keeps between its forward and backward passes.
+func savedValues(f *ir.Func) []*ir.Value {
+	fwd := forwardOps(f)
+	s := analyse(f)
+	var out []*ir.Value
+	for _, op := range f.Body {
+		if !fwd[op] || !recomputable(op) {
+			continue
+		}
+		for _, v := range op.Results {
+			if f.IsResult(v) {
+				continue
+			}
+			for _, u := range s.uses[v] {
+				if !fwd[f.Body[u]] {
+					out = append(out, v)
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// exact tries every subset of the saved values (at most limit subsets):
+// each chosen value is recomputed before its first backward use. It keeps
+// the subset that fits the budget with the fewest added FLOPs, and returns
+// -1 when there are too many subsets or none fits.
+func exact(f *ir.Func, budget int64, limit int) int64 {
+	saved := savedValues(f)
+	if len(saved) > 30 || 1<<len(saved) > limit {
+		return -1
+	}
+	names := make([]string, len(saved))
+	for i, v := range saved {
+		names[i] = v.Name
+	}
+	text := f.String()
+	bestFLOPs, bestMask := int64(-1), -1
+	for mask := 0; mask < 1<<len(saved); mask++ {
+		g := reparse(text)
+		flops := applySubset(g, names, mask)
+		if bestFLOPs >= 0 && flops >= bestFLOPs {
+			continue
+		}
+		if liveness.Analyze(g).Peak <= budget {
+			bestFLOPs, bestMask = flops, mask
+		}
+	}
+	if bestMask < 0 {
+		return -1
+	}
+	return applySubset(f, names, bestMask)
+}
+
+// applySubset recomputes the named saved values chosen by mask before
+// their first backward use (latest first) and returns the FLOPs added.
+func applySubset(f *ir.Func, names []string, mask int) int64 {
+	fwd := forwardOps(f)
+	byName := map[string]*ir.Value{}
+	f.Walk(func(op *ir.Op) {
+		for _, r := range op.Results {
+			byName[r.Name] = r
+		}
+	})
+	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	for i := len(names) - 1; i >= 0; i-- {
+		if mask&(1<<i) == 0 {
+			continue
+		}
+		v := byName[names[i]]
+		s := analyse(f)
+		for _, u := range s.uses[v] {
+			if !fwd[f.Body[u]] {
+				rw.recompute(s, v, u)
+				break
+			}
+		}
+	}
+	return rw.flops
+}
+
+// liveAt returns the live bytes while op runs.
+func liveAt(info *liveness.Info, op *ir.Op) int64 {
+	for i, o := range info.Func.Body {
+		if o == op {
+			return info.Live[i]
+		}
+	}
+	return math.MaxInt64
+}

@@ -1,0 +1,98 @@
+package remat
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/passes"
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// A forward MLP in f64 with cheap activations between matmuls, dropout
+// included: its training step saves them for the backward pass.
+const mlp = `func @mlp(%x: f64[256,16], %w1: f64[16,32] {param}, %w2: f64[32,32] {param}, %w3: f64[32,4] {param}) -> (f64[256,4]) {
+  %h1 = matmul(%x, %w1) : f64[256,32]
+  %a1 = tanh(%h1) : f64[256,32]
+  %d1, %m1 = dropout(%a1) {ratio = 0.25, seed = 5} : f64[256,32], bool[256,32]
+  %h2 = matmul(%d1, %w2) : f64[256,32]
+  %a2 = sigmoid(%h2) : f64[256,32]
+  %e2 = exp(%a2) : f64[256,32]
+  %h3 = matmul(%e2, %w3) : f64[256,4]
+  return %h3
+}
+`
+
+// trainingStep differentiates src and returns the step's text.
+func trainingStep(t *testing.T, src string) string {
+	m := passtest.Parse(t, src)
+	pipe, err := passes.ParsePipeline("autodiff", nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	return m.String()
+}
+
+// TestRematIsBitExactAndFitsTheBudget: every solver keeps loss and
+// gradients bit-identical in f64 and meets the budget.
+func TestRematIsBitExactAndFitsTheBudget(t *testing.T) {
+	step := trainingStep(t, mlp)
+	base := liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
+	for _, solver := range []string{"greedy", "sqrt", "exact", "best"} {
+		for _, budget := range []string{"0.9", "0.8"} {
+			m := passtest.CheckPipeline(t, step, "remat{budget="+budget+",solver="+solver+"}", 0)
+			f := m.Funcs[0]
+			peak := liveness.Analyze(f).Peak
+			require.LessOrEqual(t, float64(peak), float64(base)*mustFloat(budget)+1, "%s at %s", solver, budget)
+			recomputed := 0
+			for _, op := range f.Body {
+				if op.Attrs.Bool("recomputed", false) {
+					recomputed++
+				}
+			}
+			require.Greater(t, recomputed, 0, "%s at %s", solver, budget)
+		}
+	}
+}
+
+func mustFloat(s string) float64 {
+	switch s {
+	case "0.9":
+		return 0.9
+	case "0.8":
+		return 0.8
+	}
+	return 1
+}
+
+func TestHintsAndImpureOps(t *testing.T) {
+	src := `func @f(%x: f64[64], %w: f64[64] {param}) -> (f64[64]) {
+  %a = mul(%x, %w) : f64[64]
+  %b = tanh(%a) {remat = "never"} : f64[64]
+  %c = exp(%b) {remat = "always"} : f64[64]
+  %r = random_uniform() {dtype = f64, shape = [64]} : f64[64]
+  %d = mul(%c, %r) : f64[64]
+  %e = mul(%d, %c) : f64[64]
+  return %e
+}
+`
+	m := passtest.CheckPipeline(t, trainingStep(t, src), "remat", 0)
+	text := m.String()
+	require.Contains(t, text, "%c.remat = exp(%b) {recomputed = true}", "an always value is recomputed before its later uses")
+	require.NotContains(t, text, "tanh(%a) {recomputed", "a never value is kept")
+	require.Equal(t, 1, strings.Count(text, "random_uniform"), "impure ops are never recomputed")
+}
+
+func TestBudgetErrorNamesTheHolders(t *testing.T) {
+	m := passtest.Parse(t, mlp)
+	f := m.Funcs[0]
+	_, err := Rematerialize(f, 100, "best")
+	var be *BudgetError
+	require.ErrorAs(t, err, &be)
+	require.Contains(t, err.Error(), "can't reduce memory below")
+	require.NotEmpty(t, be.Holders)
+	_ = ir.F64
+}

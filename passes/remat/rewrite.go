@@ -1,0 +1,230 @@
+package remat
+
+import (
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// rewriter recomputes values of a function and can undo its changes.
+type rewriter struct {
+	f     *ir.Func
+	keep  map[*ir.Value]bool // never recomputed: used as they are (checkpoints)
+	flops int64              // FLOPs added by recomputation so far
+
+	// undo log of the current attempt
+	body     []*ir.Op
+	replaced []replacement
+	added    int64
+}
+
+type replacement struct {
+	op  *ir.Op
+	idx int
+	old *ir.Value
+}
+
+// schedule is the position and use information of the current body.
+type schedule struct {
+	pos     map[*ir.Op]int
+	lastUse map[*ir.Value]int
+	uses    map[*ir.Value][]int // positions of the ops using a value, ascending
+}
+
+func analyse(f *ir.Func) *schedule {
+	s := &schedule{pos: map[*ir.Op]int{}, lastUse: map[*ir.Value]int{}, uses: map[*ir.Value][]int{}}
+	for i, op := range f.Body {
+		s.pos[op] = i
+		for j, v := range op.Operands {
+			dup := false
+			for _, w := range op.Operands[:j] {
+				dup = dup || w == v
+			}
+			if !dup {
+				s.uses[v] = append(s.uses[v], i)
+			}
+			s.lastUse[v] = i
+		}
+	}
+	for _, r := range f.Results {
+		s.lastUse[r.Value] = len(f.Body)
+	}
+	return s
+}
+
+// recomputable reports whether op may be cloned: pure, known, not marked
+// remat = "never".
+func recomputable(op *ir.Op) bool {
+	if op == nil {
+		return false
+	}
+	if op.Attrs.String("remat", "") == "never" {
+		return false
+	}
+	d := op.Def()
+	if d == nil || d.Impure {
+		return false
+	}
+	if op.Region != nil {
+		for _, inner := range op.Region.Body {
+			if !recomputable(inner) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// plan lists the ops to clone (in dependence order) so that v is
+// available at position t: operands still alive at t, arguments and kept
+// values are used as they are, others are recomputed too. ok is false when
+// an impure or pinned op would have to be recomputed.
+func (rw *rewriter) plan(s *schedule, v *ir.Value, t int, memo map[*ir.Value]bool, out *[]*ir.Op) bool {
+	if v.IsArg() || rw.keep[v] || s.lastUse[v] >= t || memo[v] {
+		return true
+	}
+	op := v.Def
+	if !recomputable(op) {
+		return false
+	}
+	for _, u := range op.Operands {
+		if !rw.plan(s, u, t, memo, out) {
+			return false
+		}
+	}
+	for _, r := range op.Results {
+		memo[r] = true
+	}
+	*out = append(*out, op)
+	return true
+}
+
+// cost is the FLOPs of recomputing ops.
+func cost(ops []*ir.Op) int64 {
+	c := int64(0)
+	for _, op := range ops {
+		c += ir.OpCost(op).FLOPs
+	}
+	return c
+}
+
+// begin starts an attempt that can be undone.
+func (rw *rewriter) begin() {
+	rw.body = append(rw.body[:0], rw.f.Body...)
+	rw.replaced = rw.replaced[:0]
+	rw.added = 0
+}
+
+// undo restores the function as it was at begin.
+func (rw *rewriter) undo() {
+	for i := len(rw.replaced) - 1; i >= 0; i-- {
+		r := rw.replaced[i]
+		r.op.Operands[r.idx] = r.old
+	}
+	rw.f.Body = append(rw.f.Body[:0], rw.body...)
+	rw.flops -= rw.added
+}
+
+// recompute makes v's uses at positions >= t read a recomputed copy
+// inserted just before position t, recomputing operands that are not
+// alive there as well. It reports false (and changes nothing) when v
+// cannot be recomputed.
+func (rw *rewriter) recompute(s *schedule, v *ir.Value, t int) bool {
+	var ops []*ir.Op
+	memo := map[*ir.Value]bool{}
+	// v itself is recomputed even though it is alive at t.
+	op := v.Def
+	if op == nil || !recomputable(op) || rw.keep[v] {
+		return false
+	}
+	for _, u := range op.Operands {
+		if !rw.plan(s, u, t, memo, &ops) {
+			return false
+		}
+	}
+	ops = append(ops, op)
+	clone := map[*ir.Value]*ir.Value{}
+	var inserted []*ir.Op
+	for _, orig := range ops {
+		operands := make([]*ir.Value, len(orig.Operands))
+		for i, u := range orig.Operands {
+			if c, ok := clone[u]; ok {
+				operands[i] = c
+			} else {
+				operands[i] = u
+			}
+		}
+		c := cloneOp(rw.f, orig, operands)
+		for i, r := range orig.Results {
+			clone[r] = c.Results[i]
+		}
+		inserted = append(inserted, c)
+	}
+	// Redirect the late uses of v (and of recomputed values, which are
+	// not alive at t by construction).
+	for i := t; i < len(rw.f.Body); i++ {
+		use := rw.f.Body[i]
+		for j, u := range use.Operands {
+			if c, ok := clone[u]; ok && (u == v) {
+				rw.replaced = append(rw.replaced, replacement{use, j, u})
+				use.Operands[j] = c
+			}
+		}
+	}
+	body := make([]*ir.Op, 0, len(rw.f.Body)+len(inserted))
+	body = append(body, rw.f.Body[:t]...)
+	body = append(body, inserted...)
+	body = append(body, rw.f.Body[t:]...)
+	rw.f.Body = body
+	c := cost(inserted)
+	rw.flops += c
+	rw.added += c
+	return true
+}
+
+// cloneOp copies op with new operands, marking it recomputed; regions are
+// copied deeply.
+func cloneOp(f *ir.Func, op *ir.Op, operands []*ir.Value) *ir.Op {
+	attrs := op.Attrs.Clone()
+	if attrs == nil {
+		attrs = ir.Attrs{}
+	}
+	attrs["recomputed"] = ir.BoolAttr(true)
+	delete(attrs, "remat")
+	c := &ir.Op{Kind: op.Kind, Operands: operands, Attrs: attrs, Loc: op.Loc}
+	for i, r := range op.Results {
+		c.Results = append(c.Results, &ir.Value{Name: f.UniqueName(r.Name + ".remat"), Type: r.Type, Def: c, Index: i, Offset: ir.NoOffset})
+	}
+	if op.Region != nil {
+		c.Region = cloneRegion(f, op.Region)
+	}
+	return c
+}
+
+func cloneRegion(f *ir.Func, r *ir.Region) *ir.Region {
+	m := map[*ir.Value]*ir.Value{}
+	out := &ir.Region{}
+	for i, a := range r.Args {
+		na := &ir.Value{Name: f.UniqueName(a.Name + ".remat"), Type: a.Type, Index: i, Offset: ir.NoOffset}
+		m[a] = na
+		out.Args = append(out.Args, na)
+	}
+	for _, op := range r.Body {
+		ops := make([]*ir.Value, len(op.Operands))
+		for i, u := range op.Operands {
+			ops[i] = m[u]
+		}
+		c := &ir.Op{Kind: op.Kind, Operands: ops, Attrs: op.Attrs.Clone(), Loc: op.Loc}
+		for i, res := range op.Results {
+			nr := &ir.Value{Name: f.UniqueName(res.Name + ".remat"), Type: res.Type, Def: c, Index: i, Offset: ir.NoOffset}
+			c.Results = append(c.Results, nr)
+			m[res] = nr
+		}
+		if op.Region != nil {
+			c.Region = cloneRegion(f, op.Region)
+		}
+		out.Body = append(out.Body, c)
+	}
+	for _, y := range r.Yield {
+		out.Yield = append(out.Yield, m[y])
+	}
+	return out
+}
