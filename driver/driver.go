@@ -49,6 +49,10 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
+// Run is the whole kiln program: a main function that only calls Run
+// builds a kiln (with whatever passes its imports register).
+func Run() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
 // Main runs the kiln command with the given arguments (without the
 // program name) and returns the exit status: 0 on success, 1 on an error
 // in the input or a failing pass, 2 on a misuse of the command line.

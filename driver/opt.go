@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kiln-compiler/kiln/outfile"
 	"github.com/kiln-compiler/kiln/passes"
@@ -22,6 +23,9 @@ type pipelineFlags struct {
 	stats            bool
 	dumpDir          string
 	reproducerDir    string
+	pluginDir        string
+	pluginTimeout    time.Duration
+	loadPlugins      inputFlags
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
@@ -36,6 +40,9 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.stats, "stats", false, "print pass statistics (to stderr)")
 	fs.StringVar(&p.dumpDir, "dump-dir", "", "write the IR after each pass to DIR/NN-pass.kir")
 	fs.StringVar(&p.reproducerDir, "reproducer-dir", "", "where a failing pass leaves its reproducer (default: the temp folder)")
+	fs.StringVar(&p.pluginDir, "plugin-dir", "", "where ext:NAME passes (programs kiln-pass-NAME) are looked up before PATH")
+	fs.DurationVar(&p.pluginTimeout, "plugin-timeout", time.Minute, "time limit of one external pass run")
+	fs.Var(&p.loadPlugins, "load-pass-plugin", "FILE.so: load passes built with go build -buildmode=plugin (repeatable)")
 }
 
 func nameSet(list string) map[string]bool {
@@ -54,12 +61,17 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	if p.timingFormat != "text" && p.timingFormat != "json" {
 		return nil, usageError{fmt.Sprintf("--timing-format must be text or json, not %q", p.timingFormat)}
 	}
-	pipe, err := passes.ParsePipeline(pipeline, nil)
+	for _, so := range p.loadPlugins {
+		if err := passes.LoadPlugin(so); err != nil {
+			return nil, fmt.Errorf("kiln: %v", err)
+		}
+	}
+	pipe, err := passes.ParsePipeline(pipeline, passes.ExternalResolver(p.pluginDir, p.pluginTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("kiln: %v", err)
 	}
 	for name := range nameSet(p.printBefore + "," + p.printAfter) {
-		if passes.Lookup(name) == nil {
+		if passes.Lookup(name) == nil && !strings.HasPrefix(name, passes.ExternalPrefix) {
 			return nil, fmt.Errorf("kiln: --print-ir-before/--print-ir-after name unknown pass %q", name)
 		}
 	}

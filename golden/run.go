@@ -88,7 +88,11 @@ func runCase(t *testing.T, path, program string, main MainFunc) {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(f.Name, "bin/") {
+			mode = 0o755 // programs the case runs, such as external passes
+		}
+		if err := os.WriteFile(p, f.Data, mode); err != nil {
 			t.Fatal(err)
 		}
 	}

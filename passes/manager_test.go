@@ -62,7 +62,7 @@ func init() {
 func TestPipelineParsing(t *testing.T) {
 	p, err := ParsePipeline("dce, cse ,test-opts{n=5,s=\"a,b}\",budget=0.25}", nil)
 	require.NoError(t, err)
-	require.Equal(t, `dce,cse,test-opts{n=5,s=a,b},budget=0.25}`, p.String())
+	require.Equal(t, `dce,cse,test-opts{budget=0.25,n=5,s="a,b}"}`, p.String())
 	require.Len(t, p, 3)
 	require.Equal(t, "a,b}", p[2].Args["s"])
 

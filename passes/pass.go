@@ -17,6 +17,9 @@ type Pass struct {
 	// Run rewrites m in place. It reads its options and records statistics
 	// through ctx, and returns an error when it cannot do its job.
 	Run func(ctx *Context, m *ir.Module) error
+	// AnyOptions accepts options not declared in Options (external passes
+	// receive them as text through Context.Args).
+	AnyOptions bool
 }
 
 var registry = map[string]*Pass{}
@@ -73,6 +76,7 @@ type Stat struct {
 // its statistics.
 type Context struct {
 	pass  *Pass
+	args  map[string]string
 	opts  map[string]any
 	stats []Stat
 	// Deadline, when not zero, is a hint for passes with time budgets.
@@ -82,7 +86,7 @@ type Context struct {
 // NewContext builds a context for running p directly with the given
 // option text (tests and passes that run other passes use it).
 func NewContext(p *Pass, args map[string]string) (*Context, error) {
-	c := &Context{pass: p, opts: map[string]any{}}
+	c := &Context{pass: p, opts: map[string]any{}, args: args}
 	for _, o := range p.Options {
 		c.opts[o.Name] = o.zero()
 		if o.Default != "" {
@@ -101,6 +105,9 @@ func NewContext(p *Pass, args map[string]string) (*Context, error) {
 			if p.Options[i].Name == k {
 				opt = &p.Options[i]
 			}
+		}
+		if opt == nil && p.AnyOptions {
+			continue
 		}
 		if opt == nil {
 			return nil, fmt.Errorf("pass %s has no option %q%s", p.Name, k, optionList(p))
@@ -132,6 +139,9 @@ func (c *Context) get(name string) any {
 	}
 	return v
 }
+
+// Args returns the options as given in the pipeline, as text.
+func (c *Context) Args() map[string]string { return c.args }
 
 // Int returns an int option.
 func (c *Context) Int(name string) int64 { return c.get(name).(int64) }

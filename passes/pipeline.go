@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 )
 
@@ -16,11 +17,18 @@ func (s Step) String() string {
 	if len(s.Args) == 0 {
 		return s.Pass.Name
 	}
+	keys := make([]string, 0, len(s.Args))
+	for k := range s.Args {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
 	var kv []string
-	for _, o := range s.Pass.Options {
-		if v, ok := s.Args[o.Name]; ok {
-			kv = append(kv, o.Name+"="+v)
+	for _, k := range keys {
+		v := s.Args[k]
+		if strings.ContainsAny(v, ",{}= ") {
+			v = `"` + v + `"`
 		}
+		kv = append(kv, k+"="+v)
 	}
 	return s.Pass.Name + "{" + strings.Join(kv, ",") + "}"
 }

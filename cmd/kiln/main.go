@@ -1,10 +1,6 @@
 // Command kiln is the Kiln compiler's command line; see `kiln help`.
 package main
 
-import (
-	"os"
+import "github.com/kiln-compiler/kiln/driver"
 
-	"github.com/kiln-compiler/kiln/driver"
-)
-
-func main() { os.Exit(driver.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+func main() { driver.Run() }
