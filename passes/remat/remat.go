@@ -29,8 +29,8 @@ func init() {
 		Summary: "recompute values so that the peak fits a budget, adding as few FLOPs as possible",
 		Options: []passes.Option{
 			{Name: "budget", Kind: passes.SizeOption, Default: "1.0", Doc: "bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"},
-			{Name: "solver", Kind: passes.EnumOption, Enum: []string{"best", "greedy", "sqrt", "exact"}, Default: "best",
-				Doc: "greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"},
+			{Name: "solver", Kind: passes.EnumOption, Enum: []string{"best", "cheap", "greedy", "sqrt", "exact"}, Default: "best",
+				Doc: "cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"},
 		},
 		Run: func(ctx *passes.Context, m *ir.Module) error {
 			for _, f := range m.Funcs {
@@ -100,7 +100,10 @@ func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
 	case "exact":
 		add("exact", func(g *ir.Func) int64 { return exact(g, budget, 1<<30) })
+	case "cheap":
+		add("cheap", func(g *ir.Func) int64 { return cheapFirst(g, budget) })
 	default:
+		add("cheap", func(g *ir.Func) int64 { return cheapFirst(g, budget) })
 		add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, byRatio) })
 		add("greedy-cheapest", func(g *ir.Func) int64 { return greedy(g, budget, byCost) })
 		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
@@ -449,4 +452,106 @@ func liveAt(info *liveness.Info, op *ir.Op) int64 {
 		}
 	}
 	return math.MaxInt64
+}
+
+// heavy reports whether op is compute-heavy (convolution, matmul, gemm):
+// its outputs are worth keeping as sources for recomputation.
+func heavy(op *ir.Op) bool {
+	d := op.Def()
+	return d != nil && d.Fusion == ir.OutFusable
+}
+
+// cheapFirst keeps the outputs of compute-heavy ops and recomputes saved
+// values whose recomputation chain, stopping at those outputs, holds only
+// cheap ops (elementwise, normalisation, softmax, dropout, shape ops),
+// largest values first, until the budget is met; then it continues with
+// the greedy solver. This is where training steps win most of their
+// memory for little compute.
+func cheapFirst(f *ir.Func, budget int64) int64 {
+	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	for _, op := range f.Body {
+		if heavy(op) {
+			for _, r := range op.Results {
+				rw.keep[r] = true
+			}
+		}
+	}
+	fwd := forwardOps(f)
+	saved := savedValues(f)
+	type cand struct {
+		name  string
+		size  int64
+		flops int64
+	}
+	var cands []cand
+	s := analyse(f)
+	for _, v := range saved {
+		if rw.keep[v] {
+			continue
+		}
+		first := -1
+		for _, u := range s.uses[v] {
+			if !fwd[f.Body[u]] {
+				first = u
+				break
+			}
+		}
+		if first < 0 {
+			continue
+		}
+		var ops []*ir.Op
+		memo := map[*ir.Value]bool{}
+		ok := true
+		for _, u := range v.Def.Operands {
+			ok = ok && rw.plan(s, u, first, memo, &ops)
+		}
+		for _, op := range ops {
+			ok = ok && !heavy(op)
+		}
+		if ok {
+			cands = append(cands, cand{v.Name, v.Type.SizeBytes(), cost(ops) + ir.OpCost(v.Def).FLOPs})
+		}
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		ri := float64(cands[i].flops) / float64(cands[i].size+1)
+		rj := float64(cands[j].flops) / float64(cands[j].size+1)
+		return ri < rj
+	})
+	byName := map[string]*ir.Value{}
+	f.Walk(func(op *ir.Op) {
+		for _, r := range op.Results {
+			byName[r.Name] = r
+		}
+	})
+	peak := liveness.Analyze(f).Peak
+	for _, c := range cands {
+		if peak <= budget {
+			break
+		}
+		v := byName[c.name]
+		s := analyse(f)
+		first := -1
+		for _, u := range s.uses[v] {
+			if !fwd[f.Body[u]] {
+				first = u
+				break
+			}
+		}
+		if first < 0 {
+			continue
+		}
+		rw.begin()
+		if !rw.recompute(s, v, first) {
+			continue
+		}
+		if p := liveness.Analyze(f).Peak; p <= peak {
+			peak = p
+		} else {
+			rw.undo()
+		}
+	}
+	if peak <= budget {
+		return rw.flops
+	}
+	return rw.flops + greedy(f, budget, byRatio)
 }
