@@ -213,13 +213,7 @@ func greedy(f *ir.Func, budget int64, score scoring) int64 {
 					ok = false
 					break
 				}
-				late := -1
-				for _, u := range s.uses[v] {
-					if u > p {
-						late = u
-						break
-					}
-				}
+				late := firstUse(s, v, func(u int) bool { return u > p })
 				if late < 0 {
 					continue
 				}
@@ -346,14 +340,7 @@ func sqrtCheckpoints(f *ir.Func) int64 {
 				continue
 			}
 			s := analyse(f)
-			first := -1
-			for _, u := range s.uses[v] {
-				if !fwd[f.Body[u]] {
-					first = u
-					break
-				}
-			}
-			if first >= 0 {
+			if first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }); first >= 0 {
 				rw.recompute(s, v, first)
 			}
 		}
@@ -375,11 +362,8 @@ func savedValues(f *ir.Func) []*ir.Value {
 			if f.IsResult(v) {
 				continue
 			}
-			for _, u := range s.uses[v] {
-				if !fwd[f.Body[u]] {
-					out = append(out, v)
-					break
-				}
+			if firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }) >= 0 {
+				out = append(out, v)
 			}
 		}
 	}
@@ -434,11 +418,8 @@ func applySubset(f *ir.Func, names []string, mask int) int64 {
 		}
 		v := byName[names[i]]
 		s := analyse(f)
-		for _, u := range s.uses[v] {
-			if !fwd[f.Body[u]] {
-				rw.recompute(s, v, u)
-				break
-			}
+		if u := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }); u >= 0 {
+			rw.recompute(s, v, u)
 		}
 	}
 	return rw.flops
@@ -489,13 +470,7 @@ func cheapFirst(f *ir.Func, budget int64) int64 {
 		if rw.keep[v] {
 			continue
 		}
-		first := -1
-		for _, u := range s.uses[v] {
-			if !fwd[f.Body[u]] {
-				first = u
-				break
-			}
-		}
+		first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] })
 		if first < 0 {
 			continue
 		}
@@ -530,13 +505,7 @@ func cheapFirst(f *ir.Func, budget int64) int64 {
 		}
 		v := byName[c.name]
 		s := analyse(f)
-		first := -1
-		for _, u := range s.uses[v] {
-			if !fwd[f.Body[u]] {
-				first = u
-				break
-			}
-		}
+		first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] })
 		if first < 0 {
 			continue
 		}
@@ -554,4 +523,14 @@ func cheapFirst(f *ir.Func, budget int64) int64 {
 		return rw.flops
 	}
 	return rw.flops + greedy(f, budget, byRatio)
+}
+
+// firstUse returns the first position using v that satisfies ok, or -1.
+func firstUse(s *schedule, v *ir.Value, ok func(pos int) bool) int {
+	for _, u := range s.uses[v] {
+		if ok(u) {
+			return u
+		}
+	}
+	return -1
 }
