@@ -60,9 +60,22 @@ func init() {
 				if err != nil {
 					return err
 				}
-				res, err := interp.Run(f, vals, interp.Options{Seed: *seed})
+				res, final, err := interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
 				if err != nil {
 					return fmt.Errorf("kiln: run failed: %v", err)
+				}
+				// Arguments updated in place (optimizer steps) are written
+				// as updated.<name>.npy.
+				updated := &ir.Func{Name: f.Name}
+				var upd []*interp.Tensor
+				for i, a := range f.Args {
+					if a.Arg.InOut {
+						updated.Results = append(updated.Results, ir.Result{Name: "updated." + a.Name, Value: a})
+						upd = append(upd, final[i])
+					}
+				}
+				if err := writeResults(updated, upd, *outDir, args[0]); err != nil {
+					return err
 				}
 				return writeResults(f, res, *outDir, args[0])
 			}

@@ -21,27 +21,45 @@ type Options struct {
 }
 
 // Run executes f on args (one per argument, in order) and returns its
-// results. Arguments must have exactly the declared types.
+// results. Arguments must have exactly the declared types; they are never
+// modified (inout arguments are updated on copies: see RunWithUpdates).
 func Run(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, error) {
+	res, _, err := RunWithUpdates(f, args, opt)
+	return res, err
+}
+
+// RunWithUpdates is Run that also returns the final value of every
+// argument: the updated copy for inout arguments (optimizer steps), the
+// argument itself otherwise.
+func RunWithUpdates(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, error) {
+	return runFunc(f, args, opt)
+}
+
+func runFunc(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, error) {
 	if len(args) != len(f.Args) {
-		return nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args))
+		return nil, nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args))
 	}
 	env := map[*ir.Value]*Tensor{}
+	final := make([]*Tensor, len(args))
 	for i, a := range f.Args {
 		if args[i] == nil || !args[i].Type.Equal(a.Type) {
 			got := "nothing"
 			if args[i] != nil {
 				got = args[i].Type.String()
 			}
-			return nil, fmt.Errorf("argument %s: got %s, want %s", a.Ref(), got, a.Type)
+			return nil, nil, fmt.Errorf("argument %s: got %s, want %s", a.Ref(), got, a.Type)
 		}
-		env[a] = args[i]
+		final[i] = args[i]
+		if a.Arg.InOut {
+			final[i] = args[i].Clone()
+		}
+		env[a] = final[i]
 	}
 	rt := &runtime{rng: rand.New(rand.NewPCG(opt.Seed, 0x6b696c6e))}
 	last := lastUses(f)
 	for i, op := range f.Body {
 		if err := exec(op, env, rt); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, v := range last[i] {
 			delete(env, v)
@@ -51,7 +69,7 @@ func Run(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, error) {
 	for i, r := range f.Results {
 		out[i] = env[r.Value]
 	}
-	return out, nil
+	return out, final, nil
 }
 
 // lastUses lists, for each op index, the values whose last use it is

@@ -34,7 +34,7 @@ func diffFunc(f, g *Func) string {
 		if d := diffValue(a, b); d != "" {
 			return d
 		}
-		if a.Arg.Kind != b.Arg.Kind || !a.Arg.Init.Equal(b.Arg.Init) || !a.Arg.Attrs.Equal(b.Arg.Attrs) {
+		if a.Arg.Kind != b.Arg.Kind || a.Arg.InOut != b.Arg.InOut || !a.Arg.Init.Equal(b.Arg.Init) || !a.Arg.Attrs.Equal(b.Arg.Attrs) {
 			return "argument " + a.Ref() + " info differs"
 		}
 		pair[a] = b

@@ -74,6 +74,9 @@ type ArgInfo struct {
 	Kind  ArgKind
 	Init  *Dense // initial value (imported weights), or nil
 	Attrs Attrs  // extra argument attributes
+	// InOut arguments are read and then written in place by an op that
+	// updates them (an optimizer step); the caller sees the new value.
+	InOut bool
 }
 
 // NoOffset marks a value without an arena offset.

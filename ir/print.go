@@ -77,6 +77,9 @@ func printArgAttrs(b *strings.Builder, a *ArgInfo) {
 	if a.Kind != ArgData {
 		parts = append(parts, a.Kind.String())
 	}
+	if a.InOut {
+		parts = append(parts, "inout")
+	}
 	if a.Init != nil {
 		parts = append(parts, "init = "+DenseAttr(a.Init).String())
 	}

@@ -75,6 +75,9 @@ type OpDef struct {
 	// HasRegion ops (fused kernels) carry a body; their result types are
 	// those their region yields, and Infer is not called.
 	HasRegion bool
+	// Writes lists operands the op overwrites in place (optimizer
+	// updates); each must be an inout argument, and the op its last use.
+	Writes []int
 }
 
 var registry = map[string]*OpDef{}

@@ -73,6 +73,7 @@ func verifyFunc(f *Func) diag.List {
 		}
 	}
 	v.block(f.Body, scope)
+	v.writes(f)
 	for i, r := range f.Results {
 		if r.Value == nil || !scope[r.Value] {
 			name := "<nil>"
@@ -204,6 +205,40 @@ func (v *verifier) region(op *Op, _ map[*Value]bool) {
 		}
 		if !y.Type.Equal(op.Results[i].Type) {
 			v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("region yields %s for result of type %s", y.Type, op.Results[i].Type)))
+		}
+	}
+}
+
+// writes checks ops that overwrite operands: each written operand is an
+// inout argument, written once, and not read afterwards or returned.
+func (v *verifier) writes(f *Func) {
+	writer := map[*Value]int{}
+	for i, op := range f.Body {
+		d := op.Def()
+		for _, x := range op.Operands {
+			if w, ok := writer[x]; ok && w < i {
+				v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s reads %s after op %d overwrote it", op.Kind, x.Ref(), w)))
+			}
+		}
+		if d == nil {
+			continue
+		}
+		for _, k := range d.Writes {
+			if k >= len(op.Operands) || op.Operands[k] == nil {
+				continue
+			}
+			x := op.Operands[k]
+			if x.Arg == nil || !x.Arg.InOut {
+				v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s overwrites %s, which is not an inout argument", op.Kind, x.Ref())))
+				continue
+			}
+			if _, dup := writer[x]; dup {
+				v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s is overwritten twice", x.Ref())))
+			}
+			writer[x] = i
+			if f.IsResult(x) {
+				v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s is returned and overwritten", x.Ref())))
+			}
 		}
 	}
 }

@@ -367,6 +367,8 @@ func (l *lowerer) lowerArgAttrs(v *ir.Value, a *argAST) {
 	for _, at := range a.Attrs {
 		key := unquoteName(at.Key)
 		switch {
+		case at.Value == nil && key == "inout":
+			v.Arg.InOut = true
 		case at.Value == nil && (key == "param" || key == "state"):
 			if v.Arg.Kind != ir.ArgData {
 				l.errorf(at.Pos, "argument %s is already %s", a.Name, v.Arg.Kind)
@@ -376,7 +378,7 @@ func (l *lowerer) lowerArgAttrs(v *ir.Value, a *argAST) {
 				v.Arg.Kind = ir.ArgState
 			}
 		case at.Value == nil:
-			l.errorf(at.Pos, "argument attribute %q needs a value (only param and state stand alone)", key)
+			l.errorf(at.Pos, "argument attribute %q needs a value (only param, state and inout stand alone)", key)
 		case key == "init":
 			val := l.lowerValue(at.Value)
 			if val.Kind != ir.AttrDense {

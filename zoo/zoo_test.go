@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
 )
 
@@ -127,5 +128,44 @@ func TestReorderOnZoo(t *testing.T) {
 			t.Errorf("%s: reorder did not lower the peak (%d)", name, before)
 		}
 		fmt.Printf("%s: peak %.1f MiB -> %.1f MiB after reorder (%.1f%% lower)\n", name, mib(before), mib(after), 100*(1-float64(after)/float64(before)))
+	}
+}
+
+// TestOptimizerPlacement: with Adam, placing each update right after its
+// gradient means that by the time the optimizer would run in PyTorch (after
+// the last backward op) most gradient bytes are already freed (measured:
+// 100% ResNet-50, 82% BERT, 76% GPT-2, whose embedding gradients complete
+// last); with all updates at the end they are all alive there.
+func TestOptimizerPlacement(t *testing.T) {
+	for _, name := range Models {
+		var atStep [2]int64
+		var planned [2]int64
+		var gradBytes int64
+		for k, placement := range []string{"early", "end"} {
+			m, _, _ := TrainingStep(t, name)
+			f := m.Funcs[0]
+			if k == 0 {
+				gradBytes = liveness.Analyze(f).ParamBytes
+			}
+			run(t, m, "optimizer{kind=adam,placement="+placement+"}")
+			info := liveness.Analyze(f)
+			last := 0
+			for i, op := range f.Body {
+				if op.Kind != "adam_update" {
+					last = i
+				}
+			}
+			atStep[k] = info.Live[last]
+			planned[k] = memreport.Build(f, nil).PlannedBytes
+		}
+		freed := atStep[1] - atStep[0]
+		fmt.Printf("%s: live at the end of the backward %.1f MiB (early updates) vs %.1f MiB (at the end): %.0f%% of %.1f MiB of gradients freed; planned %.1f vs %.1f MiB\n",
+			name, mib(atStep[0]), mib(atStep[1]), 100*float64(freed)/float64(gradBytes), mib(gradBytes), mib(planned[0]), mib(planned[1]))
+		if float64(freed) < 0.7*float64(gradBytes) {
+			t.Errorf("%s: early updates free %d bytes by the end of the backward, less than 70%% of the %d gradient bytes", name, freed, gradBytes)
+		}
+		if planned[0] > planned[1] {
+			t.Errorf("%s: early updates raised the planned memory", name)
+		}
 	}
 }

@@ -27,12 +27,18 @@ type schedule struct {
 	pos     map[*ir.Op]int
 	lastUse map[*ir.Value]int
 	uses    map[*ir.Value][]int // positions of the ops using a value, ascending
+	written map[*ir.Value]int   // position of the op overwriting an argument
 }
 
 func analyse(f *ir.Func) *schedule {
-	s := &schedule{pos: map[*ir.Op]int{}, lastUse: map[*ir.Value]int{}, uses: map[*ir.Value][]int{}}
+	s := &schedule{pos: map[*ir.Op]int{}, lastUse: map[*ir.Value]int{}, uses: map[*ir.Value][]int{}, written: map[*ir.Value]int{}}
 	for i, op := range f.Body {
 		s.pos[op] = i
+		if d := op.Def(); d != nil {
+			for _, k := range d.Writes {
+				s.written[op.Operands[k]] = i
+			}
+		}
 		for j, v := range op.Operands {
 			dup := false
 			for _, w := range op.Operands[:j] {
@@ -78,6 +84,9 @@ func recomputable(op *ir.Op) bool {
 // values are used as they are, others are recomputed too. ok is false when
 // an impure or pinned op would have to be recomputed.
 func (rw *rewriter) plan(s *schedule, v *ir.Value, t int, memo map[*ir.Value]bool, out *[]*ir.Op) bool {
+	if w, ok := s.written[v]; ok && w < t {
+		return false // an argument already overwritten by an update
+	}
 	if v.IsArg() || rw.keep[v] || s.lastUse[v] >= t || memo[v] {
 		return true
 	}

@@ -73,7 +73,38 @@ func newGraph(f *ir.Func) *graph {
 	for _, r := range f.Results {
 		g.pinned[g.root[r.Value]] = true
 	}
+	// An op that overwrites an operand (an optimizer update) runs after
+	// every other reader of it.
+	readers := map[*ir.Value][]int{}
+	for i, op := range f.Body {
+		for _, v := range op.Operands {
+			readers[v] = append(readers[v], i)
+		}
+	}
+	for i, op := range f.Body {
+		d := op.Def()
+		if d == nil {
+			continue
+		}
+		for _, k := range d.Writes {
+			for _, r := range readers[op.Operands[k]] {
+				if r != i && !contains(g.preds[i], r) {
+					g.preds[i] = append(g.preds[i], r)
+					g.succs[r] = append(g.succs[r], i)
+				}
+			}
+		}
+	}
 	return g
+}
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
 }
 
 // apply reorders f's body to the given permutation of op indices.

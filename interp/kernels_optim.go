@@ -1,0 +1,59 @@
+package interp
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Optimizer updates overwrite their operands' tensors in place, as the
+// arguments they are; they return no results.
+
+func init() {
+	kernels["sgd_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		p, g := in[0], in[1]
+		lr, wd := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0)
+		for i := range p.F {
+			p.F[i] -= lr * (g.F[i] + wd*p.F[i])
+		}
+		p.round()
+		return nil, nil
+	}
+	kernels["momentum_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		p, g, buf := in[0], in[1], in[2]
+		lr, wd, mu := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0), op.Attrs.Float("momentum", 0.9)
+		for i := range p.F {
+			d := g.F[i] + wd*p.F[i]
+			buf.F[i] = mu*buf.F[i] + d
+			p.F[i] -= lr * buf.F[i]
+		}
+		buf.round()
+		p.round()
+		return nil, nil
+	}
+	kernels["adam_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		p, g, m, v := in[0], in[1], in[2], in[3]
+		a := op.Attrs
+		lr, wd := a.Float("lr", 0), a.Float("weight_decay", 0)
+		b1, b2, eps := a.Float("beta1", 0.9), a.Float("beta2", 0.999), a.Float("eps", 1e-8)
+		t := float64(a.Int("step", 1))
+		decoupled := a.Bool("decoupled", false)
+		bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
+		for i := range p.F {
+			d := g.F[i]
+			if decoupled {
+				p.F[i] *= 1 - lr*wd
+			} else {
+				d += wd * p.F[i]
+			}
+			m.F[i] = b1*m.F[i] + (1-b1)*d
+			v.F[i] = b2*v.F[i] + (1-b2)*d*d
+			denom := math.Sqrt(v.F[i])/math.Sqrt(bc2) + eps
+			p.F[i] -= lr / bc1 * m.F[i] / denom
+		}
+		m.round()
+		v.round()
+		p.round()
+		return nil, nil
+	}
+}
