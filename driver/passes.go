@@ -4,6 +4,7 @@ package driver
 import (
 	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/remat"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"

@@ -179,6 +179,14 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 					bound, found = d, true
 				}
 			}
+		case op.Kind == "gather_grad" && op.Operands[1] == arg:
+			ds := op.Attrs.Ints("data_shape", nil)
+			ax, err := ir.NormalizeAxis(op.Attrs.Int("axis", 0), len(ds))
+			if err == nil {
+				if d := ds[ax]; !found || d < bound {
+					bound, found = d, true
+				}
+			}
 		case op.Kind == "softmax_cross_entropy" && op.Operands[1] == arg:
 			d := op.Operands[0].Type.Shape[1]
 			if !found || d < bound {

@@ -50,6 +50,16 @@ type Report struct {
 	RecomputeFLOPs int64   `json:"recompute_flops"`
 	TopAtPeak      []Top   `json:"top_at_peak"`
 	Passes         []Pass  `json:"passes"`
+	// Kernels counts the launches: every top-level op but constants and
+	// views (a fused kernel counts once). TrafficBytes is the bytes they
+	// read and write; the unfused_ fields count as if every op inside a
+	// kernel ran alone, and IntermediateBytesRemoved is the bytes of values
+	// that live only inside kernels.
+	Kernels                  int   `json:"kernels"`
+	TrafficBytes             int64 `json:"traffic_bytes"`
+	UnfusedKernels           int   `json:"unfused_kernels"`
+	UnfusedTrafficBytes      int64 `json:"unfused_traffic_bytes"`
+	IntermediateBytesRemoved int64 `json:"intermediate_bytes_removed"`
 
 	info *liveness.Info
 }
@@ -88,6 +98,33 @@ func Build(f *ir.Func, passes []Pass) *Report {
 		if op.Attrs.Bool("recomputed", false) {
 			r.RecomputeFLOPs += c.FLOPs
 		}
+		if isLaunch(op) {
+			r.Kernels++
+			r.TrafficBytes += c.BytesRead + c.BytesWritten
+		}
+		if op.Region == nil {
+			if isLaunch(op) {
+				r.UnfusedKernels++
+				r.UnfusedTrafficBytes += c.BytesRead + c.BytesWritten
+			}
+			continue
+		}
+		yielded := map[*ir.Value]bool{}
+		for _, y := range op.Region.Yield {
+			yielded[y] = true
+		}
+		for _, inner := range op.Region.Body {
+			if isLaunch(inner) {
+				ic := ir.OpCost(inner)
+				r.UnfusedKernels++
+				r.UnfusedTrafficBytes += ic.BytesRead + ic.BytesWritten
+			}
+			for _, v := range inner.Results {
+				if !yielded[v] {
+					r.IntermediateBytesRemoved += v.Type.SizeBytes()
+				}
+			}
+		}
 	}
 	for _, b := range info.Largest(10) {
 		v := b.Root()
@@ -101,6 +138,16 @@ func Build(f *ir.Func, passes []Pass) *Report {
 		r.TopAtPeak = append(r.TopAtPeak, t)
 	}
 	return r
+}
+
+// isLaunch reports whether op is a kernel launch: not a constant, and not
+// a view (views move no data).
+func isLaunch(op *ir.Op) bool {
+	if op.Kind == "constant" {
+		return false
+	}
+	d := op.Def()
+	return d == nil || !d.View
 }
 
 // WriteJSON writes the report as indented JSON.
@@ -149,6 +196,11 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(tw, "fragmentation\t%.4f\n", r.Fragmentation)
 	fmt.Fprintf(tw, "flops\t%d\n", r.FLOPs)
 	fmt.Fprintf(tw, "recompute flops\t%d\n", r.RecomputeFLOPs)
+	fmt.Fprintf(tw, "kernels\t%d\t(%d unfused)\n", r.Kernels, r.UnfusedKernels)
+	fmt.Fprintf(tw, "traffic\t%s\t(%d bytes; %s unfused)\n", Human(r.TrafficBytes), r.TrafficBytes, Human(r.UnfusedTrafficBytes))
+	if r.IntermediateBytesRemoved > 0 {
+		row("fused away", r.IntermediateBytesRemoved)
+	}
 	if len(r.Passes) > 0 {
 		names := make([]string, len(r.Passes))
 		for i, p := range r.Passes {

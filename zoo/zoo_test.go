@@ -2,6 +2,7 @@ package zoo
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
 )
@@ -167,5 +169,39 @@ func TestOptimizerPlacement(t *testing.T) {
 		if planned[0] > planned[1] {
 			t.Errorf("%s: early updates raised the planned memory", name)
 		}
+	}
+}
+
+// TestFusionOnZoo: on the forward graphs the kernels are at most 60% of the
+// ops and the memory traffic at most 70% of the unfused traffic (geometric
+// means), and on training steps fusion never raises the peak.
+func TestFusionOnZoo(t *testing.T) {
+	kRatio, tRatio := 1.0, 1.0
+	for _, name := range Models {
+		m, err := onnx.ImportFile(modelPath(name), onnx.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, m, "fuse")
+		rep := memreport.Build(m.Funcs[0], nil)
+		k := float64(rep.Kernels) / float64(rep.UnfusedKernels)
+		tr := float64(rep.TrafficBytes) / float64(rep.UnfusedTrafficBytes)
+		kRatio *= k
+		tRatio *= tr
+		step, _, _ := TrainingStep(t, name)
+		before := liveness.Analyze(step.Funcs[0]).Peak
+		run(t, step, "fuse")
+		after := liveness.Analyze(step.Funcs[0]).Peak
+		if after > before {
+			t.Errorf("%s: fusion raised the training step's peak from %d to %d", name, before, after)
+		}
+		fmt.Printf("%s forward: %d kernels for %d unfused (%.0f%%), traffic %.1f MiB of %.1f MiB (%.0f%%); training step peak %.1f -> %.1f MiB\n",
+			name, rep.Kernels, rep.UnfusedKernels, 100*k, mib(rep.TrafficBytes), mib(rep.UnfusedTrafficBytes), 100*tr, mib(before), mib(after))
+	}
+	n := float64(len(Models))
+	gk, gt := math.Pow(kRatio, 1/n), math.Pow(tRatio, 1/n)
+	fmt.Printf("geometric means: kernels %.0f%% of ops, traffic %.0f%%\n", 100*gk, 100*gt)
+	if gk > 0.6 || gt > 0.7 {
+		t.Errorf("fusion targets missed: kernels %.2f (want <= 0.60), traffic %.2f (want <= 0.70)", gk, gt)
 	}
 }
