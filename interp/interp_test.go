@@ -332,3 +332,38 @@ func TestRunErrors(t *testing.T) {
 	args := RandomArgs(f, 1)
 	require.Less(t, args[1].I[0], int64(2), "indices are drawn within the indexed dimension")
 }
+
+func TestReductionsAndViews(t *testing.T) {
+	x := []float64{1, 5, 3, 4, 2, 6}
+	res := run(t, `func @f(%x: f64[2,3]) -> (f64[3], f64[2,1], f64[], f64[1,3], f64[6], f64[3], f64[2,3]) {
+  %s = reduce_sum(%x) {axes = [0]} : f64[3]
+  %m = reduce_mean(%x) {axes = [1], keepdims = true} : f64[2,1]
+  %mx = reduce_max(%x) : f64[]
+  %st = sum_to(%x) {shape = [1, 3]} : f64[1,3]
+  %fl = flatten(%x) {axis = 0} : f64[1,6]
+  %sq = squeeze(%fl) : f64[6]
+  %r = reshape(%sq) {shape = [2, 3]} : f64[2,3]
+  %u = unsqueeze(%s) {axes = [0]} : f64[1,3]
+  %v = squeeze(%u) {axes = [0]} : f64[3]
+  return %s, %m, %mx, %st, %sq, %v, %r
+}
+`, x)
+	near(t, []float64{5, 7, 9}, res[0], "reduce_sum over axis 0")
+	near(t, []float64{3, 4}, res[1], "reduce_mean keepdims")
+	near(t, []float64{6}, res[2], "reduce_max over all")
+	near(t, []float64{5, 7, 9}, res[3], "sum_to")
+	near(t, x, res[4], "flatten + squeeze")
+	near(t, []float64{5, 7, 9}, res[5], "unsqueeze + squeeze")
+	near(t, x, res[6], "reshape")
+	r := run(t, `func @f() -> (f64[1000]) {
+  %r = random_uniform() {dtype = f64, shape = [1000]} : f64[1000]
+  return %r
+}
+`)
+	mean := 0.0
+	for _, v := range r[0].F {
+		require.True(t, v >= 0 && v < 1)
+		mean += v / 1000
+	}
+	require.InDelta(t, 0.5, mean, 0.05)
+}

@@ -2,12 +2,14 @@ package onnx
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
@@ -223,4 +225,36 @@ func maxAbs(x *interp.Tensor) float64 {
 		m = max(m, x.At(i), -x.At(i))
 	}
 	return m
+}
+
+// TestExternalData: initializer values may live in a separate file.
+func TestExternalData(t *testing.T) {
+	dir := t.TempDir()
+	raw := make([]byte, 0, 16)
+	for _, v := range []float32{1, 2, 3, 4} {
+		raw = protowire.AppendFixed32(raw, math.Float32bits(v))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.bin"), append([]byte("pad!"), raw...), 0o644))
+	var init []byte
+	init = appendVarint(init, 1, 4)
+	init = appendVarint(init, 2, 1)
+	init = appendString(init, 8, "w")
+	for _, kv := range [][2]string{{"location", "weights.bin"}, {"offset", "4"}, {"length", "16"}} {
+		init = appendMsg(init, 13, appendString(appendString(nil, 1, kv[0]), 2, kv[1]))
+	}
+	init = appendVarint(init, 14, 1)
+	model := encModel(tGraph{
+		nodes:   []tNode{{op: "Mul", name: "/mul", inputs: []string{"x", "w"}, outputs: []string{"y"}}},
+		inits:   [][]byte{init},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{4})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{4})},
+	})
+	path := filepath.Join(dir, "m.onnx")
+	require.NoError(t, os.WriteFile(path, model, 0o644))
+	m, err := ImportFile(path, Options{})
+	require.NoError(t, err)
+	require.Contains(t, m.String(), "%w: f32[4] {param, init = dense<f32[4]: [1.0, 2.0, 3.0, 4.0]>}")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.bin"), raw[:8], 0o644))
+	_, err = ImportFile(path, Options{})
+	require.ErrorContains(t, err, "external data range")
 }
