@@ -19,14 +19,7 @@ func init() {
 			timeline := fs.String("timeline", "", "write a Chrome trace of live bytes and buffers to FILE (Perfetto opens it)")
 			fn := fs.String("func", "", "function to report (default: the first)")
 			return func(e *env, args []string) error {
-				if len(args) != 1 {
-					return usageError{"want exactly one input file (or - for standard input)"}
-				}
-				in, err := readModule(e, args[0])
-				if err != nil {
-					return err
-				}
-				mg, err := pf.run(e, in, pf.passes)
+				in, mg, err := pf.load(e, args)
 				if err != nil {
 					return err
 				}

@@ -55,6 +55,22 @@ func nameSet(list string) map[string]bool {
 	return out
 }
 
+// load reads the single input IN and runs the pipeline on it.
+func (p *pipelineFlags) load(e *env, args []string) (*input, *passes.Manager, error) {
+	if len(args) != 1 {
+		return nil, nil, usageError{"want exactly one input file (or - for standard input)"}
+	}
+	in, err := readModule(e, args[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	mg, err := p.run(e, in, p.passes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return in, mg, nil
+}
+
 // run parses the pipeline and applies it to in's module, reporting
 // timing and statistics on stderr. It returns the manager for reports.
 func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager, error) {
@@ -110,14 +126,8 @@ func init() {
 			pf.register(fs)
 			out := fs.String("o", "-", "output file (- for standard output)")
 			return func(e *env, args []string) error {
-				if len(args) != 1 {
-					return usageError{"want exactly one input file (or - for standard input)"}
-				}
-				in, err := readModule(e, args[0])
+				in, _, err := pf.load(e, args)
 				if err != nil {
-					return err
-				}
-				if _, err := pf.run(e, in, pf.passes); err != nil {
 					return err
 				}
 				return writeOutput(e, *out, []byte(in.module.String()), args[0])

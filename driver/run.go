@@ -36,20 +36,14 @@ func init() {
 			backend := fs.String("backend", "interp", "interp (the reference interpreter)")
 			fn := fs.String("func", "", "function to run (default: the first)")
 			return func(e *env, args []string) error {
-				if len(args) != 1 {
-					return usageError{"want exactly one input file (or - for standard input)"}
-				}
 				if *outDir == "" {
 					return usageError{"--output-dir is required"}
 				}
 				if *backend != "interp" {
 					return usageError{fmt.Sprintf("--backend %q is not available (this build has: interp)", *backend)}
 				}
-				in, err := readModule(e, args[0])
+				in, _, err := pf.load(e, args)
 				if err != nil {
-					return err
-				}
-				if _, err := pf.run(e, in, pf.passes); err != nil {
 					return err
 				}
 				f, err := pickFunc(in, *fn)

@@ -77,18 +77,22 @@ func parse(t testing.TB, src string) *ir.Func {
 	return m.Funcs[0]
 }
 
-// bruteForce returns the lowest peak over every topological order.
-func bruteForce(g *graph) int64 {
-	best := int64(1 << 62)
+// eachOrder calls visit with every topological order of g until visit
+// returns false.
+func eachOrder(g *graph, visit func(order []int) bool) {
 	indeg := make([]int, g.n)
 	for i := range g.preds {
 		indeg[i] = len(g.preds[i])
 	}
 	order := make([]int, 0, g.n)
+	stop := false
 	var rec func()
 	rec = func() {
+		if stop {
+			return
+		}
 		if len(order) == g.n {
-			best = min(best, peakOf(g, order))
+			stop = !visit(order)
 			return
 		}
 		for i := 0; i < g.n; i++ {
@@ -109,6 +113,15 @@ func bruteForce(g *graph) int64 {
 		}
 	}
 	rec()
+}
+
+// bruteForce returns the lowest peak over every topological order.
+func bruteForce(g *graph) int64 {
+	best := int64(1 << 62)
+	eachOrder(g, func(order []int) bool {
+		best = min(best, peakOf(g, order))
+		return true
+	})
 	return best
 }
 
@@ -151,38 +164,11 @@ func TestExactOnTwentyOps(t *testing.T) {
 }
 
 func countOrders(g *graph, limit int) int {
-	indeg := make([]int, g.n)
-	for i := range g.preds {
-		indeg[i] = len(g.preds[i])
-	}
-	count, depth := 0, 0
-	var rec func()
-	rec = func() {
-		if count >= limit {
-			return
-		}
-		if depth == g.n {
-			count++
-			return
-		}
-		for i := 0; i < g.n; i++ {
-			if indeg[i] != 0 {
-				continue
-			}
-			indeg[i] = -1
-			for _, s := range g.succs[i] {
-				indeg[s]--
-			}
-			depth++
-			rec()
-			depth--
-			for _, s := range g.succs[i] {
-				indeg[s]++
-			}
-			indeg[i] = 0
-		}
-	}
-	rec()
+	count := 0
+	eachOrder(g, func([]int) bool {
+		count++
+		return count < limit
+	})
 	return count
 }
 
