@@ -1,0 +1,51 @@
+package npy
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+func TestRoundTripEveryDType(t *testing.T) {
+	for _, d := range []ir.DType{ir.F64, ir.F32, ir.F16, ir.BF16, ir.I64, ir.I32, ir.I8, ir.Bool} {
+		ty := ir.TensorOf(d, 2, 3)
+		var x *interp.Tensor
+		if d.IsFloat() {
+			x = interp.FromFloats(ty, []float64{0.5, -1.25, 3, 1e-3, 65504 / 2, -0.0})
+		} else if d == ir.Bool {
+			x = interp.FromInts(ty, []int64{1, 0, 1, 1, 0, 0})
+		} else {
+			x = interp.FromInts(ty, []int64{1, -2, 3, 100, -100, 0})
+		}
+		var b bytes.Buffer
+		require.NoError(t, Write(&b, x), d.String())
+		require.Zero(t, (b.Len()-len(x.ToDense().RawBytes()))%64, "header padded to 64 bytes")
+		y, err := Read(bytes.NewReader(b.Bytes()))
+		require.NoError(t, err, d.String())
+		require.Equal(t, x.Type, y.Type, d.String())
+		require.Equal(t, x.F, y.F, d.String())
+		require.Equal(t, x.I, y.I, d.String())
+	}
+	// A scalar, and a header NumPy writes for shape (3,).
+	var b bytes.Buffer
+	require.NoError(t, Write(&b, interp.FromFloats(ir.TensorOf(ir.F32), []float64{7})))
+	require.Contains(t, b.String(), "'shape': ()")
+	b.Reset()
+	require.NoError(t, Write(&b, interp.FromFloats(ir.TensorOf(ir.F32, 3), []float64{1, 2, 3})))
+	require.Contains(t, b.String(), "'shape': (3,)")
+}
+
+func TestMalformedFiles(t *testing.T) {
+	for _, data := range []string{"", "not numpy", "\x93NUMPY\x01\x00\xff\x00{}", "\x93NUMPY\x01\x00\x30\x00{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }"} {
+		_, err := Read(bytes.NewReader([]byte(data)))
+		require.Error(t, err, "%q", data)
+	}
+	hdr := "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }"
+	short := "\x93NUMPY\x01\x00" + string(rune(len(hdr))) + "\x00" + hdr + "abcd"
+	_, err := Read(bytes.NewReader([]byte(short)))
+	require.ErrorContains(t, err, "needs 16")
+}
