@@ -449,6 +449,107 @@ func heavy(op *ir.Op) bool {
 // the greedy solver. This is where training steps win most of their
 // memory for little compute.
 func cheapFirst(f *ir.Func, budget int64) int64 {
+	flops := cheapPhase(f, budget)
+	if liveness.Analyze(f).Peak <= budget {
+		return flops
+	}
+	flops += cheapAtPeak(f, budget)
+	if liveness.Analyze(f).Peak <= budget {
+		return flops
+	}
+	return flops + greedy(f, budget, byRatio)
+}
+
+// cheapAtPeak repeatedly takes the buffers live at the peak that are used
+// again after it and whose recomputation chain (stopping at the outputs of
+// compute-heavy ops, kept alive as sources) holds only cheap ops, and
+// recomputes them, largest first, while the peak does not rise.
+func cheapAtPeak(f *ir.Func, budget int64) int64 {
+	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	for _, op := range f.Body {
+		if heavy(op) {
+			for _, r := range op.Results {
+				rw.keep[r] = true
+			}
+		}
+	}
+	for round := 0; round < 1000; round++ {
+		info := liveness.Analyze(f)
+		if info.Peak <= budget {
+			break
+		}
+		p := info.PeakAt
+		s := analyse(f)
+		type cand struct {
+			v    *ir.Value
+			at   int
+			size int64
+		}
+		var cands []cand
+		for _, b := range info.LiveAt(p) {
+			if len(b.Values) != 1 {
+				continue // views and in-place chains: left to the greedy solver
+			}
+			v := b.Values[0]
+			if f.IsResult(v) || v.Def == nil || rw.keep[v] || s.pos[v.Def] >= p || !recomputable(v.Def) || heavy(v.Def) {
+				continue
+			}
+			late := firstUse(s, v, func(u int) bool { return u > p })
+			if late < 0 {
+				continue
+			}
+			var ops []*ir.Op
+			memo := map[*ir.Value]bool{}
+			ok := true
+			for _, u := range v.Def.Operands {
+				ok = ok && rw.plan(s, u, late, memo, &ops)
+			}
+			for _, op := range ops {
+				ok = ok && !heavy(op)
+			}
+			if ok {
+				cands = append(cands, cand{v, late, b.Size})
+			}
+		}
+		sort.SliceStable(cands, func(i, j int) bool { return cands[i].size > cands[j].size })
+		// First try them all at once (latest use first, so positions stay
+		// valid); fall back to one at a time when that raises the peak.
+		if len(cands) > 1 {
+			rw.begin()
+			batch := append([]cand(nil), cands...)
+			sort.SliceStable(batch, func(i, j int) bool { return batch[i].at > batch[j].at })
+			for _, c := range batch {
+				rw.recompute(analyse(f), c.v, c.at)
+			}
+			if after := liveness.Analyze(f); after.Peak < info.Peak {
+				continue
+			}
+			rw.undo()
+		}
+		progress := false
+		for _, c := range cands {
+			s := analyse(f)
+			rw.begin()
+			if !rw.recompute(s, c.v, c.at) {
+				continue
+			}
+			if after := liveness.Analyze(f); after.Peak <= info.Peak {
+				progress = true
+				if after.Peak < info.Peak {
+					break
+				}
+				continue
+			}
+			rw.undo()
+		}
+		if !progress {
+			break
+		}
+	}
+	return rw.flops
+}
+
+func cheapPhase(f *ir.Func, budget int64) int64 {
 	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
 	for _, op := range f.Body {
 		if heavy(op) {
@@ -519,10 +620,12 @@ func cheapFirst(f *ir.Func, budget int64) int64 {
 			rw.undo()
 		}
 	}
-	if peak <= budget {
-		return rw.flops
-	}
-	return rw.flops + greedy(f, budget, byRatio)
+	return rw.flops
+}
+
+// cheapOnly is cheapFirst without its greedy fallback (for measurements).
+func cheapOnly(f *ir.Func, budget int64) int64 {
+	return cheapPhase(f, budget) + cheapAtPeak(f, budget)
 }
 
 // firstUse returns the first position using v that satisfies ok, or -1.
