@@ -2,7 +2,15 @@ package driver
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes/remat"
 
 	"github.com/kiln-compiler/kiln/memreport"
 )
@@ -10,7 +18,7 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "mem",
-		usage:   "kiln mem IN [--passes P] [--json] [--timeline FILE]",
+		usage:   "kiln mem IN [--passes P] [--json] [--timeline FILE] [--remat-sweep]",
 		summary: "memory report: bytes of parameters, inputs and outputs, peak, arena, planned, fragmentation, FLOPs, the largest values at the peak",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
@@ -18,7 +26,20 @@ func init() {
 			asJSON := fs.Bool("json", false, "write the report as JSON")
 			timeline := fs.String("timeline", "", "write a Chrome trace of live bytes and buffers to FILE (Perfetto opens it)")
 			fn := fs.String("func", "", "function to report (default: the first)")
+			sweep := fs.Bool("remat-sweep", false, "print peak and added FLOPs of remat at budgets from 100% down to the smallest reachable")
+			sweepSolver := fs.String("remat-solver", "best", "remat solver for --remat-sweep")
 			return func(e *env, args []string) error {
+				if *sweep {
+					in, _, err := pf.load(e, args)
+					if err != nil {
+						return err
+					}
+					f, err := pickFunc(in, *fn)
+					if err != nil {
+						return err
+					}
+					return rematSweep(e, f, *sweepSolver, *asJSON)
+				}
 				in, mg, err := pf.load(e, args)
 				if err != nil {
 					return err
@@ -53,4 +74,54 @@ func init() {
 			}
 		},
 	})
+}
+
+// sweepPoint is one budget of a remat sweep.
+type sweepPoint struct {
+	Budget         float64 `json:"budget"`
+	BudgetBytes    int64   `json:"budget_bytes"`
+	PeakBytes      int64   `json:"peak_bytes"`
+	RecomputeFLOPs int64   `json:"recompute_flops"`
+	ExtraPercent   float64 `json:"extra_flops_percent"`
+	Solver         string  `json:"solver"`
+}
+
+// rematSweep runs remat on copies of f at budgets of 100%, 90%, ... of
+// its peak, down to the first budget it cannot meet.
+func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
+	text := f.String()
+	peak := liveness.Analyze(f).Peak
+	total := int64(0)
+	for _, op := range f.Body {
+		total += ir.OpCost(op).FLOPs
+	}
+	var points []sweepPoint
+	for pct := 100; pct >= 5; pct -= 5 {
+		m, err := parser.Parse("sweep", text)
+		if err != nil {
+			return err
+		}
+		g := m.Funcs[0]
+		budget := peak * int64(pct) / 100
+		res, err := remat.Rematerialize(g, budget, solver)
+		if err != nil {
+			break
+		}
+		extra := 0.0
+		if total > 0 {
+			extra = 100 * float64(res.FLOPs) / float64(total)
+		}
+		points = append(points, sweepPoint{Budget: float64(pct) / 100, BudgetBytes: budget, PeakBytes: res.Peak, RecomputeFLOPs: res.FLOPs, ExtraPercent: extra, Solver: res.Solver})
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"func": f.Name, "peak_bytes": peak, "flops": total, "points": points})
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "budget\tbudget bytes\tpeak bytes\textra FLOPs\tsolver\t\n")
+	for _, p := range points {
+		fmt.Fprintf(tw, "%.0f%%\t%d\t%d\t%.2f%%\t%s\t\n", 100*p.Budget, p.BudgetBytes, p.PeakBytes, p.ExtraPercent, p.Solver)
+	}
+	return tw.Flush()
 }
