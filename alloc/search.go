@@ -40,7 +40,7 @@ func Search(p *Problem, opt SearchOptions) *Solution {
 		}
 	}
 	s := newSearcher(p, opt)
-	s.run()
+	runAlternating([]*searcher{s, newSearcher(mirror(p), opt)})
 	return s.result()
 }
 
@@ -118,36 +118,71 @@ func newSearcher(p *Problem, opt SearchOptions) *searcher {
 // cuts the heavy tail of a single search; the limits grow without bound,
 // so the search stays complete. A run that ends within its limit has
 // explored everything: the best found is then optimal (or nothing fits).
-func (s *searcher) run() {
-	if s.bestSize >= 0 && s.bestSize <= s.target {
-		s.done = true
-		return
+func (s *searcher) run() { runAlternating([]*searcher{s}) }
+
+// runAlternating runs restarts of several searchers over the same buffers
+// in turn (the problem and its mirror image in time), sharing the best
+// solution: the k-th restart of each may visit luby(k)·restartBase nodes.
+// Alternating the direction of the sweep breaks the heavy tails of either
+// one alone; the limits grow without bound, so the search stays complete.
+func runAlternating(ss []*searcher) {
+	for _, s := range ss {
+		if s.bestSize >= 0 && s.bestSize <= s.target {
+			s.done = true
+			for _, t := range ss {
+				t.done = true
+			}
+			return
+		}
 	}
-	rng := rand.New(rand.NewPCG(uint64(s.n), 0x616c6c6f63))
+	rngs := make([]*rand.Rand, len(ss))
+	for i, s := range ss {
+		rngs[i] = rand.New(rand.NewPCG(uint64(s.n), 0x616c6c6f63+uint64(i)))
+	}
 	spent := int64(0)
+	lead := ss[0]
 	for k := 1; ; k++ {
-		s.nodes, s.nodeLimit, s.truncated = 0, luby(k)*restartBase, false
-		if s.opt.MaxNodes > 0 {
-			if spent >= s.opt.MaxNodes {
+		for i, s := range ss {
+			// Share the best solution found so far.
+			for _, t := range ss {
+				if t.bestSize >= 0 && (s.bestSize < 0 || t.bestSize < s.bestSize) {
+					s.best, s.bestSize = append(s.best[:0], t.best...), t.bestSize
+				}
+			}
+			s.nodes, s.nodeLimit, s.truncated, s.stopped = 0, luby(k)*restartBase, false, false
+			if lead.opt.MaxNodes > 0 {
+				if spent >= lead.opt.MaxNodes {
+					return
+				}
+				s.nodeLimit = min(s.nodeLimit, lead.opt.MaxNodes-spent)
+			}
+			s.dfs(0)
+			spent += s.nodes
+			if s.done || s.stopped && !s.truncated || !s.truncated {
+				if !s.truncated && !(s.stopped && !s.done) {
+					s.done = true
+				}
+				if s != lead {
+					lead.best, lead.bestSize, lead.done, lead.stopped = s.best, s.bestSize, s.done, s.stopped
+				}
 				return
 			}
-			s.nodeLimit = min(s.nodeLimit, s.opt.MaxNodes-spent)
+			rngs[i].Shuffle(len(s.order), func(a, b int) { s.order[a], s.order[b] = s.order[b], s.order[a] })
 		}
-		s.dfs(0)
-		spent += s.nodes
-		if s.done || s.stopped && !s.truncated {
-			return
-		}
-		if !s.truncated {
-			s.done = true
-			return
-		}
-		if s.opt.MaxNodes > 0 && spent >= s.opt.MaxNodes {
-			return
-		}
-		s.stopped = false
-		rng.Shuffle(len(s.order), func(i, j int) { s.order[i], s.order[j] = s.order[j], s.order[i] })
 	}
+}
+
+// mirror reverses time: overlaps, hence packings, are unchanged.
+func mirror(p *Problem) *Problem {
+	end := int64(0)
+	for _, b := range p.Buffers {
+		end = max(end, b.Upper)
+	}
+	m := &Problem{Alignment: p.Alignment, Buffers: make([]Buffer, len(p.Buffers))}
+	for i, b := range p.Buffers {
+		m.Buffers[i] = Buffer{ID: b.ID, Lower: end - b.Upper, Upper: end - b.Lower, Size: b.Size}
+	}
+	return m
 }
 
 const restartBase = 2000
