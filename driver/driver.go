@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -263,7 +264,14 @@ func importModule(e *env, path string, opt onnx.Options) (*input, error) {
 	in := &input{path: path, name: path}
 	m, err := onnx.ImportFile(path, opt)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "%s\n", unwrapPathError(err))
+		msg := unwrapPathError(err).Error()
+		base := filepath.Base(path)
+		if rest, ok := strings.CutPrefix(msg, base+": "); ok {
+			msg = path + ": error: " + rest
+		} else if rest, ok := strings.CutPrefix(msg, path+": "); ok {
+			msg = path + ": error: " + rest
+		}
+		fmt.Fprintf(e.stderr, "%s\n", msg)
 		return nil, exitError{1}
 	}
 	if err := ir.Verify(m); err != nil {
