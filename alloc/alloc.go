@@ -276,7 +276,11 @@ func BestDeterministic(p *Problem) *Solution {
 	if s := GreedyFirstFit(p); s.Size < best.Size {
 		best = s
 	}
-	if s := Search(p, SearchOptions{MaxNodes: BestNodes, Initial: best}); s.Size > 0 && (s.Size < best.Size || s.Optimal) {
+	nodes := int64(BestNodes)
+	if len(p.Buffers) > 1000 {
+		nodes = BestNodes * 1000 / int64(len(p.Buffers)) // each node costs more on big problems
+	}
+	if s := Search(p, SearchOptions{MaxNodes: nodes, Initial: best}); s.Size > 0 && (s.Size < best.Size || s.Optimal) {
 		best = s
 	}
 	return best

@@ -187,6 +187,10 @@ func mirror(p *Problem) *Problem {
 
 const restartBase = 2000
 
+// fitCheckLimit is the largest problem whose nodes run the per-buffer fit
+// test.
+const fitCheckLimit = 400
+
 // luby is the Luby restart sequence 1 1 2 1 1 2 4 1 1 2 ...
 func luby(k int) int64 {
 	for p := 1; ; p++ {
@@ -279,8 +283,12 @@ func (s *searcher) dfs(depth int) {
 	if a < 0 || v >= inf {
 		return // an unplaced buffer lies under a closed column
 	}
-	// Every unplaced buffer must still fit on the skyline over its interval.
+	// Every unplaced buffer must still fit on the skyline over its interval
+	// (a strong test on tight instances, too costly per node on big ones).
 	for i := range s.placed {
+		if s.n > fitCheckLimit {
+			break
+		}
 		if s.placed[i] {
 			continue
 		}
