@@ -105,7 +105,6 @@ func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 	default:
 		add("cheap", func(g *ir.Func) int64 { return cheapFirst(g, budget) })
 		add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, byRatio) })
-		add("greedy-cheapest", func(g *ir.Func) int64 { return greedy(g, budget, byCost) })
 		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
 		add("exact", func(g *ir.Func) int64 { return exact(g, budget, 4096) })
 	}
