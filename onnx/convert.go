@@ -382,8 +382,8 @@ func init() {
 			}
 		}
 		t := ir.Type{DType: val.Type.DType, Shape: ir.Shape(shape)}
-		if _, ok := t.Bytes(); !ok {
-			return nil, im.errorf("shape %v is too large", shape)
+		if n, ok := t.Shape.NumElements(); !ok || n > foldLimit {
+			return nil, im.errorf("ConstantOfShape of shape %v is too large to fold at import", shape)
 		}
 		k := interp.New(t)
 		for i := range k.F {
@@ -428,7 +428,7 @@ func init() {
 				count++
 			}
 		}
-		if count > 1<<24 {
+		if count > foldLimit {
 			return nil, im.errorf("Range of %d elements is too large to fold", count)
 		}
 		vals := make([]float64, count)

@@ -407,6 +407,9 @@ func (im *importer) materialize(k *interp.Tensor) *ir.Value {
 	return op.Results[0]
 }
 
+// foldLimit is the largest result (in elements) folded at import time.
+const foldLimit = 1 << 22
+
 // emit creates an op of kind from operand entries. When every operand is a
 // constant the op is evaluated at import time (shape arithmetic folds).
 // Result names come from the node's outputs.
@@ -429,19 +432,13 @@ func (im *importer) emit(kind string, in []entry, attrs ir.Attrs) ([]entry, erro
 		if err != nil {
 			return nil, im.errorf("%v", err)
 		}
-		op := &ir.Op{Kind: kind, Operands: tmp, Attrs: attrs}
-		for i, t := range out {
-			op.Results = append(op.Results, &ir.Value{Name: "r" + strconv.Itoa(i), Type: t, Def: op, Index: i, Offset: ir.NoOffset})
+		elems := int64(0)
+		for _, t := range out {
+			elems += t.NumElements()
 		}
-		res, err := interp.EvalOp(op, vals)
-		if err != nil {
-			return nil, im.errorf("folding: %v", err)
+		if elems <= foldLimit { // a larger result is emitted as an op instead
+			return im.fold(kind, tmp, vals, out, attrs)
 		}
-		outs := make([]entry, len(res))
-		for i, r := range res {
-			outs[i] = entry{k: r}
-		}
-		return outs, nil
 	}
 	operands := make([]*ir.Value, len(in))
 	for i, e := range in {
@@ -468,6 +465,23 @@ func (im *importer) emit(kind string, in []entry, attrs ir.Attrs) ([]entry, erro
 	outs := make([]entry, len(op.Results))
 	for i, r := range op.Results {
 		outs[i] = entry{v: r}
+	}
+	return outs, nil
+}
+
+// fold evaluates an op on constant operands at import time.
+func (im *importer) fold(kind string, tmp []*ir.Value, vals []*interp.Tensor, out []ir.Type, attrs ir.Attrs) ([]entry, error) {
+	op := &ir.Op{Kind: kind, Operands: tmp, Attrs: attrs}
+	for i, t := range out {
+		op.Results = append(op.Results, &ir.Value{Name: "r" + strconv.Itoa(i), Type: t, Def: op, Index: i, Offset: ir.NoOffset})
+	}
+	res, err := interp.EvalOp(op, vals)
+	if err != nil {
+		return nil, im.errorf("folding: %v", err)
+	}
+	outs := make([]entry, len(res))
+	for i, r := range res {
+		outs[i] = entry{k: r}
 	}
 	return outs, nil
 }
