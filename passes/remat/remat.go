@@ -497,16 +497,7 @@ func cheapAtPeak(f *ir.Func, budget int64) int64 {
 			if late < 0 {
 				continue
 			}
-			var ops []*ir.Op
-			memo := map[*ir.Value]bool{}
-			ok := true
-			for _, u := range v.Def.Operands {
-				ok = ok && rw.plan(s, u, late, memo, &ops)
-			}
-			for _, op := range ops {
-				ok = ok && !heavy(op)
-			}
-			if ok {
+			if _, ok := rw.cheapChain(s, v, late); ok {
 				cands = append(cands, cand{v, late, b.Size})
 			}
 		}
@@ -574,17 +565,8 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 		if first < 0 {
 			continue
 		}
-		var ops []*ir.Op
-		memo := map[*ir.Value]bool{}
-		ok := true
-		for _, u := range v.Def.Operands {
-			ok = ok && rw.plan(s, u, first, memo, &ops)
-		}
-		for _, op := range ops {
-			ok = ok && !heavy(op)
-		}
-		if ok {
-			cands = append(cands, cand{v.Name, v.Type.SizeBytes(), cost(ops) + ir.OpCost(v.Def).FLOPs})
+		if flops, ok := rw.cheapChain(s, v, first); ok {
+			cands = append(cands, cand{v.Name, v.Type.SizeBytes(), flops})
 		}
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
@@ -635,4 +617,23 @@ func firstUse(s *schedule, v *ir.Value, ok func(pos int) bool) int {
 		}
 	}
 	return -1
+}
+
+// cheapChain reports whether v can be recomputed at position t from values
+// alive there (kept compute-heavy outputs included) through cheap ops
+// only, and what that costs.
+func (rw *rewriter) cheapChain(s *schedule, v *ir.Value, t int) (int64, bool) {
+	var ops []*ir.Op
+	memo := map[*ir.Value]bool{}
+	for _, u := range v.Def.Operands {
+		if !rw.plan(s, u, t, memo, &ops) {
+			return 0, false
+		}
+	}
+	for _, op := range ops {
+		if heavy(op) {
+			return 0, false
+		}
+	}
+	return cost(ops) + ir.OpCost(v.Def).FLOPs, true
 }
