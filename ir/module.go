@@ -148,7 +148,7 @@ type Location struct {
 
 // IsUnknown reports whether l carries no information.
 func (l Location) IsUnknown() bool {
-	return l.File == "" && l.Line == 0 && l.Name == "" && len(l.Fused) == 0
+	return l.File == "" && l.Line == 0 && l.Col == 0 && l.Name == "" && len(l.Fused) == 0
 }
 
 // Equal compares two locations.
@@ -175,14 +175,12 @@ func (l Location) String() string {
 		return "fused[" + strings.Join(parts, ", ") + "]"
 	}
 	switch {
-	case l.File != "" && l.Line > 0:
-		return fmt.Sprintf("%s:%d:%d", strconv.Quote(l.File), l.Line, l.Col)
-	case l.File != "" && l.Name != "":
+	case l.Name != "" && l.File != "":
 		return strconv.Quote(l.File) + ":" + strconv.Quote(l.Name)
-	case l.File != "":
-		return strconv.Quote(l.File) + ":0:0"
+	case l.Name != "":
+		return strconv.Quote(l.Name)
 	}
-	return strconv.Quote(l.Name)
+	return fmt.Sprintf("%s:%d:%d", strconv.Quote(l.File), l.Line, l.Col)
 }
 
 // FuseLocations merges locations into one fused location, flattening

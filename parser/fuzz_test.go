@@ -12,6 +12,7 @@ import (
 func FuzzParseVerify(f *testing.F) {
 	f.Add("func @f(%x: f32[4]) -> (f32[4]) {\n  return %x\n}\n")
 	f.Add("func @f(%x: f32[2,2] {param, init = dense<f32[2,2]: 0x0000803f000000400000404000008040>}) -> (y: f32[2,2]) {\n  %k = kernel(%x) : f32[2,2] at 64 loc(fused[\"a\":\"b\", \"c\":1:2]) region(%p: f32[2,2]) {\n    %q = relu(%p) : f32[2,2]\n    yield %q\n  }\n  return %k\n}\n")
+	f.Add("func @f(%x: f32[2]) -> (f32[2]) {\n  %y = relu(%x) : f32[2] loc(fused[\"\":1:2, \"\":0:3, \"f\":0:0])\n  return %y\n}\n")
 	for _, src := range seedSources() {
 		f.Add(src)
 	}
