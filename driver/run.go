@@ -24,7 +24,7 @@ func (f *inputFlags) Set(s string) error { *f = append(*f, s); return nil }
 func init() {
 	addCommand(&command{
 		name:    "run",
-		usage:   "kiln run IN [--passes P] [--input NAME=FILE.npy]... [--seed N] --output-dir DIR",
+		usage:   "kiln run IN [--passes P] [--backend interp|llvm] [--input NAME=FILE.npy]... [--seed N] --output-dir DIR",
 		summary: "run a function with the reference interpreter and write each result as DIR/NAME.npy",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
@@ -33,14 +33,14 @@ func init() {
 			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
 			seed := fs.Uint64("seed", 0, "seed of the values drawn for arguments without --input")
 			outDir := fs.String("output-dir", "", "folder for the results (created if missing)")
-			backend := fs.String("backend", "interp", "interp (the reference interpreter)")
+			backend := fs.String("backend", "interp", "interp (the reference interpreter) or llvm (compile with clang and run natively)")
 			fn := fs.String("func", "", "function to run (default: the first)")
 			return func(e *env, args []string) error {
 				if *outDir == "" {
 					return usageError{"--output-dir is required"}
 				}
-				if *backend != "interp" {
-					return usageError{fmt.Sprintf("--backend %q is not available (this build has: interp)", *backend)}
+				if *backend != "interp" && *backend != "llvm" {
+					return usageError{fmt.Sprintf("--backend must be interp or llvm, not %q", *backend)}
 				}
 				in, _, err := pf.load(e, args)
 				if err != nil {
@@ -54,7 +54,15 @@ func init() {
 				if err != nil {
 					return err
 				}
-				res, final, err := interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
+				var res, final []*interp.Tensor
+				if *backend == "llvm" {
+					res, final, err = runCompiled(e, &pf, in, f, vals)
+					if err != nil {
+						return err
+					}
+				} else {
+					res, final, err = interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
+				}
 				if err != nil {
 					return fmt.Errorf("kiln: run failed: %v", err)
 				}

@@ -21,7 +21,8 @@ import (
 
 var magic = []byte("\x93NUMPY")
 
-func descr(d ir.DType) (string, error) {
+// Descr is the .npy descr string of a dtype (bf16: its bits as <u2).
+func Descr(d ir.DType) (string, error) {
 	switch d {
 	case ir.F64:
 		return "<f8", nil
@@ -47,7 +48,7 @@ func descr(d ir.DType) (string, error) {
 
 // Write encodes t as a .npy file.
 func Write(w io.Writer, t *interp.Tensor) error {
-	ds, err := descr(t.Type.DType)
+	ds, err := Descr(t.Type.DType)
 	if err != nil {
 		return err
 	}

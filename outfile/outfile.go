@@ -10,9 +10,14 @@ import (
 	"path/filepath"
 )
 
-// Write stores data at path atomically. It fails when path names the same
-// file as one of inputs.
+// Write stores data at path atomically (mode 0644). It fails when path
+// names the same file as one of inputs.
 func Write(path string, data []byte, inputs ...string) error {
+	return WriteMode(path, data, 0o644, inputs...)
+}
+
+// WriteMode is Write with the file mode given (0755 for executables).
+func WriteMode(path string, data []byte, mode os.FileMode, inputs ...string) error {
 	for _, in := range inputs {
 		if Same(path, in) {
 			return fmt.Errorf("refusing to overwrite the input file %s", in)
@@ -31,7 +36,7 @@ func Write(path string, data []byte, inputs ...string) error {
 		}
 		return cerr
 	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+	if err := os.Chmod(tmp.Name(), mode); err != nil {
 		os.Remove(tmp.Name())
 		return err
 	}

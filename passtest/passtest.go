@@ -18,10 +18,10 @@ import (
 func RelErr(a, b *interp.Tensor) float64 {
 	num, den := 0.0, 0.0
 	for i := 0; i < b.Len(); i++ {
-		d := a.At(i) - b.At(i)
 		if math.IsNaN(a.At(i)) && math.IsNaN(b.At(i)) {
-			d = 0
+			continue // NaN in both places agrees
 		}
+		d := a.At(i) - b.At(i)
 		num += d * d
 		den += b.At(i) * b.At(i)
 	}

@@ -1,0 +1,661 @@
+// Package llvm emits a lowered program (codegen/loops) as LLVM IR with
+// github.com/llir/llvm, and builds it with clang into objects, libraries
+// and executables.
+//
+// The entry point is
+//
+//	void kiln_<func>(void *arena, void **params, void **inputs, void **outputs)
+//
+// params holds the param and state arguments in declaration order, inputs
+// the data arguments; outputs receives a pointer to each result, which
+// lives in the arena (or is an argument the function returns unchanged).
+package llvm
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	kir "github.com/kiln-compiler/kiln/ir"
+	"github.com/llir/llvm/ir"
+	"github.com/llir/llvm/ir/constant"
+	"github.com/llir/llvm/ir/enum"
+	"github.com/llir/llvm/ir/types"
+	"github.com/llir/llvm/ir/value"
+)
+
+// Triple is the target triple of the machine Kiln runs on.
+func Triple() string {
+	switch runtime.GOARCH {
+	case "arm64":
+		return "aarch64-unknown-linux-gnu"
+	}
+	return "x86_64-pc-linux-gnu"
+}
+
+// EntryName is the C symbol of a function's entry point.
+func EntryName(f *kir.Func) string { return "kiln_" + loops.CName(f.Name) }
+
+var (
+	i8p  = types.NewPointer(types.I8)
+	i8pp = types.NewPointer(i8p)
+)
+
+// module emits one program.
+type module struct {
+	m      *ir.Module
+	decls  map[string]*ir.Func
+	consts map[*kir.Dense]*ir.Global
+}
+
+// Emit builds the LLVM module of p.
+func Emit(p *loops.Program) (*ir.Module, error) {
+	md := &module{m: ir.NewModule(), decls: map[string]*ir.Func{}, consts: map[*kir.Dense]*ir.Global{}}
+	md.m.TargetTriple = Triple()
+	var kernels []*ir.Func
+	for _, k := range p.Kernels {
+		f, err := md.kernel(k)
+		if err != nil {
+			return nil, err
+		}
+		kernels = append(kernels, f)
+	}
+	arena, params, inputs, outputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp), ir.NewParam("outputs", i8pp)
+	entry := md.m.NewFunc(EntryName(p.Func), types.Void, arena, params, inputs, outputs)
+	blk := entry.NewBlock("")
+	for _, k := range kernels {
+		blk.NewCall(k, arena, params, inputs)
+	}
+	fe := &fn{md: md, entry: blk, cur: blk, arena: arena, params: params, inputs: inputs, bases: map[baseKey]value.Value{}}
+	for i, r := range p.Results {
+		ptr := blk.NewBitCast(fe.base(r), i8p)
+		slot := blk.NewGetElementPtr(i8p, outputs, constant.NewInt(types.I64, int64(i)))
+		blk.NewStore(ptr, slot)
+	}
+	blk.NewRet(nil)
+	return md.m, nil
+}
+
+// declare returns an external function (libm, libc or an intrinsic).
+func (md *module) declare(name string, ret types.Type, params ...types.Type) *ir.Func {
+	if f := md.decls[name]; f != nil {
+		return f
+	}
+	ps := make([]*ir.Param, len(params))
+	for i, t := range params {
+		ps[i] = ir.NewParam("", t)
+	}
+	f := md.m.NewFunc(name, ret, ps...)
+	md.decls[name] = f
+	return f
+}
+
+// storageType is how a dtype's elements are laid out in memory.
+func storageType(d kir.DType) (types.Type, error) {
+	switch d {
+	case kir.F32:
+		return types.Float, nil
+	case kir.F64:
+		return types.Double, nil
+	case kir.F16:
+		return types.Half, nil
+	case kir.BF16:
+		return types.I16, nil
+	case kir.I64:
+		return types.I64, nil
+	case kir.I32:
+		return types.I32, nil
+	case kir.I8, kir.Bool:
+		return types.I8, nil
+	}
+	return nil, fmt.Errorf("the LLVM backend does not store %s yet", d)
+}
+
+func kindType(k loops.Kind) types.Type {
+	switch k {
+	case loops.F32:
+		return types.Float
+	case loops.F64:
+		return types.Double
+	case loops.Bool:
+		return types.I1
+	}
+	return types.I64
+}
+
+type baseKey struct {
+	storage loops.Storage
+	slot    int
+	offset  int64
+	data    *kir.Dense
+	temp    string
+}
+
+// fn emits one function. Allocas and base pointers go to the entry block,
+// which dominates everything; code goes to cur.
+type fn struct {
+	md                     *module
+	f                      *ir.Func
+	entry, cur             *ir.Block
+	arena, params, inputs  value.Value
+	bases                  map[baseKey]value.Value
+	temps                  []value.Value
+	bound                  map[*loops.Var]value.Value
+	cache                  []map[loops.Expr]value.Value
+	err                    error
+}
+
+func (md *module) kernel(k *loops.Kernel) (*ir.Func, error) {
+	arena, params, inputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp)
+	f := md.m.NewFunc(k.Name, types.Void, arena, params, inputs)
+	f.Linkage = enum.LinkageInternal
+	entry := f.NewBlock("")
+	body := f.NewBlock("")
+	e := &fn{md: md, f: f, entry: entry, cur: body, arena: arena, params: params, inputs: inputs,
+		bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{}}
+	malloc := md.declare("malloc", i8p, types.I64)
+	for _, t := range k.Temps {
+		p := entry.NewCall(malloc, constant.NewInt(types.I64, max(t.Type.SizeBytes(), 1)))
+		e.bases[baseKey{storage: loops.Temp, temp: t.Name}] = p
+		e.temps = append(e.temps, p)
+	}
+	e.steps(k.Steps)
+	free := md.declare("free", types.Void, i8p)
+	for _, p := range e.temps {
+		e.cur.NewCall(free, p)
+	}
+	e.cur.NewRet(nil)
+	entry.NewBr(body)
+	if e.err != nil {
+		return nil, fmt.Errorf("kernel %s: %v", k.Name, e.err)
+	}
+	return f, nil
+}
+
+func (e *fn) fail(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+// base is a pointer to buffer b's first element, typed by its storage.
+func (e *fn) base(b *loops.Buffer) value.Value {
+	key := baseKey{storage: b.Storage, slot: b.Slot, offset: b.Offset, data: b.Data}
+	if b.Storage == loops.Temp {
+		key = baseKey{storage: loops.Temp, temp: b.Name}
+	}
+	et, err := storageType(b.Type.DType)
+	if err != nil {
+		e.fail(err)
+		et = types.Float
+	}
+	raw, ok := e.bases[key]
+	if !ok {
+		blk := e.entry
+		switch b.Storage {
+		case loops.Arena:
+			raw = blk.NewGetElementPtr(types.I8, e.arena, constant.NewInt(types.I64, b.Offset))
+		case loops.Param, loops.Input:
+			arr := e.params
+			if b.Storage == loops.Input {
+				arr = e.inputs
+			}
+			p := blk.NewLoad(i8p, blk.NewGetElementPtr(i8p, arr, constant.NewInt(types.I64, int64(b.Slot))))
+			raw = blk.NewGetElementPtr(types.I8, p, constant.NewInt(types.I64, b.Offset))
+		case loops.Const:
+			raw = blk.NewBitCast(e.md.constant(b.Data), i8p)
+		}
+		e.bases[key] = raw
+	}
+	return e.entry.NewBitCast(raw, types.NewPointer(et))
+}
+
+func (md *module) constant(d *kir.Dense) *ir.Global {
+	if g := md.consts[d]; g != nil {
+		return g
+	}
+	raw := d.RawBytes()
+	if d.IsSplat() {
+		n := int(d.Type.NumElements())
+		full := make([]byte, 0, len(raw)*n)
+		for i := 0; i < n; i++ {
+			full = append(full, raw...)
+		}
+		raw = full
+	}
+	g := md.m.NewGlobalDef(fmt.Sprintf("const%d", len(md.consts)), constant.NewCharArray(raw))
+	g.Immutable = true
+	g.Linkage = enum.LinkagePrivate
+	g.Align = 16
+	md.consts[d] = g
+	return g
+}
+
+func i64(v int64) value.Value { return constant.NewInt(types.I64, v) }
+
+// loop emits for (i = 0; i < n; i++) body(i), where n is an i64 value.
+func (e *fn) loop(n value.Value, body func(i value.Value)) {
+	ctr := e.entry.NewAlloca(types.I64)
+	e.cur.NewStore(i64(0), ctr)
+	head, bodyB, exit := e.f.NewBlock(""), e.f.NewBlock(""), e.f.NewBlock("")
+	e.cur.NewBr(head)
+	iv := head.NewLoad(types.I64, ctr)
+	head.NewCondBr(head.NewICmp(enum.IPredSLT, iv, n), bodyB, exit)
+	e.cur = bodyB
+	e.push()
+	i := bodyB.NewLoad(types.I64, ctr)
+	body(i)
+	e.pop()
+	e.cur.NewStore(e.cur.NewAdd(e.cur.NewLoad(types.I64, ctr), i64(1)), ctr)
+	e.cur.NewBr(head)
+	e.cur = exit
+}
+
+func (e *fn) push() { e.cache = append(e.cache, map[loops.Expr]value.Value{}) }
+func (e *fn) pop()  { e.cache = e.cache[:len(e.cache)-1] }
+
+// loops binds vars over extents and runs body in the innermost loop.
+func (e *fn) loops(vars []*loops.Var, extents []int64, body func()) {
+	if len(vars) == 0 {
+		body()
+		return
+	}
+	e.loop(i64(extents[0]), func(i value.Value) {
+		e.bound[vars[0]] = i
+		e.loops(vars[1:], extents[1:], body)
+	})
+}
+
+func (e *fn) steps(steps []loops.Step) {
+	for _, s := range steps {
+		switch s := s.(type) {
+		case *loops.Loop:
+			e.loop(i64(s.Extent), func(i value.Value) {
+				e.bound[s.Var] = i
+				e.steps(s.Body)
+			})
+		case *loops.Stage:
+			if s.Matmul != nil {
+				e.matmul(s)
+			} else {
+				e.stage(s)
+			}
+		}
+	}
+}
+
+func (e *fn) stage(s *loops.Stage) {
+	e.loops(s.Vars, s.Extents, func() {
+		idx := s.Index
+		if idx == nil {
+			idx = make([]loops.Expr, len(s.Vars))
+			for i, v := range s.Vars {
+				idx[i] = v
+			}
+		}
+		store := func() {
+			v := e.expr(s.Value)
+			e.storeAt(s.Out, idx, v, s.Accumulate)
+		}
+		if s.Guard == nil {
+			store()
+			return
+		}
+		then, done := e.f.NewBlock(""), e.f.NewBlock("")
+		e.cur.NewCondBr(e.expr(s.Guard), then, done)
+		e.cur = then
+		e.push()
+		store()
+		e.pop()
+		e.cur.NewBr(done)
+		e.cur = done
+	})
+}
+
+// flat is the element offset of idx in buffer b.
+func (e *fn) flat(b *loops.Buffer, idx []loops.Expr) value.Value {
+	s := b.Type.Shape
+	st := int64(1)
+	var acc value.Value = i64(0)
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] != 1 {
+			term := e.expr(idx[i])
+			if st != 1 {
+				term = e.cur.NewMul(term, i64(st))
+			}
+			if c, ok := acc.(*constant.Int); ok && c.X.Sign() == 0 {
+				acc = term
+			} else {
+				acc = e.cur.NewAdd(acc, term)
+			}
+		}
+		st *= s[i]
+	}
+	return acc
+}
+
+func (e *fn) storeAt(b *loops.Buffer, idx []loops.Expr, v value.Value, accumulate bool) {
+	et, _ := storageType(b.Type.DType)
+	ptr := e.cur.NewGetElementPtr(et, e.base(b), e.flat(b, idx))
+	k := loops.ComputeKind(b.Type.DType)
+	if accumulate {
+		old := e.fromStorage(e.cur.NewLoad(et, ptr), b.Type.DType)
+		v = e.arith("add", k, old, v)
+	}
+	e.cur.NewStore(e.toStorage(v, b.Type.DType), ptr)
+}
+
+// fromStorage widens a loaded element to its compute kind.
+func (e *fn) fromStorage(v value.Value, d kir.DType) value.Value {
+	c := e.cur
+	switch d {
+	case kir.F16:
+		return c.NewFPExt(v, types.Float)
+	case kir.BF16:
+		return c.NewBitCast(c.NewShl(c.NewZExt(v, types.I32), constant.NewInt(types.I32, 16)), types.Float)
+	case kir.I32, kir.I8:
+		return c.NewSExt(v, types.I64)
+	case kir.Bool:
+		return c.NewICmp(enum.IPredNE, v, constant.NewInt(types.I8, 0))
+	}
+	return v
+}
+
+// toStorage narrows a computed value to its storage, rounding to nearest
+// even for f16 and bf16.
+func (e *fn) toStorage(v value.Value, d kir.DType) value.Value {
+	c := e.cur
+	switch d {
+	case kir.F16:
+		return c.NewFPTrunc(v, types.Half)
+	case kir.BF16:
+		bits := c.NewBitCast(v, types.I32)
+		lsb := c.NewAnd(c.NewLShr(bits, constant.NewInt(types.I32, 16)), constant.NewInt(types.I32, 1))
+		r := c.NewAdd(c.NewAdd(bits, constant.NewInt(types.I32, 0x7FFF)), lsb)
+		return c.NewTrunc(c.NewLShr(r, constant.NewInt(types.I32, 16)), types.I16)
+	case kir.I32:
+		return c.NewTrunc(v, types.I32)
+	case kir.I8:
+		return c.NewTrunc(v, types.I8)
+	case kir.Bool:
+		return c.NewZExt(v, types.I8)
+	}
+	return v
+}
+
+func (e *fn) lookup(x loops.Expr) (value.Value, bool) {
+	for i := len(e.cache) - 1; i >= 0; i-- {
+		if v, ok := e.cache[i][x]; ok {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+// expr emits x in the current block and returns its value.
+func (e *fn) expr(x loops.Expr) value.Value {
+	if v, ok := e.lookup(x); ok {
+		return v
+	}
+	v := e.emit(x)
+	if len(e.cache) > 0 {
+		switch x.(type) {
+		case *loops.Load, *loops.Unary, *loops.Binary, *loops.Compare, *loops.Select, *loops.Convert, *loops.Reduce, *loops.Mix:
+			e.cache[len(e.cache)-1][x] = v
+		}
+	}
+	return v
+}
+
+func (e *fn) emit(x loops.Expr) value.Value {
+	c := e.cur
+	switch x := x.(type) {
+	case *loops.Var:
+		v, ok := e.bound[x]
+		if !ok {
+			e.fail(fmt.Errorf("loop variable %d used outside its loop", x.ID))
+			return i64(0)
+		}
+		return v
+	case loops.Int:
+		return i64(x.V)
+	case loops.Float:
+		if x.K == loops.F32 {
+			return constant.NewFloat(types.Float, float64(float32(x.V)))
+		}
+		return constant.NewFloat(types.Double, x.V)
+	case loops.BoolConst:
+		return constant.NewBool(x.V)
+	case *loops.Load:
+		return e.load(x)
+	case *loops.Unary:
+		return e.unary(x.Fn, x.X.Kind(), e.expr(x.X))
+	case *loops.Binary:
+		a := e.expr(x.A)
+		b := e.expr(x.B)
+		return e.arith(x.Op, x.A.Kind(), a, b)
+	case *loops.Compare:
+		a, b := e.expr(x.A), e.expr(x.B)
+		c = e.cur
+		if x.A.Kind().IsFloat() {
+			pred := map[string]enum.FPred{"eq": enum.FPredOEQ, "ne": enum.FPredUNE, "lt": enum.FPredOLT, "le": enum.FPredOLE, "gt": enum.FPredOGT, "ge": enum.FPredOGE}[x.Pred]
+			return c.NewFCmp(pred, a, b)
+		}
+		pred := map[string]enum.IPred{"eq": enum.IPredEQ, "ne": enum.IPredNE, "lt": enum.IPredSLT, "le": enum.IPredSLE, "gt": enum.IPredSGT, "ge": enum.IPredSGE}[x.Pred]
+		return c.NewICmp(pred, a, b)
+	case *loops.Select:
+		cond, a, b := e.expr(x.C), e.expr(x.A), e.expr(x.B)
+		return e.cur.NewSelect(cond, a, b)
+	case *loops.Convert:
+		return e.convert(e.expr(x.X), x.X.Kind(), x.To)
+	case *loops.Reduce:
+		return e.reduce(x)
+	case *accValue:
+		return x.v
+	case *loops.Mix:
+		z := e.expr(x.X)
+		c = e.cur
+		z = c.NewAdd(z, i64(int64(0x9E3779B97F4A7C15-1<<64)))
+		z = c.NewMul(c.NewXor(z, c.NewLShr(z, i64(30))), i64(int64(0xBF58476D1CE4E5B9-1<<64)))
+		z = c.NewMul(c.NewXor(z, c.NewLShr(z, i64(27))), i64(int64(0x94D049BB133111EB-1<<64)))
+		return c.NewXor(z, c.NewLShr(z, i64(31)))
+	}
+	e.fail(fmt.Errorf("unknown expression %T", x))
+	return i64(0)
+}
+
+func (e *fn) load(l *loops.Load) value.Value {
+	et, err := storageType(l.Buf.Type.DType)
+	if err != nil {
+		e.fail(err)
+		return constant.NewFloat(types.Float, 0)
+	}
+	at := e.flat(l.Buf, l.Index)
+	var guard value.Value
+	if l.Guard != nil {
+		guard = e.expr(l.Guard)
+		at = e.cur.NewSelect(guard, at, i64(0))
+	}
+	v := e.fromStorage(e.cur.NewLoad(et, e.cur.NewGetElementPtr(et, e.base(l.Buf), at)), l.Buf.Type.DType)
+	if guard != nil {
+		k := loops.ComputeKind(l.Buf.Type.DType)
+		var other value.Value
+		switch k {
+		case loops.F32:
+			other = constant.NewFloat(types.Float, float64(float32(l.Else)))
+		case loops.F64:
+			other = constant.NewFloat(types.Double, l.Else)
+		case loops.Bool:
+			other = constant.NewBool(l.Else != 0)
+		default:
+			other = i64(int64(l.Else))
+		}
+		v = e.cur.NewSelect(guard, v, other)
+	}
+	return v
+}
+
+func (e *fn) libm(name string, k loops.Kind, args ...value.Value) value.Value {
+	t := kindType(k)
+	if k == loops.F32 {
+		name += "f"
+	}
+	ps := make([]types.Type, len(args))
+	for i := range ps {
+		ps[i] = t
+	}
+	return e.cur.NewCall(e.md.declare(name, t, ps...), args...)
+}
+
+func (e *fn) intrinsic(name string, k loops.Kind, x value.Value) value.Value {
+	t := kindType(k)
+	suffix := ".f64"
+	if k == loops.F32 {
+		suffix = ".f32"
+	}
+	return e.cur.NewCall(e.md.declare("llvm."+name+suffix, t, t), x)
+}
+
+func (e *fn) unary(fnName string, k loops.Kind, x value.Value) value.Value {
+	c := e.cur
+	switch fnName {
+	case "neg":
+		if k.IsFloat() {
+			return c.NewFNeg(x)
+		}
+		return c.NewSub(i64(0), x)
+	case "abs":
+		if k.IsFloat() {
+			return e.intrinsic("fabs", k, x)
+		}
+		return c.NewSelect(c.NewICmp(enum.IPredSLT, x, i64(0)), c.NewSub(i64(0), x), x)
+	case "sqrt":
+		return e.intrinsic("sqrt", k, x)
+	case "exp", "log", "tanh", "erf":
+		return e.libm(fnName, k, x)
+	case "not":
+		return c.NewXor(x, constant.True)
+	}
+	e.fail(fmt.Errorf("unknown function %s", fnName))
+	return x
+}
+
+func (e *fn) arith(op string, k loops.Kind, a, b value.Value) value.Value {
+	c := e.cur
+	if k.IsFloat() {
+		switch op {
+		case "add":
+			return c.NewFAdd(a, b)
+		case "sub":
+			return c.NewFSub(a, b)
+		case "mul":
+			return c.NewFMul(a, b)
+		case "div":
+			return c.NewFDiv(a, b)
+		case "rem":
+			return c.NewFRem(a, b)
+		case "pow":
+			return e.libm("pow", k, a, b)
+		case "max", "min":
+			pred := enum.FPredOGT
+			if op == "min" {
+				pred = enum.FPredOLT
+			}
+			pick := c.NewOr(c.NewFCmp(enum.FPredUNO, a, a), c.NewFCmp(pred, a, b))
+			return c.NewSelect(pick, a, b)
+		}
+	} else {
+		switch op {
+		case "add":
+			return c.NewAdd(a, b)
+		case "sub":
+			return c.NewSub(a, b)
+		case "mul":
+			return c.NewMul(a, b)
+		case "div":
+			return c.NewSDiv(a, b)
+		case "rem":
+			return c.NewSRem(a, b)
+		case "and":
+			return c.NewAnd(a, b)
+		case "or":
+			return c.NewOr(a, b)
+		case "xor":
+			return c.NewXor(a, b)
+		case "shr":
+			return c.NewLShr(a, b)
+		case "max":
+			return c.NewSelect(c.NewICmp(enum.IPredSGT, a, b), a, b)
+		case "min":
+			return c.NewSelect(c.NewICmp(enum.IPredSLT, a, b), a, b)
+		}
+	}
+	e.fail(fmt.Errorf("no %s on %s", op, k))
+	return a
+}
+
+func (e *fn) convert(v value.Value, from, to loops.Kind) value.Value {
+	c := e.cur
+	switch {
+	case from == to:
+		return v
+	case from.IsFloat() && to.IsFloat():
+		if to == loops.F64 {
+			return c.NewFPExt(v, types.Double)
+		}
+		return c.NewFPTrunc(v, types.Float)
+	case from.IsFloat() && to == loops.I64:
+		return c.NewFPToSI(v, types.I64)
+	case from.IsFloat() && to == loops.Bool:
+		return c.NewFCmp(enum.FPredUNE, v, constant.NewFloat(kindType(from).(*types.FloatType), 0))
+	case from == loops.I64 && to.IsFloat():
+		return c.NewSIToFP(v, kindType(to))
+	case from == loops.I64 && to == loops.Bool:
+		return c.NewICmp(enum.IPredNE, v, i64(0))
+	case from == loops.Bool && to == loops.I64:
+		return c.NewZExt(v, types.I64)
+	case from == loops.Bool && to.IsFloat():
+		return c.NewUIToFP(v, kindType(to))
+	}
+	e.fail(fmt.Errorf("no conversion from %s to %s", from, to))
+	return v
+}
+
+func identity(op string, k loops.Kind) value.Value {
+	if k.IsFloat() {
+		v := 0.0
+		switch op {
+		case "max":
+			v = math.Inf(-1)
+		case "min":
+			v = math.Inf(1)
+		}
+		return constant.NewFloat(kindType(k).(*types.FloatType), v)
+	}
+	switch op {
+	case "max":
+		return i64(math.MinInt64)
+	case "min":
+		return i64(math.MaxInt64)
+	}
+	return i64(0)
+}
+
+func (e *fn) reduce(r *loops.Reduce) value.Value {
+	t := kindType(r.Acc)
+	acc := e.entry.NewAlloca(t)
+	e.cur.NewStore(identity(r.Op, r.Acc), acc)
+	e.loops(r.Vars, r.Extents, func() {
+		v := e.expr(r.Body)
+		old := e.cur.NewLoad(t, acc)
+		var next value.Value
+		if r.Op == "sum" {
+			next = e.arith("add", r.Acc, old, v)
+		} else {
+			next = e.arith(r.Op, r.Acc, v, old)
+		}
+		e.cur.NewStore(next, acc)
+	})
+	return e.cur.NewLoad(t, acc)
+}

@@ -1,0 +1,132 @@
+package llvm_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/golden"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/kiln-compiler/kiln/passes/assign"
+	_ "github.com/kiln-compiler/kiln/passes/fuse"
+	_ "github.com/kiln-compiler/kiln/passes/reorder"
+)
+
+// sources returns every Kiln text in the repository's testdata: .kir
+// files and the .kir files inside golden cases, by a name for the test.
+func sources(t *testing.T) map[string]string {
+	out := map[string]string{}
+	root := "../../testdata"
+	err := filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
+		if err != nil || info.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		switch {
+		case strings.HasSuffix(path, ".kir"):
+			out[rel] = string(data)
+		case strings.HasSuffix(path, ".txtar"):
+			for _, f := range golden.Parse(data).Files {
+				if strings.HasSuffix(f.Name, ".kir") && !strings.HasPrefix(f.Name, "want/") {
+					out[rel+"/"+f.Name] = string(f.Data)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// compileAndCompare runs every function of src through pipeline, the
+// compiled program and the interpreter on the same random arguments, and
+// compares results and updated arguments.
+func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
+	m, err := parser.Parse("in.kir", src)
+	if err != nil || ir.Verify(m) != nil {
+		t.Skip("not a valid module (an error case)")
+	}
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{}).Run(m, pipe))
+	for _, f := range m.Funcs {
+		args := interp.RandomArgs(f, 7)
+		want, wantFinal, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{Seed: 7})
+		if err != nil {
+			t.Logf("@%s: the interpreter rejects the random arguments: %v", f.Name, err)
+			continue
+		}
+		p, err := loops.Lower(f)
+		if err != nil && strings.Contains(err.Error(), `"random_uniform"`) {
+			continue // documented: the compiled backend has no stateful RNG
+		}
+		require.NoError(t, err, "@%s", f.Name)
+		got, gotFinal, err := llvm.Run(p, args)
+		require.NoError(t, err, "@%s", f.Name)
+		for i := range want {
+			e := passtest.RelErr(got[i], want[i])
+			require.True(t, e <= tol, "@%s result %d: relative error %g", f.Name, i, e)
+		}
+		for i := range wantFinal {
+			e := passtest.RelErr(gotFinal[i], wantFinal[i])
+			require.True(t, e <= tol, "@%s updated argument %s: relative error %g", f.Name, f.Args[i].Name, e)
+		}
+	}
+}
+
+func cloneAll(ts []*interp.Tensor) []*interp.Tensor {
+	out := make([]*interp.Tensor, len(ts))
+	for i, x := range ts {
+		c := *x
+		c.F = append([]float64(nil), x.F...)
+		c.I = append([]int64(nil), x.I...)
+		out[i] = &c
+	}
+	return out
+}
+
+func requireClang(t *testing.T) {
+	if _, err := llvm.Clang(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
+
+// TestTestdataCompiledMatchesInterpreter: every function in testdata,
+// compiled at -O0 (assign only) and through fusion and reordering, gives
+// the interpreter's results within 1e-5.
+func TestTestdataCompiledMatchesInterpreter(t *testing.T) {
+	requireClang(t)
+	srcs := sources(t)
+	names := make([]string, 0, len(srcs))
+	for n := range srcs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		for _, pipe := range []string{"assign", "fuse,reorder,assign"} {
+			n, pipe := n, pipe
+			t.Run(fmt.Sprintf("%s/%s", n, pipe), func(t *testing.T) {
+				t.Parallel()
+				compileAndCompare(t, srcs[n], pipe, 1e-5)
+			})
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package llvm
+
+import (
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/llir/llvm/ir/enum"
+	"github.com/llir/llvm/ir/types"
+	"github.com/llir/llvm/ir/value"
+)
+
+// Register and cache blocking of matmul stages: mr rows of the result
+// share every load of B, nb columns of accumulators stay in L1.
+const (
+	mr = 4
+	nb = 256
+)
+
+// matmul emits a matmul stage as
+//
+//	for each block of nb columns, for each block of mr rows:
+//	  acc[mr][nb] = 0
+//	  for k: a_r = A(m_r, k); for j: acc[r][j] += a_r * B(k, j)
+//	  store epilogue(acc) (or add it)
+//
+// The innermost loop is a unit-stride loop clang vectorises.
+func (e *fn) matmul(s *loops.Stage) {
+	mm := s.Matmul
+	M, N := s.Extents[0], s.Extents[1]
+	mv, nv := s.Vars[0], s.Vars[1]
+	k := mm.A.Kind()
+	t := kindType(k)
+	acc := e.entry.NewAlloca(types.NewArray(mr*nb, t))
+	acc.Align = 64
+	zero := identity("sum", k)
+	e.loop(i64((N+nb-1)/nb), func(jb value.Value) {
+		j0 := e.cur.NewMul(jb, i64(nb))
+		rem := e.cur.NewSub(i64(N), j0)
+		jn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(nb)), rem, i64(nb))
+		e.loop(i64((M+mr-1)/mr), func(ib value.Value) {
+			m0 := e.cur.NewMul(ib, i64(mr))
+			rows := make([]value.Value, mr)
+			for r := range rows {
+				m := e.cur.NewAdd(m0, i64(int64(r)))
+				rows[r] = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, m, i64(M)), m, i64(M-1))
+			}
+			slot := func(r int, j value.Value) value.Value {
+				return e.cur.NewGetElementPtr(types.NewArray(mr*nb, t), acc, i64(0), e.cur.NewAdd(j, i64(int64(r*nb))))
+			}
+			e.loop(jn, func(j value.Value) {
+				for r := 0; r < mr; r++ {
+					e.cur.NewStore(zero, slot(r, j))
+				}
+			})
+			e.loop(i64(mm.Extent), func(kv value.Value) {
+				e.bound[mm.K] = kv
+				as := make([]value.Value, mr)
+				for r := range as {
+					e.push()
+					e.bound[mv] = rows[r]
+					as[r] = e.expr(mm.A)
+					e.pop()
+				}
+				e.loop(jn, func(j value.Value) {
+					e.bound[nv] = e.cur.NewAdd(j0, j)
+					b := e.expr(mm.B)
+					for r := 0; r < mr; r++ {
+						p := slot(r, j)
+						old := e.cur.NewLoad(t, p)
+						e.cur.NewStore(e.arith("add", k, old, e.arith("mul", k, as[r], b)), p)
+					}
+				})
+			})
+			for r := 0; r < mr; r++ {
+				m := e.cur.NewAdd(m0, i64(int64(r)))
+				then, done := e.f.NewBlock(""), e.f.NewBlock("")
+				e.cur.NewCondBr(e.cur.NewICmp(enum.IPredSLT, m, i64(M)), then, done)
+				e.cur = then
+				e.push()
+				e.bound[mv] = m
+				e.loop(jn, func(j value.Value) {
+					e.bound[nv] = e.cur.NewAdd(j0, j)
+					v := value.Value(e.cur.NewLoad(t, slot(r, j)))
+					if mm.Epilogue != nil {
+						v = e.expr(mm.Epilogue(&accValue{v: v, k: k}))
+					}
+					outK := loops.ComputeKind(s.Out.Type.DType)
+					v = e.convert(v, k, outK)
+					e.storeAt(s.Out, indexOf(s), v, s.Accumulate)
+				})
+				e.pop()
+				e.cur.NewBr(done)
+				e.cur = done
+			}
+		})
+	})
+}
+
+func indexOf(s *loops.Stage) []loops.Expr {
+	if s.Index != nil {
+		return s.Index
+	}
+	return []loops.Expr{s.Vars[0], s.Vars[1]}
+}
+
+// accValue carries an already computed accumulator into an epilogue
+// expression.
+type accValue struct {
+	v value.Value
+	k loops.Kind
+}
+
+func (a *accValue) Kind() loops.Kind { return a.k }

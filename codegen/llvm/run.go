@@ -1,0 +1,87 @@
+package llvm
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/npy"
+)
+
+// Run compiles p into an executable, runs it on args (one per function
+// argument, in order) and returns the results and the arguments' final
+// values (they differ from args for arguments updated in place).
+func Run(p *loops.Program, args []*interp.Tensor) (results, final []*interp.Tensor, err error) {
+	exe, err := Build(p, "exe")
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "kiln-run-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "program")
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		return nil, nil, err
+	}
+	out := filepath.Join(dir, "out")
+	cmdArgs := []string{"--output-dir", out}
+	f := p.Func
+	if len(args) != len(f.Args) {
+		return nil, nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args))
+	}
+	for i, a := range f.Args {
+		path := filepath.Join(dir, fmt.Sprintf("arg%d.npy", i))
+		if err := writeNpy(path, args[i]); err != nil {
+			return nil, nil, err
+		}
+		cmdArgs = append(cmdArgs, "--input", a.Name+"="+path)
+	}
+	msg, err := exec.Command(bin, cmdArgs...).CombinedOutput()
+	if err != nil {
+		return nil, nil, fmt.Errorf("the compiled program failed: %v\n%s", err, strings.TrimSpace(string(msg)))
+	}
+	for i := range f.Results {
+		t, err := readNpy(filepath.Join(out, FileName(resultName(f, i))+".npy"))
+		if err != nil {
+			return nil, nil, err
+		}
+		results = append(results, t)
+	}
+	for i, a := range f.Args {
+		t := args[i]
+		if a.Arg != nil && a.Arg.InOut {
+			if t, err = readNpy(filepath.Join(out, FileName("updated."+a.Name)+".npy")); err != nil {
+				return nil, nil, err
+			}
+		}
+		final = append(final, t)
+	}
+	return results, final, nil
+}
+
+func writeNpy(path string, t *interp.Tensor) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	werr := npy.Write(fh, t)
+	if cerr := fh.Close(); werr == nil {
+		werr = cerr
+	}
+	return werr
+}
+
+func readNpy(path string) (*interp.Tensor, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	return npy.Read(fh)
+}

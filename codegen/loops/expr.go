@@ -1,0 +1,197 @@
+// Package loops lowers Kiln ops and fused kernels to loop programs: each
+// kernel is a list of stages, and each stage stores a scalar expression at
+// every point of a rectangular loop domain. Backends (codegen/llvm) emit the
+// loops; this package decides what is computed where.
+//
+// Contract: a stage reads only buffers written by earlier stages, kernel
+// operands and its own output at the point it stores (accumulation); every
+// Load is either in bounds or carries a Guard that is false where it is not.
+package loops
+
+import (
+	"fmt"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Kind is the scalar type an expression computes in.
+type Kind uint8
+
+const (
+	F32  Kind = iota // float (also the compute type of f16, bf16 and fp8)
+	F64              // double
+	I64              // every integer dtype computes in 64 bits
+	Bool             // i1: comparisons and masks
+)
+
+func (k Kind) String() string { return [...]string{"f32", "f64", "i64", "bool"}[k] }
+
+// IsFloat reports whether k is F32 or F64.
+func (k Kind) IsFloat() bool { return k == F32 || k == F64 }
+
+// ComputeKind is the kind a dtype's elements are loaded as.
+func ComputeKind(d ir.DType) Kind {
+	switch {
+	case d == ir.F64:
+		return F64
+	case d.IsFloat():
+		return F32
+	case d == ir.Bool:
+		return Bool
+	}
+	return I64
+}
+
+// Expr is a scalar expression evaluated at one point of a loop domain.
+type Expr interface{ Kind() Kind }
+
+// Var is a loop variable (i64).
+type Var struct{ ID int }
+
+// Int is an i64 constant.
+type Int struct{ V int64 }
+
+// Float is a floating constant of kind K.
+type Float struct {
+	V float64
+	K Kind
+}
+
+// BoolConst is a constant i1.
+type BoolConst struct{ V bool }
+
+// Load reads Buf at Index (one expression per dimension). When Guard is
+// set the load happens only where it is true; elsewhere it yields Else.
+type Load struct {
+	Buf   *Buffer
+	Index []Expr
+	Guard Expr
+	Else  float64
+}
+
+// Unary applies Fn: neg, abs, exp, log, sqrt, tanh, erf, not.
+type Unary struct {
+	Fn string
+	X  Expr
+}
+
+// Binary applies Op: add, sub, mul, div, rem, max, min, pow, and, or,
+// shr (logical shift right), xor (integers). max and min propagate NaN from A.
+type Binary struct {
+	Op   string
+	A, B Expr
+}
+
+// Compare is a comparison (eq, ne, lt, le, gt, ge); NaN compares false
+// except under ne. Integers compare signed.
+type Compare struct {
+	Pred string
+	A, B Expr
+}
+
+// Select is C ? A : B.
+type Select struct{ C, A, B Expr }
+
+// Convert changes kind: floats truncate toward zero into integers, bools
+// become 0 or 1, and a number becomes a bool when it is not zero.
+type Convert struct {
+	To Kind
+	X  Expr
+}
+
+// Reduce folds Body over the loop domain Vars × Extents with Op (sum, max,
+// min), accumulating in Acc. An empty domain yields the identity.
+type Reduce struct {
+	Op      string
+	Vars    []*Var
+	Extents []int64
+	Body    Expr
+	Acc     Kind
+}
+
+// Mix is the SplitMix64 finaliser on an i64 (dropout's counter-based RNG).
+type Mix struct{ X Expr }
+
+func (*Var) Kind() Kind         { return I64 }
+func (Int) Kind() Kind          { return I64 }
+func (f Float) Kind() Kind      { return f.K }
+func (BoolConst) Kind() Kind    { return Bool }
+func (l *Load) Kind() Kind      { return ComputeKind(l.Buf.Type.DType) }
+func (u *Unary) Kind() Kind     { return u.X.Kind() }
+func (b *Binary) Kind() Kind    { return b.A.Kind() }
+func (*Compare) Kind() Kind     { return Bool }
+func (s *Select) Kind() Kind    { return s.A.Kind() }
+func (c *Convert) Kind() Kind   { return c.To }
+func (r *Reduce) Kind() Kind    { return r.Acc }
+func (*Mix) Kind() Kind         { return I64 }
+
+// Storage says where a buffer lives.
+type Storage uint8
+
+const (
+	Arena Storage = iota // at Offset bytes in the arena
+	Param                // params[Slot] (+ Offset bytes)
+	Input                // inputs[Slot] (+ Offset bytes)
+	Temp                 // kernel workspace, allocated for the kernel's run
+	Const                // a constant array (Data) in the program image
+)
+
+// Buffer is a dense row-major tensor in memory.
+type Buffer struct {
+	Name    string
+	Type    ir.Type
+	Storage Storage
+	Slot    int
+	Offset  int64
+	Data    *ir.Dense
+}
+
+func (b *Buffer) String() string {
+	return fmt.Sprintf("%s(%s %s slot %d +%d)", b.Name, b.Type, [...]string{"arena", "param", "input", "temp", "const"}[b.Storage], b.Slot, b.Offset)
+}
+
+// Step is a *Stage or a *Loop.
+type Step interface{}
+
+// Loop runs Body for Var = 0 .. Extent-1; stages inside may use Var.
+type Loop struct {
+	Var    *Var
+	Extent int64
+	Body   []Step
+}
+
+// Stage stores Value at Out[Index] for every point of the domain
+// Vars × Extents (Index nil: the domain is Out's shape and Index = Vars).
+// With Accumulate it adds to what Out holds.
+type Stage struct {
+	Vars       []*Var
+	Extents    []int64
+	Out        *Buffer
+	Index      []Expr
+	Value      Expr
+	Accumulate bool
+	// Guard, when set, limits the store to the points where it holds.
+	Guard Expr
+	// Matmul, when set, replaces Value: for every (m, n) of the domain
+	// Vars = [m, n], Extents = [M, N], Out[Index] (+)= Epilogue(Σk A·B)
+	// with A an expression of (m, K) and B of (K, n), emitted as a
+	// register-blocked, vectorisable loop nest rather than one reduction
+	// per element.
+	Matmul *Matmul
+}
+
+// Matmul is the contraction of a matmul stage.
+type Matmul struct {
+	K        *Var
+	Extent   int64
+	A, B     Expr
+	Epilogue func(acc Expr) Expr // nil: the sum itself
+}
+
+// Kernel is what one op (or one fused kernel op) becomes.
+type Kernel struct {
+	Name  string
+	Op    *ir.Op
+	Steps []Step
+	Temps []*Buffer
+}

@@ -1,0 +1,236 @@
+package loops
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Tensor is a value as lowerings read it: its type and an accessor from a
+// full index to the element. Buf is set when the value is in memory.
+type Tensor struct {
+	Type ir.Type
+	At   func(idx []Expr) Expr
+	Buf  *Buffer
+}
+
+// FromBuffer reads a tensor straight from memory.
+func FromBuffer(b *Buffer) Tensor {
+	return Tensor{Type: b.Type, Buf: b, At: func(idx []Expr) Expr { return &Load{Buf: b, Index: idx} }}
+}
+
+// alias is b seen with another shape (same bytes, row-major).
+func alias(b *Buffer, s ir.Shape) *Buffer {
+	c := *b
+	c.Type = ir.Type{DType: b.Type.DType, Shape: s}
+	return &c
+}
+
+// view reads t as if reshaped to s: through an alias when t is in memory,
+// by index arithmetic otherwise.
+func view(t Tensor, s ir.Shape) Tensor {
+	if t.Buf != nil {
+		return FromBuffer(alias(t.Buf, s))
+	}
+	from := t.Type.Shape
+	return Tensor{Type: ir.Type{DType: t.Type.DType, Shape: s}, At: func(idx []Expr) Expr {
+		return t.At(unflatten(flatten(idx, s), from))
+	}}
+}
+
+func exprs(vs []*Var) []Expr {
+	out := make([]Expr, len(vs))
+	for i, v := range vs {
+		out[i] = v
+	}
+	return out
+}
+
+func ints(vs ...int64) []Expr {
+	out := make([]Expr, len(vs))
+	for i, v := range vs {
+		out[i] = Int{v}
+	}
+	return out
+}
+
+// fconst is a float constant of kind k (rounded to f32 for F32).
+func fconst(k Kind, v float64) Expr {
+	if k == F32 {
+		v = float64(float32(v))
+	}
+	return Float{V: v, K: k}
+}
+
+// like is the constant v in x's kind.
+func like(x Expr, v float64) Expr {
+	switch x.Kind() {
+	case I64:
+		return Int{int64(v)}
+	case Bool:
+		return BoolConst{v != 0}
+	}
+	return fconst(x.Kind(), v)
+}
+
+// conv converts e to kind k (no-op when it already is).
+func conv(e Expr, k Kind) Expr {
+	if e.Kind() == k {
+		return e
+	}
+	if f, ok := e.(Float); ok && k.IsFloat() {
+		return fconst(k, f.V)
+	}
+	if i, ok := e.(Int); ok && k.IsFloat() {
+		return fconst(k, float64(i.V))
+	}
+	return &Convert{To: k, X: e}
+}
+
+// wider is the kind two operands meet in.
+func wider(a, b Kind) Kind {
+	switch {
+	case a == F64 || b == F64:
+		return F64
+	case a == F32 || b == F32:
+		return F32
+	case a == I64 || b == I64:
+		return I64
+	}
+	return Bool
+}
+
+func bin(op string, a, b Expr) Expr {
+	k := wider(a.Kind(), b.Kind())
+	a, b = conv(a, k), conv(b, k)
+	if ia, ok := a.(Int); ok {
+		if ib, ok := b.(Int); ok {
+			switch op {
+			case "add":
+				return Int{ia.V + ib.V}
+			case "mul":
+				return Int{ia.V * ib.V}
+			case "sub":
+				return Int{ia.V - ib.V}
+			}
+		}
+	}
+	if ib, ok := b.(Int); ok {
+		switch {
+		case (op == "add" || op == "sub") && ib.V == 0, (op == "mul" || op == "div") && ib.V == 1:
+			return a
+		}
+	}
+	if ia, ok := a.(Int); ok {
+		switch {
+		case op == "add" && ia.V == 0, op == "mul" && ia.V == 1:
+			return b
+		case op == "mul" && ia.V == 0:
+			return a
+		}
+	}
+	return &Binary{Op: op, A: a, B: b}
+}
+
+func add(a, b Expr) Expr { return bin("add", a, b) }
+func sub(a, b Expr) Expr { return bin("sub", a, b) }
+func mul(a, b Expr) Expr { return bin("mul", a, b) }
+func div(a, b Expr) Expr { return bin("div", a, b) }
+func rem(a, b Expr) Expr { return bin("rem", a, b) }
+func maxE(a, b Expr) Expr { return bin("max", a, b) }
+func minE(a, b Expr) Expr { return bin("min", a, b) }
+func un(fn string, x Expr) Expr { return &Unary{Fn: fn, X: x} }
+
+func cmp(pred string, a, b Expr) Expr {
+	k := wider(a.Kind(), b.Kind())
+	if k == Bool {
+		k = I64
+	}
+	return &Compare{Pred: pred, A: conv(a, k), B: conv(b, k)}
+}
+
+func and(a, b Expr) Expr {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	return &Binary{Op: "and", A: a, B: b}
+}
+
+func sel(c, a, b Expr) Expr {
+	k := wider(a.Kind(), b.Kind())
+	return &Select{C: c, A: conv(a, k), B: conv(b, k)}
+}
+
+// clamp keeps an index expression in [0, n-1].
+func clamp(i Expr, n int64) Expr {
+	if c, ok := i.(Int); ok {
+		return Int{min(max(c.V, 0), n-1)}
+	}
+	return minE(maxE(i, Int{0}), Int{n - 1})
+}
+
+// inRange is 0 <= i < n.
+func inRange(i Expr, n int64) Expr {
+	return and(cmp("ge", i, Int{0}), cmp("lt", i, Int{n}))
+}
+
+func strides(s ir.Shape) []int64 {
+	st := make([]int64, len(s))
+	acc := int64(1)
+	for i := len(s) - 1; i >= 0; i-- {
+		st[i] = acc
+		acc *= s[i]
+	}
+	return st
+}
+
+func flatten(idx []Expr, s ir.Shape) Expr {
+	st := strides(s)
+	var f Expr = Int{0}
+	for i, x := range idx {
+		f = add(f, mul(x, Int{st[i]}))
+	}
+	return f
+}
+
+func unflatten(flat Expr, s ir.Shape) []Expr {
+	st := strides(s)
+	out := make([]Expr, len(s))
+	for i := range s {
+		var x Expr = flat
+		if i > 0 {
+			x = rem(x, Int{st[i-1]})
+		}
+		out[i] = div(x, Int{st[i]})
+	}
+	return out
+}
+
+// bcast maps an index of shape to to the index of a NumPy-broadcast
+// operand of shape from.
+func bcast(idx []Expr, from, to ir.Shape) []Expr {
+	off := len(to) - len(from)
+	out := make([]Expr, len(from))
+	for i := range from {
+		if from[i] == 1 && to[i+off] != 1 {
+			out[i] = Int{0}
+		} else {
+			out[i] = idx[i+off]
+		}
+	}
+	return out
+}
+
+func sigmoidE(x Expr) Expr {
+	return div(like(x, 1), add(like(x, 1), un("exp", un("neg", x))))
+}
+
+func numElements(s ir.Shape) int64 {
+	n, _ := s.NumElements()
+	return n
+}
+
+var negInf = math.Inf(-1)

@@ -1,0 +1,343 @@
+package loops
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+func init() {
+	stageRules["batch_norm_train"] = lowerBatchNormTrain
+	stageRules["batch_norm_grad"] = lowerBatchNormGrad
+	stageRules["layer_norm"] = lowerLayerNorm
+	stageRules["layer_norm_grad"] = lowerLayerNormGrad
+	stageRules["softmax"] = lowerSoftmax
+	stageRules["log_softmax"] = lowerSoftmax
+	stageRules["softmax_grad"] = lowerSoftmaxGrad
+	stageRules["log_softmax_grad"] = lowerSoftmaxGrad
+	stageRules["softmax_cross_entropy"] = lowerCrossEntropy
+	stageRules["softmax_cross_entropy_grad"] = lowerCrossEntropyGrad
+	stageRules["sgd_update"] = lowerSGD
+	stageRules["momentum_update"] = lowerMomentum
+	stageRules["adam_update"] = lowerAdam
+}
+
+// f64Temp is a float64 workspace of shape s (statistics are kept in
+// double precision, as the interpreter keeps them).
+func f64Temp(b *builder, name string, s ...int64) *Buffer {
+	return b.temp(name, ir.Type{DType: ir.F64, Shape: ir.Shape(s)})
+}
+
+// channels views x[N, C, ...] as [N, C, inner].
+func channels(x Tensor) (Tensor, int64, int64, int64) {
+	s := x.Type.Shape
+	inner := numElements(s[2:])
+	return view(x, ir.Shape{s[0], s[1], inner}), s[0], s[1], inner
+}
+
+func lowerBatchNormTrain(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	eps, mom := op.Attrs.Float("epsilon", 1e-5), op.Attrs.Float("momentum", 0.9)
+	x, n, c, inner := channels(in[0])
+	scale, bias, rm, rv := in[1], in[2], in[3], in[4]
+	cnt := float64(n * inner)
+	mean, m2 := f64Temp(b, "mean", c), f64Temp(b, "m2", c)
+	over := []int64{n, inner}
+	b.store(mean, func(idx []Expr) Expr {
+		return div(b.reduce("sum", F64, over, func(r []Expr) Expr { return x.At([]Expr{r[0], idx[0], r[1]}) }), like(Float{K: F64}, cnt))
+	})
+	mu := func(ch Expr) Expr { return &Load{Buf: mean, Index: []Expr{ch}} }
+	b.store(m2, func(idx []Expr) Expr {
+		return b.reduce("sum", F64, over, func(r []Expr) Expr {
+			d := sub(conv(x.At([]Expr{r[0], idx[0], r[1]}), F64), mu(idx[0]))
+			return mul(d, d)
+		})
+	})
+	invstd := func(ch Expr) Expr {
+		v := div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt, K: F64})
+		return div(Float{V: 1, K: F64}, un("sqrt", add(v, Float{V: eps, K: F64})))
+	}
+	y := alias(out[0], ir.Shape{n, c, inner})
+	b.store(y, func(idx []Expr) Expr {
+		ch := idx[1]
+		xv := conv(x.At(idx), F64)
+		return add(mul(mul(sub(xv, mu(ch)), invstd(ch)), conv(scale.At([]Expr{ch}), F64)), conv(bias.At([]Expr{ch}), F64))
+	})
+	unbiased := func(ch Expr) Expr {
+		if cnt > 1 {
+			return div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt - 1, K: F64})
+		}
+		return div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt, K: F64})
+	}
+	b.store(out[1], func(idx []Expr) Expr {
+		return add(mul(conv(rm.At(idx), F64), Float{V: mom, K: F64}), mul(mu(idx[0]), Float{V: 1 - mom, K: F64}))
+	})
+	b.store(out[2], func(idx []Expr) Expr {
+		return add(mul(conv(rv.At(idx), F64), Float{V: mom, K: F64}), mul(unbiased(idx[0]), Float{V: 1 - mom, K: F64}))
+	})
+	b.store(out[3], func(idx []Expr) Expr { return mu(idx[0]) })
+	b.store(out[4], func(idx []Expr) Expr { return invstd(idx[0]) })
+	return nil
+}
+
+func lowerBatchNormGrad(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, _, _, _ := channels(in[0])
+	x, n, c, inner := channels(in[1])
+	scale, mean, invstd := in[2], in[3], in[4]
+	cnt := float64(n * inner)
+	sdy, sdyx := f64Temp(b, "sdy", c), f64Temp(b, "sdyx", c)
+	over := []int64{n, inner}
+	xhat := func(i []Expr) Expr {
+		ch := []Expr{i[1]}
+		return mul(sub(conv(x.At(i), F64), conv(mean.At(ch), F64)), conv(invstd.At(ch), F64))
+	}
+	b.store(sdy, func(idx []Expr) Expr {
+		return b.reduce("sum", F64, over, func(r []Expr) Expr { return dy.At([]Expr{r[0], idx[0], r[1]}) })
+	})
+	b.store(sdyx, func(idx []Expr) Expr {
+		return b.reduce("sum", F64, over, func(r []Expr) Expr {
+			i := []Expr{r[0], idx[0], r[1]}
+			return mul(conv(dy.At(i), F64), xhat(i))
+		})
+	})
+	dx := alias(out[0], ir.Shape{n, c, inner})
+	b.store(dx, func(idx []Expr) Expr {
+		ch := []Expr{idx[1]}
+		k := mul(conv(scale.At(ch), F64), conv(invstd.At(ch), F64))
+		a := div(&Load{Buf: sdy, Index: ch}, Float{V: cnt, K: F64})
+		bb := div(&Load{Buf: sdyx, Index: ch}, Float{V: cnt, K: F64})
+		return mul(k, sub(sub(conv(dy.At(idx), F64), a), mul(xhat(idx), bb)))
+	})
+	b.store(out[1], func(idx []Expr) Expr { return &Load{Buf: sdyx, Index: idx} })
+	b.store(out[2], func(idx []Expr) Expr { return &Load{Buf: sdy, Index: idx} })
+	return nil
+}
+
+// rowsOf views x as [rows, cols] split at the normalisation axis.
+func rowsOf(x Tensor, a ir.Attrs) (Tensor, int64, int64) {
+	s := x.Type.Shape
+	ax, _ := ir.NormalizeAxis(a.Int("axis", -1), len(s))
+	rows, cols := numElements(s[:ax]), numElements(s[ax:])
+	return view(x, ir.Shape{rows, cols}), rows, cols
+}
+
+func lowerLayerNorm(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	eps := op.Attrs.Float("epsilon", 1e-5)
+	x, rows, cols := rowsOf(in[0], op.Attrs)
+	scale := view(in[1], ir.Shape{cols})
+	mean, inv := f64Temp(b, "mean", rows), f64Temp(b, "inv", rows)
+	b.store(mean, func(idx []Expr) Expr {
+		return div(b.reduce("sum", F64, []int64{cols}, func(r []Expr) Expr { return x.At([]Expr{idx[0], r[0]}) }), Float{V: float64(cols), K: F64})
+	})
+	mu := func(r Expr) Expr { return &Load{Buf: mean, Index: []Expr{r}} }
+	b.store(inv, func(idx []Expr) Expr {
+		v := b.reduce("sum", F64, []int64{cols}, func(r []Expr) Expr {
+			d := sub(conv(x.At([]Expr{idx[0], r[0]}), F64), mu(idx[0]))
+			return mul(d, d)
+		})
+		return div(Float{V: 1, K: F64}, un("sqrt", add(div(v, Float{V: float64(cols), K: F64}), Float{V: eps, K: F64})))
+	})
+	y := alias(out[0], ir.Shape{rows, cols})
+	b.store(y, func(idx []Expr) Expr {
+		v := mul(mul(sub(conv(x.At(idx), F64), mu(idx[0])), &Load{Buf: inv, Index: idx[:1]}), conv(scale.At(idx[1:]), F64))
+		if len(in) == 3 {
+			v = add(v, conv(view(in[2], ir.Shape{cols}).At(idx[1:]), F64))
+		}
+		return v
+	})
+	b.store(alias(out[1], ir.Shape{rows}), func(idx []Expr) Expr { return mu(idx[0]) })
+	b.store(alias(out[2], ir.Shape{rows}), func(idx []Expr) Expr { return &Load{Buf: inv, Index: idx} })
+	return nil
+}
+
+func lowerLayerNormGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, _, _ := rowsOf(in[0], op.Attrs)
+	x, rows, cols := rowsOf(in[1], op.Attrs)
+	scale := view(in[2], ir.Shape{cols})
+	mean, inv := view(in[3], ir.Shape{rows}), view(in[4], ir.Shape{rows})
+	xhat := func(r, j Expr) Expr {
+		return mul(sub(conv(x.At([]Expr{r, j}), F64), conv(mean.At([]Expr{r}), F64)), conv(inv.At([]Expr{r}), F64))
+	}
+	g := func(r, j Expr) Expr { return mul(conv(dy.At([]Expr{r, j}), F64), conv(scale.At([]Expr{j}), F64)) }
+	ga, gb := f64Temp(b, "a", rows), f64Temp(b, "b", rows)
+	b.store(ga, func(idx []Expr) Expr {
+		return div(b.reduce("sum", F64, []int64{cols}, func(j []Expr) Expr { return g(idx[0], j[0]) }), Float{V: float64(cols), K: F64})
+	})
+	b.store(gb, func(idx []Expr) Expr {
+		return div(b.reduce("sum", F64, []int64{cols}, func(j []Expr) Expr { return mul(g(idx[0], j[0]), xhat(idx[0], j[0])) }), Float{V: float64(cols), K: F64})
+	})
+	b.store(alias(out[0], ir.Shape{rows, cols}), func(idx []Expr) Expr {
+		r, j := idx[0], idx[1]
+		return mul(conv(inv.At([]Expr{r}), F64), sub(sub(g(r, j), &Load{Buf: ga, Index: []Expr{r}}), mul(xhat(r, j), &Load{Buf: gb, Index: []Expr{r}})))
+	})
+	b.store(alias(out[1], ir.Shape{cols}), func(idx []Expr) Expr {
+		return b.reduce("sum", F64, []int64{rows}, func(r []Expr) Expr {
+			return mul(conv(dy.At([]Expr{r[0], idx[0]}), F64), xhat(r[0], idx[0]))
+		})
+	})
+	b.store(alias(out[2], ir.Shape{cols}), func(idx []Expr) Expr {
+		return b.reduce("sum", F64, []int64{rows}, func(r []Expr) Expr { return dy.At([]Expr{r[0], idx[0]}) })
+	})
+	return nil
+}
+
+// lines views x as [outer, n, inner] around axis.
+func lines(x Tensor, axis int64) (Tensor, int64, int64, int64) {
+	s := x.Type.Shape
+	ax, _ := ir.NormalizeAxis(axis, len(s))
+	outer, n, inner := numElements(s[:ax]), s[ax], numElements(s[ax+1:])
+	return view(x, ir.Shape{outer, n, inner}), outer, n, inner
+}
+
+// logPartition stores, per line of x along axis 1 of [outer, n, inner],
+// the maximum and log Σ exp(x - max) + max.
+func logPartition(b *builder, x Tensor, outer, n, inner int64) (mx, logz *Buffer) {
+	mx, logz = f64Temp(b, "max", outer, inner), f64Temp(b, "logz", outer, inner)
+	b.store(mx, func(idx []Expr) Expr {
+		return b.reduce("max", F64, []int64{n}, func(j []Expr) Expr { return x.At([]Expr{idx[0], j[0], idx[1]}) })
+	})
+	b.store(logz, func(idx []Expr) Expr {
+		m := &Load{Buf: mx, Index: idx}
+		s := b.reduce("sum", F64, []int64{n}, func(j []Expr) Expr {
+			return un("exp", sub(conv(x.At([]Expr{idx[0], j[0], idx[1]}), F64), m))
+		})
+		return add(m, un("log", s))
+	})
+	return mx, logz
+}
+
+func lowerSoftmax(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	x, outer, n, inner := lines(in[0], op.Attrs.Int("axis", -1))
+	_, logz := logPartition(b, x, outer, n, inner)
+	log := op.Kind == "log_softmax"
+	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
+		v := sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}})
+		if log {
+			return v
+		}
+		return un("exp", v)
+	})
+	return nil
+}
+
+func lowerSoftmaxGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, _, _, _ := lines(in[0], op.Attrs.Int("axis", -1))
+	y, outer, n, inner := lines(in[1], op.Attrs.Int("axis", -1))
+	log := op.Kind == "log_softmax_grad"
+	s := f64Temp(b, "s", outer, inner)
+	b.store(s, func(idx []Expr) Expr {
+		return b.reduce("sum", F64, []int64{n}, func(j []Expr) Expr {
+			i := []Expr{idx[0], j[0], idx[1]}
+			if log {
+				return dy.At(i)
+			}
+			return mul(conv(dy.At(i), F64), conv(y.At(i), F64))
+		})
+	})
+	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
+		sv := &Load{Buf: s, Index: []Expr{idx[0], idx[2]}}
+		g, yv := conv(dy.At(idx), F64), conv(y.At(idx), F64)
+		if log {
+			return sub(g, mul(un("exp", yv), sv))
+		}
+		return mul(yv, sub(g, sv))
+	})
+	return nil
+}
+
+// label reads the class of sample position (o, i), wrapped into range.
+func label(labels Tensor, o, i Expr, inner, k int64) Expr {
+	return clamp(conv(view(labels, ir.Shape{numElements(labels.Type.Shape) / inner, inner}).At([]Expr{o, i}), I64), k)
+}
+
+func lowerCrossEntropy(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	x, outer, k, inner := lines(in[0], 1)
+	_, logz := logPartition(b, x, outer, k, inner)
+	count := outer * inner
+	b.store(out[0], func([]Expr) Expr {
+		loss := b.reduce("sum", F64, []int64{outer, inner}, func(r []Expr) Expr {
+			l := label(in[1], r[0], r[1], inner, k)
+			return sub(&Load{Buf: logz, Index: r}, conv(x.At([]Expr{r[0], l, r[1]}), F64))
+		})
+		if op.Attrs.String("reduction", "mean") == "mean" && count > 0 {
+			loss = div(loss, Float{V: float64(count), K: F64})
+		}
+		return loss
+	})
+	return nil
+}
+
+func lowerCrossEntropyGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	x, outer, k, inner := lines(in[1], 1)
+	_, logz := logPartition(b, x, outer, k, inner)
+	scale := conv(in[0].At(nil), F64)
+	if op.Attrs.String("reduction", "mean") == "mean" {
+		scale = div(scale, Float{V: float64(numElements(in[2].Type.Shape)), K: F64})
+	}
+	b.store(alias(out[0], ir.Shape{outer, k, inner}), func(idx []Expr) Expr {
+		p := un("exp", sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}}))
+		hit := cmp("eq", idx[1], label(in[2], idx[0], idx[2], inner, k))
+		return mul(sub(p, sel(hit, Float{V: 1, K: F64}, Float{V: 0, K: F64})), scale)
+	})
+	return nil
+}
+
+// The optimizer updates write their operands, which are arguments in
+// memory: each stage overwrites one of them, in an order that reads every
+// old value before it is replaced.
+
+func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
+	lr, wd := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0)
+	p, g := in[0], in[1]
+	b.store(p.Buf, func(idx []Expr) Expr {
+		pv, gv := conv(p.At(idx), F64), conv(g.At(idx), F64)
+		return sub(pv, mul(Float{V: lr, K: F64}, add(gv, mul(Float{V: wd, K: F64}, pv))))
+	})
+	return nil
+}
+
+func lowerMomentum(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
+	lr, wd, mu := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0), op.Attrs.Float("momentum", 0.9)
+	p, g, buf := in[0], in[1], in[2]
+	b.store(buf.Buf, func(idx []Expr) Expr {
+		d := add(conv(g.At(idx), F64), mul(Float{V: wd, K: F64}, conv(p.At(idx), F64)))
+		return add(mul(Float{V: mu, K: F64}, conv(buf.At(idx), F64)), d)
+	})
+	b.store(p.Buf, func(idx []Expr) Expr {
+		return sub(conv(p.At(idx), F64), mul(Float{V: lr, K: F64}, conv(buf.At(idx), F64)))
+	})
+	return nil
+}
+
+func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
+	a := op.Attrs
+	lr, wd := a.Float("lr", 0), a.Float("weight_decay", 0)
+	b1, b2, eps := a.Float("beta1", 0.9), a.Float("beta2", 0.999), a.Float("eps", 1e-8)
+	t := float64(a.Int("step", 1))
+	decoupled := a.Bool("decoupled", false)
+	bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
+	p, g, m, v := in[0], in[1], in[2], in[3]
+	f := func(x float64) Expr { return Float{V: x, K: F64} }
+	d := func(idx []Expr) Expr {
+		gv := conv(g.At(idx), F64)
+		if decoupled {
+			return gv
+		}
+		return add(gv, mul(f(wd), conv(p.At(idx), F64)))
+	}
+	b.store(m.Buf, func(idx []Expr) Expr {
+		return add(mul(f(b1), conv(m.At(idx), F64)), mul(f(1-b1), d(idx)))
+	})
+	b.store(v.Buf, func(idx []Expr) Expr {
+		dv := d(idx)
+		return add(mul(f(b2), conv(v.At(idx), F64)), mul(f(1-b2), mul(dv, dv)))
+	})
+	b.store(p.Buf, func(idx []Expr) Expr {
+		pv := conv(p.At(idx), F64)
+		if decoupled {
+			pv = mul(pv, f(1-lr*wd))
+		}
+		denom := add(div(un("sqrt", conv(v.At(idx), F64)), f(math.Sqrt(bc2))), f(eps))
+		return sub(pv, div(mul(f(lr/bc1), conv(m.At(idx), F64)), denom))
+	})
+	return nil
+}

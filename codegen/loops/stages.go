@@ -1,0 +1,432 @@
+package loops
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// stageRule lowers an op that needs loops of its own (reductions,
+// contractions, scatters, in-place updates) into stages that write its
+// results to out.
+type stageRule func(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
+
+var stageRules = map[string]stageRule{}
+
+// reduceInto folds x into out, whose shape is x's with reduced dimensions
+// set to 1 (keep) and then possibly squeezed.
+func reduceInto(b *builder, x Tensor, keep ir.Shape, out *Buffer, kind string) {
+	var axes []int
+	var ext []int64
+	for i, d := range x.Type.Shape {
+		if keep[i] == 1 && d != 1 {
+			axes = append(axes, i)
+			ext = append(ext, d)
+		}
+	}
+	o := alias(out, keep)
+	k := ComputeKind(x.Type.DType)
+	acc := k
+	if k == F32 && kind != "reduce_max" {
+		acc = F64
+	}
+	op := "sum"
+	if kind == "reduce_max" {
+		op = "max"
+	}
+	count := numElements(x.Type.Shape) / max(numElements(keep), 1)
+	b.store(o, func(idx []Expr) Expr {
+		r := b.reduce(op, acc, ext, func(r []Expr) Expr {
+			src := append([]Expr(nil), idx...)
+			for j, a := range axes {
+				src[a] = r[j]
+			}
+			return x.At(src)
+		})
+		if kind == "reduce_mean" {
+			r = div(r, like(r, float64(count)))
+		}
+		return r
+	})
+}
+
+// keepShape aligns target to x's rank with leading ones.
+func keepShape(x ir.Shape, target ir.Shape) ir.Shape {
+	keep := make(ir.Shape, len(x))
+	off := len(x) - len(target)
+	for i := range keep {
+		keep[i] = 1
+		if i >= off {
+			keep[i] = target[i-off]
+		}
+	}
+	return keep
+}
+
+func init() {
+	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
+		stageRules[name] = func(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+			axes, err := ir.ReduceAxes(op.Attrs, in[0].Type.Rank())
+			if err != nil {
+				return err
+			}
+			reduceInto(b, in[0], ir.ReducedShape(in[0].Type.Shape, axes, true), out[0], op.Kind)
+			return nil
+		}
+	}
+	stageRules["sum_to"] = func(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
+		reduceInto(b, in[0], keepShape(in[0].Type.Shape, out[0].Type.Shape), out[0], "reduce_sum")
+		return nil
+	}
+	stageRules["global_avg_pool"] = func(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
+		reduceInto(b, in[0], out[0].Type.Shape, out[0], "reduce_mean")
+		return nil
+	}
+	stageRules["matmul"] = lowerMatmul
+	stageRules["gemm"] = lowerGemm
+	stageRules["conv2d"] = lowerConv
+	stageRules["conv2d_grad_input"] = lowerConvGradInput
+	stageRules["conv2d_grad_weight"] = lowerConvGradWeight
+	stageRules["max_pool2d"] = lowerMaxPool
+	stageRules["max_pool2d_grad"] = lowerMaxPoolGrad
+	stageRules["avg_pool2d"] = lowerAvgPool
+	stageRules["avg_pool2d_grad"] = lowerAvgPoolGrad
+	stageRules["gather_grad"] = lowerGatherGrad
+}
+
+func lowerMatmul(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
+	as, bs := in[0].Type.Shape, in[1].Type.Shape
+	if len(as) == 1 {
+		as = ir.Shape{1, as[0]}
+	}
+	if len(bs) == 1 {
+		bs = ir.Shape{bs[0], 1}
+	}
+	m, k, n := as[len(as)-2], as[len(as)-1], bs[len(bs)-1]
+	batch, err := ir.BroadcastShapes(as[:len(as)-2], bs[:len(bs)-2])
+	if err != nil {
+		return err
+	}
+	A, B := view(in[0], as), view(in[1], bs)
+	nb := numElements(batch)
+	o := alias(out[0], ir.Shape{nb, m, n})
+	b.loop(nb, func(bv *Var) {
+		bi := unflatten(bv, batch)
+		ai, bbi := bcast(bi, as[:len(as)-2], batch), bcast(bi, bs[:len(bs)-2], batch)
+		b.matmul(o, m, n, k,
+			func(mm, nn Expr) []Expr { return []Expr{bv, mm, nn} },
+			func(mm, kk Expr) Expr { return A.At(append(append([]Expr(nil), ai...), mm, kk)) },
+			func(kk, nn Expr) Expr { return B.At(append(append([]Expr(nil), bbi...), kk, nn)) },
+			nil, false)
+	})
+	return nil
+}
+
+func lowerGemm(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	m, n, k, err := ir.GemmDims(in[0].Type, in[1].Type, op.Attrs)
+	if err != nil {
+		return err
+	}
+	ta, tb := op.Attrs.Bool("trans_a", false), op.Attrs.Bool("trans_b", false)
+	alpha, beta := op.Attrs.Float("alpha", 1), op.Attrs.Float("beta", 1)
+	a := func(mm, kk Expr) Expr {
+		if ta {
+			return in[0].At([]Expr{kk, mm})
+		}
+		return in[0].At([]Expr{mm, kk})
+	}
+	bv := func(kk, nn Expr) Expr {
+		if tb {
+			return in[1].At([]Expr{nn, kk})
+		}
+		return in[1].At([]Expr{kk, nn})
+	}
+	s := out[0].Type.Shape
+	var epi func(acc, m, n Expr) Expr
+	if alpha != 1 || len(in) == 3 {
+		epi = func(acc, mm, nn Expr) Expr {
+			r := mul(acc, like(acc, alpha))
+			if len(in) == 3 {
+				c := in[2].At(bcast([]Expr{mm, nn}, in[2].Type.Shape, s))
+				r = add(r, mul(conv(c, acc.Kind()), like(acc, beta)))
+			}
+			return r
+		}
+	}
+	b.matmul(out[0], m, n, k, func(mm, nn Expr) []Expr { return []Expr{mm, nn} }, a, bv, epi, false)
+	return nil
+}
+
+// convDims are the matrix sizes of a convolution per image and group.
+func convDims(g ir.ConvGeometry) (cg, mg, kdim, ohw int64) {
+	cg, mg = g.C/g.Groups, g.M/g.Groups
+	return cg, mg, cg * g.KH * g.KW, g.OH * g.OW
+}
+
+func pointwise(g ir.ConvGeometry) bool {
+	return g.KH == 1 && g.KW == 1 && g.SH == 1 && g.SW == 1 && g.PT == 0 && g.PL == 0 && g.PB == 0 && g.PR == 0
+}
+
+// im2col stores, for image n and group gr, col[r, p] = x under kernel tap
+// r = (c, kh, kw) at output position p = (oh, ow) (0 in the padding); with
+// transposed it stores col[p, r] instead.
+func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr Expr, transposed bool) *Buffer {
+	cg, _, kdim, ohw := convDims(g)
+	shape := ir.Shape{kdim, g.OH, g.OW}
+	if transposed {
+		shape = ir.Shape{g.OH, g.OW, kdim}
+	}
+	col := b.temp("col", ir.Type{DType: x.Type.DType, Shape: shape})
+	b.store(col, func(idx []Expr) Expr {
+		r, oh, ow := idx[0], idx[1], idx[2]
+		if transposed {
+			oh, ow, r = idx[0], idx[1], idx[2]
+		}
+		t := unflatten(r, ir.Shape{cg, g.KH, g.KW})
+		ih := add(sub(mul(oh, Int{g.SH}), Int{g.PT}), mul(t[1], Int{g.DH}))
+		iw := add(sub(mul(ow, Int{g.SW}), Int{g.PL}), mul(t[2], Int{g.DW}))
+		ok := and(inRange(ih, g.H), inRange(iw, g.W))
+		v := x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), clamp(ih, g.H), clamp(iw, g.W)})
+		return sel(ok, v, like(v, 0))
+	})
+	if transposed {
+		return alias(col, ir.Shape{ohw, kdim})
+	}
+	return alias(col, ir.Shape{kdim, ohw})
+}
+
+func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	x, w := in[0], in[1]
+	g, err := ir.ConvGeometryOf(x.Type.Shape, w.Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	cg, mg, kdim, ohw := convDims(g)
+	W := view(w, ir.Shape{g.M, kdim})
+	o := alias(out[0], ir.Shape{g.N, g.M, ohw})
+	b.loop(g.N, func(n *Var) {
+		b.loop(g.Groups, func(gr *Var) {
+			var src Tensor
+			if pointwise(g) {
+				src = view(x, ir.Shape{g.N, g.C, ohw})
+				xs := src
+				src = Tensor{At: func(idx []Expr) Expr { return xs.At([]Expr{n, add(mul(gr, Int{cg}), idx[0]), idx[1]}) }}
+			} else {
+				src = FromBuffer(im2col(b, x, g, n, gr, false))
+			}
+			var epi func(acc, m, p Expr) Expr
+			if len(in) == 3 {
+				epi = func(acc, m, _ Expr) Expr {
+					return add(acc, conv(in[2].At([]Expr{add(mul(gr, Int{mg}), m)}), acc.Kind()))
+				}
+			}
+			b.matmul(o, mg, ohw, kdim,
+				func(m, p Expr) []Expr { return []Expr{n, add(mul(gr, Int{mg}), m), p} },
+				func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
+				func(r, p Expr) Expr { return src.At([]Expr{r, p}) },
+				epi, false)
+		})
+	})
+	return nil
+}
+
+func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, w := in[0], in[1]
+	g, err := ir.ConvGeometryOf(out[0].Type.Shape, w.Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	cg, mg, kdim, ohw := convDims(g)
+	W := view(w, ir.Shape{g.M, kdim})
+	DY := view(dy, ir.Shape{g.N, g.M, ohw})
+	b.loop(g.N, func(n *Var) {
+		b.loop(g.Groups, func(gr *Var) {
+			wt := func(r, m Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) }
+			dyg := func(m, p Expr) Expr { return DY.At([]Expr{n, add(mul(gr, Int{mg}), m), p}) }
+			if pointwise(g) {
+				o := alias(out[0], ir.Shape{g.N, g.C, ohw})
+				b.matmul(o, cg, ohw, mg, func(c, p Expr) []Expr { return []Expr{n, add(mul(gr, Int{cg}), c), p} }, wt, dyg, nil, false)
+				return
+			}
+			col := b.temp("col", ir.Type{DType: out[0].Type.DType, Shape: ir.Shape{kdim, ohw}})
+			b.matmul(col, kdim, ohw, mg, func(r, p Expr) []Expr { return []Expr{r, p} }, wt, dyg, nil, false)
+			// col2im as a gather: each input pixel sums the taps that read it.
+			dx := alias(out[0], ir.Shape{g.N, g.C, g.H, g.W})
+			vs := b.vars(3)
+			c, ih, iw := vs[0], vs[1], vs[2]
+			sum := b.reduce("sum", ComputeKind(out[0].Type.DType), []int64{g.KH, g.KW}, func(t []Expr) Expr {
+				dh := sub(add(ih, Int{g.PT}), mul(t[0], Int{g.DH}))
+				dw := sub(add(iw, Int{g.PL}), mul(t[1], Int{g.DW}))
+				oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
+				ok := and(and(cmp("ge", dh, Int{0}), cmp("ge", dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
+				if g.SH != 1 {
+					ok = and(ok, cmp("eq", rem(dh, Int{g.SH}), Int{0}))
+				}
+				if g.SW != 1 {
+					ok = and(ok, cmp("eq", rem(dw, Int{g.SW}), Int{0}))
+				}
+				r := flatten([]Expr{c, t[0], t[1]}, ir.Shape{cg, g.KH, g.KW})
+				p := add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW))
+				return &Load{Buf: col, Index: []Expr{r, p}, Guard: ok}
+			})
+			b.add(&Stage{Vars: vs, Extents: []int64{cg, g.H, g.W}, Out: dx,
+				Index: []Expr{n, add(mul(gr, Int{cg}), c), ih, iw}, Value: sum})
+		})
+	})
+	return nil
+}
+
+func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, x := in[0], in[1]
+	g, err := ir.ConvGeometryOf(x.Type.Shape, out[0].Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	cg, mg, kdim, ohw := convDims(g)
+	dw := alias(out[0], ir.Shape{g.M, kdim})
+	DY := view(dy, ir.Shape{g.N, g.M, ohw})
+	b.fill(dw, 0)
+	b.loop(g.N, func(n *Var) {
+		b.loop(g.Groups, func(gr *Var) {
+			var colT func(p, r Expr) Expr
+			if pointwise(g) {
+				X := view(x, ir.Shape{g.N, g.C, ohw})
+				colT = func(p, r Expr) Expr { return X.At([]Expr{n, add(mul(gr, Int{cg}), r), p}) }
+			} else {
+				c := FromBuffer(im2col(b, x, g, n, gr, true))
+				colT = func(p, r Expr) Expr { return c.At([]Expr{p, r}) }
+			}
+			b.matmul(dw, mg, kdim, ohw,
+				func(m, r Expr) []Expr { return []Expr{add(mul(gr, Int{mg}), m), r} },
+				func(m, p Expr) Expr { return DY.At([]Expr{n, add(mul(gr, Int{mg}), m), p}) },
+				colT, nil, true)
+		})
+	})
+	return nil
+}
+
+// window gives, for output (oh, ow) and tap (kh, kw), the input position
+// and whether it is inside the image.
+func window(p ir.PoolGeometry, oh, ow, kh, kw Expr) (ih, iw, inside Expr) {
+	ih = add(sub(mul(oh, Int{p.SH}), Int{p.PT}), mul(kh, Int{p.DH}))
+	iw = add(sub(mul(ow, Int{p.SW}), Int{p.PL}), mul(kw, Int{p.DW}))
+	return ih, iw, and(inRange(ih, p.H), inRange(iw, p.W))
+}
+
+func lowerMaxPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	p, err := ir.PoolGeometryOf(in[0].Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	x := in[0]
+	b.store(out[0], func(idx []Expr) Expr {
+		return windowMax(b, p, x, idx)
+	})
+	return nil
+}
+
+func windowMax(b *builder, p ir.PoolGeometry, x Tensor, idx []Expr) Expr {
+	k := ComputeKind(x.Type.DType)
+	return b.reduce("max", k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+		ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
+		v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
+		return sel(ok, v, fconst(k, negInf))
+	})
+}
+
+func lowerMaxPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, x := in[0], in[1]
+	p, err := ir.PoolGeometryOf(x.Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	b.fill(out[0], 0)
+	// The gradient goes to the first maximum of each window (flat tap
+	// position kh*KW+kw), as in the interpreter.
+	b.scatter(out[0], []int64{p.N, p.C, p.OH, p.OW},
+		func(idx []Expr) []Expr {
+			m := windowMax(b, p, x, idx)
+			first := b.reduce("min", I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+				ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
+				v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
+				hit := and(ok, &Binary{Op: "or", A: cmp("eq", v, m), B: and(cmp("ne", v, v), cmp("ne", m, m))})
+				return sel(hit, add(mul(t[0], Int{p.KW}), t[1]), Int{math.MaxInt64})
+			})
+			kh, kw := div(first, Int{p.KW}), rem(first, Int{p.KW})
+			ih, iw, _ := window(p, idx[2], idx[3], clamp(kh, p.KH), kw)
+			return []Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)}
+		},
+		nil,
+		func(idx []Expr) Expr { return dy.At(idx) })
+	return nil
+}
+
+// poolCount is the divisor of average pooling at (oh, ow).
+func poolCount(b *builder, p ir.PoolGeometry, oh, ow Expr) Expr {
+	return b.reduce("sum", I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+		ih, iw, ok := window(p, oh, ow, t[0], t[1])
+		if p.CountIncludePad {
+			ok = &Binary{Op: "or", A: ok, B: and(cmp("lt", ih, Int{p.H + p.PB}), cmp("lt", iw, Int{p.W + p.PR}))}
+		}
+		return sel(ok, Int{1}, Int{0})
+	})
+}
+
+func lowerAvgPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	p, err := ir.PoolGeometryOf(in[0].Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	x := in[0]
+	k := ComputeKind(x.Type.DType)
+	b.store(out[0], func(idx []Expr) Expr {
+		s := b.reduce("sum", k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+			ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
+			v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
+			return sel(ok, v, like(v, 0))
+		})
+		return div(s, conv(maxE(poolCount(b, p, idx[2], idx[3]), Int{1}), k))
+	})
+	return nil
+}
+
+func lowerAvgPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	p, err := ir.PoolGeometryOf(out[0].Type.Shape, op.Attrs)
+	if err != nil {
+		return err
+	}
+	dy := in[0]
+	k := ComputeKind(out[0].Type.DType)
+	b.fill(out[0], 0)
+	b.scatter(out[0], []int64{p.N, p.C, p.OH, p.OW, p.KH, p.KW},
+		func(idx []Expr) []Expr {
+			ih, iw, _ := window(p, idx[2], idx[3], idx[4], idx[5])
+			return []Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)}
+		},
+		func(idx []Expr) Expr {
+			_, _, ok := window(p, idx[2], idx[3], idx[4], idx[5])
+			return ok
+		},
+		func(idx []Expr) Expr {
+			return div(conv(dy.At(idx[:4]), k), conv(maxE(poolCount(b, p, idx[2], idx[3]), Int{1}), k))
+		})
+	return nil
+}
+
+func lowerGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, ind := in[0], in[1]
+	data := out[0].Type.Shape
+	ax, _ := ir.NormalizeAxis(op.Attrs.Int("axis", 0), len(data))
+	r := ind.Type.Rank()
+	d := data[ax]
+	b.fill(out[0], 0)
+	b.scatter(out[0], dy.Type.Shape.Clone(),
+		func(idx []Expr) []Expr {
+			j := conv(ind.At(idx[ax:ax+r]), I64)
+			j = clamp(sel(cmp("lt", j, Int{0}), add(j, Int{d}), j), d)
+			return append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+r:]...)
+		},
+		nil,
+		func(idx []Expr) Expr { return dy.At(idx) })
+	return nil
+}

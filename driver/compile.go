@@ -1,0 +1,189 @@
+package driver
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/outfile"
+)
+
+// optLevels holds -O0..-O3 and the budgets the pipelines take.
+type optLevels struct {
+	o      [4]bool
+	budget string
+}
+
+func (l *optLevels) register(fs *flag.FlagSet) {
+	for i := range l.o {
+		fs.BoolVar(&l.o[i], fmt.Sprintf("O%d", i), false, fmt.Sprintf("the -O%d pipeline (see kiln help compile)", i))
+	}
+	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute under this peak budget (bytes or a fraction, as remat{budget=})")
+}
+
+// pipeline is the named pipeline chosen, or "" when none is.
+func (l *optLevels) pipeline() (string, error) {
+	level := -1
+	for i, on := range l.o {
+		if on {
+			if level >= 0 {
+				return "", usageError{"give one of -O0, -O1, -O2, -O3"}
+			}
+			level = i
+		}
+	}
+	if l.budget != "" && level < 2 {
+		return "", usageError{"--budget needs -O2 or -O3"}
+	}
+	return OptPipeline(level, l.budget), nil
+}
+
+// OptPipeline is the pipeline of -O<level> (the Contracts in the design
+// notes): -O0 assign; -O1 canonicalize,dce,cse,fuse,assign; -O2 adds
+// reorder before assign and remat when a budget is given; -O3 gives the
+// exact searches more room. level < 0 gives "".
+func OptPipeline(level int, budget string) string {
+	switch {
+	case level < 0:
+		return ""
+	case level == 0:
+		return "assign"
+	case level == 1:
+		return "canonicalize,dce,cse,fuse,assign"
+	}
+	p := "canonicalize,dce,cse"
+	if budget != "" {
+		p += ",remat{budget=" + budget + "}"
+	}
+	if level == 2 {
+		return p + ",fuse,reorder,assign"
+	}
+	return p + ",fuse,reorder{exact-states=2000000,improve=2000},assign{algo=best}"
+}
+
+// needsAssign reports whether some value still lacks an arena offset.
+func needsAssign(f *ir.Func) bool {
+	for _, op := range f.Body {
+		d := op.Def()
+		if d != nil && d.View {
+			continue
+		}
+		for _, r := range op.Results {
+			if r.Offset == ir.NoOffset {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lowerForLLVM runs assign when the pipeline left values without offsets
+// and lowers the function.
+func lowerForLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func) (*loops.Program, error) {
+	if needsAssign(f) {
+		if _, err := pf.run(e, in, "assign"); err != nil {
+			return nil, err
+		}
+	}
+	p, err := loops.Lower(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+	}
+	return p, nil
+}
+
+func init() {
+	addCommand(&command{
+		name:    "compile",
+		usage:   "kiln compile IN --target llvm [--passes P | -O0..-O3 [--budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
+		summary: "compile a function to LLVM IR, a C header, an object, a shared library or an executable",
+		flags: func(fs *flag.FlagSet) func(*env, []string) error {
+			var pf pipelineFlags
+			pf.register(fs)
+			var ol optLevels
+			ol.register(fs)
+			target := fs.String("target", "llvm", "llvm (cuda: see the CUDA issue)")
+			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations), obj, lib (shared library) or exe (with a .npy driver)")
+			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
+			fn := fs.String("func", "", "function to compile (default: the first)")
+			return func(e *env, args []string) error {
+				if *target != "llvm" {
+					return usageError{fmt.Sprintf("--target %q is not available (this build has: llvm)", *target)}
+				}
+				switch *emit {
+				case "ll", "header":
+				case "obj", "lib", "exe":
+					if *out == "-" || *out == "" {
+						return usageError{fmt.Sprintf("--emit %s needs -o OUT", *emit)}
+					}
+				default:
+					return usageError{fmt.Sprintf("--emit must be ll, header, obj, lib or exe, not %q", *emit)}
+				}
+				named, err := ol.pipeline()
+				if err != nil {
+					return err
+				}
+				if named != "" && pf.passes != "" {
+					return usageError{"give --passes or an -O level, not both"}
+				}
+				if named != "" {
+					pf.passes = named
+				}
+				if len(args) != 1 {
+					return usageError{"want exactly one input file (or - for standard input)"}
+				}
+				in, _, err := pf.load(e, args)
+				if err != nil {
+					return err
+				}
+				f, err := pickFunc(in, *fn)
+				if err != nil {
+					return err
+				}
+				p, err := lowerForLLVM(e, &pf, in, f)
+				if err != nil {
+					return err
+				}
+				switch *emit {
+				case "ll":
+					text, err := llvm.Text(p)
+					if err != nil {
+						return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+					}
+					return writeOutput(e, *out, []byte(text), args[0])
+				case "header":
+					return writeOutput(e, *out, []byte(llvm.Header(p)), args[0])
+				}
+				data, err := llvm.Build(p, *emit)
+				if err != nil {
+					return fmt.Errorf("kiln: %v", err)
+				}
+				mode := os.FileMode(0o644)
+				if *emit != "obj" {
+					mode = 0o755
+				}
+				if err := outfile.WriteMode(*out, data, mode, args[0]); err != nil {
+					return fmt.Errorf("kiln: cannot write %s: %v", *out, unwrapPathError(err))
+				}
+				return nil
+			}
+		},
+	})
+}
+
+// runCompiled builds f into an executable and runs it on vals.
+func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*interp.Tensor) (res, final []*interp.Tensor, err error) {
+	p, err := lowerForLLVM(e, pf, in, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, final, err = llvm.Run(p, vals)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kiln: %v", err)
+	}
+	return res, final, nil
+}
