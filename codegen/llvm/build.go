@@ -127,9 +127,9 @@ func describeTensor(name, file string, t kir.Type, inout bool) (cTensor, error) 
 // results (DIR/NAME.npy) and updated arguments (DIR/updated.NAME.npy).
 func Driver(p *loops.Program) (string, error) {
 	data := struct {
-		Entry                    string
-		MaxRank                  int
-		ArenaBytes               int64
+		Entry                   string
+		MaxRank                 int
+		ArenaBytes              int64
 		Params, Inputs, Results []cTensor
 	}{Entry: EntryName(p.Func), MaxRank: 1, ArenaBytes: p.ArenaBytes}
 	add := func(list *[]cTensor, name, file string, t kir.Type, inout bool) error {

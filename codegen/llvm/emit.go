@@ -135,15 +135,15 @@ type baseKey struct {
 // fn emits one function. Allocas and base pointers go to the entry block,
 // which dominates everything; code goes to cur.
 type fn struct {
-	md                     *module
-	f                      *ir.Func
-	entry, cur             *ir.Block
-	arena, params, inputs  value.Value
-	bases                  map[baseKey]value.Value
-	temps                  []value.Value
-	bound                  map[*loops.Var]value.Value
-	cache                  []map[loops.Expr]value.Value
-	err                    error
+	md                    *module
+	f                     *ir.Func
+	entry, cur            *ir.Block
+	arena, params, inputs value.Value
+	bases                 map[baseKey]value.Value
+	temps                 []value.Value
+	bound                 map[*loops.Var]value.Value
+	cache                 []map[loops.Expr]value.Value
+	err                   error
 }
 
 func (md *module) kernel(k *loops.Kernel) (*ir.Func, error) {

@@ -112,18 +112,18 @@ type Reduce struct {
 // Mix is the SplitMix64 finaliser on an i64 (dropout's counter-based RNG).
 type Mix struct{ X Expr }
 
-func (*Var) Kind() Kind         { return I64 }
-func (Int) Kind() Kind          { return I64 }
-func (f Float) Kind() Kind      { return f.K }
-func (BoolConst) Kind() Kind    { return Bool }
-func (l *Load) Kind() Kind      { return ComputeKind(l.Buf.Type.DType) }
-func (u *Unary) Kind() Kind     { return u.X.Kind() }
-func (b *Binary) Kind() Kind    { return b.A.Kind() }
-func (*Compare) Kind() Kind     { return Bool }
-func (s *Select) Kind() Kind    { return s.A.Kind() }
-func (c *Convert) Kind() Kind   { return c.To }
-func (r *Reduce) Kind() Kind    { return r.Acc }
-func (*Mix) Kind() Kind         { return I64 }
+func (*Var) Kind() Kind       { return I64 }
+func (Int) Kind() Kind        { return I64 }
+func (f Float) Kind() Kind    { return f.K }
+func (BoolConst) Kind() Kind  { return Bool }
+func (l *Load) Kind() Kind    { return ComputeKind(l.Buf.Type.DType) }
+func (u *Unary) Kind() Kind   { return u.X.Kind() }
+func (b *Binary) Kind() Kind  { return b.A.Kind() }
+func (*Compare) Kind() Kind   { return Bool }
+func (s *Select) Kind() Kind  { return s.A.Kind() }
+func (c *Convert) Kind() Kind { return c.To }
+func (r *Reduce) Kind() Kind  { return r.Acc }
+func (*Mix) Kind() Kind       { return I64 }
 
 // Storage says where a buffer lives.
 type Storage uint8

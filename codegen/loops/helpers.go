@@ -132,13 +132,13 @@ func bin(op string, a, b Expr) Expr {
 	return &Binary{Op: op, A: a, B: b}
 }
 
-func add(a, b Expr) Expr { return bin("add", a, b) }
-func sub(a, b Expr) Expr { return bin("sub", a, b) }
-func mul(a, b Expr) Expr { return bin("mul", a, b) }
-func div(a, b Expr) Expr { return bin("div", a, b) }
-func rem(a, b Expr) Expr { return bin("rem", a, b) }
-func maxE(a, b Expr) Expr { return bin("max", a, b) }
-func minE(a, b Expr) Expr { return bin("min", a, b) }
+func add(a, b Expr) Expr        { return bin("add", a, b) }
+func sub(a, b Expr) Expr        { return bin("sub", a, b) }
+func mul(a, b Expr) Expr        { return bin("mul", a, b) }
+func div(a, b Expr) Expr        { return bin("div", a, b) }
+func rem(a, b Expr) Expr        { return bin("rem", a, b) }
+func maxE(a, b Expr) Expr       { return bin("max", a, b) }
+func minE(a, b Expr) Expr       { return bin("min", a, b) }
 func un(fn string, x Expr) Expr { return &Unary{Fn: fn, X: x} }
 
 func cmp(pred string, a, b Expr) Expr {
