@@ -120,6 +120,7 @@ func Fuse(f *ir.Func, opt Options) Stats {
 			}
 		}
 	}
+	fu.addWriteOrder()
 	before := liveness.Analyze(f).Peak
 	// Producer-into-consumer merges, consumers in schedule order.
 	for c := 0; c < fu.n; c++ {
@@ -218,7 +219,7 @@ func (fu *fuser) tryMerge(p, c *group) bool {
 			}
 		}
 	}
-	if fu.path(p, c) || !fu.outputsAfter(p, c) {
+	if fu.path(p, c) || !fu.outputsAfter(p, c) || !fu.outputsAfter(c, p) {
 		return false
 	}
 	fu.merge(p, c)
@@ -352,6 +353,49 @@ func (fu *fuser) mergeSiblings() {
 				}
 				fu.merge(first, second)
 				gs[a] = second
+			}
+		}
+	}
+}
+
+// addWriteOrder adds the order that in-place writes of arguments
+// (optimizer updates) impose: every read of an argument before its write
+// precedes the write, and every read after it follows it. With these
+// edges a kernel never moves a read across the write.
+func (fu *fuser) addWriteOrder() {
+	edge := func(from, to int) {
+		for _, p := range fu.preds[to] {
+			if p == from {
+				return
+			}
+		}
+		fu.preds[to] = append(fu.preds[to], from)
+		fu.users[from] = append(fu.users[from], to)
+	}
+	for w, op := range fu.f.Body {
+		d := op.Def()
+		if d == nil {
+			continue
+		}
+		for _, k := range d.Writes {
+			if k >= len(op.Operands) {
+				continue
+			}
+			x := op.Operands[k]
+			for r, other := range fu.f.Body {
+				if r == w {
+					continue
+				}
+				for _, v := range other.Operands {
+					if v != x {
+						continue
+					}
+					if r < w {
+						edge(r, w)
+					} else {
+						edge(w, r)
+					}
+				}
 			}
 		}
 	}

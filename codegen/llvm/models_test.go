@@ -1,0 +1,140 @@
+package llvm_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/remat"
+)
+
+// o2 is the -O2 pipeline of kiln compile.
+const o2 = "canonicalize,dce,cse,fuse,reorder,assign"
+
+func loadNpy(t *testing.T, path string) *interp.Tensor {
+	fh, err := os.Open(path)
+	require.NoError(t, err)
+	defer fh.Close()
+	x, err := npy.Read(fh)
+	require.NoError(t, err)
+	return x
+}
+
+func maxAbs(x *interp.Tensor) float64 {
+	m := 0.0
+	for i := 0; i < x.Len(); i++ {
+		m = max(m, x.At(i), -x.At(i))
+	}
+	return m
+}
+
+func maxAbsDiff(a, b *interp.Tensor) float64 {
+	m := 0.0
+	for i := 0; i < a.Len(); i++ {
+		m = max(m, a.At(i)-b.At(i), b.At(i)-a.At(i))
+	}
+	return m
+}
+
+// modelRun imports a small zoo model, runs pipeline, and returns the
+// function with its real arguments (weights and the committed input).
+func modelRun(t *testing.T, dir, pipeline string) (*ir.Func, []*interp.Tensor) {
+	m, err := onnx.ImportFile(filepath.Join(dir, "model.onnx"), onnx.Options{})
+	require.NoError(t, err)
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	f := m.Funcs[0]
+	args := make([]*interp.Tensor, len(f.Args))
+	for i, a := range f.Args {
+		if a.Arg.Kind == ir.ArgData {
+			args[i] = loadNpy(t, filepath.Join(dir, "input.npy"))
+		} else {
+			args[i] = interp.FromDense(a.Arg.Init)
+		}
+	}
+	return f, args
+}
+
+// compiledAndInterpreted runs f both ways and checks they agree within
+// 1e-5 on results and updated arguments; it returns the compiled ones.
+func compiledAndInterpreted(t *testing.T, f *ir.Func, args []*interp.Tensor) (res, final []*interp.Tensor) {
+	want, wantFinal, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	res, final, err = llvm.Run(p, args)
+	require.NoError(t, err)
+	for i := range want {
+		if maxAbs(want[i]) < 1e-5 && maxAbs(res[i]) < 1e-5 {
+			continue // mathematically zero (a conv bias before batch norm): rounding noise on both sides
+		}
+		e := passtest.RelErr(res[i], want[i])
+		require.True(t, e <= 1e-5, "result %s: relative error %g against the interpreter", f.ResultName(i), e)
+	}
+	for i := range wantFinal {
+		// An update driven by a mathematically zero gradient (a conv bias
+		// before batch norm) differs by rounding noise alone.
+		e, d := passtest.RelErr(final[i], wantFinal[i]), maxAbsDiff(final[i], wantFinal[i])
+		require.True(t, e <= 1e-5 || d <= 1e-6, "updated %s: relative error %g (largest difference %g) against the interpreter", f.Args[i].Name, e, d)
+	}
+	return res, final
+}
+
+// TestSmallModelsCompiled: the small zoo models, forward and training
+// step (with and without an optimizer step and recomputation), compiled
+// after the -O2 pipeline, agree with the interpreter within 1e-5 and with
+// PyTorch's committed outputs and gradients within 1e-4.
+func TestSmallModelsCompiled(t *testing.T) {
+	requireClang(t)
+	dirs, _ := filepath.Glob("../../testdata/models/*/model.onnx")
+	require.NotEmpty(t, dirs)
+	for _, path := range dirs {
+		dir := filepath.Dir(path)
+		t.Run(filepath.Base(dir)+"/forward", func(t *testing.T) {
+			t.Parallel()
+			f, args := modelRun(t, dir, o2)
+			res, _ := compiledAndInterpreted(t, f, args)
+			want := loadNpy(t, filepath.Join(dir, "output.npy"))
+			require.LessOrEqual(t, passtest.RelErr(res[0], want), 1e-4)
+		})
+		t.Run(filepath.Base(dir)+"/training", func(t *testing.T) {
+			t.Parallel()
+			f, args := modelRun(t, dir, "autodiff,"+o2)
+			res, _ := compiledAndInterpreted(t, f, args)
+			for i := 1; i < len(f.Results); i++ {
+				g := loadNpy(t, filepath.Join(dir, f.ResultName(i)+".npy"))
+				if maxAbs(g) < 1e-5 && maxAbs(res[i]) < 1e-5 {
+					continue // mathematically zero: both sides are rounding noise
+				}
+				require.LessOrEqual(t, passtest.RelErr(res[i], g), 1e-4, f.ResultName(i))
+			}
+		})
+		t.Run(filepath.Base(dir)+"/momentum", func(t *testing.T) {
+			t.Parallel()
+			f, args := modelRun(t, dir, "autodiff,optimizer{kind=momentum,lr=0.01,weight-decay=0.01},"+o2)
+			compiledAndInterpreted(t, f, args)
+		})
+		if filepath.Base(dir) == "mlp" {
+			continue // its peak is gradient GEMMs: nothing to recompute
+		}
+		t.Run(filepath.Base(dir)+"/remat", func(t *testing.T) {
+			t.Parallel()
+			f, args := modelRun(t, dir, "autodiff,remat{budget=0.85},canonicalize,dce,cse,fuse,reorder,assign")
+			require.Contains(t, f.String(), ".remat")
+			compiledAndInterpreted(t, f, args)
+		})
+	}
+}
