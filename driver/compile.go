@@ -110,6 +110,7 @@ func init() {
 			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations), obj, lib (shared library) or exe (with a .npy driver)")
 			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
 			fn := fs.String("func", "", "function to compile (default: the first)")
+			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			return func(e *env, args []string) error {
 				if *target != "llvm" {
 					return usageError{fmt.Sprintf("--target %q is not available (this build has: llvm)", *target)}
@@ -150,7 +151,7 @@ func init() {
 				}
 				switch *emit {
 				case "ll":
-					text, err := llvm.Text(p)
+					text, err := llvm.Text(p, llvm.Options{Threads: *threads})
 					if err != nil {
 						return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
 					}
@@ -158,7 +159,7 @@ func init() {
 				case "header":
 					return writeOutput(e, *out, []byte(llvm.Header(p)), args[0])
 				}
-				data, err := llvm.Build(p, *emit)
+				data, err := llvm.Build(p, *emit, llvm.Options{Threads: *threads})
 				if err != nil {
 					return fmt.Errorf("kiln: %v", err)
 				}
@@ -176,12 +177,12 @@ func init() {
 }
 
 // runCompiled builds f into an executable and runs it on vals.
-func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*interp.Tensor) (res, final []*interp.Tensor, err error) {
+func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*interp.Tensor, opt llvm.RunOptions) (res, final []*interp.Tensor, err error) {
 	p, err := lowerForLLVM(e, pf, in, f)
 	if err != nil {
 		return nil, nil, err
 	}
-	res, final, err = llvm.Run(p, vals)
+	res, final, err = llvm.Run(p, vals, opt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kiln: %v", err)
 	}

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
@@ -24,23 +26,37 @@ func (f *inputFlags) Set(s string) error { *f = append(*f, s); return nil }
 func init() {
 	addCommand(&command{
 		name:    "run",
-		usage:   "kiln run IN [--passes P] [--backend interp|llvm] [--input NAME=FILE.npy]... [--seed N] --output-dir DIR",
+		usage:   "kiln run IN [--passes P | -O0..-O3] [--backend interp|llvm] [--input NAME=FILE.npy]... [--seed N] --output-dir DIR",
 		summary: "run a function with the reference interpreter and write each result as DIR/NAME.npy",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
+			var ol optLevels
+			ol.register(fs)
 			var inputs inputFlags
 			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
 			seed := fs.Uint64("seed", 0, "seed of the values drawn for arguments without --input")
 			outDir := fs.String("output-dir", "", "folder for the results (created if missing)")
 			backend := fs.String("backend", "interp", "interp (the reference interpreter) or llvm (compile with clang and run natively)")
 			fn := fs.String("func", "", "function to run (default: the first)")
+			threads := fs.Int("threads", 0, "with --backend llvm: threads of parallel loops (0: all cores)")
+			repeat := fs.Int("repeat", 1, "run the function this many times and report the mean time of one run on stderr")
 			return func(e *env, args []string) error {
 				if *outDir == "" {
 					return usageError{"--output-dir is required"}
 				}
 				if *backend != "interp" && *backend != "llvm" {
 					return usageError{fmt.Sprintf("--backend must be interp or llvm, not %q", *backend)}
+				}
+				named, err := ol.pipeline()
+				if err != nil {
+					return err
+				}
+				if named != "" {
+					if pf.passes != "" {
+						return usageError{"give --passes or an -O level, not both"}
+					}
+					pf.passes = named
 				}
 				in, _, err := pf.load(e, args)
 				if err != nil {
@@ -55,13 +71,21 @@ func init() {
 					return err
 				}
 				var res, final []*interp.Tensor
+				var seconds float64
 				if *backend == "llvm" {
-					res, final, err = runCompiled(e, &pf, in, f, vals)
+					res, final, err = runCompiled(e, &pf, in, f, vals, llvm.RunOptions{Repeat: *repeat, Seconds: &seconds, Options: llvm.Options{Threads: *threads}})
 					if err != nil {
 						return err
 					}
 				} else {
-					res, final, err = interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
+					for r := 0; r < max(*repeat, 1) && err == nil; r++ {
+						start := time.Now()
+						res, final, err = interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
+						seconds += time.Since(start).Seconds() / float64(max(*repeat, 1))
+					}
+				}
+				if *repeat > 1 && err == nil {
+					fmt.Fprintf(e.stderr, "kiln: %s backend: %d runs, %.6f seconds per run\n", *backend, *repeat, seconds)
 				}
 				if err != nil {
 					return fmt.Errorf("kiln: run failed: %v", err)

@@ -16,8 +16,8 @@ import (
 )
 
 // Text is the LLVM IR of p as clang reads it.
-func Text(p *loops.Program) (string, error) {
-	m, err := Emit(p)
+func Text(p *loops.Program, opt Options) (string, error) {
+	m, err := Emit(p, opt)
 	if err != nil {
 		return "", err
 	}
@@ -50,6 +50,7 @@ func Header(p *loops.Program) string {
 		fmt.Fprintf(&b, " *   outputs[%d] = %s: %s (points into the arena or at an argument)\n", i, resultName(p.Func, i), r.Value.Type)
 	}
 	b.WriteString(" */\n")
+	b.WriteString("/* Link with -lm -lpthread. */\n")
 	fmt.Fprintf(&b, "void %s(void *arena, void **params, void **inputs, void **outputs);\n\n", EntryName(p.Func))
 	fmt.Fprintf(&b, "#ifdef __cplusplus\n}\n#endif\n\n#endif\n")
 	return b.String()
@@ -179,12 +180,12 @@ var Flags = []string{"-O3", "-march=native", "-Werror", "-Wno-unused-command-lin
 // Build compiles p with clang and returns the file's bytes: "obj" (an
 // object file), "lib" (a shared library) or "exe" (an executable with the
 // .npy driver).
-func Build(p *loops.Program, kind string) ([]byte, error) {
+func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	clang, err := Clang()
 	if err != nil {
 		return nil, err
 	}
-	text, err := Text(p)
+	text, err := Text(p, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +203,7 @@ func Build(p *loops.Program, kind string) ([]byte, error) {
 	case "obj":
 		args = append(args, "-c", ll)
 	case "lib":
-		args = append(args, "-shared", "-fPIC", ll, "-lm")
+		args = append(args, "-shared", "-fPIC", ll, "-lm", "-lpthread")
 	case "exe":
 		src, err := Driver(p)
 		if err != nil {
@@ -212,7 +213,7 @@ func Build(p *loops.Program, kind string) ([]byte, error) {
 		if err := os.WriteFile(drv, []byte(src), 0o644); err != nil {
 			return nil, err
 		}
-		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, ll, "-lm")
+		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, ll, "-lm", "-lpthread")
 	default:
 		return nil, fmt.Errorf("unknown output kind %q", kind)
 	}

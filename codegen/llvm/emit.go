@@ -42,16 +42,30 @@ var (
 	i8pp = types.NewPointer(i8p)
 )
 
+// Options tune code generation.
+type Options struct {
+	// Threads is how many threads a parallel loop uses: 0 asks the
+	// operating system for the number of online cores when the program
+	// runs, 1 emits sequential code.
+	Threads int
+}
+
 // module emits one program.
 type module struct {
-	m      *ir.Module
-	decls  map[string]*ir.Func
-	consts map[*kir.Dense]*ir.Global
+	m        *ir.Module
+	opt      Options
+	decls    map[string]*ir.Func
+	consts   map[*kir.Dense]*ir.Global
+	parallel *ir.Func // kiln_parallel_for, emitted on first use
+	outlined int
 }
 
 // Emit builds the LLVM module of p.
-func Emit(p *loops.Program) (*ir.Module, error) {
+func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 	md := &module{m: ir.NewModule(), decls: map[string]*ir.Func{}, consts: map[*kir.Dense]*ir.Global{}}
+	if len(opts) > 0 {
+		md.opt = opts[0]
+	}
 	md.m.TargetTriple = Triple()
 	var kernels []*ir.Func
 	for _, k := range p.Kernels {
@@ -141,6 +155,8 @@ type fn struct {
 	arena, params, inputs value.Value
 	bases                 map[baseKey]value.Value
 	temps                 []value.Value
+	tempNames             []string
+	name                  string
 	bound                 map[*loops.Var]value.Value
 	cache                 []map[loops.Expr]value.Value
 	err                   error
@@ -150,15 +166,19 @@ func (md *module) kernel(k *loops.Kernel) (*ir.Func, error) {
 	arena, params, inputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp)
 	f := md.m.NewFunc(k.Name, types.Void, arena, params, inputs)
 	f.Linkage = enum.LinkageInternal
+	// Kernels stay separate functions: inlining every one into the entry
+	// point only slows clang down (and hides kernels from profilers).
+	f.FuncAttrs = append(f.FuncAttrs, enum.FuncAttrNoInline)
 	entry := f.NewBlock("")
 	body := f.NewBlock("")
 	e := &fn{md: md, f: f, entry: entry, cur: body, arena: arena, params: params, inputs: inputs,
-		bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{}}
+		bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{}, name: k.Name}
 	malloc := md.declare("malloc", i8p, types.I64)
 	for _, t := range k.Temps {
 		p := entry.NewCall(malloc, constant.NewInt(types.I64, max(t.Type.SizeBytes(), 1)))
 		e.bases[baseKey{storage: loops.Temp, temp: t.Name}] = p
 		e.temps = append(e.temps, p)
+		e.tempNames = append(e.tempNames, t.Name)
 	}
 	e.steps(k.Steps)
 	free := md.declare("free", types.Void, i8p)
@@ -236,8 +256,13 @@ func i64(v int64) value.Value { return constant.NewInt(types.I64, v) }
 
 // loop emits for (i = 0; i < n; i++) body(i), where n is an i64 value.
 func (e *fn) loop(n value.Value, body func(i value.Value)) {
+	e.loopFrom(i64(0), n, body)
+}
+
+// loopFrom emits for (i = lo; i < hi; i++) body(i).
+func (e *fn) loopFrom(lo, n value.Value, body func(i value.Value)) {
 	ctr := e.entry.NewAlloca(types.I64)
-	e.cur.NewStore(i64(0), ctr)
+	e.cur.NewStore(lo, ctr)
 	head, bodyB, exit := e.f.NewBlock(""), e.f.NewBlock(""), e.f.NewBlock("")
 	e.cur.NewBr(head)
 	iv := head.NewLoad(types.I64, ctr)
@@ -276,8 +301,10 @@ func (e *fn) steps(steps []loops.Step) {
 				e.steps(s.Body)
 			})
 		case *loops.Stage:
-			if s.Matmul != nil {
-				e.matmul(s)
+			if dim, ok := e.parallelDim(s); ok {
+				e.parallelStage(s, dim)
+			} else if s.Matmul != nil {
+				e.matmul(s, nil, nil)
 			} else {
 				e.stage(s)
 			}
@@ -453,6 +480,8 @@ func (e *fn) emit(x loops.Expr) value.Value {
 		return e.reduce(x)
 	case *accValue:
 		return x.v
+	case *loops.Guarded:
+		return e.guarded(x)
 	case *loops.Mix:
 		z := e.expr(x.X)
 		c = e.cur
@@ -494,6 +523,31 @@ func (e *fn) load(l *loops.Load) value.Value {
 		v = e.cur.NewSelect(guard, v, other)
 	}
 	return v
+}
+
+// guarded evaluates g.X in a branch taken only where g.Cond holds.
+func (e *fn) guarded(g *loops.Guarded) value.Value {
+	cond := e.expr(g.Cond)
+	from := e.cur
+	then, done := e.f.NewBlock(""), e.f.NewBlock("")
+	e.cur.NewCondBr(cond, then, done)
+	e.cur = then
+	e.push()
+	v := e.expr(g.X)
+	e.pop()
+	thenEnd := e.cur
+	e.cur.NewBr(done)
+	e.cur = done
+	var other value.Value
+	switch k := g.X.Kind(); k {
+	case loops.F32, loops.F64:
+		other = constant.NewFloat(kindType(k).(*types.FloatType), g.Else)
+	case loops.Bool:
+		other = constant.NewBool(g.Else != 0)
+	default:
+		other = i64(int64(g.Else))
+	}
+	return done.NewPhi(ir.NewIncoming(v, thenEnd), ir.NewIncoming(other, from))
 }
 
 func (e *fn) libm(name string, k loops.Kind, args ...value.Value) value.Value {
@@ -650,7 +704,13 @@ func (e *fn) reduce(r *loops.Reduce) value.Value {
 		v := e.expr(r.Body)
 		old := e.cur.NewLoad(t, acc)
 		var next value.Value
-		if r.Op == "sum" {
+		if r.Op == "sum" && r.Acc.IsFloat() {
+			// Reassociation lets the vectoriser keep several partial
+			// sums, which is also more accurate than one running sum.
+			add := e.cur.NewFAdd(old, v)
+			add.FastMathFlags = []enum.FastMathFlag{enum.FastMathFlagReassoc}
+			next = add
+		} else if r.Op == "sum" {
 			next = e.arith("add", r.Acc, old, v)
 		} else {
 			next = e.arith(r.Op, r.Acc, v, old)

@@ -61,9 +61,7 @@ func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
 	if err != nil || ir.Verify(m) != nil {
 		t.Skip("not a valid module (an error case)")
 	}
-	pipe, err := passes.ParsePipeline(pipeline, nil)
-	require.NoError(t, err)
-	require.NoError(t, (&passes.Manager{}).Run(m, pipe))
+	pipelineOn(t, m, pipeline)
 	for _, f := range m.Funcs {
 		args := interp.RandomArgs(f, 7)
 		want, wantFinal, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{Seed: 7})
@@ -87,6 +85,12 @@ func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
 			require.True(t, e <= tol, "@%s updated argument %s: relative error %g", f.Name, f.Args[i].Name, e)
 		}
 	}
+}
+
+func pipelineOn(t *testing.T, m *ir.Module, pipeline string) {
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
 }
 
 func cloneAll(ts []*interp.Tensor) []*interp.Tensor {

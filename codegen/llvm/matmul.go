@@ -22,8 +22,15 @@ const (
 //	  store epilogue(acc) (or add it)
 //
 // The innermost loop is a unit-stride loop clang vectorises.
-func (e *fn) matmul(s *loops.Stage) {
+//
+// With lo and hi set, only the row blocks [lo, hi) are computed (a
+// parallel chunk).
+func (e *fn) matmul(s *loops.Stage, lo, hi value.Value) {
 	mm := s.Matmul
+	if mm.A.Kind() == loops.F32 {
+		e.matmulF32(s, lo, hi)
+		return
+	}
 	M, N := s.Extents[0], s.Extents[1]
 	mv, nv := s.Vars[0], s.Vars[1]
 	k := mm.A.Kind()
@@ -31,11 +38,14 @@ func (e *fn) matmul(s *loops.Stage) {
 	acc := e.entry.NewAlloca(types.NewArray(mr*nb, t))
 	acc.Align = 64
 	zero := identity("sum", k)
-	e.loop(i64((N+nb-1)/nb), func(jb value.Value) {
-		j0 := e.cur.NewMul(jb, i64(nb))
-		rem := e.cur.NewSub(i64(N), j0)
-		jn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(nb)), rem, i64(nb))
-		e.loop(i64((M+mr-1)/mr), func(ib value.Value) {
+	if lo == nil {
+		lo, hi = i64(0), i64((M+mr-1)/mr)
+	}
+	e.loopFrom(lo, hi, func(ib value.Value) {
+		e.loop(i64((N+nb-1)/nb), func(jb value.Value) {
+			j0 := e.cur.NewMul(jb, i64(nb))
+			rem := e.cur.NewSub(i64(N), j0)
+			jn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(nb)), rem, i64(nb))
 			m0 := e.cur.NewMul(ib, i64(mr))
 			rows := make([]value.Value, mr)
 			for r := range rows {

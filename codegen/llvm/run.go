@@ -12,11 +12,22 @@ import (
 	"github.com/kiln-compiler/kiln/npy"
 )
 
+// RunOptions tune Run.
+type RunOptions struct {
+	Repeat  int      // run the function this many times (default 1)
+	Seconds *float64 // receives the mean time of one run, when Repeat > 1
+	Options          // code generation
+}
+
 // Run compiles p into an executable, runs it on args (one per function
 // argument, in order) and returns the results and the arguments' final
 // values (they differ from args for arguments updated in place).
-func Run(p *loops.Program, args []*interp.Tensor) (results, final []*interp.Tensor, err error) {
-	exe, err := Build(p, "exe")
+func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, final []*interp.Tensor, err error) {
+	var opt RunOptions
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
+	exe, err := Build(p, "exe", opt.Options)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -42,9 +53,18 @@ func Run(p *loops.Program, args []*interp.Tensor) (results, final []*interp.Tens
 		}
 		cmdArgs = append(cmdArgs, "--input", a.Name+"="+path)
 	}
+	if opt.Repeat > 1 {
+		cmdArgs = append(cmdArgs, "--repeat", fmt.Sprint(opt.Repeat))
+	}
 	msg, err := exec.Command(bin, cmdArgs...).CombinedOutput()
 	if err != nil {
 		return nil, nil, fmt.Errorf("the compiled program failed: %v\n%s", err, strings.TrimSpace(string(msg)))
+	}
+	if opt.Repeat > 1 && opt.Seconds != nil {
+		var n int
+		if _, err := fmt.Sscanf(string(msg), "%d runs, %g seconds per run", &n, opt.Seconds); err != nil {
+			return nil, nil, fmt.Errorf("the compiled program did not report its time: %q", msg)
+		}
 	}
 	for i := range f.Results {
 		t, err := readNpy(filepath.Join(out, FileName(resultName(f, i))+".npy"))

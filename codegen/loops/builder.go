@@ -82,6 +82,19 @@ func (b *builder) matmul(out *Buffer, M, N, K int64, at func(m, n Expr) []Expr, 
 	if !kind.IsFloat() {
 		kind = F64
 	}
+	if M < 4 {
+		// A matrix-vector product: one dot product per output, the
+		// contraction innermost and contiguous.
+		v := b.reduce("sum", kind, []int64{K}, func(r []Expr) Expr {
+			return mul(conv(a(m, r[0]), kind), conv(bv(r[0], n), kind))
+		})
+		if epilogue != nil {
+			v = epilogue(v, m, n)
+		}
+		b.add(&Stage{Vars: []*Var{m, n}, Extents: []int64{M, N}, Out: out, Index: at(m, n), Accumulate: acc,
+			Value: conv(v, ComputeKind(out.Type.DType))})
+		return
+	}
 	var epi func(Expr) Expr
 	if epilogue != nil {
 		epi = func(acc Expr) Expr { return epilogue(acc, m, n) }

@@ -109,6 +109,15 @@ type Reduce struct {
 	Acc     Kind
 }
 
+// Guarded is X where Cond holds and Else (in X's kind) elsewhere; X is
+// evaluated only where Cond holds, so it may read out of bounds
+// elsewhere. Backends emit a branch, which vectorisers turn into masked
+// loads.
+type Guarded struct {
+	Cond, X Expr
+	Else    float64
+}
+
 // Mix is the SplitMix64 finaliser on an i64 (dropout's counter-based RNG).
 type Mix struct{ X Expr }
 
@@ -124,6 +133,7 @@ func (s *Select) Kind() Kind  { return s.A.Kind() }
 func (c *Convert) Kind() Kind { return c.To }
 func (r *Reduce) Kind() Kind  { return r.Acc }
 func (*Mix) Kind() Kind       { return I64 }
+func (g *Guarded) Kind() Kind { return g.X.Kind() }
 
 // Storage says where a buffer lives.
 type Storage uint8

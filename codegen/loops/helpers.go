@@ -234,3 +234,27 @@ func numElements(s ir.Shape) int64 {
 }
 
 var negInf = math.Inf(-1)
+
+// demote recomputes an F64 elementwise expression in kind k (F32 for f32
+// tensors): double-precision statistics are read once and converted, the
+// per-element arithmetic runs in k. Reductions keep their accumulator.
+func demote(e Expr, k Kind) Expr {
+	if k != F32 || e.Kind() != F64 {
+		return e
+	}
+	switch x := e.(type) {
+	case Float:
+		return fconst(F32, x.V)
+	case *Convert:
+		if x.X.Kind() == F32 {
+			return x.X
+		}
+	case *Unary:
+		return &Unary{Fn: x.Fn, X: demote(x.X, k)}
+	case *Binary:
+		return bin(x.Op, demote(x.A, k), demote(x.B, k))
+	case *Select:
+		return &Select{C: x.C, A: demote(x.A, k), B: demote(x.B, k)}
+	}
+	return &Convert{To: F32, X: e}
+}

@@ -58,9 +58,11 @@ func lowerBatchNormTrain(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 	}
 	y := alias(out[0], ir.Shape{n, c, inner})
 	b.store(y, func(idx []Expr) Expr {
-		ch := idx[1]
-		xv := conv(x.At(idx), F64)
-		return add(mul(mul(sub(xv, mu(ch)), invstd(ch)), conv(scale.At([]Expr{ch}), F64)), conv(bias.At([]Expr{ch}), F64))
+		return demote(func() Expr {
+			ch := idx[1]
+			xv := conv(x.At(idx), F64)
+			return add(mul(mul(sub(xv, mu(ch)), invstd(ch)), conv(scale.At([]Expr{ch}), F64)), conv(bias.At([]Expr{ch}), F64))
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	unbiased := func(ch Expr) Expr {
 		if cnt > 1 {
@@ -101,11 +103,13 @@ func lowerBatchNormGrad(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error 
 	})
 	dx := alias(out[0], ir.Shape{n, c, inner})
 	b.store(dx, func(idx []Expr) Expr {
-		ch := []Expr{idx[1]}
-		k := mul(conv(scale.At(ch), F64), conv(invstd.At(ch), F64))
-		a := div(&Load{Buf: sdy, Index: ch}, Float{V: cnt, K: F64})
-		bb := div(&Load{Buf: sdyx, Index: ch}, Float{V: cnt, K: F64})
-		return mul(k, sub(sub(conv(dy.At(idx), F64), a), mul(xhat(idx), bb)))
+		return demote(func() Expr {
+			ch := []Expr{idx[1]}
+			k := mul(conv(scale.At(ch), F64), conv(invstd.At(ch), F64))
+			a := div(&Load{Buf: sdy, Index: ch}, Float{V: cnt, K: F64})
+			bb := div(&Load{Buf: sdyx, Index: ch}, Float{V: cnt, K: F64})
+			return mul(k, sub(sub(conv(dy.At(idx), F64), a), mul(xhat(idx), bb)))
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	b.store(out[1], func(idx []Expr) Expr { return &Load{Buf: sdyx, Index: idx} })
 	b.store(out[2], func(idx []Expr) Expr { return &Load{Buf: sdy, Index: idx} })
@@ -138,11 +142,13 @@ func lowerLayerNorm(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	})
 	y := alias(out[0], ir.Shape{rows, cols})
 	b.store(y, func(idx []Expr) Expr {
-		v := mul(mul(sub(conv(x.At(idx), F64), mu(idx[0])), &Load{Buf: inv, Index: idx[:1]}), conv(scale.At(idx[1:]), F64))
-		if len(in) == 3 {
-			v = add(v, conv(view(in[2], ir.Shape{cols}).At(idx[1:]), F64))
-		}
-		return v
+		return demote(func() Expr {
+			v := mul(mul(sub(conv(x.At(idx), F64), mu(idx[0])), &Load{Buf: inv, Index: idx[:1]}), conv(scale.At(idx[1:]), F64))
+			if len(in) == 3 {
+				v = add(v, conv(view(in[2], ir.Shape{cols}).At(idx[1:]), F64))
+			}
+			return v
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	b.store(alias(out[1], ir.Shape{rows}), func(idx []Expr) Expr { return mu(idx[0]) })
 	b.store(alias(out[2], ir.Shape{rows}), func(idx []Expr) Expr { return &Load{Buf: inv, Index: idx} })
@@ -166,8 +172,10 @@ func lowerLayerNormGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 		return div(b.reduce("sum", F64, []int64{cols}, func(j []Expr) Expr { return mul(g(idx[0], j[0]), xhat(idx[0], j[0])) }), Float{V: float64(cols), K: F64})
 	})
 	b.store(alias(out[0], ir.Shape{rows, cols}), func(idx []Expr) Expr {
-		r, j := idx[0], idx[1]
-		return mul(conv(inv.At([]Expr{r}), F64), sub(sub(g(r, j), &Load{Buf: ga, Index: []Expr{r}}), mul(xhat(r, j), &Load{Buf: gb, Index: []Expr{r}})))
+		return demote(func() Expr {
+			r, j := idx[0], idx[1]
+			return mul(conv(inv.At([]Expr{r}), F64), sub(sub(g(r, j), &Load{Buf: ga, Index: []Expr{r}}), mul(xhat(r, j), &Load{Buf: gb, Index: []Expr{r}})))
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	b.store(alias(out[1], ir.Shape{cols}), func(idx []Expr) Expr {
 		return b.reduce("sum", F64, []int64{rows}, func(r []Expr) Expr {
@@ -210,11 +218,13 @@ func lowerSoftmax(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	_, logz := logPartition(b, x, outer, n, inner)
 	log := op.Kind == "log_softmax"
 	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
-		v := sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}})
-		if log {
-			return v
-		}
-		return un("exp", v)
+		return demote(func() Expr {
+			v := sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}})
+			if log {
+				return v
+			}
+			return un("exp", v)
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	return nil
 }
@@ -234,12 +244,14 @@ func lowerSoftmaxGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 		})
 	})
 	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
-		sv := &Load{Buf: s, Index: []Expr{idx[0], idx[2]}}
-		g, yv := conv(dy.At(idx), F64), conv(y.At(idx), F64)
-		if log {
-			return sub(g, mul(un("exp", yv), sv))
-		}
-		return mul(yv, sub(g, sv))
+		return demote(func() Expr {
+			sv := &Load{Buf: s, Index: []Expr{idx[0], idx[2]}}
+			g, yv := conv(dy.At(idx), F64), conv(y.At(idx), F64)
+			if log {
+				return sub(g, mul(un("exp", yv), sv))
+			}
+			return mul(yv, sub(g, sv))
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	return nil
 }
@@ -274,9 +286,11 @@ func lowerCrossEntropyGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) er
 		scale = div(scale, Float{V: float64(numElements(in[2].Type.Shape)), K: F64})
 	}
 	b.store(alias(out[0], ir.Shape{outer, k, inner}), func(idx []Expr) Expr {
-		p := un("exp", sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}}))
-		hit := cmp("eq", idx[1], label(in[2], idx[0], idx[2], inner, k))
-		return mul(sub(p, sel(hit, Float{V: 1, K: F64}, Float{V: 0, K: F64})), scale)
+		return demote(func() Expr {
+			p := un("exp", sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}}))
+			hit := cmp("eq", idx[1], label(in[2], idx[0], idx[2], inner, k))
+			return mul(sub(p, sel(hit, Float{V: 1, K: F64}, Float{V: 0, K: F64})), scale)
+		}(), ComputeKind(out[0].Type.DType))
 	})
 	return nil
 }

@@ -186,8 +186,7 @@ func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr Expr, transposed bool
 		ih := add(sub(mul(oh, Int{g.SH}), Int{g.PT}), mul(t[1], Int{g.DH}))
 		iw := add(sub(mul(ow, Int{g.SW}), Int{g.PL}), mul(t[2], Int{g.DW}))
 		ok := and(inRange(ih, g.H), inRange(iw, g.W))
-		v := x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), clamp(ih, g.H), clamp(iw, g.W)})
-		return sel(ok, v, like(v, 0))
+		return &Guarded{Cond: ok, X: x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), ih, iw})}
 	})
 	if transposed {
 		return alias(col, ir.Shape{ohw, kdim})

@@ -1,0 +1,56 @@
+package llvm_test
+
+import (
+	"testing"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/stretchr/testify/require"
+)
+
+// bigKernels holds ops large enough to run on several threads and to
+// take the packed matmul path (ragged sizes on purpose), plus the
+// matrix-vector path (two rows).
+const bigKernels = `func @big(%x: f32[2,16,30,30], %w: f32[40,16,3,3] {param}, %s: f32[40] {param}, %b: f32[40] {param},
+          %rm: f32[40] {state}, %rv: f32[40] {state}, %a: f32[100,300], %c: f32[300,270], %v: f32[2,300], %q: f32[130,300], %g: f32[270] {param}) ->
+          (y: f32[2,40,15,15], mm: f32[100,270], mv: f32[2,130], sm: f32[100,270], ln: f32[100,270]) {
+  %conv = conv2d(%x, %w) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2,40,15,15]
+  %bn, %nrm, %nrv, %mean, %inv = batch_norm_train(%conv, %s, %b, %rm, %rv) : f32[2,40,15,15], f32[40], f32[40], f32[40], f32[40]
+  %y = relu(%bn) : f32[2,40,15,15]
+  %mm = matmul(%a, %c) : f32[100,270]
+  %mv = gemm(%v, %q) {trans_b = true} : f32[2,130]
+  %sm = softmax(%mm) {axis = -1} : f32[100,270]
+  %ln, %lm, %li = layer_norm(%mm, %g) {axis = -1} : f32[100,270], f32[100,1], f32[100,1]
+  return %y, %mm, %mv, %sm, %ln
+}
+`
+
+// TestParallelKernelsMatchInterpreter: with 1, 2 and 3 threads the
+// compiled kernels give the interpreter's results within 1e-5.
+func TestParallelKernelsMatchInterpreter(t *testing.T) {
+	requireClang(t)
+	m := passtest.Parse(t, bigKernels)
+	f := m.Funcs[0]
+	args := interp.RandomArgs(f, 3)
+	want, err := interp.Run(f, cloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	passtest.CheckPipeline(t, bigKernels, "fuse,reorder,assign", 1e-6)
+	m2 := passtest.Parse(t, bigKernels)
+	pipelineOn(t, m2, "fuse,reorder,assign")
+	p, err := loops.Lower(m2.Funcs[0])
+	require.NoError(t, err)
+	text, err := llvm.Text(p, llvm.Options{Threads: 2})
+	require.NoError(t, err)
+	require.Contains(t, text, "@kiln_parallel_for(", "the stages run on threads")
+	require.Contains(t, text, "@llvm.fmuladd.v16f32(", "the matmuls take the packed vector kernel")
+	for _, threads := range []int{1, 2, 3} {
+		got, _, err := llvm.Run(p, args, llvm.RunOptions{Options: llvm.Options{Threads: threads}})
+		require.NoError(t, err)
+		for i := range want {
+			e := passtest.RelErr(got[i], want[i])
+			require.True(t, e <= 1e-5, "%d threads, result %s: relative error %g", threads, f.ResultName(i), e)
+		}
+	}
+}
