@@ -102,6 +102,11 @@ func lowerMatmul(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
 	if len(bs) == 1 {
 		bs = ir.Shape{bs[0], 1}
 	}
+	if len(bs) == 2 && len(as) > 2 {
+		// B has no batch dimensions: A's rows, batches included, form one
+		// matrix (the [seq, batch, hidden] layout of attention projections).
+		as = ir.Shape{numElements(as[:len(as)-1]), as[len(as)-1]}
+	}
 	m, k, n := as[len(as)-2], as[len(as)-1], bs[len(bs)-1]
 	batch, err := ir.BroadcastShapes(as[:len(as)-2], bs[:len(bs)-2])
 	if err != nil {
