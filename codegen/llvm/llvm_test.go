@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-compiler/kiln/golden"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -60,6 +61,11 @@ func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
 	m, err := parser.Parse("in.kir", src)
 	if err != nil || ir.Verify(m) != nil {
 		t.Skip("not a valid module (an error case)")
+	}
+	for _, f := range m.Funcs {
+		if liveness.CheckOffsets(f) != nil {
+			t.Skip("an invalid buffer assignment (a checker error case)")
+		}
 	}
 	pipelineOn(t, m, pipeline)
 	for _, f := range m.Funcs {
