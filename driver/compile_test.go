@@ -1,0 +1,122 @@
+package driver
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+func needClang(t *testing.T) {
+	if _, err := llvm.Clang(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
+
+// TestRunBackendsAgree: kiln run --backend llvm writes the files kiln run
+// with the interpreter writes, with the same values within 1e-5, for the
+// bundled examples forward, as training steps and after an optimizer
+// step (updated.<param>.npy).
+func TestRunBackendsAgree(t *testing.T) {
+	needClang(t)
+	for _, name := range []string{"mlp", "cnn"} {
+		for _, pipeline := range []string{"", "autodiff", "autodiff,optimizer{kind=adam}"} {
+			src := filepath.Join("..", "testdata", "examples", name+".kir")
+			ref, got := t.TempDir(), t.TempDir()
+			_, stderr, code := kiln(t, "run", src, "--passes", pipeline, "--seed", "3", "--output-dir", ref)
+			require.Equal(t, 0, code, stderr)
+			_, stderr, code = kiln(t, "run", src, "--passes", pipeline, "--seed", "3", "--backend", "llvm", "--output-dir", got)
+			require.Equal(t, 0, code, stderr)
+			files, _ := filepath.Glob(filepath.Join(ref, "*.npy"))
+			require.NotEmpty(t, files)
+			for _, f := range files {
+				want := readNpy(t, f)
+				have := readNpy(t, filepath.Join(got, filepath.Base(f)))
+				require.Equal(t, want.Type, have.Type, f)
+				e := passtest.RelErr(have, want)
+				require.True(t, e <= 1e-5, "%s %q %s: relative error %g", name, pipeline, filepath.Base(f), e)
+			}
+			others, _ := filepath.Glob(filepath.Join(got, "*"))
+			require.Len(t, others, len(files), "the same files")
+		}
+	}
+}
+
+// TestCompileEmitsEveryKind: ll, header, obj, lib and exe come out, and
+// the executable takes kiln run's flags.
+func TestCompileEmitsEveryKind(t *testing.T) {
+	needClang(t)
+	dir := t.TempDir()
+	src := filepath.Join("..", "testdata", "examples", "mlp.kir")
+	for _, kind := range []string{"ll", "header", "obj", "lib", "exe"} {
+		out := filepath.Join(dir, "mlp."+kind)
+		_, stderr, code := kiln(t, "compile", src, "-O2", "--emit", kind, "-o", out)
+		require.Equal(t, 0, code, stderr)
+		require.FileExists(t, out)
+	}
+	ll, _ := os.ReadFile(filepath.Join(dir, "mlp.ll"))
+	require.Contains(t, string(ll), "target triple = \""+llvm.Triple()+"\"")
+	require.Contains(t, string(ll), "define void @kiln_mlp(i8* %arena, i8** %params, i8** %inputs, i8** %outputs)")
+	h, _ := os.ReadFile(filepath.Join(dir, "mlp.header"))
+	require.Contains(t, string(h), "void kiln_mlp(void *arena, void **params, void **inputs, void **outputs);")
+
+	// The executable reads the arguments kiln run would use.
+	ref := t.TempDir()
+	_, stderr, code := kiln(t, "run", src, "--seed", "9", "--output-dir", ref)
+	require.Equal(t, 0, code, stderr)
+	inputs := t.TempDir()
+	var args []string
+	for _, a := range []string{"x", "w1", "b1", "w2"} {
+		args = append(args, "--input", a+"="+filepath.Join(inputs, a+".npy"))
+	}
+	writeArgs(t, src, 9, inputs)
+	out := t.TempDir()
+	cmd := exec.Command(filepath.Join(dir, "mlp.exe"), append(args, "--output-dir", out)...)
+	msg, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(msg))
+	e := passtest.RelErr(readNpy(t, filepath.Join(out, "logits.npy")), readNpy(t, filepath.Join(ref, "logits.npy")))
+	require.True(t, e <= 1e-5, "relative error %g", e)
+
+	// A missing input is a clear error.
+	msg, err = exec.Command(filepath.Join(dir, "mlp.exe"), "--output-dir", out).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(msg), "missing --input w1=FILE.npy")
+}
+
+// writeArgs writes the seeded argument values of src's first function.
+func writeArgs(t *testing.T, src string, seed uint64, dir string) {
+	in, err := readModule(&env{}, src)
+	require.NoError(t, err)
+	f := in.module.Funcs[0]
+	vals, err := argumentValues(f, nil, seed)
+	require.NoError(t, err)
+	for i, a := range f.Args {
+		fh, err := os.Create(filepath.Join(dir, a.Name+".npy"))
+		require.NoError(t, err)
+		require.NoError(t, npy.Write(fh, vals[i]))
+		require.NoError(t, fh.Close())
+	}
+}
+
+// TestCompileWithoutClang: obj, lib and exe name the missing tool; ll
+// and header need no clang.
+func TestCompileWithoutClang(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	src := filepath.Join("..", "testdata", "examples", "mlp.kir")
+	_, stderr, code := kiln(t, "compile", src, "--emit", "exe", "-o", filepath.Join(t.TempDir(), "x"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "clang is not installed")
+	require.False(t, strings.Contains(stderr, "goroutine"))
+	_, stderr, code = kiln(t, "compile", src, "--emit", "ll")
+	require.Equal(t, 0, code, stderr)
+}
