@@ -73,7 +73,11 @@ func init() {
 				var res, final []*interp.Tensor
 				var seconds float64
 				if *backend == "llvm" {
-					res, final, err = runCompiled(e, &pf, in, f, vals, llvm.RunOptions{Repeat: *repeat, Seconds: &seconds, Options: llvm.Options{Threads: *threads}})
+					opt := llvm.RunOptions{Repeat: *repeat, Options: llvm.Options{Threads: *threads}}
+					if *repeat > 1 {
+						opt.Seconds = &seconds
+					}
+					res, final, err = runCompiled(e, &pf, in, f, vals, opt)
 					if err != nil {
 						return err
 					}

@@ -12,6 +12,7 @@ import (
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/onnx"
 )
 
@@ -55,9 +56,12 @@ func BenchmarkBackends(b *testing.B) {
 					b.Fatal(err)
 				}
 				var compiled float64
-				if _, _, err := llvm.Run(p, args, llvm.RunOptions{Repeat: 5, Seconds: &compiled}); err != nil {
+				var rss, binary int64
+				if _, _, err := llvm.Run(p, args, llvm.RunOptions{Repeat: 5, Seconds: &compiled, MaxRSS: &rss, Binary: &binary}); err != nil {
 					b.Fatal(err)
 				}
+				planned := memreport.Build(f, nil).PlannedBytes
+				b.ReportMetric(float64(rss)/float64(planned+binary), "rss/(planned+binary)")
 				start := time.Now()
 				if _, err := interp.Run(f, args, interp.Options{}); err != nil {
 					b.Fatal(err)
@@ -72,5 +76,34 @@ func BenchmarkBackends(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkCompiledTrainingStep runs a ResNet-50 training step (batch 8,
+// forward, backward and an SGD update in place) compiled at -O2 and
+// reports its time and its peak resident memory against the plan (one
+// run: repeating would keep a copy of the parameters it updates).
+func BenchmarkCompiledTrainingStep(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		m, err := onnx.ImportFile(modelPath("resnet50"), onnx.Options{Batch: 8})
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, m, "autodiff,optimizer{kind=sgd,lr=0.01},canonicalize,dce,cse,fuse,reorder,assign")
+		f := m.Funcs[0]
+		p, err := loops.Lower(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var seconds float64
+		var rss, binary int64
+		if _, _, err := llvm.Run(p, interp.RandomArgs(f, 1), llvm.RunOptions{Repeat: 1, Seconds: &seconds, MaxRSS: &rss, Binary: &binary}); err != nil {
+			b.Fatal(err)
+		}
+		planned := memreport.Build(f, nil).PlannedBytes
+		b.ReportMetric(seconds, "step-s")
+		b.ReportMetric(float64(planned)/(1<<20), "planned-MiB")
+		b.ReportMetric(float64(rss)/(1<<20), "rss-MiB")
+		b.ReportMetric(float64(rss)/float64(planned+binary), "rss/(planned+binary)")
 	}
 }

@@ -15,7 +15,9 @@ import (
 // RunOptions tune Run.
 type RunOptions struct {
 	Repeat  int      // run the function this many times (default 1)
-	Seconds *float64 // receives the mean time of one run, when Repeat > 1
+	Seconds *float64 // receives the mean time of one run
+	MaxRSS  *int64   // receives the program's peak resident bytes
+	Binary  *int64   // receives the executable's size in bytes
 	Options          // code generation
 }
 
@@ -53,17 +55,26 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 		}
 		cmdArgs = append(cmdArgs, "--input", a.Name+"="+path)
 	}
-	if opt.Repeat > 1 {
-		cmdArgs = append(cmdArgs, "--repeat", fmt.Sprint(opt.Repeat))
+	if opt.Repeat > 1 || opt.Seconds != nil {
+		cmdArgs = append(cmdArgs, "--repeat", fmt.Sprint(max(opt.Repeat, 1)))
+	}
+	if opt.MaxRSS != nil {
+		cmdArgs = append(cmdArgs, "--report-memory")
 	}
 	msg, err := exec.Command(bin, cmdArgs...).CombinedOutput()
+	if opt.Binary != nil {
+		*opt.Binary = int64(len(exe))
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("the compiled program failed: %v\n%s", err, strings.TrimSpace(string(msg)))
 	}
-	if opt.Repeat > 1 && opt.Seconds != nil {
+	for _, line := range strings.Split(string(msg), "\n") {
 		var n int
-		if _, err := fmt.Sscanf(string(msg), "%d runs, %g seconds per run", &n, opt.Seconds); err != nil {
-			return nil, nil, fmt.Errorf("the compiled program did not report its time: %q", msg)
+		switch {
+		case opt.Seconds != nil && strings.HasSuffix(line, "seconds per run"):
+			fmt.Sscanf(line, "%d runs, %g seconds per run", &n, opt.Seconds)
+		case opt.MaxRSS != nil && strings.HasPrefix(line, "peak resident"):
+			fmt.Sscanf(line, "peak resident %d bytes", opt.MaxRSS)
 		}
 	}
 	for i := range f.Results {

@@ -175,15 +175,18 @@ func pointwise(g ir.ConvGeometry) bool {
 // im2col stores, for image n and group gr, col[r, p] = x under kernel tap
 // r = (c, kh, kw) at output position p = (oh, ow) (0 in the padding); with
 // transposed it stores col[p, r] instead.
-func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr Expr, transposed bool) *Buffer {
-	cg, _, kdim, ohw := convDims(g)
-	shape := ir.Shape{kdim, g.OH, g.OW}
+//
+// Only output rows [oh0, oh0+rows) are stored (a chunk that bounds the
+// workspace); transposed always stores all of them.
+func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr, oh0 Expr, rows int64, transposed bool) *Buffer {
+	cg, _, kdim, _ := convDims(g)
+	shape := ir.Shape{kdim, rows, g.OW}
 	if transposed {
 		shape = ir.Shape{g.OH, g.OW, kdim}
 	}
 	col := b.temp("col", ir.Type{DType: x.Type.DType, Shape: shape})
 	b.store(col, func(idx []Expr) Expr {
-		r, oh, ow := idx[0], idx[1], idx[2]
+		r, oh, ow := idx[0], add(oh0, idx[1]), idx[2]
 		if transposed {
 			oh, ow, r = idx[0], idx[1], idx[2]
 		}
@@ -194,9 +197,24 @@ func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr Expr, transposed bool
 		return &Guarded{Cond: ok, X: x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), ih, iw})}
 	})
 	if transposed {
-		return alias(col, ir.Shape{ohw, kdim})
+		return alias(col, ir.Shape{g.OH * g.OW, kdim})
 	}
-	return alias(col, ir.Shape{kdim, ohw})
+	return alias(col, ir.Shape{kdim, rows * g.OW})
+}
+
+// im2colBytes bounds the workspace of one im2col chunk.
+const im2colBytes = 4 << 20
+
+// chunkRows is the largest divisor of OH whose im2col chunk fits
+// im2colBytes (at least 1).
+func chunkRows(g ir.ConvGeometry, kdim, elem int64) int64 {
+	best := int64(1)
+	for r := int64(1); r <= g.OH; r++ {
+		if g.OH%r == 0 && kdim*r*g.OW*elem <= im2colBytes {
+			best = r
+		}
+	}
+	return best
 }
 
 func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
@@ -210,25 +228,31 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	o := alias(out[0], ir.Shape{g.N, g.M, ohw})
 	b.loop(g.N, func(n *Var) {
 		b.loop(g.Groups, func(gr *Var) {
-			var src Tensor
-			if pointwise(g) {
-				src = view(x, ir.Shape{g.N, g.C, ohw})
-				xs := src
-				src = Tensor{At: func(idx []Expr) Expr { return xs.At([]Expr{n, add(mul(gr, Int{cg}), idx[0]), idx[1]}) }}
-			} else {
-				src = FromBuffer(im2col(b, x, g, n, gr, false))
-			}
-			var epi func(acc, m, p Expr) Expr
+			var epi func(acc, m, p Expr) Expr // the bias, when there is one
 			if len(in) == 3 {
 				epi = func(acc, m, _ Expr) Expr {
 					return add(acc, conv(in[2].At([]Expr{add(mul(gr, Int{mg}), m)}), acc.Kind()))
 				}
 			}
-			b.matmul(o, mg, ohw, kdim,
-				func(m, p Expr) []Expr { return []Expr{n, add(mul(gr, Int{mg}), m), p} },
-				func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
-				func(r, p Expr) Expr { return src.At([]Expr{r, p}) },
-				epi, false)
+			a := func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) }
+			if pointwise(g) {
+				xs := view(x, ir.Shape{g.N, g.C, ohw})
+				b.matmul(o, mg, ohw, kdim,
+					func(m, p Expr) []Expr { return []Expr{n, add(mul(gr, Int{mg}), m), p} },
+					a, func(r, p Expr) Expr { return xs.At([]Expr{n, add(mul(gr, Int{cg}), r), p}) },
+					epi, false)
+				return
+			}
+			// im2col a chunk of output rows at a time, then multiply.
+			rows := chunkRows(g, kdim, x.Type.DType.Size())
+			b.loop(g.OH/rows, func(c *Var) {
+				oh0 := mul(c, Int{rows})
+				col := FromBuffer(im2col(b, x, g, n, gr, oh0, rows, false))
+				b.matmul(o, mg, rows*g.OW, kdim,
+					func(m, p Expr) []Expr { return []Expr{n, add(mul(gr, Int{mg}), m), add(mul(oh0, Int{g.OW}), p)} },
+					a, func(r, p Expr) Expr { return col.At([]Expr{r, p}) },
+					epi, false)
+			})
 		})
 	})
 	return nil
@@ -297,7 +321,7 @@ func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 				X := view(x, ir.Shape{g.N, g.C, ohw})
 				colT = func(p, r Expr) Expr { return X.At([]Expr{n, add(mul(gr, Int{cg}), r), p}) }
 			} else {
-				c := FromBuffer(im2col(b, x, g, n, gr, true))
+				c := FromBuffer(im2col(b, x, g, n, gr, Int{0}, g.OH, true))
 				colT = func(p, r Expr) Expr { return c.At([]Expr{p, r}) }
 			}
 			b.matmul(dw, mg, kdim, ohw,
