@@ -81,6 +81,9 @@ func lowerBatchNormTrain(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 	return nil
 }
 
+// The backward normalisations subtract nearly equal terms (dy, its mean,
+// xhat times the mean of dy*xhat): they stay in double precision.
+
 func lowerBatchNormGrad(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
 	dy, _, _, _ := channels(in[0])
 	x, n, c, inner := channels(in[1])
@@ -103,13 +106,13 @@ func lowerBatchNormGrad(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error 
 	})
 	dx := alias(out[0], ir.Shape{n, c, inner})
 	b.store(dx, func(idx []Expr) Expr {
-		return demote(func() Expr {
+		return func() Expr {
 			ch := []Expr{idx[1]}
 			k := mul(conv(scale.At(ch), F64), conv(invstd.At(ch), F64))
 			a := div(&Load{Buf: sdy, Index: ch}, Float{V: cnt, K: F64})
 			bb := div(&Load{Buf: sdyx, Index: ch}, Float{V: cnt, K: F64})
 			return mul(k, sub(sub(conv(dy.At(idx), F64), a), mul(xhat(idx), bb)))
-		}(), ComputeKind(out[0].Type.DType))
+		}()
 	})
 	b.store(out[1], func(idx []Expr) Expr { return &Load{Buf: sdyx, Index: idx} })
 	b.store(out[2], func(idx []Expr) Expr { return &Load{Buf: sdy, Index: idx} })
@@ -172,10 +175,10 @@ func lowerLayerNormGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 		return div(b.reduce("sum", F64, []int64{cols}, func(j []Expr) Expr { return mul(g(idx[0], j[0]), xhat(idx[0], j[0])) }), Float{V: float64(cols), K: F64})
 	})
 	b.store(alias(out[0], ir.Shape{rows, cols}), func(idx []Expr) Expr {
-		return demote(func() Expr {
+		return func() Expr {
 			r, j := idx[0], idx[1]
 			return mul(conv(inv.At([]Expr{r}), F64), sub(sub(g(r, j), &Load{Buf: ga, Index: []Expr{r}}), mul(xhat(r, j), &Load{Buf: gb, Index: []Expr{r}})))
-		}(), ComputeKind(out[0].Type.DType))
+		}()
 	})
 	b.store(alias(out[1], ir.Shape{cols}), func(idx []Expr) Expr {
 		return b.reduce("sum", F64, []int64{rows}, func(r []Expr) Expr {
@@ -244,14 +247,14 @@ func lowerSoftmaxGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 		})
 	})
 	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
-		return demote(func() Expr {
+		return func() Expr {
 			sv := &Load{Buf: s, Index: []Expr{idx[0], idx[2]}}
 			g, yv := conv(dy.At(idx), F64), conv(y.At(idx), F64)
 			if log {
 				return sub(g, mul(un("exp", yv), sv))
 			}
 			return mul(yv, sub(g, sv))
-		}(), ComputeKind(out[0].Type.DType))
+		}()
 	})
 	return nil
 }
