@@ -60,6 +60,9 @@ type Report struct {
 	UnfusedKernels           int   `json:"unfused_kernels"`
 	UnfusedTrafficBytes      int64 `json:"unfused_traffic_bytes"`
 	IntermediateBytesRemoved int64 `json:"intermediate_bytes_removed"`
+	// BytesByDType splits the bytes live at the peak (arguments included)
+	// by dtype: they sum to peak_bytes.
+	BytesByDType map[string]int64 `json:"bytes_by_dtype"`
 
 	info *liveness.Info
 }
@@ -89,6 +92,12 @@ func Build(f *ir.Func, passes []Pass) *Report {
 		r.ArenaBytes = alloc.BestDeterministic(p).Size
 	}
 	r.PlannedBytes = r.ParamsBytes + r.StateBytes + r.InputsBytes + r.ArenaBytes
+	r.BytesByDType = map[string]int64{}
+	for _, b := range info.Buffers {
+		if b.Arg || (info.PeakAt >= 0 && b.Start <= info.PeakAt && info.PeakAt <= b.End) {
+			r.BytesByDType[b.Root().Type.DType.String()] += b.Size
+		}
+	}
 	if r.PeakBytes > 0 {
 		r.Fragmentation = float64(r.PlannedBytes)/float64(r.PeakBytes) - 1
 	}
@@ -191,6 +200,16 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(tw, "peak\t%s\t(%d bytes)%s\n", Human(r.PeakBytes), r.PeakBytes, at)
+	if len(r.BytesByDType) > 1 {
+		names := make([]string, 0, len(r.BytesByDType))
+		for d := range r.BytesByDType {
+			names = append(names, d)
+		}
+		sort.Strings(names)
+		for _, d := range names {
+			row("  at peak in "+d, r.BytesByDType[d])
+		}
+	}
 	row("arena", r.ArenaBytes)
 	row("planned", r.PlannedBytes)
 	fmt.Fprintf(tw, "fragmentation\t%.4f\n", r.Fragmentation)

@@ -1,0 +1,323 @@
+// Package precision is the `precision` pass: it rewrites a training step
+// (from autodiff) to mixed precision. Matrix products, convolutions,
+// elementwise and data-movement ops compute on, and store, the low dtype
+// (bf16 or f16); reductions, softmax, normalisations, the loss and the
+// optimizer updates stay in f32, as do the parameters (the f32 master
+// copies, cast down where a low-precision op reads them) and the
+// gradients the step returns (cast up at the end). Casts are inserted per
+// use, so a cast copy lives only until its reader; fuse merges them into
+// their neighbours' kernels.
+//
+// With f16 the backward pass runs on a scaled loss: the loss-gradient
+// seed is multiplied by loss-scale and the returned gradients by its
+// inverse, so that small gradients do not flush to zero (static scaling;
+// the scale is an option, not adjusted in the graph).
+//
+// saved=bf16|f16|fp8 also narrows the values the backward pass reads from
+// the forward pass: each is cast down after its last forward use and
+// back up before its first backward use (fp8: e4m3 with a per-tensor
+// scale, max|x|/448).
+package precision
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes"
+)
+
+func init() {
+	passes.MustRegister(&passes.Pass{
+		Name:    "precision",
+		Summary: "rewrite a training step to mixed precision (low-precision activations, f32 master weights, gradients and statistics)",
+		Options: []passes.Option{
+			{Name: "dtype", Kind: passes.EnumOption, Enum: []string{"bf16", "f16", "f32"}, Default: "bf16", Doc: "the dtype of activations and matrix products (f32: leave them, e.g. to use saved= alone)"},
+			{Name: "saved", Kind: passes.EnumOption, Enum: []string{"none", "bf16", "f16", "fp8"}, Default: "none", Doc: "also store the values saved for the backward pass in this dtype (fp8: e4m3 with a per-tensor scale)"},
+			{Name: "loss-scale", Kind: passes.FloatOption, Default: "0", Doc: "multiply the loss gradient by this and the returned gradients by its inverse (0: 1024 with f16, none otherwise)"},
+		},
+		Run: func(ctx *passes.Context, m *ir.Module) error {
+			c := Config{DType: ir.F32, LossScale: ctx.Float("loss-scale")}
+			switch ctx.String("dtype") {
+			case "bf16":
+				c.DType = ir.BF16
+			case "f16":
+				c.DType = ir.F16
+			}
+			switch ctx.String("saved") {
+			case "bf16":
+				c.Saved = ir.BF16
+			case "f16":
+				c.Saved = ir.F16
+			case "fp8":
+				c.Saved = ir.F8E4M3
+			}
+			if c.LossScale == 0 && c.DType == ir.F16 {
+				c.LossScale = 1024
+			}
+			for _, f := range m.Funcs {
+				st, err := Apply(f, c)
+				if err != nil {
+					return err
+				}
+				ctx.AddStat("casts", int64(st.Casts))
+				ctx.AddStat("saved-narrowed", int64(st.Saved))
+			}
+			return nil
+		},
+	})
+}
+
+// Config chooses the dtypes.
+type Config struct {
+	DType     ir.DType // of activations: BF16, F16, or F32 (unchanged)
+	Saved     ir.DType // of values saved for the backward pass (0: as DType)
+	LossScale float64  // 0 or 1: none
+}
+
+// Stats counts what the pass did.
+type Stats struct{ Casts, Saved int }
+
+// highOps compute in f32: reductions and everything whose accuracy rests
+// on statistics, plus the ops that update arguments in place.
+var highOps = map[string]bool{
+	"reduce_sum": true, "reduce_mean": true, "reduce_max": true, "sum_to": true, "global_avg_pool": true,
+	"softmax": true, "log_softmax": true, "softmax_grad": true, "log_softmax_grad": true,
+	"layer_norm": true, "layer_norm_grad": true,
+	"batch_norm_train": true, "batch_norm_infer": true, "batch_norm_grad": true,
+	"softmax_cross_entropy": true, "softmax_cross_entropy_grad": true,
+	"sgd_update": true, "momentum_update": true, "adam_update": true, "random_uniform": true,
+}
+
+// rewriter rebuilds a function op by op.
+type rewriter struct {
+	f    *ir.Func
+	body []*ir.Op
+	env  map[*ir.Value]*ir.Value
+	st   Stats
+}
+
+func (r *rewriter) emit(kind string, operands []*ir.Value, attrs ir.Attrs, loc ir.Location, base string) *ir.Value {
+	op, err := r.f.NewOp(kind, operands, attrs, loc, base)
+	if err != nil {
+		panic(fmt.Sprintf("precision: %v", err)) // operands were cast to types the op accepts
+	}
+	r.body = append(r.body, op)
+	return op.Results[0]
+}
+
+// as returns v in dtype d, casting when it is a float of another dtype.
+func (r *rewriter) as(v *ir.Value, d ir.DType, loc ir.Location) *ir.Value {
+	if !v.Type.DType.IsFloat() || v.Type.DType == d {
+		return v
+	}
+	r.st.Casts++
+	return r.emit("cast", []*ir.Value{v}, ir.Attrs{"to": ir.TypeAttr(d)}, loc, v.Name+"."+d.String())
+}
+
+// Apply rewrites f in place.
+func Apply(f *ir.Func, c Config) (Stats, error) {
+	for _, op := range f.Body {
+		if op.Region != nil {
+			return Stats{}, fmt.Errorf("@%s: run precision before fuse (op %s has a region)", f.Name, op.Kind)
+		}
+	}
+	r := &rewriter{f: f, env: map[*ir.Value]*ir.Value{}}
+	low := c.DType
+	if low == 0 {
+		low = ir.F32
+	}
+	var seed *ir.Value
+	for _, op := range f.Body {
+		if op.Kind == "constant" && len(op.Results) == 1 && strings.HasPrefix(op.Results[0].Name, "loss.grad") {
+			seed = op.Results[0]
+		}
+	}
+	scale := c.LossScale != 0 && c.LossScale != 1
+	if scale && seed == nil {
+		return Stats{}, fmt.Errorf("@%s: loss scaling needs a training step made by autodiff (no loss.grad seed)", f.Name)
+	}
+	gradOps := gradientProducers(f)
+	for _, op := range f.Body {
+		want := low
+		if highOps[op.Kind] || gradOps[op] || op.Kind == "cast" || op.Kind == "constant" {
+			want = ir.F32
+		}
+		operands := make([]*ir.Value, len(op.Operands))
+		for i, x := range op.Operands {
+			v := r.env[x]
+			if v == nil {
+				v = x // an argument
+			}
+			if d := op.Def(); d != nil && contains(d.Writes, i) {
+				operands[i] = v // written in place: the argument itself
+				continue
+			}
+			if op.Kind != "cast" {
+				v = r.as(v, want, op.Loc)
+			}
+			operands[i] = v
+		}
+		attrs := op.Attrs
+		if scale && seed != nil && op.Results[0] == seed {
+			attrs = ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: op.Results[0].Type, Floats: []float64{c.LossScale}})}
+		}
+		nop, err := f.NewOp(op.Kind, operands, attrs, op.Loc, "")
+		if err != nil {
+			return Stats{}, fmt.Errorf("@%s: %s: %v", f.Name, op.Kind, err)
+		}
+		nop.Attrs = attrs
+		// Keep the names: results and gradients are found by them.
+		for i, res := range nop.Results {
+			res.Name = op.Results[i].Name
+			r.env[op.Results[i]] = res
+		}
+		r.body = append(r.body, nop)
+	}
+	for i := range f.Results {
+		old := f.Results[i].Value
+		v := r.env[old]
+		if v == nil {
+			continue // an argument returned as it is
+		}
+		v = r.as(v, old.Type.DType, ir.Location{})
+		if scale && strings.HasPrefix(f.Results[i].Name, "grad.") {
+			inv := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: v.Type.DType, Shape: ir.Shape{}}, Floats: []float64{1 / c.LossScale}})}, ir.Location{}, "loss.unscale")
+			v = r.emit("mul", []*ir.Value{v, inv}, nil, ir.Location{}, f.Results[i].Name+".unscaled")
+		}
+		f.Results[i].Value = v
+	}
+	f.Body = r.body
+	if c.Saved != 0 && c.Saved != low {
+		narrowSaved(r, c.Saved)
+		f.Body = r.body
+	}
+	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
+}
+
+// gradientProducers are the ops that compute the returned gradients:
+// walking back from each grad.* result through accumulations, sums and
+// views to the op that makes it (the weight-gradient matmul or
+// convolution). They compute in f32 from low-precision operands, so
+// gradients are produced in f32, not rounded to the low dtype first.
+func gradientProducers(f *ir.Func) map[*ir.Op]bool {
+	through := map[string]bool{"add": true, "sum_to": true, "reshape": true, "transpose": true, "squeeze": true, "unsqueeze": true, "flatten": true}
+	out := map[*ir.Op]bool{}
+	var visit func(v *ir.Value)
+	visit = func(v *ir.Value) {
+		op := v.Def
+		if op == nil || out[op] {
+			return
+		}
+		out[op] = true
+		if through[op.Kind] {
+			for _, x := range op.Operands {
+				visit(x)
+			}
+		}
+	}
+	for _, r := range f.Results {
+		if strings.HasPrefix(r.Name, "grad.") {
+			visit(r.Value)
+		}
+	}
+	return out
+}
+
+func contains(xs []int, i int) bool {
+	for _, x := range xs {
+		if x == i {
+			return true
+		}
+	}
+	return false
+}
+
+// narrowSaved casts each forward value the backward pass reads down to d
+// after its last forward use, and back up before its first backward use.
+// The backward pass starts at the loss-gradient seed (or after the op
+// defining the result named loss).
+func narrowSaved(r *rewriter, d ir.DType) {
+	body := r.body
+	start := -1
+	for i, op := range body {
+		for _, res := range op.Results {
+			if strings.HasPrefix(res.Name, "loss.grad") && start < 0 {
+				start = i
+			}
+		}
+	}
+	if start < 0 {
+		return
+	}
+	pos := map[*ir.Op]int{}
+	for i, op := range body {
+		pos[op] = i
+	}
+	lastForward := map[*ir.Value]int{}
+	var saved []*ir.Value
+	seen := map[*ir.Value]bool{}
+	for i, op := range body {
+		for _, x := range op.Operands {
+			if x.Def == nil || pos[x.Def] >= start || !x.Type.DType.IsFloat() || x.Type.DType.Size() <= d.Size() {
+				continue
+			}
+			if x.Type.Rank() == 0 {
+				continue // scalars are not worth a cast
+			}
+			if i < start {
+				lastForward[x] = i
+			} else if !seen[x] {
+				seen[x] = true
+				saved = append(saved, x)
+			}
+		}
+	}
+	after := map[int][]*ir.Op{}
+	restored := map[*ir.Value]*ir.Value{}
+	var restoreOps = map[*ir.Value][]*ir.Op{}
+	for _, v := range saved {
+		at, ok := lastForward[v]
+		if !ok {
+			at = pos[v.Def]
+		}
+		r.body = nil
+		var down, scale *ir.Value
+		if d == ir.F8E4M3 {
+			mx := r.emit("reduce_max", []*ir.Value{r.emit("abs", []*ir.Value{v}, nil, v.Def.Loc, v.Name+".abs")}, nil, v.Def.Loc, v.Name+".amax")
+			tiny := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mx.Type, Floats: []float64{1e-30}})}, v.Def.Loc, v.Name+".tiny")
+			fp8max := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mx.Type, Floats: []float64{448}})}, v.Def.Loc, v.Name+".fp8max")
+			scale = r.emit("div", []*ir.Value{r.emit("max", []*ir.Value{mx, tiny}, nil, v.Def.Loc, v.Name+".amax1"), fp8max}, nil, v.Def.Loc, v.Name+".scale")
+			down = r.emit("cast", []*ir.Value{r.emit("div", []*ir.Value{v, scale}, nil, v.Def.Loc, v.Name+".scaled")}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
+		} else {
+			down = r.emit("cast", []*ir.Value{v}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
+		}
+		after[at] = append(after[at], r.body...)
+		r.body = nil
+		up := r.emit("cast", []*ir.Value{down}, ir.Attrs{"to": ir.TypeAttr(v.Type.DType)}, v.Def.Loc, v.Name+".restored")
+		if scale != nil {
+			up = r.emit("mul", []*ir.Value{up, scale}, nil, v.Def.Loc, v.Name+".unscaled")
+		}
+		restoreOps[v] = r.body
+		restored[v] = up
+		r.st.Saved++
+	}
+	var out []*ir.Op
+	placed := map[*ir.Value]bool{}
+	for i, op := range body {
+		if i >= start {
+			for j, x := range op.Operands {
+				if up, ok := restored[x]; ok {
+					if !placed[x] {
+						out = append(out, restoreOps[x]...)
+						placed[x] = true
+					}
+					op.Operands[j] = up
+				}
+			}
+		}
+		out = append(out, op)
+		out = append(out, after[i]...)
+	}
+	r.body = out
+}
