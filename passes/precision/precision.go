@@ -80,8 +80,14 @@ type Stats struct{ Casts, Saved int }
 
 // highOps compute in f32: reductions and everything whose accuracy rests
 // on statistics, plus the ops that update arguments in place.
+//
+// Plain reductions (reduce_*, global_avg_pool) read the low dtype directly:
+// their kernels accumulate in f64 and only the (small) result is rounded,
+// where a cast-up copy of a large operand (the logits a loss sums) would
+// cost as much memory as the f32 step. sum_to stays f32: it makes bias
+// gradients.
 var highOps = map[string]bool{
-	"reduce_sum": true, "reduce_mean": true, "reduce_max": true, "sum_to": true, "global_avg_pool": true,
+	"sum_to": true,
 	"softmax": true, "log_softmax": true, "softmax_grad": true, "log_softmax_grad": true,
 	"layer_norm": true, "layer_norm_grad": true,
 	"batch_norm_train": true, "batch_norm_infer": true, "batch_norm_grad": true,
@@ -110,6 +116,12 @@ func (r *rewriter) emit(kind string, operands []*ir.Value, attrs ir.Attrs, loc i
 func (r *rewriter) as(v *ir.Value, d ir.DType, loc ir.Location) *ir.Value {
 	if !v.Type.DType.IsFloat() || v.Type.DType == d {
 		return v
+	}
+	if v.Def != nil && v.Def.Kind == "expand" {
+		// Cast the small source and broadcast again: no full-size copy,
+		// and the broadcast fuses into its reader.
+		src := r.as(v.Def.Operands[0], d, loc)
+		return r.emit("expand", []*ir.Value{src}, v.Def.Attrs, v.Def.Loc, v.Name+"."+d.String())
 	}
 	r.st.Casts++
 	return r.emit("cast", []*ir.Value{v}, ir.Attrs{"to": ir.TypeAttr(d)}, loc, v.Name+"."+d.String())
@@ -173,6 +185,17 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			r.env[op.Results[i]] = res
 		}
 		r.body = append(r.body, nop)
+		// A large activation computed in f32 (softmax, normalisations) is
+		// stored in the low dtype like every other one: readers that need
+		// f32 cast it back. Gradients and the step's results keep f32.
+		if want == ir.F32 && low != ir.F32 && !gradOps[op] && !op.Def().Impure {
+			for i, res := range nop.Results {
+				old := op.Results[i]
+				if res.Type.DType == ir.F32 && res.Type.NumElements() >= 4096 && !f.IsResult(old) {
+					r.env[old] = r.as(res, low, op.Loc)
+				}
+			}
+		}
 	}
 	for i := range f.Results {
 		old := f.Results[i].Value
@@ -209,11 +232,14 @@ func gradientProducers(f *ir.Func) map[*ir.Op]bool {
 		if op == nil || out[op] {
 			return
 		}
-		out[op] = true
-		if through[op.Kind] {
+		switch {
+		case through[op.Kind]:
+			out[op] = true
 			for _, x := range op.Operands {
 				visit(x)
 			}
+		case contractions[op.Kind]:
+			out[op] = true
 		}
 	}
 	for _, r := range f.Results {
@@ -223,6 +249,9 @@ func gradientProducers(f *ir.Func) map[*ir.Op]bool {
 	}
 	return out
 }
+
+// contractions are the ops that make weight gradients.
+var contractions = map[string]bool{"matmul": true, "gemm": true, "conv2d_grad_weight": true}
 
 func contains(xs []int, i int) bool {
 	for _, x := range xs {

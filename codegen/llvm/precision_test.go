@@ -1,0 +1,72 @@
+package llvm_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/kiln-compiler/kiln/passes/precision"
+)
+
+// TestLowPrecisionRoundingMatchesInterpreter: bf16 and f16 values are
+// rounded to nearest even on every store, compiled as interpreted, bit
+// for bit (sums and products of 16-bit values are exact in f32, so both
+// round the same number).
+func TestLowPrecisionRoundingMatchesInterpreter(t *testing.T) {
+	requireClang(t)
+	src := `func @low(%x: f32[257], %y: f32[257], %h: f16[257]) -> (a: bf16[257], b: f16[257], c: f32[257], d: bf16[257]) {
+  %xb = cast(%x) {to = bf16} : bf16[257]
+  %yb = cast(%y) {to = bf16} : bf16[257]
+  %s = add(%xb, %yb) : bf16[257]
+  %p = mul(%s, %xb) : bf16[257]
+  %r = relu(%p) : bf16[257]
+  %xh = cast(%x) {to = f16} : f16[257]
+  %hs = add(%xh, %h) : f16[257]
+  %hm = mul(%hs, %hs) : f16[257]
+  %back = cast(%r) {to = f32} : f32[257]
+  %d = cast(%hm) {to = bf16} : bf16[257]
+  return %r, %hm, %back, %d
+}
+`
+	m := passtest.Parse(t, src)
+	pipelineOn(t, m, "assign")
+	f := m.Funcs[0]
+	args := interp.RandomArgs(f, 21)
+	want, err := interp.Run(f, cloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	got, _, err := llvm.Run(p, args)
+	require.NoError(t, err)
+	for i := range want {
+		require.Equal(t, want[i].Type, got[i].Type)
+		require.Equal(t, want[i].F, got[i].F, "result %s", f.ResultName(i))
+	}
+}
+
+// TestMixedPrecisionStepCompiled: a bf16 training step of the small
+// models, compiled, stays within bf16 rounding of the interpreted one.
+func TestMixedPrecisionStepCompiled(t *testing.T) {
+	requireClang(t)
+	for _, dir := range []string{"../../testdata/models/mlp", "../../testdata/models/small_cnn", "../../testdata/models/one_layer_transformer"} {
+		f, args := modelRun(t, dir, "autodiff,precision{dtype=bf16},"+o2)
+		want, err := interp.Run(f, cloneAll(args), interp.Options{})
+		require.NoError(t, err)
+		p, err := loops.Lower(f)
+		require.NoError(t, err)
+		got, _, err := llvm.Run(p, args)
+		require.NoError(t, err)
+		for i := range want {
+			if i > 0 && maxAbs(loadNpy(t, filepath.Join(dir, f.ResultName(i)+".npy"))) < 1e-5 {
+				continue // zero in PyTorch (a conv bias before batch norm): noise
+			}
+			e := passtest.RelErr(got[i], want[i])
+			require.True(t, e <= 2e-2, "%s %s: relative error %g", dir, f.ResultName(i), e)
+		}
+	}
+}
