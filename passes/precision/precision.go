@@ -87,7 +87,7 @@ type Stats struct{ Casts, Saved int }
 // cost as much memory as the f32 step. sum_to stays f32: it makes bias
 // gradients.
 var highOps = map[string]bool{
-	"sum_to": true,
+	"sum_to":  true,
 	"softmax": true, "log_softmax": true, "softmax_grad": true, "log_softmax_grad": true,
 	"layer_norm": true, "layer_norm_grad": true,
 	"batch_norm_train": true, "batch_norm_infer": true, "batch_norm_grad": true,
