@@ -25,6 +25,20 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute under this peak budget (bytes or a fraction, as remat{budget=})")
 }
 
+// apply puts the chosen level's pipeline into pf (a usage error when
+// --passes is given too).
+func (l *optLevels) apply(pf *pipelineFlags) error {
+	named, err := l.pipeline()
+	if err != nil || named == "" {
+		return err
+	}
+	if pf.passes != "" {
+		return usageError{"give --passes or an -O level, not both"}
+	}
+	pf.passes = named
+	return nil
+}
+
 // pipeline is the named pipeline chosen, or "" when none is.
 func (l *optLevels) pipeline() (string, error) {
 	level := -1
@@ -124,15 +138,8 @@ func init() {
 				default:
 					return usageError{fmt.Sprintf("--emit must be ll, header, obj, lib or exe, not %q", *emit)}
 				}
-				named, err := ol.pipeline()
-				if err != nil {
+				if err := ol.apply(&pf); err != nil {
 					return err
-				}
-				if named != "" && pf.passes != "" {
-					return usageError{"give --passes or an -O level, not both"}
-				}
-				if named != "" {
-					pf.passes = named
 				}
 				if len(args) != 1 {
 					return usageError{"want exactly one input file (or - for standard input)"}

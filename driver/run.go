@@ -48,15 +48,8 @@ func init() {
 				if *backend != "interp" && *backend != "llvm" {
 					return usageError{fmt.Sprintf("--backend must be interp or llvm, not %q", *backend)}
 				}
-				named, err := ol.pipeline()
-				if err != nil {
+				if err := ol.apply(&pf); err != nil {
 					return err
-				}
-				if named != "" {
-					if pf.passes != "" {
-						return usageError{"give --passes or an -O level, not both"}
-					}
-					pf.passes = named
 				}
 				in, _, err := pf.load(e, args)
 				if err != nil {

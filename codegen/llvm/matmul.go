@@ -80,28 +80,34 @@ func (e *fn) matmul(s *loops.Stage, lo, hi value.Value) {
 				})
 			})
 			for r := 0; r < mr; r++ {
-				m := e.cur.NewAdd(m0, i64(int64(r)))
-				then, done := e.f.NewBlock(""), e.f.NewBlock("")
-				e.cur.NewCondBr(e.cur.NewICmp(enum.IPredSLT, m, i64(M)), then, done)
-				e.cur = then
-				e.push()
-				e.bound[mv] = m
-				e.loop(jn, func(j value.Value) {
-					e.bound[nv] = e.cur.NewAdd(j0, j)
-					v := value.Value(e.cur.NewLoad(t, slot(r, j)))
-					if mm.Epilogue != nil {
-						v = e.expr(mm.Epilogue(&accValue{v: v, k: k}))
-					}
-					outK := loops.ComputeKind(s.Out.Type.DType)
-					v = e.convert(v, k, outK)
-					e.storeAt(s.Out, indexOf(s), v, s.Accumulate)
-				})
-				e.pop()
-				e.cur.NewBr(done)
-				e.cur = done
+				e.storeRow(s, m0, r, j0, jn, func(j value.Value) value.Value { return e.cur.NewLoad(t, slot(r, j)) })
 			}
 		})
 	})
+}
+
+// storeRow stores row m0+r of a matmul result (when inside the matrix):
+// for j < n, element at(j) through the epilogue at column j0+j.
+func (e *fn) storeRow(s *loops.Stage, m0 value.Value, r int, j0, n value.Value, at func(j value.Value) value.Value) {
+	mm := s.Matmul
+	k := mm.A.Kind()
+	m := e.cur.NewAdd(m0, i64(int64(r)))
+	then, done := e.f.NewBlock(""), e.f.NewBlock("")
+	e.cur.NewCondBr(e.cur.NewICmp(enum.IPredSLT, m, i64(s.Extents[0])), then, done)
+	e.cur = then
+	e.push()
+	e.bound[s.Vars[0]] = m
+	e.loop(n, func(j value.Value) {
+		e.bound[s.Vars[1]] = e.cur.NewAdd(j0, j)
+		v := at(j)
+		if mm.Epilogue != nil {
+			v = e.expr(mm.Epilogue(&accValue{v: v, k: k}))
+		}
+		e.storeAt(s.Out, indexOf(s), e.convert(v, k, loops.ComputeKind(s.Out.Type.DType)), s.Accumulate)
+	})
+	e.pop()
+	e.cur.NewBr(done)
+	e.cur = done
 }
 
 func indexOf(s *loops.Stage) []loops.Expr {

@@ -127,25 +127,9 @@ func (e *fn) matmulF32(s *loops.Stage, lo, hi value.Value) {
 				left := e.cur.NewSub(jn, c0)
 				cn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, left, i64(nr)), left, i64(nr))
 				for r := 0; r < mrv; r++ {
-					m := e.cur.NewAdd(m0, i64(int64(r)))
-					then, done := e.f.NewBlock(""), e.f.NewBlock("")
-					e.cur.NewCondBr(e.cur.NewICmp(enum.IPredSLT, m, i64(M)), then, done)
-					e.cur = then
-					e.push()
-					e.bound[mv] = m
-					e.loop(cn, func(j value.Value) {
-						e.bound[nv] = e.cur.NewAdd(e.cur.NewAdd(j0, c0), j)
-						slot := e.cur.NewGetElementPtr(tileT, tile, i64(0), e.cur.NewAdd(j, i64(int64(r*nr))))
-						v := value.Value(e.cur.NewLoad(types.Float, slot))
-						if mm.Epilogue != nil {
-							v = e.expr(mm.Epilogue(&accValue{v: v, k: loops.F32}))
-						}
-						v = e.convert(v, loops.F32, loops.ComputeKind(s.Out.Type.DType))
-						e.storeAt(s.Out, indexOf(s), v, s.Accumulate)
+					e.storeRow(s, m0, r, e.cur.NewAdd(j0, c0), cn, func(j value.Value) value.Value {
+						return e.cur.NewLoad(types.Float, e.cur.NewGetElementPtr(tileT, tile, i64(0), e.cur.NewAdd(j, i64(int64(r*nr)))))
 					})
-					e.pop()
-					e.cur.NewBr(done)
-					e.cur = done
 				}
 			})
 		})
