@@ -161,6 +161,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			if v == nil {
 				v = x // an argument
 			}
+			v = r.rebroadcast(v)
 			if d := op.Def(); d != nil && contains(d.Writes, i) {
 				operands[i] = v // written in place: the argument itself
 				continue
@@ -210,12 +211,45 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		}
 		f.Results[i].Value = v
 	}
-	f.Body = r.body
+	f.Body = dropUnusedBroadcasts(f, r.body)
+	r.body = f.Body
 	if c.Saved != 0 && c.Saved != low {
 		narrowSaved(r, c.Saved)
 		f.Body = r.body
 	}
 	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
+}
+
+// rebroadcast makes a large broadcast again right before each reader, so
+// that none lives from one reader to the next (and fuse can read it as a
+// matmul prologue).
+func (r *rewriter) rebroadcast(v *ir.Value) *ir.Value {
+	if v.Def == nil || v.Def.Kind != "expand" || v.Type.NumElements() < 1<<16 {
+		return v
+	}
+	return r.emit("expand", v.Def.Operands, v.Def.Attrs, v.Def.Loc, v.Name)
+}
+
+// dropUnusedBroadcasts removes the expand ops whose every reader got a
+// broadcast of its own.
+func dropUnusedBroadcasts(f *ir.Func, body []*ir.Op) []*ir.Op {
+	used := map[*ir.Value]bool{}
+	for _, op := range body {
+		for _, x := range op.Operands {
+			used[x] = true
+		}
+	}
+	for _, r := range f.Results {
+		used[r.Value] = true
+	}
+	out := body[:0]
+	for _, op := range body {
+		if op.Kind == "expand" && !used[op.Results[0]] {
+			continue
+		}
+		out = append(out, op)
+	}
+	return out
 }
 
 // gradientProducers are the ops that compute the returned gradients:
