@@ -29,7 +29,7 @@ func init() {
 	kernels["transpose"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x := in[0]
 		perm := op.Attrs.Ints("perm", nil)
-		xs := strides(x.Type.Shape)
+		xs := x.Type.Shape.Strides()
 		st := make([]int64, len(perm))
 		for i, p := range perm {
 			st[i] = xs[p]
@@ -94,7 +94,7 @@ func init() {
 	}
 	sliceMap := func(op *ir.Op, full ir.Shape, fn func(outIdx, inIdx int64)) {
 		sl, _ := ir.SliceOf(full, op.Attrs)
-		fs := strides(full)
+		fs := full.Strides()
 		st := make([]int64, len(full))
 		base := int64(0)
 		for i := range full {
@@ -162,7 +162,7 @@ func init() {
 		for i := range y.I {
 			y.I[i] = int64(v)
 		}
-		ys := strides(out[0].Shape)
+		ys := out[0].Shape.Strides()
 		n := x.Type.NumElements()
 		o := newOdometer(x.Type.Shape)
 		for i := int64(0); i < n; i++ {

@@ -90,22 +90,11 @@ func (x *Tensor) String() string {
 	return fmt.Sprintf("%s%v%v", x.Type, x.F, x.I)
 }
 
-// strides returns row-major strides of a shape.
-func strides(s ir.Shape) []int64 {
-	st := make([]int64, len(s))
-	acc := int64(1)
-	for i := len(s) - 1; i >= 0; i-- {
-		st[i] = acc
-		acc *= s[i]
-	}
-	return st
-}
-
 // broadcastStrides returns strides for reading an operand of shape in as
 // if it had shape out (0 along broadcast dimensions).
 func broadcastStrides(in, out ir.Shape) []int64 {
 	st := make([]int64, len(out))
-	own := strides(in)
+	own := in.Strides()
 	off := len(out) - len(in)
 	for i := range in {
 		if in[i] != 1 {

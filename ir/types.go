@@ -106,6 +106,17 @@ func (s Shape) Equal(t Shape) bool {
 // Clone returns a copy of s.
 func (s Shape) Clone() Shape { return append(Shape{}, s...) }
 
+// Strides returns the row-major element strides of s.
+func (s Shape) Strides() []int64 {
+	st := make([]int64, len(s))
+	acc := int64(1)
+	for i := len(s) - 1; i >= 0; i-- {
+		st[i] = acc
+		acc *= s[i]
+	}
+	return st
+}
+
 // String prints s as "[2,3]".
 func (s Shape) String() string {
 	var b strings.Builder

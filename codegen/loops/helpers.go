@@ -177,18 +177,8 @@ func inRange(i Expr, n int64) Expr {
 	return and(cmp("ge", i, Int{0}), cmp("lt", i, Int{n}))
 }
 
-func strides(s ir.Shape) []int64 {
-	st := make([]int64, len(s))
-	acc := int64(1)
-	for i := len(s) - 1; i >= 0; i-- {
-		st[i] = acc
-		acc *= s[i]
-	}
-	return st
-}
-
 func flatten(idx []Expr, s ir.Shape) Expr {
-	st := strides(s)
+	st := s.Strides()
 	var f Expr = Int{0}
 	for i, x := range idx {
 		f = add(f, mul(x, Int{st[i]}))
@@ -197,7 +187,7 @@ func flatten(idx []Expr, s ir.Shape) Expr {
 }
 
 func unflatten(flat Expr, s ir.Shape) []Expr {
-	st := strides(s)
+	st := s.Strides()
 	out := make([]Expr, len(s))
 	for i := range s {
 		var x Expr = flat
