@@ -9,4 +9,5 @@ import (
 	_ "github.com/kiln-compiler/kiln/passes/precision"
 	_ "github.com/kiln-compiler/kiln/passes/remat"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
+	_ "github.com/kiln-compiler/kiln/passes/swap"
 )

@@ -24,9 +24,15 @@ func (f *Func) UniqueName(base string) string {
 			f.names[a.Name] = true
 		}
 	}
+	if f.suffix == nil {
+		f.suffix = map[string]int{}
+	}
 	name := base
-	for i := 1; f.names[name] || name == ""; i++ {
+	// Suffixes continue where the last call for base stopped, so that
+	// passes that try and undo many rewrites stay linear.
+	for i := f.suffix[base] + 1; f.names[name] || name == ""; i++ {
 		name = base + "." + strconv.Itoa(i)
+		f.suffix[base] = i
 	}
 	f.names[name] = true
 	return name

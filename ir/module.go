@@ -52,7 +52,8 @@ type Func struct {
 	Attrs   Attrs
 	Pos     Pos // where the function was parsed, if it was
 
-	names map[string]bool // names in use, built by UniqueName
+	names  map[string]bool // names in use, built by UniqueName
+	suffix map[string]int  // last suffix UniqueName gave each base
 }
 
 // Result is one function result: a value and an optional name.

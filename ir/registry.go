@@ -78,6 +78,9 @@ type OpDef struct {
 	// Writes lists operands the op overwrites in place (optimizer
 	// updates); each must be an inout argument, and the op its last use.
 	Writes []int
+	// Host: the result lives in host memory (swap_out); only swap_in may
+	// read it.
+	Host bool
 }
 
 var registry = map[string]*OpDef{}

@@ -74,6 +74,11 @@ func verifyFunc(f *Func) diag.List {
 	}
 	v.block(f.Body, scope)
 	v.writes(f)
+	for _, r := range f.Results {
+		if HostResult(r.Value) {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("result %s is in host memory (swap it in first)", r.Value.Ref())))
+		}
+	}
 	for i, r := range f.Results {
 		if r.Value == nil || !scope[r.Value] {
 			name := "<nil>"
@@ -216,6 +221,13 @@ func (v *verifier) writes(f *Func) {
 	for i, op := range f.Body {
 		d := op.Def()
 		for _, x := range op.Operands {
+			if HostResult(x) != (op.Kind == "swap_in") {
+				if op.Kind == "swap_in" {
+					v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("swap_in reads %s, which is not in host memory (a swap_out result)", x.Ref())))
+				} else {
+					v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s reads %s, which is in host memory (swap it in first)", op.Kind, x.Ref())))
+				}
+			}
 			if w, ok := writer[x]; ok && w < i {
 				v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s reads %s after op %d overwrote it", op.Kind, x.Ref(), w)))
 			}

@@ -66,9 +66,22 @@ func CheckOffsets(f *ir.Func) error {
 			groupEnd[root] = n // a result's storage is never taken over
 		}
 	}
+	hostArena := f.Attrs.Int("host_arena", 0)
+	var hostSpans []*span
 	for i, op := range f.Body {
 		d := op.Def()
 		for j, r := range op.Results {
+			if ir.HostResult(r) {
+				if r.Offset == ir.NoOffset || r.Offset%align != 0 || r.Offset+r.Type.SizeBytes() > hostArena {
+					return fmt.Errorf("@%s: host tensor %s at offset %d does not fit the host arena of %d bytes with alignment %d", f.Name, r.Ref(), r.Offset, hostArena, align)
+				}
+				end := i
+				if l, ok := last[r]; ok {
+					end = l
+				}
+				hostSpans = append(hostSpans, &span{root: r, start: i, end: end, lo: r.Offset, hi: r.Offset + r.Type.SizeBytes()})
+				continue
+			}
 			if d != nil && d.View && j == 0 {
 				x := op.Operands[0]
 				if onArg[find(x)] {
@@ -107,17 +120,12 @@ func CheckOffsets(f *ir.Func) error {
 			join(r, root, i)
 		}
 	}
-	type span struct {
-		root       *ir.Value
-		start, end int
-		lo, hi     int64
-	}
 	groups := map[*ir.Value]*span{}
 	var order []*ir.Value
 	for i, op := range f.Body {
 		for _, r := range op.Results {
 			g := find(r)
-			if onArg[g] {
+			if onArg[g] || ir.HostResult(r) {
 				continue
 			}
 			end := i
@@ -138,6 +146,22 @@ func CheckOffsets(f *ir.Func) error {
 	for i, g := range order {
 		spans[i] = groups[g]
 	}
+	if err := disjoint(f, spans); err != nil {
+		return err
+	}
+	return disjoint(f, hostSpans)
+}
+
+// span is a group of values sharing memory: live on ops start..end, at
+// bytes [lo, hi).
+type span struct {
+	root       *ir.Value
+	start, end int
+	lo, hi     int64
+}
+
+// disjoint reports two spans live together whose bytes overlap.
+func disjoint(f *ir.Func, spans []*span) error {
 	sort.SliceStable(spans, func(a, b int) bool { return spans[a].start < spans[b].start })
 	var active []*span
 	for _, s := range spans {

@@ -26,6 +26,9 @@ type Buffer struct {
 	// Arg is set for buffers rooted at a function argument (not in the
 	// arena; live for the whole function).
 	Arg bool
+	// Host is set for buffers in host memory (swap_out results); they are
+	// in HostBuffers, not Buffers, and count towards HostPeak only.
+	Host bool
 
 	pinned bool // holds a function result
 }
@@ -44,6 +47,11 @@ type Info struct {
 	Live   []int64
 	Peak   int64
 	PeakAt int // index of the first op where the peak is reached (-1: no ops)
+	// HostBuffers are the swap_out results; HostPeak the most host bytes
+	// live at once, SwappedBytes the bytes copied out to the host.
+	HostBuffers  []*Buffer
+	HostPeak     int64
+	SwappedBytes int64
 }
 
 // Options tune the analysis.
@@ -113,6 +121,13 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 			if end == -2 {
 				end = i
 			}
+			if ir.HostResult(r) {
+				b := &Buffer{Values: []*ir.Value{r}, Size: r.Type.SizeBytes(), Start: i, End: end, Host: true}
+				info.HostBuffers = append(info.HostBuffers, b)
+				info.BufferOf[r] = b
+				info.SwappedBytes += b.Size
+				continue
+			}
 			if into != nil {
 				into.Values = append(into.Values, r)
 				if !into.Arg {
@@ -144,6 +159,16 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 	for _, b := range bufs {
 		diff[b.Start] += b.Size
 		diff[b.End+1] -= b.Size
+	}
+	hostDiff := make([]int64, n+1)
+	for j, b := range info.HostBuffers {
+		b.ID = len(info.Buffers) + j
+		hostDiff[b.Start] += b.Size
+		hostDiff[b.End+1] -= b.Size
+	}
+	for i, cur := 0, int64(0); i < n; i++ {
+		cur += hostDiff[i]
+		info.HostPeak = max(info.HostPeak, cur)
 	}
 	info.Live = make([]int64, n)
 	cur := int64(0)

@@ -63,6 +63,11 @@ type Report struct {
 	// BytesByDType splits the bytes live at the peak (arguments included)
 	// by dtype: they sum to peak_bytes.
 	BytesByDType map[string]int64 `json:"bytes_by_dtype"`
+	// HostBytes is the host memory that swapped-out tensors need (the host
+	// arena when assigned, else the most host bytes live at once);
+	// SwappedBytes the bytes copied to the host (and back).
+	HostBytes    int64 `json:"host_bytes"`
+	SwappedBytes int64 `json:"swapped_bytes"`
 
 	info *liveness.Info
 }
@@ -92,6 +97,10 @@ func Build(f *ir.Func, passes []Pass) *Report {
 		r.ArenaBytes = alloc.BestDeterministic(p).Size
 	}
 	r.PlannedBytes = r.ParamsBytes + r.StateBytes + r.InputsBytes + r.ArenaBytes
+	r.HostBytes, r.SwappedBytes = info.HostPeak, info.SwappedBytes
+	if h, ok := f.Attrs["host_arena"]; ok {
+		r.HostBytes = h.Int
+	}
 	r.BytesByDType = map[string]int64{}
 	for _, b := range info.Buffers {
 		if b.Arg || (info.PeakAt >= 0 && b.Start <= info.PeakAt && info.PeakAt <= b.End) {
@@ -212,6 +221,10 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	row("arena", r.ArenaBytes)
 	row("planned", r.PlannedBytes)
+	if r.SwappedBytes > 0 {
+		row("host", r.HostBytes)
+		row("swapped", r.SwappedBytes)
+	}
 	fmt.Fprintf(tw, "fragmentation\t%.4f\n", r.Fragmentation)
 	fmt.Fprintf(tw, "flops\t%d\n", r.FLOPs)
 	fmt.Fprintf(tw, "recompute flops\t%d\n", r.RecomputeFLOPs)

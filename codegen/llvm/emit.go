@@ -57,6 +57,7 @@ type module struct {
 	decls    map[string]*ir.Func
 	consts   map[*kir.Dense]*ir.Global
 	parallel *ir.Func // kiln_parallel_for, emitted on first use
+	host     *ir.Global
 	outlined int
 }
 
@@ -67,6 +68,13 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		md.opt = opts[0]
 	}
 	md.m.TargetTriple = Triple()
+	if p.HostBytes > 0 {
+		// Host memory of swapped-out tensors: zero-initialised, so it costs
+		// nothing until a swap touches it.
+		md.host = md.m.NewGlobalDef("kiln_host", constant.NewZeroInitializer(types.NewArray(uint64(p.HostBytes), types.I8)))
+		md.host.Linkage = enum.LinkageInternal
+		md.host.Align = 64
+	}
 	var kernels []*ir.Func
 	for _, k := range p.Kernels {
 		f, err := md.kernel(k)
@@ -225,6 +233,8 @@ func (e *fn) base(b *loops.Buffer) value.Value {
 			raw = blk.NewGetElementPtr(types.I8, p, constant.NewInt(types.I64, b.Offset))
 		case loops.Const:
 			raw = blk.NewBitCast(e.md.constant(b.Data), i8p)
+		case loops.Host:
+			raw = blk.NewGetElementPtr(types.I8, blk.NewBitCast(e.md.host, i8p), constant.NewInt(types.I64, b.Offset))
 		}
 		e.bases[key] = raw
 	}

@@ -214,7 +214,7 @@ func init() {
 			return sel(conv(in[1].At(idx), Bool), mul(g, like(g, scale)), like(g, 0))
 		}}, nil
 	}
-	for _, name := range []string{"reshape", "flatten", "squeeze", "unsqueeze"} {
+	for _, name := range []string{"reshape", "flatten", "squeeze", "unsqueeze", "swap_out", "swap_in"} {
 		elementRules[name] = func(_ *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 			v := view(in[0], out[0].Shape)
 			return []accessor{v.At}, nil

@@ -144,6 +144,7 @@ const (
 	Input                // inputs[Slot] (+ Offset bytes)
 	Temp                 // kernel workspace, allocated for the kernel's run
 	Const                // a constant array (Data) in the program image
+	Host                 // at Offset bytes in the host arena (swapped-out tensors)
 )
 
 // Buffer is a dense row-major tensor in memory.
@@ -157,7 +158,7 @@ type Buffer struct {
 }
 
 func (b *Buffer) String() string {
-	return fmt.Sprintf("%s(%s %s slot %d +%d)", b.Name, b.Type, [...]string{"arena", "param", "input", "temp", "const"}[b.Storage], b.Slot, b.Offset)
+	return fmt.Sprintf("%s(%s %s slot %d +%d)", b.Name, b.Type, [...]string{"arena", "param", "input", "temp", "const", "host"}[b.Storage], b.Slot, b.Offset)
 }
 
 // Step is a *Stage or a *Loop.

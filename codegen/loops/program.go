@@ -15,6 +15,7 @@ type Program struct {
 	Results    []*Buffer   // where each result lives when the entry point returns
 	Kernels    []*Kernel
 	ArenaBytes int64
+	HostBytes  int64 // the host arena of swapped-out tensors
 }
 
 // Lower turns f, whose values carry arena offsets (the assign pass), into
@@ -47,6 +48,11 @@ func Lower(f *ir.Func) (*Program, error) {
 			b := &Buffer{Name: r.Name, Type: r.Type, Storage: Arena, Offset: r.Offset}
 			store[r] = b
 			outs = append(outs, b)
+			if ir.HostResult(r) {
+				b.Storage = Host
+				p.HostBytes = max(p.HostBytes, r.Offset+r.Type.SizeBytes())
+				continue
+			}
 			p.ArenaBytes = max(p.ArenaBytes, r.Offset+r.Type.SizeBytes())
 		}
 		in := make([]Tensor, len(op.Operands))

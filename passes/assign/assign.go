@@ -95,5 +95,21 @@ func Assign(f *ir.Func, algo string, align int64, timeout time.Duration) (*alloc
 	}
 	f.Attrs["arena"] = ir.IntAttr(sol.Size)
 	f.Attrs["alignment"] = ir.IntAttr(align)
+	delete(f.Attrs, "host_arena")
+	if len(info.HostBuffers) > 0 {
+		// Swapped-out tensors share a host arena the same way.
+		hp := &alloc.Problem{Alignment: align}
+		for i, b := range info.HostBuffers {
+			hp.Buffers = append(hp.Buffers, alloc.Buffer{ID: i, Lower: int64(b.Start), Upper: int64(b.End) + 1, Size: b.Size})
+		}
+		hs := Solve(hp, algo, timeout)
+		if err := alloc.Check(hp, hs, 0); err != nil {
+			return nil, fmt.Errorf("internal error: %s produced an invalid host assignment: %v", hs.Algo, err)
+		}
+		for i, b := range info.HostBuffers {
+			b.Root().Offset = hs.Offsets[i]
+		}
+		f.Attrs["host_arena"] = ir.IntAttr(hs.Size)
+	}
 	return sol, nil
 }

@@ -237,3 +237,30 @@ func cloneRegion(f *ir.Func, r *ir.Region) *ir.Region {
 	}
 	return out
 }
+
+// Recomputer recomputes single values of a function, for passes that
+// weigh recomputation against other ways of freeing memory (swap). Every
+// change can be undone until the next Begin.
+type Recomputer struct{ rw *rewriter }
+
+// NewRecomputer starts recomputing values of f.
+func NewRecomputer(f *ir.Func) *Recomputer {
+	return &Recomputer{rw: &rewriter{f: f, keep: map[*ir.Value]bool{}}}
+}
+
+// Begin starts a change that Undo can take back.
+func (r *Recomputer) Begin() { r.rw.begin() }
+
+// Undo restores the function as it was at Begin.
+func (r *Recomputer) Undo() { r.rw.undo() }
+
+// Recompute makes the uses of v at schedule positions >= t read a copy
+// recomputed just before t (with any operands no longer alive there). It
+// returns the ops inserted, or false when v cannot be recomputed.
+func (r *Recomputer) Recompute(v *ir.Value, t int) ([]*ir.Op, bool) {
+	n := len(r.rw.f.Body)
+	if !r.rw.recompute(analyse(r.rw.f), v, t) {
+		return nil, false
+	}
+	return r.rw.f.Body[t : t+len(r.rw.f.Body)-n], true
+}

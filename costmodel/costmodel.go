@@ -1,0 +1,124 @@
+// Package costmodel estimates how long a schedule takes on a device: a
+// kernel takes the longer of its FLOPs at the device's peak rate and its
+// bytes at the device's memory bandwidth (a roofline), plus a launch
+// overhead; a copy between host and device takes its bytes at the host
+// link's bandwidth. The swap pass decides with it and the launch-plan
+// simulator reports with it, so the two agree.
+package costmodel
+
+import (
+	"fmt"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Device holds the rates the model uses.
+type Device struct {
+	FLOPs  float64 // floating-point operations per second
+	MemBW  float64 // device memory bytes per second
+	LinkBW float64 // host link bytes per second, each direction
+	Launch float64 // seconds of overhead per kernel launch
+}
+
+// Default is a current data-centre GPU: 50 TFLOP/s, 2 TB/s of device
+// memory bandwidth, 25 GB/s to the host (PCIe 4 x16), 2 µs per launch.
+var Default = Device{FLOPs: 50e12, MemBW: 2e12, LinkBW: 25e9, Launch: 2e-6}
+
+// Validate rejects rates that are not positive.
+func (d Device) Validate() error {
+	if d.FLOPs <= 0 || d.MemBW <= 0 || d.LinkBW <= 0 || d.Launch < 0 {
+		return fmt.Errorf("device rates must be positive (flops %g, memory bandwidth %g, link bandwidth %g, launch %g)", d.FLOPs, d.MemBW, d.LinkBW, d.Launch)
+	}
+	return nil
+}
+
+// KernelSeconds is the roofline time of a kernel doing flops and moving
+// bytes, launch included.
+func (d Device) KernelSeconds(flops, bytes int64) float64 {
+	return max(float64(flops)/d.FLOPs, float64(bytes)/d.MemBW) + d.Launch
+}
+
+// CopySeconds is the time of a host-device copy of bytes.
+func (d Device) CopySeconds(bytes int64) float64 { return float64(bytes) / d.LinkBW }
+
+// OpSeconds is the time of one top-level op: zero for views and constants
+// (no launch), the copy time for swaps, the roofline time otherwise.
+func (d Device) OpSeconds(op *ir.Op) float64 {
+	if IsCopy(op) {
+		return d.CopySeconds(op.Operands[0].Type.SizeBytes())
+	}
+	if !Launches(op) {
+		return 0
+	}
+	c := ir.OpCost(op)
+	return d.KernelSeconds(c.FLOPs, c.BytesRead+c.BytesWritten)
+}
+
+// IsCopy reports whether op is a host-device copy (swap_out, swap_in).
+func IsCopy(op *ir.Op) bool { return op.Kind == "swap_out" || op.Kind == "swap_in" }
+
+// Launches reports whether op runs a kernel: not a view and not a
+// constant, which take no device time.
+func Launches(op *ir.Op) bool {
+	if op.Kind == "constant" {
+		return false
+	}
+	d := op.Def()
+	return d == nil || !d.View
+}
+
+// Timeline is the simulated time of a schedule on a compute stream and a
+// copy stream.
+type Timeline struct {
+	Seconds        float64 // end of the last op
+	ComputeSeconds float64 // busy time of the compute stream
+	CopySeconds    float64 // busy time of the copy stream
+	StallSeconds   float64 // time the compute stream waits for copies
+}
+
+// Simulate runs f's schedule in the model without knowing offsets: copies
+// run on the copy stream, in order, each starting once its operand is
+// ready; the compute op after a swap_out waits for it (the memory it
+// frees may be written next) and an op reading a swap_in result waits for
+// that copy.
+func (d Device) Simulate(f *ir.Func) Timeline {
+	var tl Timeline
+	ready := map[*ir.Value]float64{}
+	compute, copyFree, mustWait := 0.0, 0.0, 0.0
+	for _, op := range f.Body {
+		start := 0.0
+		for _, x := range op.Operands {
+			start = max(start, ready[x])
+		}
+		secs := d.OpSeconds(op)
+		if IsCopy(op) {
+			// A swap_in also waits for the ops before it: its memory is free
+			// only once they ran.
+			if op.Kind == "swap_in" {
+				start = max(start, compute)
+			}
+			start = max(start, copyFree)
+			copyFree = start + secs
+			tl.CopySeconds += secs
+			for _, r := range op.Results {
+				ready[r] = copyFree
+			}
+			if op.Kind == "swap_out" {
+				mustWait = max(mustWait, copyFree)
+			}
+			continue
+		}
+		begin := max(compute, start, mustWait)
+		if secs > 0 {
+			tl.StallSeconds += begin - compute
+			compute = begin + secs
+			mustWait = 0
+		}
+		tl.ComputeSeconds += secs
+		for _, r := range op.Results {
+			ready[r] = max(begin+secs, start)
+		}
+	}
+	tl.Seconds = max(compute, copyFree)
+	return tl
+}

@@ -1,0 +1,33 @@
+package ir
+
+import "fmt"
+
+// Memory-space copies, made by the swap pass: swap_out copies a device
+// tensor to host memory (its result lives in the host arena, not the
+// device arena) and swap_in copies it back to a new device tensor. The
+// stream attribute names the stream the copy runs on (1, the copy
+// stream, by default; 0 is the compute stream). Both are pure copies: the
+// interpreter and the LLVM backend run them as plain copies.
+
+// HostResult reports whether v lives in host memory (a swap_out result).
+func HostResult(v *Value) bool {
+	return v != nil && v.Def != nil && v.Def.Def() != nil && v.Def.Def().Host
+}
+
+func init() {
+	stream := []AttrSpec{{Name: "stream", Kind: AttrInt}}
+	copyType := func(in []Type, a Attrs) ([]Type, error) {
+		if s := a.Int("stream", 1); s < 0 {
+			return nil, fmt.Errorf("stream must not be negative, got %d", s)
+		}
+		return []Type{in[0]}, nil
+	}
+	Register(&OpDef{
+		Name: "swap_out", Summary: "copy a device tensor to host memory (the result lives on the host)",
+		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Host: true,
+	})
+	Register(&OpDef{
+		Name: "swap_in", Summary: "copy a host tensor (a swap_out result) back to device memory",
+		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque,
+	})
+}

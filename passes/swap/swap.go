@@ -1,0 +1,496 @@
+// Package swap is the `swap` pass: it keeps a function's device arena
+// under a budget by copying tensors to host memory after their early uses
+// (swap_out) and back before their late uses (swap_in), on the copy
+// stream, so that the transfers overlap with compute. The costmodel
+// package times kernels and copies; among the tensors live at the peak the
+// pass takes, again and again, the change that adds the least simulated
+// time per byte it frees. With recompute=true (the default) recomputing a
+// tensor (the remat pass's rewriter) competes with swapping it, so each
+// tensor gets the cheaper of the two, in the spirit of Capuchin.
+package swap
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/memreport"
+	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passes/assign"
+	"github.com/kiln-compiler/kiln/passes/remat"
+)
+
+func init() {
+	passes.MustRegister(&passes.Pass{
+		Name:    "swap",
+		Summary: "copy tensors to host memory and back so that the device arena fits a budget",
+		Options: []passes.Option{
+			{Name: "device-budget", Kind: passes.SizeOption, Default: "1.0", Doc: "bytes (512MiB, 2GB) or a fraction of the arena when the pass starts (0.5)"},
+			{Name: "recompute", Kind: passes.BoolOption, Default: "true", Doc: "also consider recomputing each tensor, and take whichever costs less time"},
+			{Name: "flops", Kind: passes.FloatOption, Default: "50e12", Doc: "device peak FLOP/s of the cost model"},
+			{Name: "mem-bw", Kind: passes.FloatOption, Default: "2e12", Doc: "device memory bytes/s of the cost model"},
+			{Name: "link-bw", Kind: passes.FloatOption, Default: "25e9", Doc: "host link bytes/s of the cost model (each direction)"},
+			{Name: "launch", Kind: passes.FloatOption, Default: "2e-6", Doc: "seconds of overhead per kernel launch"},
+		},
+		Run: func(ctx *passes.Context, m *ir.Module) error {
+			dev := costmodel.Device{FLOPs: ctx.Float("flops"), MemBW: ctx.Float("mem-bw"), LinkBW: ctx.Float("link-bw"), Launch: ctx.Float("launch")}
+			if err := dev.Validate(); err != nil {
+				return err
+			}
+			for _, f := range m.Funcs {
+				arena := ArenaBytes(f)
+				budget := ctx.Size("device-budget").Of(arena)
+				res, err := Swap(f, budget, Options{Device: dev, Recompute: ctx.Bool("recompute")})
+				if err != nil {
+					return err
+				}
+				ctx.AddStat("arena-before", arena)
+				ctx.AddStat("arena-after", res.Arena)
+				ctx.AddStat("budget", budget)
+				ctx.AddStat("swapped-tensors", int64(res.Swapped))
+				ctx.AddStat("swapped-bytes", res.SwappedBytes)
+				ctx.AddStat("recomputed-tensors", int64(res.Recomputed))
+				ctx.Stat("seconds-before", fmt.Sprintf("%.6f", res.Before.Seconds))
+				ctx.Stat("seconds-after", fmt.Sprintf("%.6f", res.After.Seconds))
+			}
+			return nil
+		},
+	})
+}
+
+// Options configure Swap.
+type Options struct {
+	Device    costmodel.Device
+	Recompute bool // let recomputation compete with swapping
+}
+
+// Result is what Swap reached.
+type Result struct {
+	Arena         int64 // device arena of the default assignment afterwards
+	Swapped       int   // tensors swapped out and in
+	SwappedBytes  int64
+	Recomputed    int // tensors recomputed instead
+	Before, After costmodel.Timeline
+}
+
+// ArenaBytes is f's arena: the assigned one when assign ran, else the
+// default assignment's.
+func ArenaBytes(f *ir.Func) int64 {
+	if a, ok := f.Attrs["arena"]; ok {
+		return a.Int
+	}
+	p, _ := assign.Problem(liveness.Analyze(f), memreport.DefaultAlignment)
+	return alloc.BestDeterministic(p).Size
+}
+
+// Swap rewrites f so that its arena is at most budget bytes, or returns an
+// error naming what is live at the lowest peak it reached.
+func Swap(f *ir.Func, budget int64, opt Options) (Result, error) {
+	res, err := fit(f, budget, opt)
+	if err != nil && opt.Recompute {
+		// Greedy choices can corner the search: swaps alone may still fit.
+		opt.Recompute = false
+		if r2, err2 := fit(f, budget, opt); err2 == nil {
+			return r2, nil
+		}
+	}
+	return res, err
+}
+
+// fit is Swap with one strategy; on failure f is left as it was.
+func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
+	body := append([]*ir.Op(nil), f.Body...)
+	operands := make([][]*ir.Value, len(body))
+	for i, op := range body {
+		operands[i] = append([]*ir.Value(nil), op.Operands...)
+	}
+	restore := func() {
+		f.Body = body
+		for i, op := range body {
+			op.Operands = operands[i]
+		}
+	}
+	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, rc: remat.NewRecomputer(f)}
+	res := Result{Before: opt.Device.Simulate(f)}
+	// Live bytes are a lower bound of the arena: aim lower when
+	// fragmentation leaves the assigned arena above the budget.
+	target := budget
+	for round := 0; round < 8; round++ {
+		if err := s.lower(target); err != nil {
+			restore()
+			return res, err
+		}
+		res.Arena = ArenaBytes(f)
+		if res.Arena <= budget {
+			break
+		}
+		target -= res.Arena - budget
+	}
+	if res.Arena > budget {
+		restore()
+		return res, fmt.Errorf("@%s: the arena is %s (%d bytes) after swapping, above the device budget of %s (%d bytes)",
+			f.Name, memreport.Human(res.Arena), res.Arena, memreport.Human(budget), budget)
+	}
+	info := liveness.Analyze(f)
+	res.Swapped, res.SwappedBytes, res.Recomputed = len(info.HostBuffers), info.SwappedBytes, s.recomputed
+	res.After = opt.Device.Simulate(f)
+	return res, nil
+}
+
+type swapper struct {
+	f          *ir.Func
+	dev        costmodel.Device
+	recompute  bool
+	rc         *remat.Recomputer
+	recomputed int
+	// undo log of a swap attempt
+	body     []*ir.Op
+	replaced []replacement
+}
+
+type replacement struct {
+	op  *ir.Op
+	idx int
+	old *ir.Value
+}
+
+// arenaLive is the live bytes of arena buffers at every op, and the
+// first op where they peak.
+func arenaLive(info *liveness.Info) ([]int64, int) {
+	args := info.ParamBytes + info.StateBytes + info.InputBytes
+	live := make([]int64, len(info.Live))
+	peak := -1
+	for i, l := range info.Live {
+		live[i] = l - args
+		if peak < 0 || live[i] > live[peak] {
+			peak = i
+		}
+	}
+	return live, peak
+}
+
+// lower changes f until its arena live bytes are at most target. Each
+// round ranks the ways of freeing the tensors live at the peak by the time
+// they add per byte, estimated locally (the transfer time that the compute
+// next to a copy does not hide; the kernel time of a recomputation),
+// applies the best and keeps it when the peak op's live bytes drop
+// without the peak rising.
+func (s *swapper) lower(target int64) error {
+	failed := map[candidateKey]bool{}
+	for {
+		info := liveness.Analyze(s.f)
+		live, p := arenaLive(info)
+		if p < 0 || live[p] <= target {
+			return nil
+		}
+		peakOp, oldPeak := s.f.Body[p], live[p]
+		uses := usePositions(s.f)
+		prefix := make([]float64, len(s.f.Body)+1)
+		for i, op := range s.f.Body {
+			prefix[i+1] = prefix[i] + s.dev.OpSeconds(op)
+		}
+		var cands []candidate
+		for _, b := range info.LiveAt(p) {
+			// The buffer may hold a chain of values (views, results written
+			// in place): it can go when one of them is used after the peak
+			// and none at it.
+			var v *ir.Value
+			early, late, ok := -1, -1, true
+			for _, m := range b.Values {
+				if s.f.IsResult(m) || containsPos(uses[m], p) || m.Def == peakOp {
+					ok = false
+					break
+				}
+				early = max(early, lastBefore(uses[m], p))
+				if l := firstAfter(uses[m], p); l >= 0 {
+					if v != nil {
+						ok = false
+						break
+					}
+					v, late = m, l
+				}
+			}
+			if !ok || v == nil || v.Def == nil {
+				continue
+			}
+			early = max(early, indexOf(s.f.Body, v.Def))
+			if !failed[candidateKey{v, true}] {
+				out, in := s.placement(v, early, late, p)
+				copySecs := s.dev.CopySeconds(b.Size)
+				cost := max(0, copySecs-(prefix[out]-prefix[early+1])) + max(0, copySecs-(prefix[late]-prefix[in]))
+				cands = append(cands, candidate{v: v, swap: true, seconds: cost, freed: b.Size, early: early, late: late, peak: p})
+			}
+			if s.recompute && !failed[candidateKey{v, false}] {
+				if secs, ok := s.recomputeSeconds(v, late); ok {
+					cands = append(cands, candidate{v: v, seconds: secs, freed: b.Size, late: late})
+				}
+			}
+		}
+		byRatio := func(cs []candidate) {
+			sort.SliceStable(cs, func(i, j int) bool {
+				a, b := cs[i], cs[j]
+				ra, rb := a.seconds/float64(a.freed), b.seconds/float64(b.freed)
+				if ra != rb {
+					return ra < rb
+				}
+				return a.freed > b.freed
+			})
+		}
+		// The local estimates do not see copies queueing on the copy
+		// stream: the best few of each kind are timed on the whole
+		// schedule.
+		byRatio(cands)
+		now := s.dev.Simulate(s.f).Seconds
+		timed := map[bool]int{}
+		for i := range cands {
+			c := &cands[i]
+			if timed[c.swap] >= timedCandidates {
+				c.seconds = math.Inf(1)
+				continue
+			}
+			timed[c.swap]++
+			s.begin()
+			if s.apply(*c) {
+				c.seconds = max(0, s.dev.Simulate(s.f).Seconds-now)
+			}
+			s.undo()
+		}
+		byRatio(cands)
+		progress := false
+		for _, c := range cands {
+			s.begin()
+			if s.apply(c) {
+				after := liveness.Analyze(s.f)
+				live2, p2 := arenaLive(after)
+				// The peak, then the number of ops at the peak, strictly
+				// drops: rounds cannot cycle.
+				if live2[p2] < oldPeak || live2[p2] == oldPeak && atPeak(live2, oldPeak) < atPeak(live, oldPeak) {
+					if !c.swap {
+						s.recomputed++
+					}
+					progress = true
+					break
+				}
+			}
+			s.undo()
+			failed[candidateKey{c.v, c.swap}] = true
+		}
+		if !progress {
+			return s.budgetError(info, target)
+		}
+	}
+}
+
+// timedCandidates is how many candidates of each kind (swap, recompute)
+// each round times on the whole schedule.
+const timedCandidates = 6
+
+// atPeak counts the ops whose live bytes reach peak.
+func atPeak(live []int64, peak int64) int {
+	n := 0
+	for _, l := range live {
+		if l >= peak {
+			n++
+		}
+	}
+	return n
+}
+
+type candidateKey struct {
+	v    *ir.Value
+	swap bool
+}
+
+// candidate is one way of freeing a tensor across the peak.
+type candidate struct {
+	v                 *ir.Value
+	swap              bool
+	seconds           float64 // estimated time added
+	freed             int64
+	early, late, peak int
+}
+
+func (s *swapper) apply(c candidate) bool {
+	if c.swap {
+		return s.swap(c.v, c.early, c.late, c.peak)
+	}
+	_, ok := s.rc.Recompute(c.v, c.late)
+	return ok
+}
+
+// recomputeSeconds is the kernel time of recomputing v before position
+// late (measured by doing it and undoing it).
+func (s *swapper) recomputeSeconds(v *ir.Value, late int) (float64, bool) {
+	s.begin()
+	defer s.undo()
+	ops, ok := s.rc.Recompute(v, late)
+	if !ok {
+		return 0, false
+	}
+	secs := 0.0
+	for _, op := range ops {
+		secs += s.dev.OpSeconds(op)
+	}
+	return secs, true
+}
+
+// placement is where a swap of v puts its swap_out (before position out:
+// late enough after early that compute hides the copy, but before the
+// peak p) and its swap_in (before position in: as late as still hides the
+// copy before the use at late, but after p).
+func (s *swapper) placement(v *ir.Value, early, late, p int) (out, in int) {
+	secs := s.dev.CopySeconds(v.Type.SizeBytes())
+	body := s.f.Body
+	out = early + 1
+	for acc := 0.0; out < p && acc < secs; out++ {
+		acc += s.dev.OpSeconds(body[out])
+	}
+	in = late
+	for acc := 0.0; in > p+1 && acc < secs; {
+		in--
+		acc += s.dev.OpSeconds(body[in])
+	}
+	return out, in
+}
+
+// begin starts a change that undo takes back (both rewriters).
+func (s *swapper) begin() {
+	s.body = append(s.body[:0], s.f.Body...)
+	s.replaced = s.replaced[:0]
+	s.rc.Begin()
+}
+
+func (s *swapper) undo() {
+	s.rc.Undo()
+	for i := len(s.replaced) - 1; i >= 0; i-- {
+		r := s.replaced[i]
+		r.op.Operands[r.idx] = r.old
+	}
+	s.f.Body = append(s.f.Body[:0], s.body...)
+}
+
+// swap copies v out after its use at early (late enough that compute
+// hides the copy, before the peak p) and back in before its use at late
+// (early enough to hide the copy, after p); uses from late on read the
+// copy that came back.
+func (s *swapper) swap(v *ir.Value, early, late, p int) bool {
+	out, in := s.placement(v, early, late, p)
+	body := s.f.Body
+	loc := v.Def.Loc
+	var so *ir.Op
+	host := v
+	if v.Def.Kind == "swap_in" {
+		// Already back from the host: bring it back again, later.
+		host = v.Def.Operands[0]
+	} else {
+		var err error
+		so, err = s.f.NewOp("swap_out", []*ir.Value{v}, ir.Attrs{"stream": ir.IntAttr(1)}, loc, v.Name+".host")
+		if err != nil {
+			return false
+		}
+		host = so.Results[0]
+	}
+	si, err := s.f.NewOp("swap_in", []*ir.Value{host}, ir.Attrs{"stream": ir.IntAttr(1)}, loc, strings.TrimSuffix(host.Name, ".host")+".back")
+	if err != nil {
+		return false
+	}
+	for i := late; i < len(body); i++ {
+		for j, x := range body[i].Operands {
+			if x == v {
+				s.replaced = append(s.replaced, replacement{body[i], j, x})
+				body[i].Operands[j] = si.Results[0]
+			}
+		}
+	}
+	nb := make([]*ir.Op, 0, len(body)+2)
+	for i, op := range body {
+		if i == out && so != nil {
+			nb = append(nb, so)
+		}
+		if i == in {
+			nb = append(nb, si)
+		}
+		if op == v.Def && so == nil && len(usePositionsOf(body, v)) == 0 {
+			continue // the earlier swap_in lost its last user
+		}
+		nb = append(nb, op)
+	}
+	s.f.Body = nb
+	return true
+}
+
+func (s *swapper) budgetError(info *liveness.Info, target int64) error {
+	live, p := arenaLive(info)
+	r := memreport.Build(s.f, nil)
+	msg := fmt.Sprintf("@%s: can't keep the device arena under %s (%d bytes) by swapping; %s (%d bytes) are live at op %d (%s), and none of them can be swapped or recomputed across it. Largest:",
+		s.f.Name, memreport.Human(target), target, memreport.Human(live[p]), live[p], p, s.f.Body[p].Kind)
+	for i, t := range r.TopAtPeak {
+		if i == 5 {
+			break
+		}
+		msg += fmt.Sprintf("\n  %s %s (%s)", memreport.Human(t.Bytes), t.Value, t.Op)
+	}
+	return fmt.Errorf("%s", msg)
+}
+
+// usePositionsOf lists the positions of the ops in body that read v.
+func usePositionsOf(body []*ir.Op, v *ir.Value) []int {
+	var out []int
+	for i, op := range body {
+		for _, x := range op.Operands {
+			if x == v {
+				out = append(out, i)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// usePositions lists the schedule positions of each value's users.
+func usePositions(f *ir.Func) map[*ir.Value][]int {
+	out := map[*ir.Value][]int{}
+	for i, op := range f.Body {
+		for _, x := range op.Operands {
+			if u := out[x]; len(u) == 0 || u[len(u)-1] != i {
+				out[x] = append(out[x], i)
+			}
+		}
+	}
+	return out
+}
+
+func containsPos(us []int, p int) bool {
+	i := sort.SearchInts(us, p)
+	return i < len(us) && us[i] == p
+}
+
+func firstAfter(us []int, p int) int {
+	i := sort.SearchInts(us, p+1)
+	if i < len(us) {
+		return us[i]
+	}
+	return -1
+}
+
+func lastBefore(us []int, p int) int {
+	i := sort.SearchInts(us, p)
+	if i > 0 {
+		return us[i-1]
+	}
+	return -1
+}
+
+func indexOf(body []*ir.Op, op *ir.Op) int {
+	for i, o := range body {
+		if o == op {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,128 @@
+package swap_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
+	_ "github.com/kiln-compiler/kiln/passes/assign"
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/fuse"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/reorder"
+	"github.com/kiln-compiler/kiln/passes/swap"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// A training step whose forward activations wait through a long
+// backward pass: swapping them is the only way down besides recomputing.
+const mlp = `func @mlp(%x: f64[64,32], %w1: f64[32,32] {param}, %w2: f64[32,32] {param}, %w3: f64[32,32] {param}, %w4: f64[32,4] {param}) -> (f64[64,4]) {
+  %h1 = matmul(%x, %w1) : f64[64,32]
+  %a1 = tanh(%h1) : f64[64,32]
+  %h2 = matmul(%a1, %w2) : f64[64,32]
+  %a2 = sigmoid(%h2) : f64[64,32]
+  %h3 = matmul(%a2, %w3) : f64[64,32]
+  %a3 = tanh(%h3) : f64[64,32]
+  %h4 = matmul(%a3, %w4) : f64[64,4]
+  return %h4
+}
+`
+
+func run(t *testing.T, m *ir.Module, pipeline string) error {
+	t.Helper()
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	require.NoError(t, err)
+	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe)
+}
+
+// TestSwapFitsTheBudgetAndKeepsResults: swapped steps fit the device
+// budget, compute bit-identical results, get host offsets that the offset
+// checker accepts, and report host and swapped bytes.
+func TestSwapFitsTheBudgetAndKeepsResults(t *testing.T) {
+	for _, recompute := range []string{"true", "false"} {
+		before := passtest.Parse(t, mlp)
+		require.NoError(t, run(t, before, "autodiff"))
+		after := passtest.Clone(t, before)
+		arena := swap.ArenaBytes(after.Funcs[0])
+		require.NoError(t, run(t, after, "swap{device-budget=0.75,recompute="+recompute+"},assign"))
+		f := after.Funcs[0]
+		require.LessOrEqual(t, f.Attrs.Int("arena", 0), arena*3/4, "recompute=%s", recompute)
+		require.NoError(t, liveness.CheckOffsets(f))
+		info := liveness.Analyze(f)
+		if recompute == "false" {
+			require.NotEmpty(t, info.HostBuffers, "nothing was swapped")
+			require.Positive(t, f.Attrs.Int("host_arena", 0))
+			require.NotContains(t, f.String(), "recomputed")
+		}
+		passtest.Equivalent(t, before.Funcs[0], f, 0)
+		// Every tensor copied out comes back at least once.
+		require.GreaterOrEqual(t, strings.Count(f.String(), "swap_in("), strings.Count(f.String(), "swap_out("))
+		require.Equal(t, int64(len(info.HostBuffers)), int64(strings.Count(f.String(), "swap_out(")))
+	}
+}
+
+// TestSwapErrorsWhenTheBudgetCannotBeMet names what stays live.
+func TestSwapErrorsWhenTheBudgetCannotBeMet(t *testing.T) {
+	m := passtest.Parse(t, mlp)
+	require.NoError(t, run(t, m, "autodiff"))
+	err := run(t, m, "swap{device-budget=64}")
+	require.ErrorContains(t, err, "can't keep the device arena under 64 B")
+	require.ErrorContains(t, err, "Largest:")
+}
+
+// TestVerifierRejectsHostReads: only swap_in reads host memory, and host
+// tensors are not results.
+func TestVerifierRejectsHostReads(t *testing.T) {
+	for src, msg := range map[string]string{
+		`func @f(%x: f32[4]) -> (f32[4]) {
+  %h = swap_out(%x) : f32[4]
+  %y = neg(%h) : f32[4]
+  return %y
+}`: "neg reads %h, which is in host memory",
+		`func @f(%x: f32[4]) -> (f32[4]) {
+  %y = swap_in(%x) : f32[4]
+  return %y
+}`: "swap_in reads %x, which is not in host memory",
+		`func @f(%x: f32[4]) -> (f32[4]) {
+  %h = swap_out(%x) {stream = 1} : f32[4]
+  return %h
+}`: "result %h is in host memory",
+	} {
+		m, err := parseOnly(src)
+		require.NoError(t, err)
+		require.ErrorContains(t, ir.Verify(m), msg)
+	}
+}
+
+// TestZooCIStepsAtHalfTheArena: the CI-sized zoo training steps fit half
+// their arena, and the cost model's step time grows by at most 25%.
+func TestZooCIStepsAtHalfTheArena(t *testing.T) {
+	if testing.Short() {
+		t.Skip("imports three models")
+	}
+	for _, name := range []string{"resnet50_ci", "bert_base_ci", "gpt2_small_ci"} {
+		m, err := onnx.ImportFile("../../testdata/models/ci/"+name+".onnx", onnx.Options{})
+		require.NoError(t, err)
+		require.NoError(t, run(t, m, "autodiff,optimizer{kind=sgd,lr=0.01},fuse,reorder"))
+		f := m.Funcs[0]
+		arena := swap.ArenaBytes(f)
+		before := costmodel.Default.Simulate(f)
+		res, err := swap.Swap(f, arena/2, swap.Options{Device: costmodel.Default, Recompute: true})
+		require.NoError(t, err, name)
+		require.LessOrEqual(t, res.Arena, arena/2, name)
+		require.NoError(t, ir.Verify(m))
+		slow := res.After.Seconds / before.Seconds
+		t.Logf("%s: arena %d -> %d bytes, %d swapped (%d bytes), %d recomputed, step %.1f -> %.1f µs (%.3fx)",
+			name, arena, res.Arena, res.Swapped, res.SwappedBytes, res.Recomputed, before.Seconds*1e6, res.After.Seconds*1e6, slow)
+		require.Less(t, slow, 1.25, name)
+	}
+}
+
+func parseOnly(src string) (*ir.Module, error) { return parser.Parse("test.kir", src) }
