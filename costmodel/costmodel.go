@@ -14,10 +14,10 @@ import (
 
 // Device holds the rates the model uses.
 type Device struct {
-	FLOPs  float64 // floating-point operations per second
-	MemBW  float64 // device memory bytes per second
-	LinkBW float64 // host link bytes per second, each direction
-	Launch float64 // seconds of overhead per kernel launch
+	FLOPs  float64 `json:"flops"`          // floating-point operations per second
+	MemBW  float64 `json:"mem_bw"`         // device memory bytes per second
+	LinkBW float64 `json:"link_bw"`        // host link bytes per second, each direction
+	Launch float64 `json:"launch_seconds"` // seconds of overhead per kernel launch
 }
 
 // Default is a current data-centre GPU: 50 TFLOP/s, 2 TB/s of device

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/outfile"
@@ -14,8 +16,9 @@ import (
 
 // optLevels holds -O0..-O3 and the budgets the pipelines take.
 type optLevels struct {
-	o      [4]bool
-	budget string
+	o            [4]bool
+	budget       string
+	deviceBudget string
 }
 
 func (l *optLevels) register(fs *flag.FlagSet) {
@@ -23,6 +26,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 		fs.BoolVar(&l.o[i], fmt.Sprintf("O%d", i), false, fmt.Sprintf("the -O%d pipeline (see kiln help compile)", i))
 	}
 	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute under this peak budget (bytes or a fraction, as remat{budget=})")
+	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena fits (bytes or a fraction, as swap{device-budget=})")
 }
 
 // apply puts the chosen level's pipeline into pf (a usage error when
@@ -50,17 +54,18 @@ func (l *optLevels) pipeline() (string, error) {
 			level = i
 		}
 	}
-	if l.budget != "" && level < 2 {
-		return "", usageError{"--budget needs -O2 or -O3"}
+	if (l.budget != "" || l.deviceBudget != "") && level < 2 {
+		return "", usageError{"--budget and --device-budget need -O2 or -O3"}
 	}
-	return OptPipeline(level, l.budget), nil
+	return OptPipeline(level, l.budget, l.deviceBudget), nil
 }
 
 // OptPipeline is the pipeline of -O<level> (the Contracts in the design
 // notes): -O0 assign; -O1 canonicalize,dce,cse,fuse,assign; -O2 adds
-// reorder before assign and remat when a budget is given; -O3 gives the
-// exact searches more room. level < 0 gives "".
-func OptPipeline(level int, budget string) string {
+// reorder before assign, remat when a budget is given and swap (after
+// reorder, which then sees the final schedule) when a device budget is;
+// -O3 gives the exact searches more room. level < 0 gives "".
+func OptPipeline(level int, budget, deviceBudget string) string {
 	switch {
 	case level < 0:
 		return ""
@@ -73,10 +78,14 @@ func OptPipeline(level int, budget string) string {
 	if budget != "" {
 		p += ",remat{budget=" + budget + "}"
 	}
-	if level == 2 {
-		return p + ",fuse,reorder,assign"
+	swap := ""
+	if deviceBudget != "" {
+		swap = ",swap{device-budget=" + deviceBudget + "}"
 	}
-	return p + ",fuse,reorder{exact-states=2000000,improve=2000},assign{algo=best}"
+	if level == 2 {
+		return p + ",fuse,reorder" + swap + ",assign"
+	}
+	return p + ",fuse,reorder{exact-states=2000000,improve=2000}" + swap + ",assign{algo=best}"
 }
 
 // needsAssign reports whether some value still lacks an arena offset.
@@ -113,21 +122,27 @@ func lowerForLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func) (*loops.Prog
 func init() {
 	addCommand(&command{
 		name:    "compile",
-		usage:   "kiln compile IN --target llvm [--passes P | -O0..-O3 [--budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
-		summary: "compile a function to LLVM IR, a C header, an object, a shared library or an executable",
+		usage:   "kiln compile IN --target llvm|cuda [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
+		summary: "compile a function to LLVM IR, a C header, an object, a shared library or an executable; or to a CUDA launch plan directory",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
 			var ol optLevels
 			ol.register(fs)
-			target := fs.String("target", "llvm", "llvm (cuda: see the CUDA issue)")
+			target := fs.String("target", "llvm", "llvm, or cuda (-o DIR gets plan.json, kernels.cu, kiln_cuda.h and module.kir)")
 			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations), obj, lib (shared library) or exe (with a .npy driver)")
 			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
 			fn := fs.String("func", "", "function to compile (default: the first)")
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			return func(e *env, args []string) error {
+				if *target == "cuda" {
+					if err := ol.apply(&pf); err != nil {
+						return err
+					}
+					return compileCUDA(e, &pf, args, *fn, *out)
+				}
 				if *target != "llvm" {
-					return usageError{fmt.Sprintf("--target %q is not available (this build has: llvm)", *target)}
+					return usageError{fmt.Sprintf("--target must be llvm or cuda, not %q", *target)}
 				}
 				switch *emit {
 				case "ll", "header":
@@ -181,6 +196,37 @@ func init() {
 			}
 		},
 	})
+}
+
+// compileCUDA writes the launch plan directory of one function.
+func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error {
+	if out == "-" || out == "" {
+		return usageError{"--target cuda needs -o DIR"}
+	}
+	if len(args) != 1 {
+		return usageError{"want exactly one input file (or - for standard input)"}
+	}
+	in, _, err := pf.load(e, args)
+	if err != nil {
+		return err
+	}
+	f, err := pickFunc(in, fn)
+	if err != nil {
+		return err
+	}
+	if needsAssign(f) {
+		if _, err := pf.run(e, in, "assign"); err != nil {
+			return err
+		}
+	}
+	plan, err := cuda.Lower(f, costmodel.Default)
+	if err != nil {
+		return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+	}
+	if err := cuda.Write(out, plan, in.module); err != nil {
+		return fmt.Errorf("kiln: cannot write %s: %v", out, unwrapPathError(err))
+	}
+	return nil
 }
 
 // runCompiled builds f into an executable and runs it on vals.

@@ -1,0 +1,73 @@
+package cuda_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passes"
+	_ "github.com/kiln-compiler/kiln/passes/assign"
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/fuse"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/reorder"
+	_ "github.com/kiln-compiler/kiln/passes/swap"
+)
+
+// compile runs pipeline on the model and lowers it to a plan in a
+// temporary directory.
+func compile(t *testing.T, model, pipeline string) (string, *cuda.Output, *ir.Module) {
+	t.Helper()
+	m, err := onnx.ImportFile(model, onnx.Options{})
+	require.NoError(t, err)
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, cuda.Write(dir, out, m))
+	return dir, out, m
+}
+
+// clangCUDA is the clang that checks kernels.cu, or "" when none is
+// installed.
+func clangCUDA() string {
+	for _, c := range []string{"clang-14", "clang"} {
+		if p, err := exec.LookPath(c); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// TestKernelsAreValidCUDA: kernels.cu of training steps (with swaps)
+// passes clang's CUDA front end against kiln_cuda.h.
+func TestKernelsAreValidCUDA(t *testing.T) {
+	clang := clangCUDA()
+	if clang == "" {
+		t.Skip("clang is not installed (.ci/run installs clang-14)")
+	}
+	for _, c := range []struct{ model, pipeline string }{
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.9},assign"},
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign"},
+	} {
+		dir, _, _ := compile(t, c.model, c.pipeline)
+		cmd := exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version", filepath.Join(dir, "kernels.cu"))
+		outb, err := cmd.CombinedOutput()
+		if err != nil {
+			src, _ := os.ReadFile(filepath.Join(dir, "kernels.cu"))
+			if len(src) > 4000 {
+				src = src[:4000]
+			}
+			t.Fatalf("%s: clang rejects kernels.cu: %v\n%s\n%s", c.model, err, outb, src)
+		}
+	}
+}

@@ -1,0 +1,658 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// BlockSize is the threads per block of every launch.
+const BlockSize = 256
+
+// bufKey identifies the memory a kernel pointer argument points at.
+type bufKey struct {
+	storage loops.Storage
+	slot    int
+	offset  int64
+	temp    string
+}
+
+func keyOf(b *loops.Buffer) bufKey {
+	k := bufKey{storage: b.Storage, slot: b.Slot, offset: b.Offset}
+	if b.Storage == loops.Temp {
+		k.temp = b.Name
+	}
+	return k
+}
+
+// pointerArg is one pointer parameter of a generated kernel.
+type pointerArg struct {
+	key   bufKey
+	buf   *loops.Buffer // the first view of it the stage uses
+	size  int64         // bytes the stage may touch
+	read  bool
+	write bool
+}
+
+// stageKernel is one stage of a loop program as a CUDA kernel: one thread
+// per point of the stage's domain; loop variables of enclosing Loops are
+// scalar parameters.
+type stageKernel struct {
+	name    string
+	stage   *loops.Stage
+	outer   []*loops.Var
+	ptrs    []*pointerArg
+	threads int64
+	source  string
+}
+
+// cw writes the C body of one kernel.
+type cw struct {
+	b      strings.Builder
+	indent int
+	n      int
+	scopes []map[loops.Expr]string
+	vars   map[*loops.Var]string
+	ptrs   map[bufKey]string
+	consts *constTable
+	err    error
+}
+
+// constTable holds the constant arrays of kernels.cu.
+type constTable struct {
+	names map[*ir.Dense]string
+	defs  []string
+}
+
+func (w *cw) fail(err error) {
+	if w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *cw) line(format string, args ...any) {
+	w.b.WriteString(strings.Repeat("  ", w.indent))
+	fmt.Fprintf(&w.b, format, args...)
+	w.b.WriteByte('\n')
+}
+
+func (w *cw) push() { w.scopes = append(w.scopes, map[loops.Expr]string{}) }
+func (w *cw) pop()  { w.scopes = w.scopes[:len(w.scopes)-1] }
+
+func (w *cw) tmp() string {
+	w.n++
+	return "t" + strconv.Itoa(w.n)
+}
+
+// cType is the C type an expression kind computes in.
+func cType(k loops.Kind) string {
+	return [...]string{"float", "double", "long long", "bool"}[k]
+}
+
+// storageType is the C type a dtype is stored as.
+func storageType(d ir.DType) (string, error) {
+	switch d {
+	case ir.F32:
+		return "float", nil
+	case ir.F64:
+		return "double", nil
+	case ir.F16, ir.BF16:
+		return "unsigned short", nil
+	case ir.I64:
+		return "long long", nil
+	case ir.I32:
+		return "int", nil
+	case ir.I8, ir.Bool:
+		return "unsigned char", nil
+	}
+	return "", fmt.Errorf("the CUDA backend does not store %s yet", d)
+}
+
+func literal(x loops.Expr) (string, bool) {
+	switch x := x.(type) {
+	case loops.Int:
+		if x.V == math.MinInt64 {
+			return "(-9223372036854775807LL - 1)", true
+		}
+		return strconv.FormatInt(x.V, 10) + "LL", true
+	case loops.BoolConst:
+		return strconv.FormatBool(x.V), true
+	case loops.Float:
+		return floatLit(x.V, x.K), true
+	}
+	return "", false
+}
+
+func floatLit(v float64, k loops.Kind) string {
+	suffix, fn := "", ""
+	if k == loops.F32 {
+		suffix, fn = "f", "f"
+	}
+	switch {
+	case math.IsNaN(v):
+		return "__builtin_nan" + fn + "(\"\")"
+	case math.IsInf(v, 1):
+		return "__builtin_huge_val" + fn + "()"
+	case math.IsInf(v, -1):
+		return "(-__builtin_huge_val" + fn + "())"
+	}
+	s := strconv.FormatFloat(v, 'e', -1, 64)
+	if k == loops.F32 {
+		s = strconv.FormatFloat(float64(float32(v)), 'e', -1, 32)
+	}
+	return s + suffix
+}
+
+func (w *cw) lookup(x loops.Expr) (string, bool) {
+	for i := len(w.scopes) - 1; i >= 0; i-- {
+		if s, ok := w.scopes[i][x]; ok {
+			return s, true
+		}
+	}
+	return "", false
+}
+
+// expr returns a C expression (a name or a literal) for x, emitting the
+// statements that compute it; each node is computed once per scope.
+func (w *cw) expr(x loops.Expr) string {
+	if s, ok := literal(x); ok {
+		return s
+	}
+	if v, ok := x.(*loops.Var); ok {
+		name, ok := w.vars[v]
+		if !ok {
+			w.fail(fmt.Errorf("loop variable %d used outside its loop", v.ID))
+			return "0"
+		}
+		return name
+	}
+	if a, ok := x.(accRef); ok {
+		return a.name
+	}
+	if s, ok := w.lookup(x); ok {
+		return s
+	}
+	s := w.emit(x)
+	w.scopes[len(w.scopes)-1][x] = s
+	return s
+}
+
+// accRef is the accumulator of a matmul stage inside its epilogue.
+type accRef struct {
+	name string
+	kind loops.Kind
+}
+
+func (a accRef) Kind() loops.Kind { return a.kind }
+
+func (w *cw) def(k loops.Kind, value string) string {
+	t := w.tmp()
+	w.line("const %s %s = %s;", cType(k), t, value)
+	return t
+}
+
+func (w *cw) emit(x loops.Expr) string {
+	switch x := x.(type) {
+	case *loops.Load:
+		if x.Guard != nil {
+			g := w.expr(x.Guard)
+			t := w.tmp()
+			w.line("%s %s = %s;", cType(x.Kind()), t, floatOrInt(x.Else, x.Kind()))
+			w.line("if (%s) {", g)
+			w.indent++
+			w.push()
+			w.line("%s = %s;", t, w.load(x.Buf, x.Index))
+			w.pop()
+			w.indent--
+			w.line("}")
+			return t
+		}
+		return w.def(x.Kind(), w.load(x.Buf, x.Index))
+	case *loops.Unary:
+		return w.def(x.Kind(), w.unary(x.Fn, x.X.Kind(), w.expr(x.X)))
+	case *loops.Binary:
+		return w.def(x.Kind(), w.binary(x.Op, x.A.Kind(), w.expr(x.A), w.expr(x.B)))
+	case *loops.Compare:
+		ops := map[string]string{"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+		op, ok := ops[x.Pred]
+		if !ok {
+			w.fail(fmt.Errorf("unknown comparison %s", x.Pred))
+		}
+		return w.def(loops.Bool, fmt.Sprintf("%s %s %s", w.expr(x.A), op, w.expr(x.B)))
+	case *loops.Select:
+		return w.def(x.Kind(), fmt.Sprintf("%s ? %s : %s", w.expr(x.C), w.expr(x.A), w.expr(x.B)))
+	case *loops.Convert:
+		return w.def(x.To, convert(w.expr(x.X), x.X.Kind(), x.To))
+	case *loops.Mix:
+		return w.def(loops.I64, "kiln_mix("+w.expr(x.X)+")")
+	case *loops.Guarded:
+		c := w.expr(x.Cond)
+		t := w.tmp()
+		w.line("%s %s = %s;", cType(x.Kind()), t, floatOrInt(x.Else, x.Kind()))
+		w.line("if (%s) {", c)
+		w.indent++
+		w.push()
+		w.line("%s = %s;", t, w.expr(x.X))
+		w.pop()
+		w.indent--
+		w.line("}")
+		return t
+	case *loops.Reduce:
+		t := w.tmp()
+		w.line("%s %s = %s;", cType(x.Acc), t, identity(x.Op, x.Acc))
+		w.loops(x.Vars, x.Extents, func() {
+			v := w.expr(x.Body)
+			w.line("%s = %s;", t, w.binary(x.Op, x.Acc, t, v))
+		})
+		return t
+	}
+	w.fail(fmt.Errorf("unknown expression %T", x))
+	return "0"
+}
+
+// loops opens one for loop per variable around body (a new scope).
+func (w *cw) loops(vs []*loops.Var, extents []int64, body func()) {
+	for i, v := range vs {
+		name := fmt.Sprintf("v%d", v.ID)
+		w.vars[v] = name
+		w.line("for (long long %s = 0; %s < %dLL; ++%s) {", name, name, extents[i], name)
+		w.indent++
+	}
+	w.push()
+	body()
+	w.pop()
+	for range vs {
+		w.indent--
+		w.line("}")
+	}
+}
+
+func floatOrInt(v float64, k loops.Kind) string {
+	switch k {
+	case loops.I64:
+		return strconv.FormatInt(int64(v), 10) + "LL"
+	case loops.Bool:
+		return strconv.FormatBool(v != 0)
+	}
+	return floatLit(v, k)
+}
+
+func identity(op string, k loops.Kind) string {
+	if k.IsFloat() {
+		switch op {
+		case "max":
+			return floatLit(math.Inf(-1), k)
+		case "min":
+			return floatLit(math.Inf(1), k)
+		}
+		return floatLit(0, k)
+	}
+	switch op {
+	case "max":
+		return "(-9223372036854775807LL - 1)"
+	case "min":
+		return "9223372036854775807LL"
+	}
+	return "0LL"
+}
+
+func (w *cw) unary(fn string, k loops.Kind, x string) string {
+	f := ""
+	if k == loops.F32 {
+		f = "f"
+	}
+	switch fn {
+	case "neg":
+		return "-" + x
+	case "abs":
+		if k.IsFloat() {
+			return "fabs" + f + "(" + x + ")"
+		}
+		return "(" + x + " < 0 ? -" + x + " : " + x + ")"
+	case "sqrt", "exp", "log", "tanh", "erf":
+		return fn + f + "(" + x + ")"
+	case "not":
+		return "!" + x
+	}
+	w.fail(fmt.Errorf("unknown function %s", fn))
+	return x
+}
+
+func (w *cw) binary(op string, k loops.Kind, a, b string) string {
+	f := ""
+	if k == loops.F32 {
+		f = "f"
+	}
+	if k.IsFloat() {
+		switch op {
+		case "add", "sum":
+			return a + " + " + b
+		case "sub":
+			return a + " - " + b
+		case "mul":
+			return a + " * " + b
+		case "div":
+			return a + " / " + b
+		case "rem":
+			return "fmod" + f + "(" + a + ", " + b + ")"
+		case "pow":
+			return "pow" + f + "(" + a + ", " + b + ")"
+		case "max":
+			return fmt.Sprintf("(%s != %s || %s > %s) ? %s : %s", a, a, a, b, a, b)
+		case "min":
+			return fmt.Sprintf("(%s != %s || %s < %s) ? %s : %s", a, a, a, b, a, b)
+		}
+	} else {
+		ops := map[string]string{"add": "+", "sum": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|", "xor": "^"}
+		if o, ok := ops[op]; ok {
+			return a + " " + o + " " + b
+		}
+		switch op {
+		case "shr":
+			return "(long long)((unsigned long long)" + a + " >> " + b + ")"
+		case "max":
+			return fmt.Sprintf("%s > %s ? %s : %s", a, b, a, b)
+		case "min":
+			return fmt.Sprintf("%s < %s ? %s : %s", a, b, a, b)
+		}
+	}
+	w.fail(fmt.Errorf("no %s on %s", op, k))
+	return a
+}
+
+func convert(x string, from, to loops.Kind) string {
+	switch {
+	case from == to:
+		return x
+	case to == loops.Bool:
+		return x + " != 0"
+	}
+	return "(" + cType(to) + ")" + x
+}
+
+// ptr returns the name of the pointer parameter for b.
+func (w *cw) ptr(b *loops.Buffer) string {
+	if b.Storage == loops.Const {
+		return w.consts.name(b.Data)
+	}
+	name, ok := w.ptrs[keyOf(b)]
+	if !ok {
+		w.fail(fmt.Errorf("buffer %s is not an argument of the kernel", b))
+	}
+	return name
+}
+
+// flat is the element index of idx in b.
+func (w *cw) flat(b *loops.Buffer, idx []loops.Expr) string {
+	st := b.Type.Shape.Strides()
+	terms := []string{}
+	for i, x := range idx {
+		if st[i] == 0 {
+			continue
+		}
+		s := w.expr(x)
+		if st[i] != 1 {
+			s = fmt.Sprintf("%s * %dLL", s, st[i])
+		}
+		terms = append(terms, s)
+	}
+	if len(terms) == 0 {
+		return "0"
+	}
+	return strings.Join(terms, " + ")
+}
+
+// load reads element idx of b in its compute kind.
+func (w *cw) load(b *loops.Buffer, idx []loops.Expr) string {
+	at := w.flat(b, idx)
+	if b.Storage == loops.Const && b.Data.IsSplat() {
+		at = "0"
+	}
+	raw := w.ptr(b) + "[" + at + "]"
+	switch b.Type.DType {
+	case ir.F16:
+		return "kiln_f16_to_f32(" + raw + ")"
+	case ir.BF16:
+		return "kiln_bf16_to_f32(" + raw + ")"
+	case ir.I32, ir.I8:
+		return "(long long)" + raw
+	case ir.Bool:
+		return raw + " != 0"
+	}
+	return raw
+}
+
+// toStorage narrows a computed value for b's dtype.
+func toStorage(v string, d ir.DType) string {
+	switch d {
+	case ir.F16:
+		return "kiln_f32_to_f16(" + v + ")"
+	case ir.BF16:
+		return "kiln_f32_to_bf16(" + v + ")"
+	case ir.I32:
+		return "(int)" + v
+	case ir.I8, ir.Bool:
+		return "(unsigned char)" + v
+	}
+	return v
+}
+
+func (c *constTable) name(d *ir.Dense) string {
+	if n, ok := c.names[d]; ok {
+		return n
+	}
+	n := fmt.Sprintf("kiln_const%d", len(c.names))
+	c.names[d] = n
+	ct, _ := storageType(d.Type.DType)
+	count := d.Len()
+	var vals []string
+	for i := 0; i < count; i++ {
+		var s string
+		k := loops.ComputeKind(d.Type.DType)
+		switch {
+		case k.IsFloat():
+			s = toStorage(floatLit(d.Float(int64(i)), k), d.Type.DType)
+			if d.Type.DType == ir.F16 || d.Type.DType == ir.BF16 {
+				s = strconv.Itoa(int(f16Bits(d.Float(int64(i)), d.Type.DType)))
+			}
+		case k == loops.Bool:
+			s = strconv.FormatInt(d.Int(int64(i)), 10)
+		default:
+			s = strconv.FormatInt(d.Int(int64(i)), 10) + "LL"
+		}
+		vals = append(vals, s)
+	}
+	c.defs = append(c.defs, fmt.Sprintf("__device__ const %s %s[%d] = {%s};", ct, n, max(count, 1), strings.Join(vals, ", ")))
+	return n
+}
+
+// f16Bits is the stored bits of v in a 16-bit float dtype.
+func f16Bits(v float64, d ir.DType) uint16 {
+	raw := (&ir.Dense{Type: ir.Type{DType: d}, Floats: []float64{v}}).RawBytes()
+	return uint16(raw[0]) | uint16(raw[1])<<8
+}
+
+// kernelSource writes the CUDA C of one stage.
+func kernelSource(k *stageKernel, consts *constTable) (string, error) {
+	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts}
+	var params []string
+	for i, p := range k.ptrs {
+		name := fmt.Sprintf("b%d", i)
+		w.ptrs[p.key] = name
+		t, err := storageType(p.buf.Type.DType)
+		if err != nil {
+			return "", err
+		}
+		q := ""
+		if !p.write {
+			q = "const "
+		}
+		params = append(params, fmt.Sprintf("%s%s *__restrict__ %s", q, t, name))
+	}
+	for _, v := range k.outer {
+		name := fmt.Sprintf("v%d", v.ID)
+		w.vars[v] = name
+		params = append(params, "long long "+name)
+	}
+	w.indent = 1
+	w.push()
+	s := k.stage
+	w.line("const long long kiln_i = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+	w.line("if (kiln_i >= %dLL) return;", k.threads)
+	rest := "kiln_i"
+	for i := len(s.Vars) - 1; i >= 0; i-- {
+		name := fmt.Sprintf("v%d", s.Vars[i].ID)
+		w.vars[s.Vars[i]] = name
+		if i == 0 {
+			w.line("const long long %s = %s;", name, rest)
+			continue
+		}
+		w.line("const long long %s = %s %% %dLL;", name, rest, s.Extents[i])
+		next := w.tmp()
+		w.line("const long long %s = %s / %dLL;", next, rest, s.Extents[i])
+		rest = next
+	}
+	outKind := loops.ComputeKind(s.Out.Type.DType)
+	if s.Guard != nil {
+		w.line("if (!(%s)) return;", w.expr(s.Guard))
+	}
+	var value string
+	if m := s.Matmul; m != nil {
+		acc := w.tmp()
+		kind := m.A.Kind()
+		w.line("%s %s = %s;", cType(kind), acc, floatLit(0, kind))
+		w.loops([]*loops.Var{m.K}, []int64{m.Extent}, func() {
+			w.line("%s += %s * %s;", acc, w.expr(m.A), w.expr(m.B))
+		})
+		var v loops.Expr = accRef{name: acc, kind: kind}
+		if m.Epilogue != nil {
+			v = m.Epilogue(v)
+		}
+		value = convert(w.expr(v), v.Kind(), outKind)
+	} else {
+		value = convert(w.expr(s.Value), s.Value.Kind(), outKind)
+	}
+	idx := s.Index
+	if idx == nil {
+		idx = make([]loops.Expr, len(s.Vars))
+		for i, v := range s.Vars {
+			idx[i] = v
+		}
+	}
+	at := w.flat(s.Out, idx)
+	out := w.ptr(s.Out)
+	d := s.Out.Type.DType
+	switch {
+	case !s.Accumulate:
+		w.line("%s[%s] = %s;", out, at, toStorage(value, d))
+	case s.Index == nil || s.Matmul != nil:
+		// Each thread owns its element: a plain read-modify-write.
+		old := w.tmp()
+		w.line("const %s %s = %s;", cType(outKind), old, w.load(s.Out, idx))
+		w.line("%s[%s] = %s;", out, at, toStorage(w.binary("add", outKind, old, value), d))
+	case d == ir.F32 || d == ir.F64:
+		w.line("atomicAdd(&%s[%s], %s);", out, at, value)
+	case d == ir.I64:
+		w.line("atomicAdd((unsigned long long *)&%s[%s], (unsigned long long)%s);", out, at, value)
+	case d == ir.I32:
+		w.line("atomicAdd(&%s[%s], (int)%s);", out, at, value)
+	case d == ir.F16 || d == ir.BF16:
+		w.line("kiln_atomic_add_16(&%s[%s], %s, %v);", out, at, value, d == ir.BF16)
+	default:
+		return "", fmt.Errorf("the CUDA backend cannot accumulate into %s", d)
+	}
+	w.pop()
+	if w.err != nil {
+		return "", fmt.Errorf("kernel %s: %v", k.name, w.err)
+	}
+	return fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
+}
+
+// pointers lists the buffers a stage touches (outputs first), in a
+// stable order.
+func pointers(s *loops.Stage) []*pointerArg {
+	byKey := map[bufKey]*pointerArg{}
+	var order []*pointerArg
+	touch := func(b *loops.Buffer, write bool) {
+		if b.Storage == loops.Const {
+			return
+		}
+		k := keyOf(b)
+		p := byKey[k]
+		if p == nil {
+			p = &pointerArg{key: k, buf: b}
+			byKey[k] = p
+			order = append(order, p)
+		}
+		p.size = max(p.size, b.Type.SizeBytes())
+		if write {
+			p.write = true
+		} else {
+			p.read = true
+		}
+	}
+	touch(s.Out, true)
+	if s.Accumulate {
+		touch(s.Out, false)
+	}
+	seen := map[loops.Expr]bool{}
+	var walk func(x loops.Expr)
+	walk = func(x loops.Expr) {
+		if x == nil || seen[x] {
+			return
+		}
+		if _, lit := literal(x); lit {
+			return
+		}
+		seen[x] = true
+		switch x := x.(type) {
+		case *loops.Load:
+			touch(x.Buf, false)
+			for _, i := range x.Index {
+				walk(i)
+			}
+			walk(x.Guard)
+		case *loops.Unary:
+			walk(x.X)
+		case *loops.Binary:
+			walk(x.A)
+			walk(x.B)
+		case *loops.Compare:
+			walk(x.A)
+			walk(x.B)
+		case *loops.Select:
+			walk(x.C)
+			walk(x.A)
+			walk(x.B)
+		case *loops.Convert:
+			walk(x.X)
+		case *loops.Mix:
+			walk(x.X)
+		case *loops.Guarded:
+			walk(x.Cond)
+			walk(x.X)
+		case *loops.Reduce:
+			walk(x.Body)
+		}
+	}
+	for _, i := range s.Index {
+		walk(i)
+	}
+	walk(s.Guard)
+	if s.Matmul != nil {
+		walk(s.Matmul.A)
+		walk(s.Matmul.B)
+		if s.Matmul.Epilogue != nil {
+			walk(s.Matmul.Epilogue(accRef{kind: s.Matmul.A.Kind()}))
+		}
+	} else {
+		walk(s.Value)
+	}
+	sort.SliceStable(order, func(i, j int) bool { return order[i].write && !order[j].write })
+	return order
+}

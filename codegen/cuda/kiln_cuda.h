@@ -1,0 +1,114 @@
+// kiln_cuda.h: what Kiln's generated kernels.cu needs from CUDA. Under
+// nvcc (or clang with the CUDA headers) it is the real runtime; for a
+// syntax check without them (clang -x cuda -nocudainc -nocudalib
+// -fsyntax-only) it declares the few builtins the kernels use.
+#ifndef KILN_CUDA_H
+#define KILN_CUDA_H
+
+#if defined(__NVCC__) || defined(__CUDA_ARCH_LIST__) || defined(KILN_USE_CUDA_HEADERS)
+#include <cuda_runtime.h>
+#else
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __launch_bounds__(n) __attribute__((launch_bounds(n)))
+struct uint3 { unsigned int x, y, z; };
+struct dim3 { unsigned int x, y, z; };
+extern const __device__ uint3 threadIdx;
+extern const __device__ uint3 blockIdx;
+extern const __device__ dim3 blockDim;
+extern "C" {
+__device__ float sqrtf(float);
+__device__ float expf(float);
+__device__ float logf(float);
+__device__ float tanhf(float);
+__device__ float erff(float);
+__device__ float powf(float, float);
+__device__ float fmodf(float, float);
+__device__ float fabsf(float);
+__device__ double sqrt(double);
+__device__ double exp(double);
+__device__ double log(double);
+__device__ double tanh(double);
+__device__ double erf(double);
+__device__ double pow(double, double);
+__device__ double fmod(double, double);
+__device__ double fabs(double);
+}
+__device__ float atomicAdd(float *, float);
+__device__ double atomicAdd(double *, double);
+__device__ int atomicAdd(int *, int);
+__device__ unsigned long long atomicAdd(unsigned long long *, unsigned long long);
+__device__ unsigned int atomicCAS(unsigned int *, unsigned int, unsigned int);
+#endif
+
+// The bits of a float, and back.
+__device__ static inline unsigned int kiln_bits(float f) {
+  union { float f; unsigned int u; } c;
+  c.f = f;
+  return c.u;
+}
+__device__ static inline float kiln_float(unsigned int u) {
+  union { float f; unsigned int u; } c;
+  c.u = u;
+  return c.f;
+}
+
+// bfloat16: the high half of a float, rounded to nearest even.
+__device__ static inline float kiln_bf16_to_f32(unsigned short h) { return kiln_float((unsigned int)h << 16); }
+__device__ static inline unsigned short kiln_f32_to_bf16(float f) {
+  unsigned int u = kiln_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// IEEE half, rounded to nearest even (subnormals included).
+__device__ static inline float kiln_f16_to_f32(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1fu) return kiln_float(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) {
+    float m = (float)man * (1.0f / 16777216.0f);  // man * 2^-24
+    return sign ? -m : m;
+  }
+  return kiln_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+__device__ static inline unsigned short kiln_f32_to_f16(float f) {
+  unsigned int u = kiln_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // rounds to infinity
+  if (a < 0x38800000u) {  // subnormal or zero: round a * 2^24 to an integer
+    float m = kiln_float(a) * 16777216.0f;
+    unsigned int i = (unsigned int)m;
+    float rest = m - (float)i;
+    if (rest > 0.5f || (rest == 0.5f && (i & 1u))) i++;
+    return (unsigned short)(sign | i);
+  }
+  unsigned int r = a + 0xfffu + ((a >> 13) & 1u);
+  return (unsigned short)(sign | ((r - 0x38000000u) >> 13));
+}
+
+// Adds to a 16-bit float in place (there is no 16-bit atomicAdd before
+// sm_70 for these encodings): compare-and-swap on the 32-bit word.
+__device__ static inline void kiln_atomic_add_16(unsigned short *p, float v, bool bf16) {
+  unsigned int *word = (unsigned int *)((unsigned long long)p & ~3ull);
+  unsigned int shift = ((unsigned long long)p & 2ull) ? 16u : 0u;
+  unsigned int old = *word, assumed;
+  do {
+    assumed = old;
+    unsigned short h = (unsigned short)(assumed >> shift);
+    float sum = (bf16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h)) + v;
+    unsigned short n = bf16 ? kiln_f32_to_bf16(sum) : kiln_f32_to_f16(sum);
+    unsigned int next = (assumed & ~(0xffffu << shift)) | ((unsigned int)n << shift);
+    old = atomicCAS(word, assumed, next);
+  } while (old != assumed);
+}
+
+// SplitMix64's finaliser: dropout's counter-based random numbers.
+__device__ static inline long long kiln_mix(long long x) {
+  unsigned long long z = (unsigned long long)x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (long long)(z ^ (z >> 31));
+}
+
+#endif

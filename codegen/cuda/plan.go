@@ -1,0 +1,551 @@
+// Package cuda lowers a function whose tensors have arena offsets (the
+// assign pass) to a CUDA launch plan: plan.json lists the device arena,
+// the host staging arena of swapped tensors, every buffer, the streams
+// and the ordered nodes (kernel launches, host-device copies, event
+// records and waits) with explicit dependencies, so that it maps one to
+// one onto a CUDA graph; kernels.cu holds a CUDA C kernel per launch
+// kind. Each stage of the loop program (codegen/loops) is one kernel with
+// one thread per point of its domain; the loops around a stage are
+// launches with the loop variable as a scalar argument. Copies (swap_out,
+// swap_in) run on the stream their op names; kernels on stream 0. Events
+// are inserted wherever a node on one stream touches memory that a node
+// on another stream touched before (read after write, write after read
+// or write), and nowhere else. docs/plan.schema.json is the format.
+package cuda
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+)
+
+// Format and Version identify plan.json.
+const (
+	Format  = "kiln.launch-plan"
+	Version = 1
+)
+
+// Plan is plan.json.
+type Plan struct {
+	Format    string           `json:"format"`
+	Version   int              `json:"version"`
+	Function  string           `json:"function"`
+	Target    Target           `json:"target"`
+	Arena     Arena            `json:"arena"`
+	Workspace Region           `json:"workspace"`
+	Host      Arena            `json:"host"`
+	Params    []Binding        `json:"params"`
+	Inputs    []Binding        `json:"inputs"`
+	Results   []Binding        `json:"results"`
+	Buffers   []Buffer         `json:"buffers"`
+	Streams   []Stream         `json:"streams"`
+	Events    int              `json:"events"`
+	Nodes     []Node           `json:"nodes"`
+	CostModel costmodel.Device `json:"cost_model"`
+}
+
+// Target names the GPU architecture kernels.cu is written for.
+type Target struct {
+	Arch string `json:"arch"`
+}
+
+// Arena is a memory region the runtime allocates once.
+type Arena struct {
+	SizeBytes int64 `json:"size_bytes"`
+	Alignment int64 `json:"alignment"`
+}
+
+// Region is a byte range of the device arena.
+type Region struct {
+	Offset    int64 `json:"offset"`
+	SizeBytes int64 `json:"size_bytes"`
+}
+
+// Binding ties a function argument or result to a buffer.
+type Binding struct {
+	Name   string `json:"name"`
+	Buffer int    `json:"buffer"`
+}
+
+// Buffer is memory of one or more values (views and in-place results
+// share their operand's): space "device" (offset in the arena), "host"
+// (offset in the host arena), "param" or "input" (slot, offset in it).
+// FirstOp and LastOp are schedule positions of the module's function.
+type Buffer struct {
+	ID        int      `json:"id"`
+	Values    []string `json:"values"`
+	Space     string   `json:"space"`
+	Slot      int      `json:"slot"`
+	Offset    int64    `json:"offset"`
+	SizeBytes int64    `json:"size_bytes"`
+	DType     string   `json:"dtype"`
+	Shape     []int64  `json:"shape"`
+	FirstOp   int      `json:"first_op"`
+	LastOp    int      `json:"last_op"`
+	Loc       string   `json:"loc,omitempty"`
+}
+
+// Stream is a CUDA stream.
+type Stream struct {
+	ID   int    `json:"id"`
+	Name string `json:"name"`
+}
+
+// Node is one entry of the plan, in issue order. Kind is "kernel",
+// "copy", "event_record" or "event_wait". Deps are the nodes it waits
+// for: the previous node on its stream, and for an event wait the record.
+type Node struct {
+	ID     int    `json:"id"`
+	Kind   string `json:"kind"`
+	Stream int    `json:"stream"`
+	Deps   []int  `json:"deps"`
+	Op     int    `json:"op"` // schedule position of the op it runs; -1 for events
+	// kernel launches
+	Kernel      string  `json:"kernel,omitempty"`
+	Grid        *[3]int `json:"grid,omitempty"`
+	Block       *[3]int `json:"block,omitempty"`
+	SharedBytes int     `json:"shared_bytes"`
+	Args        []KArg  `json:"args,omitempty"`
+	Last        bool    `json:"last_of_op,omitempty"` // the op's last launch
+	Seconds     float64 `json:"seconds"`
+	// copies
+	Direction string  `json:"direction,omitempty"` // device_to_host or host_to_device
+	Src       *Access `json:"src,omitempty"`
+	Dst       *Access `json:"dst,omitempty"`
+	// events
+	Event *int `json:"event,omitempty"`
+}
+
+// KArg is a kernel argument: a pointer into a buffer or an i64 scalar.
+type KArg struct {
+	Kind    string  `json:"kind"` // "pointer" or "scalar"
+	Pointer *Access `json:"pointer,omitempty"`
+	Value   int64   `json:"value"`
+}
+
+// Access is a byte range a node reads ("read"), writes ("write") or both.
+type Access struct {
+	Buffer    int    `json:"buffer"`
+	Space     string `json:"space"`
+	Slot      int    `json:"slot"`
+	Offset    int64  `json:"offset"`
+	SizeBytes int64  `json:"size_bytes"`
+	Mode      string `json:"mode"`
+}
+
+// Output is what Lower produces.
+type Output struct {
+	Plan    *Plan
+	Kernels string // kernels.cu
+}
+
+// Arch is the architecture kernels.cu targets (atomicAdd on doubles
+// needs sm_60; sm_80 is the A100 and later).
+const Arch = "sm_80"
+
+// Lower builds the launch plan of f, which must carry offsets.
+func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
+	if _, ok := f.Attrs["arena"]; !ok {
+		return nil, fmt.Errorf("@%s has no arena offsets (run the assign pass first)", f.Name)
+	}
+	prog, err := loops.Lower(f)
+	if err != nil {
+		return nil, err
+	}
+	align := f.Attrs.Int("alignment", 64)
+	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
+		byName: map[string]int{}, kernelSrc: map[string]bool{}}
+	arena := alignUp(f.Attrs.Int("arena", 0), 256)
+	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
+		Host:    Arena{SizeBytes: f.Attrs.Int("host_arena", 0), Alignment: align},
+		Streams: []Stream{{0, "compute"}, {1, "copy"}}, CostModel: dev}
+	b.buffers()
+	ws, err := b.nodes(arena)
+	if err != nil {
+		return nil, err
+	}
+	b.plan.Workspace = Region{Offset: arena, SizeBytes: ws}
+	b.plan.Arena = Arena{SizeBytes: arena + ws, Alignment: align}
+	b.events()
+	return &Output{Plan: b.plan, Kernels: b.source()}, nil
+}
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+type planner struct {
+	f         *ir.Func
+	dev       costmodel.Device
+	prog      *loops.Program
+	info      *liveness.Info
+	plan      *Plan
+	consts    *constTable
+	byName    map[string]int // value name -> buffer id
+	kernels   []string       // kernel sources in order
+	kernelSrc map[string]bool
+	raw       []Node // nodes before events
+}
+
+// buffers lists the liveness buffers: arguments, arena and host.
+func (b *planner) buffers() {
+	f, n := b.f, len(b.f.Body)
+	params, inputs := 0, 0
+	add := func(lb *liveness.Buffer, space string, slot int, offset int64) int {
+		root := lb.Root()
+		buf := Buffer{ID: len(b.plan.Buffers), Space: space, Slot: slot, Offset: offset, SizeBytes: lb.Size,
+			DType: root.Type.DType.String(), Shape: append([]int64{}, root.Type.Shape...), FirstOp: lb.Start, LastOp: lb.End}
+		if root.Def != nil && !root.Def.Loc.IsUnknown() {
+			buf.Loc = root.Def.Loc.String()
+		}
+		for _, v := range lb.Values {
+			buf.Values = append(buf.Values, v.Name)
+			b.byName[v.Name] = buf.ID
+		}
+		b.plan.Buffers = append(b.plan.Buffers, buf)
+		return buf.ID
+	}
+	for _, a := range f.Args {
+		lb := b.info.BufferOf[a]
+		if a.Arg.Kind == ir.ArgParam || a.Arg.Kind == ir.ArgState {
+			id := add(lb, "param", params, 0)
+			b.plan.Params = append(b.plan.Params, Binding{Name: a.Name, Buffer: id})
+			params++
+		} else {
+			id := add(lb, "input", inputs, 0)
+			b.plan.Inputs = append(b.plan.Inputs, Binding{Name: a.Name, Buffer: id})
+			inputs++
+		}
+		b.plan.Buffers[len(b.plan.Buffers)-1].FirstOp, b.plan.Buffers[len(b.plan.Buffers)-1].LastOp = 0, max(n-1, 0)
+	}
+	for _, lb := range b.info.ArenaBuffers() {
+		add(lb, "device", 0, lb.Root().Offset)
+	}
+	for _, lb := range b.info.HostBuffers {
+		add(lb, "host", 0, lb.Root().Offset)
+	}
+	for _, r := range f.Results {
+		b.plan.Results = append(b.plan.Results, Binding{Name: r.Value.Name, Buffer: b.byName[r.Value.Name]})
+	}
+}
+
+// access describes a loop buffer as a byte range of a plan buffer.
+func (b *planner) access(lb *loops.Buffer, size int64, mode string) (*Access, error) {
+	id, ok := b.byName[lb.Name]
+	if !ok {
+		return nil, fmt.Errorf("no buffer holds %s", lb)
+	}
+	pb := b.plan.Buffers[id]
+	return &Access{Buffer: id, Space: pb.Space, Slot: pb.Slot, Offset: pb.Offset, SizeBytes: size, Mode: mode}, nil
+}
+
+// nodes lists the launches and copies in schedule order and returns the
+// workspace bytes kernels need beyond the arena.
+func (b *planner) nodes(arena int64) (int64, error) {
+	kernelOf := map[*ir.Op]*loops.Kernel{}
+	for _, k := range b.prog.Kernels {
+		kernelOf[k.Op] = k
+	}
+	ws := int64(0)
+	for i, op := range b.f.Body {
+		if costmodel.IsCopy(op) {
+			if err := b.copyNode(i, op); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		k := kernelOf[op]
+		if k == nil {
+			continue // a view: no memory, no launch
+		}
+		// The kernel's workspace sits after the arena, one temp after
+		// another; kernels run one at a time on the compute stream.
+		temps := map[string]int64{}
+		off := int64(0)
+		for _, t := range k.Temps {
+			temps[t.Name] = arena + off
+			id := len(b.plan.Buffers)
+			b.plan.Buffers = append(b.plan.Buffers, Buffer{ID: id, Values: []string{k.Name + "." + t.Name}, Space: "device",
+				Offset: arena + off, SizeBytes: t.Type.SizeBytes(), DType: t.Type.DType.String(), Shape: append([]int64{}, t.Type.Shape...), FirstOp: i, LastOp: i})
+			b.byName[k.Name+"."+t.Name] = id
+			off = alignUp(off+t.Type.SizeBytes(), 256)
+		}
+		ws = max(ws, off)
+		first := len(b.raw)
+		c := ir.OpCost(op)
+		if err := b.launches(i, k, k.Steps, nil, nil, temps); err != nil {
+			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
+		}
+		launched := b.raw[first:]
+		if len(launched) == 0 {
+			continue
+		}
+		launched[len(launched)-1].Last = true
+		per := float64(len(launched))
+		for j := range launched {
+			launched[j].Seconds = b.dev.KernelSeconds(int64(float64(c.FLOPs)/per), int64(float64(c.BytesRead+c.BytesWritten)/per))
+		}
+	}
+	return ws, nil
+}
+
+func (b *planner) copyNode(i int, op *ir.Op) error {
+	x, r := op.Operands[0], op.Results[0]
+	size := x.Type.SizeBytes()
+	src, err := b.valueAccess(x, size, "read")
+	if err != nil {
+		return err
+	}
+	dst, err := b.valueAccess(r, size, "write")
+	if err != nil {
+		return err
+	}
+	dir := "device_to_host"
+	if op.Kind == "swap_in" {
+		dir = "host_to_device"
+	}
+	b.raw = append(b.raw, Node{Kind: "copy", Stream: int(op.Attrs.Int("stream", 1)), Op: i, Direction: dir, Src: src, Dst: dst,
+		Seconds: b.dev.CopySeconds(size), Last: true})
+	return nil
+}
+
+func (b *planner) valueAccess(v *ir.Value, size int64, mode string) (*Access, error) {
+	id, ok := b.byName[v.Name]
+	if !ok {
+		return nil, fmt.Errorf("no buffer holds %s", v.Ref())
+	}
+	pb := b.plan.Buffers[id]
+	off := pb.Offset
+	if pb.Space == "device" || pb.Space == "host" {
+		off = v.Offset
+	}
+	return &Access{Buffer: id, Space: pb.Space, Slot: pb.Slot, Offset: off, SizeBytes: size, Mode: mode}, nil
+}
+
+// launches adds one node per stage and iteration of the loops around it.
+func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []*loops.Var, iter []int64, temps map[string]int64) error {
+	for _, st := range steps {
+		switch st := st.(type) {
+		case *loops.Loop:
+			for it := int64(0); it < st.Extent; it++ {
+				if err := b.launches(op, k, st.Body, append(outer[:len(outer):len(outer)], st.Var), append(iter[:len(iter):len(iter)], it), temps); err != nil {
+					return err
+				}
+			}
+		case *loops.Stage:
+			name := fmt.Sprintf("%s_s%d", k.Name, b.stageIndex(k, st))
+			threads := int64(1)
+			for _, e := range st.Extents {
+				threads *= e
+			}
+			sk := &stageKernel{name: name, stage: st, outer: outer, ptrs: pointers(st), threads: threads}
+			if !b.kernelSrc[name] {
+				src, err := kernelSource(sk, b.consts)
+				if err != nil {
+					return err
+				}
+				b.kernelSrc[name] = true
+				b.kernels = append(b.kernels, src)
+			}
+			if threads == 0 {
+				continue
+			}
+			n := Node{Kind: "kernel", Stream: 0, Op: op, Kernel: name, Grid: &[3]int{int((threads + BlockSize - 1) / BlockSize), 1, 1}, Block: &[3]int{BlockSize, 1, 1}}
+			for _, p := range sk.ptrs {
+				mode := "read"
+				switch {
+				case p.read && p.write:
+					mode = "readwrite"
+				case p.write:
+					mode = "write"
+				}
+				var a *Access
+				var err error
+				if p.buf.Storage == loops.Temp {
+					id := b.byName[k.Name+"."+p.buf.Name]
+					a = &Access{Buffer: id, Space: "device", Offset: temps[p.buf.Name], SizeBytes: p.size, Mode: mode}
+				} else {
+					a, err = b.access(p.buf, p.size, mode)
+					if err != nil {
+						return err
+					}
+					a.Offset = b.plan.Buffers[a.Buffer].Offset + p.buf.Offset - b.baseOffset(p.buf)
+				}
+				n.Args = append(n.Args, KArg{Kind: "pointer", Pointer: a})
+			}
+			for _, v := range iter {
+				n.Args = append(n.Args, KArg{Kind: "scalar", Value: v})
+			}
+			b.raw = append(b.raw, n)
+		}
+	}
+	return nil
+}
+
+// baseOffset is the offset a loop buffer's storage counts from: the arena
+// offset for arena buffers (already absolute), 0 for params and inputs.
+func (b *planner) baseOffset(lb *loops.Buffer) int64 {
+	if lb.Storage == loops.Arena {
+		return b.plan.Buffers[b.byName[lb.Name]].Offset
+	}
+	return 0
+}
+
+// stageIndex numbers the stages of a kernel in program order.
+func (b *planner) stageIndex(k *loops.Kernel, s *loops.Stage) int {
+	n := 0
+	found := -1
+	var walk func(steps []loops.Step)
+	walk = func(steps []loops.Step) {
+		for _, st := range steps {
+			switch st := st.(type) {
+			case *loops.Loop:
+				walk(st.Body)
+			case *loops.Stage:
+				if st == s && found < 0 {
+					found = n
+				}
+				n++
+			}
+		}
+	}
+	walk(k.Steps)
+	return found
+}
+
+// source is kernels.cu.
+func (b *planner) source() string {
+	out := "// Generated by Kiln: the kernels of plan.json (" + b.f.Name + ").\n#include \"kiln_cuda.h\"\n\n"
+	for _, d := range b.consts.defs {
+		out += d + "\n"
+	}
+	if len(b.consts.defs) > 0 {
+		out += "\n"
+	}
+	for _, k := range b.kernels {
+		out += k + "\n"
+	}
+	return out
+}
+
+// events orders nodes on different streams that touch the same bytes
+// (one of them writing): the earlier node records an event right after
+// it, the later one waits for it just before it. Orderings already
+// implied by stream order and earlier events are not repeated.
+func (b *planner) events() {
+	raw := b.raw
+	type acc struct {
+		node   int
+		space  string
+		slot   int
+		lo, hi int64
+		write  bool
+	}
+	accesses := func(n Node) []acc {
+		var out []acc
+		add := func(a *Access) {
+			if a != nil {
+				out = append(out, acc{space: a.Space, slot: a.Slot, lo: a.Offset, hi: a.Offset + a.SizeBytes, write: a.Mode != "read"})
+			}
+		}
+		for _, a := range n.Args {
+			add(a.Pointer)
+		}
+		add(n.Src)
+		add(n.Dst)
+		return out
+	}
+	streams := len(b.plan.Streams)
+	seq := make([]int, len(raw))     // position of a node on its stream
+	clock := make([][]int, len(raw)) // vector clocks: nodes seen per stream
+	last := make([]int, streams)     // last node per stream, -1: none
+	count := make([]int, streams)
+	for i := range last {
+		last[i] = -1
+	}
+	history := make([][]acc, streams)
+	waits := map[int][]int{} // node -> sources it waits for
+	sources := map[int]bool{}
+	for i, n := range raw {
+		s := n.Stream
+		vc := make([]int, streams)
+		if last[s] >= 0 {
+			copy(vc, clock[last[s]])
+		}
+		seq[i] = count[s]
+		count[s]++
+		vc[s] = count[s]
+		mine := accesses(n)
+		for t := 0; t < streams; t++ {
+			if t == s {
+				continue
+			}
+			// Latest first: one wait for the latest conflicting node
+			// orders the earlier ones on its stream too.
+			for j := len(history[t]) - 1; j >= 0; j-- {
+				h := history[t][j]
+				if vc[t] > seq[h.node] {
+					break // this and everything before it is ordered
+				}
+				for _, a := range mine {
+					if a.space == h.space && a.slot == h.slot && a.lo < h.hi && h.lo < a.hi && (a.write || h.write) {
+						waits[i] = append(waits[i], h.node)
+						sources[h.node] = true
+						for k := range vc {
+							vc[k] = max(vc[k], clock[h.node][k])
+						}
+						break
+					}
+				}
+			}
+		}
+		clock[i] = vc
+		last[s] = i
+		for _, a := range mine {
+			a.node = i
+			history[s] = append(history[s], a)
+		}
+	}
+	// Emit with events.
+	eventOf := map[int]int{}
+	recordID := map[int]int{}
+	var out []Node
+	prev := make([]int, streams)
+	for i := range prev {
+		prev[i] = -1
+	}
+	emit := func(n Node) int {
+		n.ID = len(out)
+		n.Deps = []int{}
+		if prev[n.Stream] >= 0 {
+			n.Deps = append(n.Deps, prev[n.Stream])
+		}
+		if n.Kind == "event_wait" {
+			n.Deps = append(n.Deps, recordID[*n.Event])
+		}
+		prev[n.Stream] = n.ID
+		out = append(out, n)
+		return n.ID
+	}
+	for i, n := range raw {
+		src := waits[i]
+		sort.Ints(src)
+		for _, w := range src {
+			ev := eventOf[w]
+			emit(Node{Kind: "event_wait", Stream: n.Stream, Op: -1, Event: &ev})
+		}
+		if n.Args == nil {
+			n.Args = nil
+		}
+		emit(n)
+		if sources[i] {
+			ev := len(eventOf)
+			eventOf[i] = ev
+			recordID[ev] = emit(Node{Kind: "event_record", Stream: n.Stream, Op: -1, Event: &ev})
+		}
+	}
+	b.plan.Nodes = out
+	b.plan.Events = len(eventOf)
+}

@@ -1,0 +1,48 @@
+package cuda
+
+import (
+	_ "embed"
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/outfile"
+)
+
+// Header is kiln_cuda.h, written next to kernels.cu.
+//
+//go:embed kiln_cuda.h
+var Header string
+
+// Files are the names Write creates in the plan directory.
+var Files = []string{"plan.json", "kernels.cu", "kiln_cuda.h", "module.kir"}
+
+// JSON is the plan's canonical text (indented, newline-terminated).
+func (p *Plan) JSON() ([]byte, error) {
+	b, err := json.MarshalIndent(p, "", " ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// Write puts the plan, its kernels, the header and the module the plan
+// was made from (which plan-check replays) in dir, each file atomically.
+func Write(dir string, out *Output, m *ir.Module) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	plan, err := out.Plan.JSON()
+	if err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{
+		"plan.json": plan, "kernels.cu": []byte(out.Kernels), "kiln_cuda.h": []byte(Header), "module.kir": []byte(m.String()),
+	} {
+		if err := outfile.Write(filepath.Join(dir, name), data); err != nil {
+			return err
+		}
+	}
+	return nil
+}

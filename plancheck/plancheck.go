@@ -1,0 +1,561 @@
+// Package plancheck replays a CUDA launch plan (codegen/cuda) on the CPU
+// with the interpreter's kernels and checks it independently of how it
+// was made: the plan's structure; that no two buffers live at the same
+// time share a byte; that every pair of nodes on different streams that
+// touch the same bytes (one writing) is ordered by stream order and
+// events (so a missing event wait is a race, whatever the timing); that
+// every read finds the bytes its buffer last wrote (not unwritten memory,
+// not another tensor's, not a tensor already swapped out); and that the
+// results equal the interpreter's on the plan's module. It also simulates
+// the timeline with the plan's cost model.
+package plancheck
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/parser"
+)
+
+// Report is what a successful replay measured.
+type Report struct {
+	Nodes, Kernels, Copies, Events int
+	Timeline                       []Span
+	Seconds                        float64 // end of the last node
+	ComputeSeconds                 float64 // busy time of stream 0
+	CopySeconds                    float64 // busy time of the other streams
+	StallSeconds                   float64 // time stream 0 waited for events
+}
+
+// Span is one node on the simulated timeline.
+type Span struct {
+	Node          int
+	Name          string
+	Stream        int
+	Start, Finish float64
+}
+
+// Load reads a plan directory.
+func Load(dir string) (*cuda.Plan, *ir.Func, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "plan.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var p cuda.Plan
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, nil, fmt.Errorf("%s: %v", filepath.Join(dir, "plan.json"), err)
+	}
+	path := filepath.Join(dir, "module.kir")
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := parser.Parse(path, string(src))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ir.Verify(m); err != nil {
+		return nil, nil, err
+	}
+	f := m.Func(p.Function)
+	if f == nil {
+		return nil, nil, fmt.Errorf("plan.json: function @%s is not in module.kir", p.Function)
+	}
+	return &p, f, nil
+}
+
+// Check replays p against f on random arguments drawn from seed.
+func Check(p *cuda.Plan, f *ir.Func, seed uint64) (*Report, error) {
+	if err := structure(p, f); err != nil {
+		return nil, err
+	}
+	if err := disjoint(p); err != nil {
+		return nil, err
+	}
+	if err := races(p); err != nil {
+		return nil, err
+	}
+	r := timeline(p)
+	if err := replay(p, f, seed); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func structure(p *cuda.Plan, f *ir.Func) error {
+	if p.Format != cuda.Format || p.Version != cuda.Version {
+		return fmt.Errorf("plan.json: format %q version %d, want %q version %d", p.Format, p.Version, cuda.Format, cuda.Version)
+	}
+	if p.CostModel.Validate() != nil {
+		return fmt.Errorf("plan.json: %v", p.CostModel.Validate())
+	}
+	for i, b := range p.Buffers {
+		if b.ID != i {
+			return fmt.Errorf("plan.json: buffer %d has id %d", i, b.ID)
+		}
+		end := b.Offset + b.SizeBytes
+		switch b.Space {
+		case "device":
+			if b.Offset < 0 || end > p.Arena.SizeBytes {
+				return fmt.Errorf("plan.json: buffer %d (%s) [%d, %d) is outside the device arena of %d bytes", i, b.Values[0], b.Offset, end, p.Arena.SizeBytes)
+			}
+		case "host":
+			if b.Offset < 0 || end > p.Host.SizeBytes {
+				return fmt.Errorf("plan.json: buffer %d (%s) [%d, %d) is outside the host arena of %d bytes", i, b.Values[0], b.Offset, end, p.Host.SizeBytes)
+			}
+		case "param", "input":
+		default:
+			return fmt.Errorf("plan.json: buffer %d has unknown space %q", i, b.Space)
+		}
+	}
+	prev := map[int]int{}
+	recorded := map[int]int{}
+	for i, n := range p.Nodes {
+		if n.ID != i {
+			return fmt.Errorf("plan.json: node %d has id %d", i, n.ID)
+		}
+		if n.Stream < 0 || n.Stream >= len(p.Streams) {
+			return fmt.Errorf("node %d: unknown stream %d", i, n.Stream)
+		}
+		want := []int{}
+		if q, ok := prev[n.Stream]; ok {
+			want = append(want, q)
+		}
+		switch n.Kind {
+		case "kernel", "copy":
+			if n.Op < 0 || n.Op >= len(f.Body) {
+				return fmt.Errorf("node %d: op %d is not in @%s", i, n.Op, f.Name)
+			}
+		case "event_record":
+			if n.Event == nil {
+				return fmt.Errorf("node %d: event_record without an event", i)
+			}
+			recorded[*n.Event] = i
+		case "event_wait":
+			if n.Event == nil {
+				return fmt.Errorf("node %d: event_wait without an event", i)
+			}
+			r, ok := recorded[*n.Event]
+			if !ok {
+				return fmt.Errorf("node %d waits for event %d, which no earlier node records (the wait would not wait)", i, *n.Event)
+			}
+			want = append(want, r)
+		default:
+			return fmt.Errorf("node %d: unknown kind %q", i, n.Kind)
+		}
+		if fmt.Sprint(n.Deps) != fmt.Sprint(want) {
+			return fmt.Errorf("node %d: deps %v, but its stream and events make them %v", i, n.Deps, want)
+		}
+		for _, a := range accesses(n) {
+			if a.Buffer < 0 || a.Buffer >= len(p.Buffers) {
+				return fmt.Errorf("node %d: unknown buffer %d", i, a.Buffer)
+			}
+		}
+		prev[n.Stream] = i
+	}
+	return nil
+}
+
+// accesses lists the byte ranges a node touches.
+func accesses(n cuda.Node) []*cuda.Access {
+	var out []*cuda.Access
+	for _, a := range n.Args {
+		if a.Pointer != nil {
+			out = append(out, a.Pointer)
+		}
+	}
+	if n.Src != nil {
+		out = append(out, n.Src)
+	}
+	if n.Dst != nil {
+		out = append(out, n.Dst)
+	}
+	return out
+}
+
+func overlap(a, b *cuda.Access) bool {
+	return a.Space == b.Space && a.Slot == b.Slot && a.Offset < b.Offset+b.SizeBytes && b.Offset < a.Offset+a.SizeBytes
+}
+
+// disjoint: buffers of one space whose lifetimes overlap do not share a
+// byte.
+func disjoint(p *cuda.Plan) error {
+	for _, space := range []string{"device", "host"} {
+		var bs []cuda.Buffer
+		for _, b := range p.Buffers {
+			if b.Space == space && b.SizeBytes > 0 {
+				bs = append(bs, b)
+			}
+		}
+		sort.SliceStable(bs, func(i, j int) bool { return bs[i].FirstOp < bs[j].FirstOp })
+		for i, a := range bs {
+			for _, b := range bs[i+1:] {
+				if b.FirstOp > a.LastOp {
+					break
+				}
+				if a.Offset < b.Offset+b.SizeBytes && b.Offset < a.Offset+a.SizeBytes && b.FirstOp <= a.LastOp && a.FirstOp <= b.LastOp {
+					return fmt.Errorf("buffers %s [%d, %d) (ops %d-%d) and %s [%d, %d) (ops %d-%d) are live together and overlap in %s memory",
+						a.Values[0], a.Offset, a.Offset+a.SizeBytes, a.FirstOp, a.LastOp, b.Values[0], b.Offset, b.Offset+b.SizeBytes, b.FirstOp, b.LastOp, space)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// races checks with vector clocks that conflicting accesses from
+// different streams are ordered by stream order and events.
+func races(p *cuda.Plan) error {
+	streams := len(p.Streams)
+	clock := make([][]int, len(p.Nodes))
+	seq := make([]int, len(p.Nodes))
+	last := make([]int, streams)
+	count := make([]int, streams)
+	for i := range last {
+		last[i] = -1
+	}
+	eventClock := map[int][]int{}
+	type hist struct {
+		node int
+		a    *cuda.Access
+	}
+	history := make([][]hist, streams)
+	for i, n := range p.Nodes {
+		s := n.Stream
+		vc := make([]int, streams)
+		if last[s] >= 0 {
+			copy(vc, clock[last[s]])
+		}
+		seq[i] = count[s]
+		count[s]++
+		vc[s] = count[s]
+		if n.Kind == "event_wait" {
+			for k, c := range eventClock[*n.Event] {
+				vc[k] = max(vc[k], c)
+			}
+		}
+		clock[i], last[s] = vc, i
+		if n.Kind == "event_record" {
+			eventClock[*n.Event] = append([]int(nil), vc...)
+		}
+		mine := accesses(n)
+		for t := 0; t < streams; t++ {
+			if t == s {
+				continue
+			}
+			for j := len(history[t]) - 1; j >= 0; j-- {
+				h := history[t][j]
+				if vc[t] > seq[h.node] {
+					break // ordered, with everything before it on that stream
+				}
+				for _, a := range mine {
+					if overlap(a, h.a) && (a.Mode != "read" || h.a.Mode != "read") {
+						return fmt.Errorf("race: node %d (%s) and node %d (%s) on streams %d and %d both touch %s [%d, %d) (one writes), and no event orders them",
+							h.node, describe(p, p.Nodes[h.node]), i, describe(p, n), t, s, p.Buffers[a.Buffer].Values[0], a.Offset, a.Offset+a.SizeBytes)
+					}
+				}
+			}
+		}
+		for _, a := range mine {
+			history[s] = append(history[s], hist{i, a})
+		}
+	}
+	return nil
+}
+
+func describe(p *cuda.Plan, n cuda.Node) string {
+	switch n.Kind {
+	case "kernel":
+		return "kernel " + n.Kernel
+	case "copy":
+		return "copy " + n.Direction + " of " + p.Buffers[n.Src.Buffer].Values[0]
+	}
+	return n.Kind
+}
+
+// timeline simulates the plan: a node starts when its deps have finished
+// and takes its cost-model seconds.
+func timeline(p *cuda.Plan) *Report {
+	r := &Report{Nodes: len(p.Nodes), Events: p.Events}
+	finish := make([]float64, len(p.Nodes))
+	streamEnd := map[int]float64{}
+	for i, n := range p.Nodes {
+		start := 0.0
+		for _, d := range n.Deps {
+			start = max(start, finish[d])
+		}
+		secs := 0.0
+		switch n.Kind {
+		case "kernel":
+			r.Kernels++
+			secs = n.Seconds
+		case "copy":
+			r.Copies++
+			secs = p.CostModel.CopySeconds(n.Src.SizeBytes)
+		}
+		if n.Stream == 0 && secs > 0 {
+			r.StallSeconds += max(0, start-streamEnd[0])
+		}
+		finish[i] = start + secs
+		if n.Stream == 0 {
+			r.ComputeSeconds += secs
+		} else {
+			r.CopySeconds += secs
+		}
+		streamEnd[n.Stream] = max(streamEnd[n.Stream], finish[i])
+		r.Seconds = max(r.Seconds, finish[i])
+		if secs > 0 {
+			r.Timeline = append(r.Timeline, Span{Node: i, Name: describe(p, n), Stream: n.Stream, Start: start, Finish: finish[i]})
+		}
+	}
+	return r
+}
+
+// memory is the replay's bytes and, per byte range, the buffer that last
+// wrote it.
+type memory struct {
+	bytes map[string][]byte
+	owner map[string]*owners
+}
+
+func spaceKey(space string, slot int) string { return fmt.Sprintf("%s/%d", space, slot) }
+
+// owners maps byte ranges to the buffer that wrote them (-1: never).
+type owners struct{ starts, ids []int64 }
+
+func newOwners(size int64, id int64) *owners {
+	return &owners{starts: []int64{0, size}, ids: []int64{id, -1}}
+}
+
+// set marks [lo, hi) as written by id.
+func (o *owners) set(lo, hi, id int64) {
+	var s, ids []int64
+	before := int64(-1)
+	for i, st := range o.starts {
+		if st < lo {
+			s, ids = append(s, st), append(ids, o.ids[i])
+			before = o.ids[i]
+		}
+	}
+	s, ids = append(s, lo), append(ids, id)
+	after := before
+	for i, st := range o.starts {
+		if st <= hi {
+			after = o.ids[i]
+		}
+	}
+	if hi < math.MaxInt64 {
+		s, ids = append(s, hi), append(ids, after)
+	}
+	for i, st := range o.starts {
+		if st > hi {
+			s, ids = append(s, st), append(ids, o.ids[i])
+		}
+	}
+	o.starts, o.ids = s, ids
+}
+
+// who lists the writers of [lo, hi).
+func (o *owners) who(lo, hi int64) []int64 {
+	var out []int64
+	for i, st := range o.starts {
+		end := int64(math.MaxInt64)
+		if i+1 < len(o.starts) {
+			end = o.starts[i+1]
+		}
+		if st < hi && lo < end && st < end {
+			out = append(out, o.ids[i])
+		}
+	}
+	return out
+}
+
+// replay runs the nodes in issue order (which stream order and events
+// allow, and, with no races, gives every execution's result): kernels of
+// an op read their operands from the plan's buffers and the op runs in
+// the interpreter at its last launch, writing its results back.
+func replay(p *cuda.Plan, f *ir.Func, seed uint64) error {
+	args := interp.RandomArgs(f, seed)
+	want, wantArgs, err := interp.RunWithUpdates(f, args, interp.Options{Seed: seed})
+	if err != nil {
+		return fmt.Errorf("interpreter: %v", err)
+	}
+	mem := &memory{bytes: map[string][]byte{}, owner: map[string]*owners{}}
+	mem.bytes["device/0"] = make([]byte, p.Arena.SizeBytes)
+	mem.owner["device/0"] = newOwners(p.Arena.SizeBytes, -1)
+	mem.bytes["host/0"] = make([]byte, p.Host.SizeBytes)
+	mem.owner["host/0"] = newOwners(p.Host.SizeBytes, -1)
+	byName := map[string]int{}
+	for _, b := range p.Buffers {
+		for _, v := range b.Values {
+			byName[v] = b.ID
+		}
+	}
+	argIndex := map[string]int{}
+	for i, a := range f.Args {
+		argIndex[a.Name] = i
+	}
+	bind := func(bs []cuda.Binding, space string) error {
+		for slot, bd := range bs {
+			i, ok := argIndex[bd.Name]
+			if !ok {
+				return fmt.Errorf("plan.json: argument %q is not in @%s", bd.Name, f.Name)
+			}
+			raw := args[i].ToDense().RawBytes()
+			key := spaceKey(space, slot)
+			mem.bytes[key] = append([]byte(nil), raw...)
+			mem.owner[key] = newOwners(int64(len(raw)), int64(bd.Buffer))
+		}
+		return nil
+	}
+	if err := bind(p.Params, "param"); err != nil {
+		return err
+	}
+	if err := bind(p.Inputs, "input"); err != nil {
+		return err
+	}
+	valueAt := func(v *ir.Value) (*cuda.Buffer, int64, error) {
+		id, ok := byName[v.Name]
+		if !ok {
+			return nil, 0, fmt.Errorf("no buffer of the plan holds %s", v.Ref())
+		}
+		b := &p.Buffers[id]
+		off := b.Offset
+		if (b.Space == "device" || b.Space == "host") && v.Offset >= 0 {
+			off = v.Offset
+		}
+		return b, off, nil
+	}
+	read := func(v *ir.Value) (*interp.Tensor, error) {
+		b, off, err := valueAt(v)
+		if err != nil {
+			return nil, err
+		}
+		raw := mem.bytes[spaceKey(b.Space, b.Slot)][off : off+v.Type.SizeBytes()]
+		d, err := ir.DenseFromRaw(v.Type, raw)
+		if err != nil {
+			return nil, err
+		}
+		return interp.FromDense(d), nil
+	}
+	write := func(v *ir.Value, t *interp.Tensor) error {
+		b, off, err := valueAt(v)
+		if err != nil {
+			return err
+		}
+		copy(mem.bytes[spaceKey(b.Space, b.Slot)][off:], t.ToDense().RawBytes())
+		return nil
+	}
+	for i, n := range p.Nodes {
+		// Every read finds what its buffer wrote.
+		for _, a := range accesses(n) {
+			key := spaceKey(a.Space, a.Slot)
+			o := mem.owner[key]
+			if o == nil || a.Offset < 0 || a.Offset+a.SizeBytes > int64(len(mem.bytes[key])) {
+				return fmt.Errorf("node %d (%s): %s [%d, %d) is outside %s memory", i, describe(p, n), p.Buffers[a.Buffer].Values[0], a.Offset, a.Offset+a.SizeBytes, a.Space)
+			}
+			buf := p.Buffers[a.Buffer]
+			if n.Op >= 0 && (n.Op < buf.FirstOp || n.Op > buf.LastOp) {
+				return fmt.Errorf("node %d (%s) at op %d uses %s outside its lifetime (ops %d-%d)%s", i, describe(p, n), n.Op, buf.Values[0], buf.FirstOp, buf.LastOp, swappedHint(p, a.Buffer, i))
+			}
+			if a.Mode == "write" {
+				continue
+			}
+			for _, w := range o.who(a.Offset, a.Offset+a.SizeBytes) {
+				if w == int64(a.Buffer) {
+					continue
+				}
+				if w < 0 {
+					return fmt.Errorf("node %d (%s) reads %s [%d, %d), which nothing has written", i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes)
+				}
+				return fmt.Errorf("node %d (%s) reads %s [%d, %d), but %s wrote those bytes last%s", i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes, p.Buffers[w].Values[0], swappedHint(p, a.Buffer, i))
+			}
+		}
+		for _, a := range accesses(n) {
+			if a.Mode != "read" {
+				mem.owner[spaceKey(a.Space, a.Slot)].set(a.Offset, a.Offset+a.SizeBytes, int64(a.Buffer))
+			}
+		}
+		if !n.Last || (n.Kind != "kernel" && n.Kind != "copy") {
+			continue
+		}
+		op := f.Body[n.Op]
+		in := make([]*interp.Tensor, len(op.Operands))
+		for j, x := range op.Operands {
+			t, err := read(x)
+			if err != nil {
+				return fmt.Errorf("node %d: %v", i, err)
+			}
+			in[j] = t
+		}
+		out, err := interp.EvalOp(op, in)
+		if err != nil {
+			return fmt.Errorf("node %d: %v", i, err)
+		}
+		for j, r := range op.Results {
+			if err := write(r, out[j]); err != nil {
+				return fmt.Errorf("node %d: %v", i, err)
+			}
+		}
+		if d := op.Def(); d != nil {
+			for _, k := range d.Writes {
+				if err := write(op.Operands[k], in[k]); err != nil {
+					return fmt.Errorf("node %d: %v", i, err)
+				}
+			}
+		}
+	}
+	for i, r := range f.Results {
+		got, err := read(r.Value)
+		if err != nil {
+			return err
+		}
+		if err := same(got, want[i]); err != nil {
+			return fmt.Errorf("result %s differs from the interpreter: %v", f.ResultName(i), err)
+		}
+	}
+	for i, a := range f.Args {
+		if !a.Arg.InOut {
+			continue
+		}
+		got, err := read(a)
+		if err != nil {
+			return err
+		}
+		if err := same(got, wantArgs[i]); err != nil {
+			return fmt.Errorf("updated argument %s differs from the interpreter: %v", a.Ref(), err)
+		}
+	}
+	return nil
+}
+
+// swappedHint explains a stale read of a tensor that was copied out.
+func swappedHint(p *cuda.Plan, buffer, before int) string {
+	for i := before - 1; i >= 0; i-- {
+		n := p.Nodes[i]
+		if n.Kind == "copy" && n.Direction == "device_to_host" && n.Src.Buffer == buffer {
+			return fmt.Sprintf(" (it was swapped out to the host by node %d)", i)
+		}
+	}
+	return ""
+}
+
+func same(a, b *interp.Tensor) error {
+	if a.Len() != b.Len() {
+		return fmt.Errorf("%d elements, want %d", a.Len(), b.Len())
+	}
+	for j := 0; j < a.Len(); j++ {
+		x, y := a.At(j), b.At(j)
+		if math.Float64bits(x) != math.Float64bits(y) && !(math.IsNaN(x) && math.IsNaN(y)) && x != y {
+			return fmt.Errorf("element %d is %v, want %v", j, x, y)
+		}
+	}
+	return nil
+}

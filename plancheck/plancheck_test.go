@@ -1,0 +1,195 @@
+package plancheck_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passes"
+	_ "github.com/kiln-compiler/kiln/passes/assign"
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/fuse"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/reorder"
+	_ "github.com/kiln-compiler/kiln/passes/swap"
+	"github.com/kiln-compiler/kiln/plancheck"
+)
+
+// plan compiles a model with pipeline into a plan directory.
+func plan(t *testing.T, model, pipeline string) string {
+	t.Helper()
+	m, err := onnx.ImportFile(model, onnx.Options{})
+	require.NoError(t, err)
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, cuda.Write(dir, out, m))
+	return dir
+}
+
+func validate(t *testing.T, dir string) {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	schema, err := c.Compile("../docs/plan.schema.json")
+	require.NoError(t, err)
+	f, err := os.Open(filepath.Join(dir, "plan.json"))
+	require.NoError(t, err)
+	defer f.Close()
+	doc, err := jsonschema.UnmarshalJSON(f)
+	require.NoError(t, err)
+	require.NoError(t, schema.Validate(doc))
+}
+
+const (
+	smallCNN = "../testdata/models/small_cnn/model.onnx"
+	swapped  = "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.9,recompute=false},assign"
+)
+
+// TestPlansValidateAndReplay: plans of training steps (with swaps and
+// optimizer updates) match the schema and replay to the interpreter's
+// results, bit for bit.
+func TestPlansValidateAndReplay(t *testing.T) {
+	cases := []struct{ model, pipeline string }{
+		{smallCNN, swapped},
+		{"../testdata/models/one_layer_transformer/model.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.8},assign"},
+		{"../testdata/models/mlp/model.onnx", "autodiff,fuse,reorder,assign"},
+	}
+	if !testing.Short() {
+		cases = append(cases,
+			struct{ model, pipeline string }{"../testdata/models/ci/resnet50_ci.onnx", "autodiff,optimizer{kind=sgd,lr=0.01},fuse,reorder,swap{device-budget=0.5},assign"},
+			struct{ model, pipeline string }{"../testdata/models/ci/gpt2_small_ci.onnx", "autodiff,optimizer{kind=sgd,lr=0.01},fuse,reorder,swap{device-budget=0.5},assign"})
+	}
+	for _, c := range cases {
+		dir := plan(t, c.model, c.pipeline)
+		validate(t, dir)
+		p, f, err := plancheck.Load(dir)
+		require.NoError(t, err)
+		r, err := plancheck.Check(p, f, 3)
+		require.NoError(t, err, c.model)
+		require.Positive(t, r.Kernels)
+		t.Logf("%s: %d nodes (%d launches, %d copies, %d events), %.1f us (compute %.1f, copies %.1f, stalled %.1f)",
+			filepath.Base(filepath.Dir(c.model))+"/"+filepath.Base(c.model), r.Nodes, r.Kernels, r.Copies, r.Events, r.Seconds*1e6, r.ComputeSeconds*1e6, r.CopySeconds*1e6, r.StallSeconds*1e6)
+	}
+}
+
+// renumber removes node i and recomputes ids and deps the way the plan
+// writer does, so that only the semantic damage remains.
+func renumber(p *cuda.Plan, drop int) {
+	nodes := append(append([]cuda.Node{}, p.Nodes[:drop]...), p.Nodes[drop+1:]...)
+	prev := map[int]int{}
+	record := map[int]int{}
+	for i := range nodes {
+		n := &nodes[i]
+		n.ID = i
+		n.Deps = []int{}
+		if q, ok := prev[n.Stream]; ok {
+			n.Deps = append(n.Deps, q)
+		}
+		if n.Kind == "event_record" {
+			record[*n.Event] = i
+		}
+		if n.Kind == "event_wait" {
+			n.Deps = append(n.Deps, record[*n.Event])
+		}
+		prev[n.Stream] = i
+	}
+	p.Nodes = nodes
+}
+
+func load(t *testing.T, dir string) *cuda.Plan {
+	p, _, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	return p
+}
+
+func check(t *testing.T, dir string, p *cuda.Plan) error {
+	t.Helper()
+	_, f, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	return func() error { _, err := plancheck.Check(p, f, 3); return err }()
+}
+
+// TestPlantedBugsAreCaught: a missing event wait (every one of them, in
+// turn), a missing swap-in, overlapping buffers, a kernel that never ran.
+func TestPlantedBugsAreCaught(t *testing.T) {
+	dir := plan(t, smallCNN, swapped)
+	base := load(t, dir)
+	require.NoError(t, check(t, dir, base))
+	waits := 0
+	for i, n := range base.Nodes {
+		if n.Kind != "event_wait" {
+			continue
+		}
+		waits++
+		p := load(t, dir)
+		renumber(p, i)
+		require.ErrorContains(t, check(t, dir, p), "race:", "dropping the wait at node %d", i)
+	}
+	require.Positive(t, waits)
+
+	for i, n := range base.Nodes {
+		if n.Kind == "copy" && n.Direction == "host_to_device" {
+			// The copy back is gone (with its events kept in order).
+			p := load(t, dir)
+			p.Nodes[i] = cuda.Node{ID: i, Kind: "event_record", Stream: n.Stream, Deps: n.Deps, Op: -1, Event: new(int)}
+			*p.Nodes[i].Event = p.Events
+			p.Events++
+			err := check(t, dir, p)
+			require.Error(t, err)
+			require.Regexp(t, "nothing has written|wrote those bytes last", err.Error())
+			break
+		}
+	}
+
+	p := load(t, dir)
+	var dev []int
+	for i, b := range p.Buffers {
+		if b.Space == "device" && b.SizeBytes > 0 {
+			dev = append(dev, i)
+		}
+	}
+	p.Buffers[dev[1]].Offset = p.Buffers[dev[0]].Offset
+	p.Buffers[dev[1]].FirstOp = p.Buffers[dev[0]].FirstOp
+	require.ErrorContains(t, check(t, dir, p), "are live together and overlap")
+
+	p = load(t, dir)
+	for i := len(p.Nodes) - 1; i >= 0; i-- {
+		if p.Nodes[i].Kind == "kernel" && p.Nodes[i].Last && len(p.Nodes[i].Args) > 0 {
+			p.Nodes[i].Last = false // its op never runs: its results stay stale
+			break
+		}
+	}
+	require.ErrorContains(t, check(t, dir, p), "differs from the interpreter")
+}
+
+// TestTimelineJSON: the simulated timeline has a span per launch and
+// copy, each after its dependencies.
+func TestTimelineJSON(t *testing.T) {
+	dir := plan(t, smallCNN, swapped)
+	p, f, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	r, err := plancheck.Check(p, f, 1)
+	require.NoError(t, err)
+	require.Equal(t, r.Kernels+r.Copies, len(r.Timeline))
+	end := map[int]float64{}
+	for _, s := range r.Timeline {
+		for _, d := range p.Nodes[s.Node].Deps {
+			if e, ok := end[d]; ok {
+				require.GreaterOrEqual(t, s.Start, e)
+			}
+		}
+		end[s.Node] = s.Finish
+	}
+	_, err = json.Marshal(r)
+	require.NoError(t, err)
+}
