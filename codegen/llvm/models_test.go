@@ -20,6 +20,7 @@ import (
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/remat"
+	_ "github.com/kiln-compiler/kiln/passes/swap"
 )
 
 // o2 is the -O2 pipeline of kiln compile.
@@ -134,8 +135,15 @@ func TestSmallModelsCompiled(t *testing.T) {
 			compiledAndInterpreted(t, f, args)
 		})
 		if filepath.Base(dir) == "mlp" {
-			continue // its peak is gradient GEMMs: nothing to recompute
+			continue // its peak is gradient GEMMs: nothing to recompute or swap
 		}
+		t.Run(filepath.Base(dir)+"/swap", func(t *testing.T) {
+			t.Parallel()
+			// Swapped tensors go through the host arena as plain copies.
+			f, args := modelRun(t, dir, "autodiff,fuse,reorder,swap{device-budget=0.9,recompute=false},assign")
+			require.Contains(t, f.String(), "swap_out(")
+			compiledAndInterpreted(t, f, args)
+		})
 		t.Run(filepath.Base(dir)+"/remat", func(t *testing.T) {
 			t.Parallel()
 			f, args := modelRun(t, dir, "autodiff,remat{budget=0.85},canonicalize,dce,cse,fuse,reorder,assign")
