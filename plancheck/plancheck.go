@@ -100,6 +100,9 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 		if b.ID != i {
 			return fmt.Errorf("plan.json: buffer %d has id %d", i, b.ID)
 		}
+		if len(b.Values) == 0 || b.SizeBytes < 0 {
+			return fmt.Errorf("plan.json: buffer %d names no value or has a negative size", i)
+		}
 		end := b.Offset + b.SizeBytes
 		switch b.Space {
 		case "device":
@@ -133,6 +136,9 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			if n.Op < 0 || n.Op >= len(f.Body) {
 				return fmt.Errorf("node %d: op %d is not in @%s", i, n.Op, f.Name)
 			}
+			if n.Kind == "copy" && (n.Src == nil || n.Dst == nil) {
+				return fmt.Errorf("node %d: a copy needs src and dst", i)
+			}
 		case "event_record":
 			if n.Event == nil {
 				return fmt.Errorf("node %d: event_record without an event", i)
@@ -156,6 +162,9 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 		for _, a := range accesses(n) {
 			if a.Buffer < 0 || a.Buffer >= len(p.Buffers) {
 				return fmt.Errorf("node %d: unknown buffer %d", i, a.Buffer)
+			}
+			if a.Mode != "read" && a.Mode != "write" && a.Mode != "readwrite" || a.SizeBytes < 0 {
+				return fmt.Errorf("node %d: access of buffer %d has mode %q and size %d", i, a.Buffer, a.Mode, a.SizeBytes)
 			}
 		}
 		prev[n.Stream] = i
@@ -430,6 +439,9 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64) error {
 		off := b.Offset
 		if (b.Space == "device" || b.Space == "host") && v.Offset >= 0 {
 			off = v.Offset
+		}
+		if off < 0 || off+v.Type.SizeBytes() > int64(len(mem.bytes[spaceKey(b.Space, b.Slot)])) {
+			return nil, 0, fmt.Errorf("%s at offset %d does not fit %s memory", v.Ref(), off, b.Space)
 		}
 		return b, off, nil
 	}

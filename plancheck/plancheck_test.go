@@ -193,3 +193,28 @@ func TestTimelineJSON(t *testing.T) {
 	_, err = json.Marshal(r)
 	require.NoError(t, err)
 }
+
+// TestMalformedPlansAreErrors: edited plans give errors, never panics.
+func TestMalformedPlansAreErrors(t *testing.T) {
+	dir := plan(t, smallCNN, swapped)
+	for name, spoil := range map[string]func(p *cuda.Plan){
+		"copy without src": func(p *cuda.Plan) {
+			for i := range p.Nodes {
+				if p.Nodes[i].Kind == "copy" {
+					p.Nodes[i].Src = nil
+					return
+				}
+			}
+		},
+		"buffer without values": func(p *cuda.Plan) { p.Buffers[0].Values = nil },
+		"unknown mode": func(p *cuda.Plan) {
+			p.Nodes[0].Args[0].Pointer.Mode = "scribble"
+		},
+		"small arena": func(p *cuda.Plan) { p.Arena.SizeBytes = 64 },
+		"unknown kind": func(p *cuda.Plan) { p.Nodes[0].Kind = "nap" },
+	} {
+		p := load(t, dir)
+		spoil(p)
+		require.Error(t, check(t, dir, p), name)
+	}
+}
