@@ -210,7 +210,7 @@ func TestMalformedPlansAreErrors(t *testing.T) {
 		"unknown mode": func(p *cuda.Plan) {
 			p.Nodes[0].Args[0].Pointer.Mode = "scribble"
 		},
-		"small arena": func(p *cuda.Plan) { p.Arena.SizeBytes = 64 },
+		"small arena":  func(p *cuda.Plan) { p.Arena.SizeBytes = 64 },
 		"unknown kind": func(p *cuda.Plan) { p.Nodes[0].Kind = "nap" },
 	} {
 		p := load(t, dir)
