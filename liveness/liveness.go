@@ -66,8 +66,9 @@ func Analyze(f *ir.Func) *Info { return AnalyzeWith(f, Options{}) }
 // AnalyzeWith is Analyze with options.
 func AnalyzeWith(f *ir.Func, opt Options) *Info {
 	n := len(f.Body)
-	info := &Info{Func: f, BufferOf: map[*ir.Value]*Buffer{}, PeakAt: -1}
-	last := map[*ir.Value]int{}
+	// Sized maps: passes analyse thousands of trial schedules.
+	info := &Info{Func: f, BufferOf: make(map[*ir.Value]*Buffer, n+len(f.Args)), PeakAt: -1}
+	last := make(map[*ir.Value]int, n+len(f.Args))
 	for i, op := range f.Body {
 		for _, v := range op.Operands {
 			last[v] = i

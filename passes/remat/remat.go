@@ -105,14 +105,17 @@ func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 	default:
 		add("cheap", func(g *ir.Func) int64 { return cheapFirst(g, budget) })
 		add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, byRatio) })
-		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
 		add("exact", func(g *ir.Func) int64 { return exact(g, budget, 4096) })
+		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
 	}
 	var best *ir.Func
 	bestRes := Result{FLOPs: math.MaxInt64}
 	lowest := int64(math.MaxInt64)
 	var lowestFunc *ir.Func
 	for _, a := range attempts {
+		if a.name == "sqrt" && best != nil && solver == "best" && bestRes.FLOPs <= sqrtLowerBound(f) {
+			continue // sqrt cannot add fewer FLOPs than the plan in hand
+		}
 		g := reparse(text)
 		flops := a.run(g)
 		if flops < 0 {
@@ -175,6 +178,10 @@ func applyAlways(f *ir.Func) {
 	}
 }
 
+// maxFlatSteps bounds the recomputations in a row that leave the peak
+// where it is (moving it along a plateau) before one must lower it.
+const maxFlatSteps = 32
+
 type scoring int
 
 const (
@@ -189,8 +196,9 @@ const (
 // no candidate helps any more).
 func greedy(f *ir.Func, budget int64, score scoring) int64 {
 	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	flat := 0 // level steps since the peak last dropped
+	info := liveness.Analyze(f)
 	for iter := 0; iter < 100000; iter++ {
-		info := liveness.Analyze(f)
 		if info.Peak <= budget {
 			return rw.flops
 		}
@@ -206,12 +214,8 @@ func greedy(f *ir.Func, budget int64, score scoring) int64 {
 		var cands []cand
 		for _, b := range info.LiveAt(p) {
 			c := cand{size: b.Size}
-			ok := len(b.Values) > 0
-			for _, v := range b.Values {
-				if f.IsResult(v) || v.Def == nil || s.pos[v.Def] >= p {
-					ok = false
-					break
-				}
+			vals, ok := heldAt(f, s, b, p)
+			for _, v := range vals {
 				late := firstUse(s, v, func(u int) bool { return u > p })
 				if late < 0 {
 					continue
@@ -262,19 +266,29 @@ func greedy(f *ir.Func, budget int64, score scoring) int64 {
 				order[i] = i
 			}
 			sort.Slice(order, func(a, b int) bool { return c.at[order[a]] > c.at[order[b]] })
-			for _, i := range order {
-				s := analyse(f)
-				if !rw.recompute(s, c.vals[i], c.at[i]) {
+			cur := s // valid again after each undo
+			for n, i := range order {
+				if n > 0 {
+					cur = analyse(f) // the first recomputation moved positions
+				}
+				if !rw.recompute(cur, c.vals[i], c.at[i]) {
 					ok = false
 					break
 				}
 			}
 			if ok {
-				// Keep the change when the peak does not rise and the bytes
+				// Keep the change when the peak drops, or stays and the bytes
 				// live at the old peak point drop (peaks can be plateaus).
 				after := liveness.Analyze(f)
-				if after.Peak < info.Peak || after.Peak == info.Peak && liveAt(after, peakOp) < peakLive {
-					progress = true
+				if after.Peak < info.Peak {
+					progress, flat, info = true, 0, after
+					break
+				}
+				// Along a plateau two values can trade places for ever:
+				// only so many level steps in a row.
+				if after.Peak == info.Peak && flat < maxFlatSteps && liveAt(after, peakOp) < peakLive {
+					progress, info = true, after
+					flat++
 					break
 				}
 			}
@@ -285,6 +299,28 @@ func greedy(f *ir.Func, budget int64, score scoring) int64 {
 		}
 	}
 	return rw.flops
+}
+
+// heldAt returns the values of buffer b made before position p (the ones
+// a recomputation must replace; views made after p follow their operand's
+// copy), and false when recomputing cannot free the buffer at p: it holds
+// a result or an argument, or the op at p reads it.
+func heldAt(f *ir.Func, s *schedule, b *liveness.Buffer, p int) ([]*ir.Value, bool) {
+	var vals []*ir.Value
+	for _, v := range b.Values {
+		if f.IsResult(v) || v.Def == nil {
+			return nil, false
+		}
+		if s.pos[v.Def] < p {
+			vals = append(vals, v)
+		}
+		for _, u := range s.uses[v] {
+			if u == p {
+				return nil, false
+			}
+		}
+	}
+	return vals, len(vals) > 0
 }
 
 // forwardOps returns the ops the first result (the loss) depends on.
@@ -311,40 +347,62 @@ func forwardOps(f *ir.Func) map[*ir.Op]bool {
 // are cut into about sqrt(n) segments; the values at segment ends are kept
 // and every other value the backward needs is recomputed from them.
 func sqrtCheckpoints(f *ir.Func) int64 {
-	fwd := forwardOps(f)
-	var order []*ir.Op
-	for _, op := range f.Body {
-		if fwd[op] {
-			order = append(order, op)
-		}
-	}
-	if len(order) == 0 {
-		return 0
-	}
-	seg := int(math.Ceil(math.Sqrt(float64(len(order)))))
-	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
-	for i, op := range order {
-		if (i+1)%seg == 0 || !recomputable(op) {
-			for _, r := range op.Results {
-				rw.keep[r] = true
-			}
-		}
-	}
+	fwd, order, keep := sqrtSegments(f)
+	rw := &rewriter{f: f, keep: keep}
 	// Recompute, in reverse forward order, every non-kept forward value
 	// used by a backward op.
+	var s *schedule // analysed again only after a change
 	for i := len(order) - 1; i >= 0; i-- {
 		op := order[i]
 		for _, v := range op.Results {
 			if rw.keep[v] || f.IsResult(v) {
 				continue
 			}
-			s := analyse(f)
-			if first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }); first >= 0 {
-				rw.recompute(s, v, first)
+			if s == nil {
+				s = analyse(f)
+			}
+			if first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }); first >= 0 && rw.recompute(s, v, first) {
+				s = nil
 			}
 		}
 	}
 	return rw.flops
+}
+
+// sqrtSegments returns the forward ops, in order, and the values kept as
+// segment checkpoints (segment ends and what cannot be recomputed).
+func sqrtSegments(f *ir.Func) (fwd map[*ir.Op]bool, order []*ir.Op, keep map[*ir.Value]bool) {
+	fwd = forwardOps(f)
+	for _, op := range f.Body {
+		if fwd[op] {
+			order = append(order, op)
+		}
+	}
+	keep = map[*ir.Value]bool{}
+	seg := int(math.Ceil(math.Sqrt(float64(len(order)))))
+	for i, op := range order {
+		if (i+1)%seg == 0 || !recomputable(op) {
+			for _, r := range op.Results {
+				keep[r] = true
+			}
+		}
+	}
+	return fwd, order, keep
+}
+
+// sqrtLowerBound is at most what sqrtCheckpoints adds: every saved value
+// that is not a checkpoint is recomputed at least once.
+func sqrtLowerBound(f *ir.Func) int64 {
+	_, _, keep := sqrtSegments(f)
+	seen := map[*ir.Op]bool{}
+	total := int64(0)
+	for _, v := range savedValues(f) {
+		if !keep[v] && !seen[v.Def] {
+			seen[v.Def] = true
+			total += ir.OpCost(v.Def).FLOPs
+		}
+	}
+	return total
 }
 
 // savedValues lists forward values used by backward ops: what a training
@@ -371,8 +429,9 @@ func savedValues(f *ir.Func) []*ir.Value {
 
 // exact tries every subset of the saved values (at most limit subsets):
 // each chosen value is recomputed before its first backward use. It keeps
-// the subset that fits the budget with the fewest added FLOPs, and returns
-// -1 when there are too many subsets or none fits.
+// the subset that fits the budget with the fewest added FLOPs; when none
+// fits, the one with the lowest peak (so that the error reports how low
+// recomputation gets). It returns -1 when there are too many subsets.
 func exact(f *ir.Func, budget int64, limit int) int64 {
 	saved := savedValues(f)
 	if len(saved) > 30 || 1<<len(saved) > limit {
@@ -384,18 +443,20 @@ func exact(f *ir.Func, budget int64, limit int) int64 {
 	}
 	text := f.String()
 	bestFLOPs, bestMask := int64(-1), -1
+	lowestPeak, lowestMask := int64(math.MaxInt64), 0
 	for mask := 0; mask < 1<<len(saved); mask++ {
 		g := reparse(text)
 		flops := applySubset(g, names, mask)
-		if bestFLOPs >= 0 && flops >= bestFLOPs {
-			continue
+		peak := liveness.Analyze(g).Peak
+		if peak < lowestPeak {
+			lowestPeak, lowestMask = peak, mask
 		}
-		if liveness.Analyze(g).Peak <= budget {
+		if peak <= budget && (bestFLOPs < 0 || flops < bestFLOPs) {
 			bestFLOPs, bestMask = flops, mask
 		}
 	}
 	if bestMask < 0 {
-		return -1
+		bestMask = lowestMask
 	}
 	return applySubset(f, names, bestMask)
 }
@@ -472,6 +533,7 @@ func cheapAtPeak(f *ir.Func, budget int64) int64 {
 			}
 		}
 	}
+	flat := 0 // level steps since the peak last dropped
 	for round := 0; round < 1000; round++ {
 		info := liveness.Analyze(f)
 		if info.Peak <= budget {
@@ -486,11 +548,12 @@ func cheapAtPeak(f *ir.Func, budget int64) int64 {
 		}
 		var cands []cand
 		for _, b := range info.LiveAt(p) {
-			if len(b.Values) != 1 {
-				continue // views and in-place chains: left to the greedy solver
+			vals, ok := heldAt(f, s, b, p)
+			if !ok || len(vals) != 1 {
+				continue // views and in-place chains made before the peak: left to the greedy solver
 			}
-			v := b.Values[0]
-			if f.IsResult(v) || v.Def == nil || rw.keep[v] || s.pos[v.Def] >= p || !recomputable(v.Def) || heavy(v.Def) {
+			v := vals[0]
+			if rw.keep[v] || !recomputable(v.Def) || heavy(v.Def) {
 				continue
 			}
 			late := firstUse(s, v, func(u int) bool { return u > p })
@@ -523,11 +586,12 @@ func cheapAtPeak(f *ir.Func, budget int64) int64 {
 			if !rw.recompute(s, c.v, c.at) {
 				continue
 			}
-			if after := liveness.Analyze(f); after.Peak <= info.Peak {
+			if after := liveness.Analyze(f); after.Peak < info.Peak {
+				progress, flat = true, 0
+				break
+			} else if after.Peak == info.Peak && flat < maxFlatSteps {
 				progress = true
-				if after.Peak < info.Peak {
-					break
-				}
+				flat++
 				continue
 			}
 			rw.undo()
@@ -581,19 +645,18 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 		}
 	})
 	peak := liveness.Analyze(f).Peak
-	for _, c := range cands {
-		if peak <= budget {
-			break
-		}
+	// one recomputes a candidate before its first backward use, kept when
+	// the peak does not rise.
+	one := func(c cand) {
 		v := byName[c.name]
 		s := analyse(f)
 		first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] })
-		if first < 0 {
-			continue
+		if first < 0 || !rw.stillCheap(s, v, first, c.flops) {
+			return
 		}
 		rw.begin()
 		if !rw.recompute(s, v, first) {
-			continue
+			return
 		}
 		if p := liveness.Analyze(f).Peak; p <= peak {
 			peak = p
@@ -601,7 +664,60 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 			rw.undo()
 		}
 	}
+	// Candidates go in chunks that double while whole chunks keep the peak
+	// from rising and stay above the budget; a chunk that raises the peak
+	// or overshoots the budget is taken back and half of it tried, down to
+	// single candidates. This keeps the pass fast on steps of thousands of
+	// ops while adding what one-at-a-time would add.
+	chunk := 1
+	for i := 0; i < len(cands) && peak > budget; {
+		batch := cands[i:min(i+chunk, len(cands))]
+		if len(batch) == 1 {
+			one(batch[0])
+			i++
+			chunk = 2
+			continue
+		}
+		rw.begin()
+		s := analyse(f)
+		type site struct {
+			v     *ir.Value
+			first int
+			flops int64
+		}
+		var sites []site
+		for _, c := range batch {
+			v := byName[c.name]
+			if first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }); first >= 0 {
+				sites = append(sites, site{v, first, c.flops})
+			}
+		}
+		// Latest first, so the positions of the others stay valid.
+		sort.SliceStable(sites, func(a, b int) bool { return sites[a].first > sites[b].first })
+		for _, st := range sites {
+			if rw.stillCheap(s, st.v, st.first, st.flops) && rw.recompute(s, st.v, st.first) {
+				s.forget(st.v, st.first)
+			}
+		}
+		if p := liveness.Analyze(f).Peak; p <= peak && p > budget {
+			peak = p
+			i += len(batch)
+			chunk *= 2
+			continue
+		}
+		rw.undo()
+		chunk = len(batch) / 2
+	}
 	return rw.flops
+}
+
+// stillCheap reports whether recomputing v at t still costs about what
+// it did when v was chosen: earlier recomputations may have freed its
+// operands, and a chain reaching back through a residual stream would
+// cost far more than it saves.
+func (rw *rewriter) stillCheap(s *schedule, v *ir.Value, t int, flops int64) bool {
+	now, ok := rw.cheapChain(s, v, t)
+	return ok && now <= 2*flops
 }
 
 // cheapOnly is cheapFirst without its greedy fallback (for measurements).

@@ -28,7 +28,7 @@ const mlp = `func @mlp(%x: f64[256,16], %w1: f64[16,32] {param}, %w2: f64[32,32]
 `
 
 // trainingStep differentiates src and returns the step's text.
-func trainingStep(t *testing.T, src string) string {
+func trainingStep(t testing.TB, src string) string {
 	m := passtest.Parse(t, src)
 	pipe, err := passes.ParsePipeline("autodiff", nil)
 	require.NoError(t, err)

@@ -31,7 +31,8 @@ type schedule struct {
 }
 
 func analyse(f *ir.Func) *schedule {
-	s := &schedule{pos: map[*ir.Op]int{}, lastUse: map[*ir.Value]int{}, uses: map[*ir.Value][]int{}, written: map[*ir.Value]int{}}
+	n := len(f.Body) + len(f.Args)
+	s := &schedule{pos: make(map[*ir.Op]int, n), lastUse: make(map[*ir.Value]int, n), uses: make(map[*ir.Value][]int, n), written: map[*ir.Value]int{}}
 	for i, op := range f.Body {
 		s.pos[op] = i
 		if d := op.Def(); d != nil {
@@ -54,6 +55,24 @@ func analyse(f *ir.Func) *schedule {
 		s.lastUse[r.Value] = len(f.Body)
 	}
 	return s
+}
+
+// forget updates s after v's uses from position t on were redirected to
+// a copy inserted at t: v is now last used before t. Positions before t
+// stay valid, so recomputations at earlier positions can still plan
+// with s.
+func (s *schedule) forget(v *ir.Value, t int) {
+	uses := s.uses[v]
+	k := 0
+	for k < len(uses) && uses[k] < t {
+		k++
+	}
+	s.uses[v] = uses[:k]
+	if k > 0 {
+		s.lastUse[v] = uses[k-1]
+	} else if v.Def != nil {
+		s.lastUse[v] = s.pos[v.Def]
+	}
 }
 
 // recomputable reports whether op may be cloned: pure, known, not marked
@@ -169,12 +188,13 @@ func (rw *rewriter) recompute(s *schedule, v *ir.Value, t int) bool {
 	}
 	// Redirect the late uses of v (and of recomputed values, which are
 	// not alive at t by construction).
+	copyOfV := clone[v]
 	for i := t; i < len(rw.f.Body); i++ {
 		use := rw.f.Body[i]
 		for j, u := range use.Operands {
-			if c, ok := clone[u]; ok && (u == v) {
+			if u == v {
 				rw.replaced = append(rw.replaced, replacement{use, j, u})
-				use.Operands[j] = c
+				use.Operands[j] = copyOfV
 			}
 		}
 	}

@@ -1,0 +1,231 @@
+package remat
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/memreport"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// randomForward writes a random f64 forward graph: a DAG of matmuls with
+// weights, cheap unary ops, dropout and binary ops over earlier values,
+// all [rows, 8], whose training step saves a dozen or so values.
+func randomForward(r *rand.Rand, ops, rows int) string {
+	const cols = 8
+	var b strings.Builder
+	var args []string
+	vals := []string{"%x"}
+	params := 0
+	var body strings.Builder
+	t := fmt.Sprintf("f64[%d,%d]", rows, cols)
+	for i := 0; i < ops; i++ {
+		name := fmt.Sprintf("%%v%d", i)
+		pick := func() string {
+			// Mostly the last values, sometimes an older one (skip links).
+			if r.Intn(3) == 0 {
+				return vals[r.Intn(len(vals))]
+			}
+			return vals[len(vals)-1-r.Intn(min(2, len(vals)))]
+		}
+		switch k := r.Intn(8); {
+		case k < 2:
+			w := fmt.Sprintf("%%w%d", params)
+			params++
+			args = append(args, fmt.Sprintf("%s: f64[%d,%d] {param}", w, cols, cols))
+			fmt.Fprintf(&body, "  %s = matmul(%s, %s) : %s\n", name, pick(), w, t)
+		case k < 5:
+			op := []string{"tanh", "sigmoid", "relu", "neg"}[r.Intn(4)]
+			fmt.Fprintf(&body, "  %s = %s(%s) : %s\n", name, op, pick(), t)
+		case k < 6:
+			fmt.Fprintf(&body, "  %s, %%m%d = dropout(%s) {ratio = 0.25, seed = %d} : %s, bool[%d,%d]\n", name, i, pick(), i, t, rows, cols)
+		default:
+			op := []string{"add", "mul", "sub"}[r.Intn(3)]
+			fmt.Fprintf(&body, "  %s = %s(%s, %s) : %s\n", name, op, pick(), pick(), t)
+		}
+		vals = append(vals, name)
+	}
+	if params == 0 {
+		args = append(args, fmt.Sprintf("%%w0: f64[%d,%d] {param}", cols, cols))
+		fmt.Fprintf(&body, "  %%out = matmul(%s, %%w0) : %s\n", vals[len(vals)-1], t)
+		vals = append(vals, "%out")
+	}
+	fmt.Fprintf(&b, "func @random(%%x: %s, %s) -> (%s) {\n%s  return %s\n}\n", t, strings.Join(args, ", "), t, body.String(), vals[len(vals)-1])
+	return b.String()
+}
+
+// subsetPlan is the peak and the added FLOPs of one subset of saved values.
+type subsetPlan struct{ peak, flops int64 }
+
+// bruteForce tries every subset of the values the backward pass reads
+// from the forward pass, each recomputed (with whatever operands it needs)
+// before its first backward use, and returns the peak and FLOPs of each.
+func bruteForce(t *testing.T, step string) []subsetPlan {
+	f := passtest.Parse(t, step).Funcs[0]
+	saved := savedValues(f)
+	require.LessOrEqual(t, len(saved), 16, "too many saved values for brute force")
+	var plans []subsetPlan
+	for mask := 0; mask < 1<<len(saved); mask++ {
+		g := passtest.Parse(t, step).Funcs[0]
+		byName := map[string]*ir.Value{}
+		g.Walk(func(op *ir.Op) {
+			for _, r := range op.Results {
+				byName[r.Name] = r
+			}
+		})
+		fwd := forwardOps(g)
+		rc := NewRecomputer(g)
+		added := int64(0)
+		for i := len(saved) - 1; i >= 0; i-- {
+			if mask&(1<<i) == 0 {
+				continue
+			}
+			v := byName[saved[i].Name]
+			first := -1
+			for pos, op := range g.Body {
+				for _, u := range op.Operands {
+					if u == v && first < 0 && !fwd[op] {
+						first = pos
+					}
+				}
+			}
+			if first < 0 {
+				continue
+			}
+			if ops, ok := rc.Recompute(v, first); ok {
+				for _, op := range ops {
+					added += ir.OpCost(op).FLOPs
+				}
+			}
+		}
+		plans = append(plans, subsetPlan{liveness.Analyze(g).Peak, added})
+	}
+	return plans
+}
+
+// fewestFLOPs is the cheapest plan within budget, or -1.
+func fewestFLOPs(plans []subsetPlan, budget int64) int64 {
+	best := int64(-1)
+	for _, p := range plans {
+		if p.peak <= budget && (best < 0 || p.flops < best) {
+			best = p.flops
+		}
+	}
+	return best
+}
+
+// TestBestMatchesBruteForce: on small random training graphs, at random
+// budgets between the smallest peak brute force reaches and the full one,
+// the default solver fits the budget, adds no more FLOPs than the best
+// subset, and keeps loss and gradients bit-identical; how often the
+// heuristic used on large graphs (cheap) matches is logged.
+func TestBestMatchesBruteForce(t *testing.T) {
+	r := rand.New(rand.NewSource(7))
+	graphs, cheapMatches := 0, 0
+	for graphs < 40 {
+		step := trainingStep(t, randomForward(r, 6+r.Intn(6), 32))
+		f := passtest.Parse(t, step).Funcs[0]
+		if n := len(savedValues(f)); n < 3 || n > 12 {
+			continue
+		}
+		graphs++
+		peak := liveness.Analyze(f).Peak
+		plans := bruteForce(t, step)
+		lowest := peak
+		for _, p := range plans {
+			lowest = min(lowest, p.peak)
+		}
+		// A budget between the smallest peak any subset reaches and the
+		// full peak.
+		frac := r.Float64()
+		budget := lowest + int64(frac*float64(peak-lowest))
+		want := fewestFLOPs(plans, budget)
+		g := passtest.Parse(t, step).Funcs[0]
+		res, err := Rematerialize(g, budget, "best")
+		require.NoError(t, err, "graph %d: brute force fits %d bytes with %d FLOPs\n%s", graphs, budget, want, step)
+		require.LessOrEqual(t, res.Peak, budget)
+		require.LessOrEqual(t, res.FLOPs, want, "graph %d at %.2f of the way to the lowest peak (%s)\n%s", graphs, frac, res.Solver, step)
+		passtest.Equivalent(t, passtest.Parse(t, step).Funcs[0], g, 0, 1, 2)
+
+		c := passtest.Parse(t, step).Funcs[0]
+		if fl := cheapFirst(c, budget); liveness.Analyze(c).Peak <= budget && fl <= want {
+			cheapMatches++
+		}
+	}
+	t.Logf("%d graphs; the cheap solver alone matched brute force on %d", graphs, cheapMatches)
+}
+
+// TestRandomBudgets: whatever the budget, the pass either fits it with a
+// bit-identical step or says it cannot, naming a reached peak above it.
+func TestRandomBudgets(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	for i := 0; i < 30; i++ {
+		step := trainingStep(t, randomForward(r, 10+r.Intn(30), 32))
+		f := passtest.Parse(t, step).Funcs[0]
+		peak := liveness.Analyze(f).Peak
+		budget := int64(math.Max(1, (0.2+0.8*r.Float64())*float64(peak)))
+		for _, solver := range []string{"best", "cheap", "greedy", "sqrt"} {
+			g := passtest.Parse(t, step).Funcs[0]
+			res, err := Rematerialize(g, budget, solver)
+			if err != nil {
+				var be *BudgetError
+				require.ErrorAs(t, err, &be)
+				require.Greater(t, be.Reached, budget)
+				continue
+			}
+			require.LessOrEqual(t, res.Peak, budget, solver)
+			require.Equal(t, res.Peak, liveness.Analyze(g).Peak, solver)
+			require.NoError(t, ir.Verify(&ir.Module{Funcs: []*ir.Func{g}}), solver)
+			passtest.Equivalent(t, passtest.Parse(t, step).Funcs[0], g, 0, uint64(i))
+		}
+	}
+}
+
+// residualStack writes a deep residual network of blocks
+// x + dropout(gelu(layer_norm(x, g)·W)), each [rows, 64].
+func residualStack(blocks, rows int) string {
+	var args, body strings.Builder
+	x := "%x"
+	t := fmt.Sprintf("f32[%d,64]", rows)
+	for i := 0; i < blocks; i++ {
+		fmt.Fprintf(&args, ", %%g%d: f32[64] {param}, %%w%d: f32[64,64] {param}", i, i)
+		fmt.Fprintf(&body, "  %%n%d, %%mu%d, %%is%d = layer_norm(%s, %%g%d) {axis = 1} : %s, f32[%d,1], f32[%d,1]\n", i, i, i, x, i, t, rows, rows)
+		fmt.Fprintf(&body, "  %%h%d = matmul(%%n%d, %%w%d) : %s\n", i, i, i, t)
+		fmt.Fprintf(&body, "  %%a%d = gelu(%%h%d) : %s\n", i, i, t)
+		fmt.Fprintf(&body, "  %%d%d, %%m%d = dropout(%%a%d) {ratio = 0.1, seed = %d} : %s, bool[%d,64]\n", i, i, i, i, t, rows)
+		fmt.Fprintf(&body, "  %%y%d = add(%s, %%d%d) : %s\n", i, x, i, t)
+		x = fmt.Sprintf("%%y%d", i)
+	}
+	return fmt.Sprintf("func @stack(%%x: %s%s) -> (%s) {\n%s  return %s\n}\n", t, args.String(), t, body.String(), x)
+}
+
+// BenchmarkFiveThousandOps plans a training step of a deep residual stack
+// (about 5,000 ops) at half and at a third of its peak (target: a few
+// seconds).
+func BenchmarkFiveThousandOps(b *testing.B) {
+	step := trainingStep(b, residualStack(385, 1024))
+	f := passtest.Parse(b, step).Funcs[0]
+	peak := liveness.Analyze(f).Peak
+	flops := memreport.Build(f, nil).FLOPs
+	for _, frac := range []float64{0.5, 0.33} {
+		b.Run(fmt.Sprintf("budget=%.2f", frac), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				g := passtest.Parse(b, step).Funcs[0]
+				res, err := Rematerialize(g, int64(frac*float64(peak)), "best")
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(len(f.Body)), "ops")
+				b.ReportMetric(float64(res.Peak)/float64(peak), "peak-ratio")
+				b.ReportMetric(100*float64(res.FLOPs)/float64(flops), "extra-FLOPs-%")
+			}
+		})
+	}
+}
