@@ -695,8 +695,14 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 		// Latest first, so the positions of the others stay valid.
 		sort.SliceStable(sites, func(a, b int) bool { return sites[a].first > sites[b].first })
 		for _, st := range sites {
-			if rw.stillCheap(s, st.v, st.first, st.flops) && rw.recompute(s, st.v, st.first) {
-				s.forget(st.v, st.first)
+			first := firstUse(s, st.v, func(u int) bool { return !fwd[f.Body[u]] })
+			if first < 0 || !rw.stillCheap(s, st.v, first, st.flops) || !rw.recompute(s, st.v, first) {
+				continue
+			}
+			if rw.moved {
+				s = analyse(f) // updates moved: positions before first changed
+			} else {
+				s.forget(st.v, first)
 			}
 		}
 		if p := liveness.Analyze(f).Peak; p <= peak && p > budget {

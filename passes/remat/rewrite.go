@@ -14,6 +14,8 @@ type rewriter struct {
 	body     []*ir.Op
 	replaced []replacement
 	added    int64
+	inserted []*ir.Op // the copies made by the last recompute
+	moved    bool     // it moved updates, so earlier positions changed
 }
 
 type replacement struct {
@@ -103,8 +105,8 @@ func recomputable(op *ir.Op) bool {
 // values are used as they are, others are recomputed too. ok is false when
 // an impure or pinned op would have to be recomputed.
 func (rw *rewriter) plan(s *schedule, v *ir.Value, t int, memo map[*ir.Value]bool, out *[]*ir.Op) bool {
-	if w, ok := s.written[v]; ok && w < t {
-		return false // an argument already overwritten by an update
+	if w, ok := s.written[v]; ok && w < t && !rw.canDelay(s, rw.f.Body[w], t) {
+		return false // an argument already overwritten by an update that must stay
 	}
 	if v.IsArg() || rw.keep[v] || s.lastUse[v] >= t || memo[v] {
 		return true
@@ -123,6 +125,41 @@ func (rw *rewriter) plan(s *schedule, v *ir.Value, t int, memo map[*ir.Value]boo
 	}
 	*out = append(*out, op)
 	return true
+}
+
+// canDelay reports whether the in-place update op (at a position before
+// t) may move to t, after copies that read the old values of what it
+// writes: no op between reads or writes those arguments.
+func (rw *rewriter) canDelay(s *schedule, op *ir.Op, t int) bool {
+	d := op.Def()
+	if d == nil {
+		return false
+	}
+	written := map[*ir.Value]bool{}
+	for _, k := range d.Writes {
+		written[op.Operands[k]] = true
+	}
+	for _, o := range rw.f.Body[s.pos[op]+1 : t] {
+		for _, u := range o.Operands {
+			if written[u] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// delayed lists the updates before t that write arguments the ops read.
+func delayed(s *schedule, body []*ir.Op, ops []*ir.Op, t int) map[*ir.Op]bool {
+	out := map[*ir.Op]bool{}
+	for _, op := range ops {
+		for _, u := range op.Operands {
+			if w, ok := s.written[u]; ok && w < t {
+				out[body[w]] = true
+			}
+		}
+	}
+	return out
 }
 
 // cost is the FLOPs of recomputing ops.
@@ -198,11 +235,23 @@ func (rw *rewriter) recompute(s *schedule, v *ir.Value, t int) bool {
 			}
 		}
 	}
+	// Updates of arguments the copies read move after the copies (plan
+	// checked that nothing in between touches those arguments).
+	moved := delayed(s, rw.f.Body, ops, t)
 	body := make([]*ir.Op, 0, len(rw.f.Body)+len(inserted))
-	body = append(body, rw.f.Body[:t]...)
+	var after []*ir.Op
+	for _, o := range rw.f.Body[:t] {
+		if moved[o] {
+			after = append(after, o)
+		} else {
+			body = append(body, o)
+		}
+	}
 	body = append(body, inserted...)
+	body = append(body, after...)
 	body = append(body, rw.f.Body[t:]...)
 	rw.f.Body = body
+	rw.inserted, rw.moved = inserted, len(after) > 0
 	c := cost(inserted)
 	rw.flops += c
 	rw.added += c
@@ -278,9 +327,8 @@ func (r *Recomputer) Undo() { r.rw.undo() }
 // recomputed just before t (with any operands no longer alive there). It
 // returns the ops inserted, or false when v cannot be recomputed.
 func (r *Recomputer) Recompute(v *ir.Value, t int) ([]*ir.Op, bool) {
-	n := len(r.rw.f.Body)
 	if !r.rw.recompute(analyse(r.rw.f), v, t) {
 		return nil, false
 	}
-	return r.rw.f.Body[t : t+len(r.rw.f.Body)-n], true
+	return r.rw.inserted, true
 }
