@@ -391,7 +391,10 @@ func sqrtSegments(f *ir.Func) (fwd map[*ir.Op]bool, order []*ir.Op, keep map[*ir
 }
 
 // sqrtLowerBound is at most what sqrtCheckpoints adds: every saved value
-// that is not a checkpoint is recomputed at least once.
+// that is not a checkpoint is recomputed at least once. (A value whose
+// chain cannot be planned, through an impure op, is kept instead and
+// adds nothing; the bound ignores that rare case, so best may skip a
+// sqrt plan that would have won there.)
 func sqrtLowerBound(f *ir.Func) int64 {
 	_, _, keep := sqrtSegments(f)
 	seen := map[*ir.Op]bool{}
