@@ -16,6 +16,8 @@ type rewriter struct {
 	added    int64
 	inserted []*ir.Op // the copies made by the last recompute
 	moved    bool     // it moved updates, so earlier positions changed
+
+	flopsOf map[*ir.Op]int64 // FLOPs of ops priced so far
 }
 
 type replacement struct {
@@ -30,11 +32,12 @@ type schedule struct {
 	lastUse map[*ir.Value]int
 	uses    map[*ir.Value][]int // positions of the ops using a value, ascending
 	written map[*ir.Value]int   // position of the op overwriting an argument
+	result  map[*ir.Value]bool  // function results
 }
 
 func analyse(f *ir.Func) *schedule {
 	n := len(f.Body) + len(f.Args)
-	s := &schedule{pos: make(map[*ir.Op]int, n), lastUse: make(map[*ir.Value]int, n), uses: make(map[*ir.Value][]int, n), written: map[*ir.Value]int{}}
+	s := &schedule{pos: make(map[*ir.Op]int, n), lastUse: make(map[*ir.Value]int, n), uses: make(map[*ir.Value][]int, n), written: map[*ir.Value]int{}, result: make(map[*ir.Value]bool, len(f.Results))}
 	for i, op := range f.Body {
 		s.pos[op] = i
 		if d := op.Def(); d != nil {
@@ -55,6 +58,7 @@ func analyse(f *ir.Func) *schedule {
 	}
 	for _, r := range f.Results {
 		s.lastUse[r.Value] = len(f.Body)
+		s.result[r.Value] = true
 	}
 	return s
 }
@@ -163,11 +167,25 @@ func delayed(s *schedule, body []*ir.Op, ops []*ir.Op, t int) map[*ir.Op]bool {
 }
 
 // cost is the FLOPs of recomputing ops.
-func cost(ops []*ir.Op) int64 {
+func (rw *rewriter) cost(ops []*ir.Op) int64 {
 	c := int64(0)
 	for _, op := range ops {
-		c += ir.OpCost(op).FLOPs
+		c += rw.opFLOPs(op)
 	}
+	return c
+}
+
+// opFLOPs is ir.OpCost(op).FLOPs, remembered: the solvers price the same
+// ops over and over.
+func (rw *rewriter) opFLOPs(op *ir.Op) int64 {
+	if c, ok := rw.flopsOf[op]; ok {
+		return c
+	}
+	if rw.flopsOf == nil {
+		rw.flopsOf = map[*ir.Op]int64{}
+	}
+	c := ir.OpCost(op).FLOPs
+	rw.flopsOf[op] = c
 	return c
 }
 
@@ -252,7 +270,7 @@ func (rw *rewriter) recompute(s *schedule, v *ir.Value, t int) bool {
 	body = append(body, rw.f.Body[t:]...)
 	rw.f.Body = body
 	rw.inserted, rw.moved = inserted, len(after) > 0
-	c := cost(inserted)
+	c := rw.cost(inserted)
 	rw.flops += c
 	rw.added += c
 	return true
@@ -272,39 +290,9 @@ func cloneOp(f *ir.Func, op *ir.Op, operands []*ir.Value) *ir.Op {
 		c.Results = append(c.Results, &ir.Value{Name: f.UniqueName(r.Name + ".remat"), Type: r.Type, Def: c, Index: i, Offset: ir.NoOffset})
 	}
 	if op.Region != nil {
-		c.Region = cloneRegion(f, op.Region)
+		c.Region = op.Region.CloneRenamed(func(name string) string { return f.UniqueName(name + ".remat") })
 	}
 	return c
-}
-
-func cloneRegion(f *ir.Func, r *ir.Region) *ir.Region {
-	m := map[*ir.Value]*ir.Value{}
-	out := &ir.Region{}
-	for i, a := range r.Args {
-		na := &ir.Value{Name: f.UniqueName(a.Name + ".remat"), Type: a.Type, Index: i, Offset: ir.NoOffset}
-		m[a] = na
-		out.Args = append(out.Args, na)
-	}
-	for _, op := range r.Body {
-		ops := make([]*ir.Value, len(op.Operands))
-		for i, u := range op.Operands {
-			ops[i] = m[u]
-		}
-		c := &ir.Op{Kind: op.Kind, Operands: ops, Attrs: op.Attrs.Clone(), Loc: op.Loc}
-		for i, res := range op.Results {
-			nr := &ir.Value{Name: f.UniqueName(res.Name + ".remat"), Type: res.Type, Def: c, Index: i, Offset: ir.NoOffset}
-			c.Results = append(c.Results, nr)
-			m[res] = nr
-		}
-		if op.Region != nil {
-			c.Region = cloneRegion(f, op.Region)
-		}
-		out.Body = append(out.Body, c)
-	}
-	for _, y := range r.Yield {
-		out.Yield = append(out.Yield, m[y])
-	}
-	return out
 }
 
 // Recomputer recomputes single values of a function, for passes that
