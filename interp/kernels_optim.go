@@ -7,10 +7,23 @@ import (
 )
 
 // Optimizer updates overwrite their operands' tensors in place, as the
-// arguments they are; they return no results.
+// arguments they are; they return no results. An update whose optional
+// condition operand is false leaves everything as it was.
+
+// skipped reports whether an update with n operands of its own was given
+// a condition that is false.
+func skipped(in []*Tensor, n int) bool { return len(in) > n && in[n].I[0] == 0 }
 
 func init() {
+	kernels["overwrite"] = func(_ *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		copy(in[0].F, in[1].F)
+		copy(in[0].I, in[1].I)
+		return nil, nil
+	}
 	kernels["sgd_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		if skipped(in, 2) {
+			return nil, nil
+		}
 		p, g := in[0], in[1]
 		lr, wd := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0)
 		for i := range p.F {
@@ -20,6 +33,9 @@ func init() {
 		return nil, nil
 	}
 	kernels["momentum_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		if skipped(in, 3) {
+			return nil, nil
+		}
 		p, g, buf := in[0], in[1], in[2]
 		lr, wd, mu := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0), op.Attrs.Float("momentum", 0.9)
 		for i := range p.F {
@@ -32,6 +48,9 @@ func init() {
 		return nil, nil
 	}
 	kernels["adam_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		if skipped(in, 4) {
+			return nil, nil
+		}
 		p, g, m, v := in[0], in[1], in[2], in[3]
 		a := op.Attrs
 		lr, wd := a.Float("lr", 0), a.Float("weight_decay", 0)

@@ -120,3 +120,11 @@ func (f *Func) IsResult(v *Value) bool {
 	}
 	return false
 }
+
+// AddState appends a state argument named base (made unique) holding init
+// at the start of the step; inout marks it as updated in place.
+func (f *Func) AddState(base string, init *Dense, inout bool) *Value {
+	v := &Value{Name: f.UniqueName(base), Type: init.Type, Index: len(f.Args), Arg: &ArgInfo{Kind: ArgState, Init: init, InOut: inout}, Offset: NoOffset}
+	f.Args = append(f.Args, v)
+	return v
+}

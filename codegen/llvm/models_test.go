@@ -72,7 +72,8 @@ func modelRun(t *testing.T, dir, pipeline string) (*ir.Func, []*interp.Tensor) {
 }
 
 // compiledAndInterpreted runs f both ways and checks they agree within
-// 1e-5 on results and updated arguments; it returns the compiled ones.
+// 1e-5 (or the tolerance given) on results and updated arguments; it
+// returns the compiled ones.
 func compiledAndInterpreted(t *testing.T, f *ir.Func, args []*interp.Tensor, tolerance ...float64) (res, final []*interp.Tensor) {
 	tol := 1e-5
 	if len(tolerance) > 0 {
@@ -95,7 +96,7 @@ func compiledAndInterpreted(t *testing.T, f *ir.Func, args []*interp.Tensor, tol
 		// An update driven by a mathematically zero gradient (a conv bias
 		// before batch norm) differs by rounding noise alone.
 		e, d := passtest.RelErr(final[i], wantFinal[i]), maxAbsDiff(final[i], wantFinal[i])
-		require.True(t, e <= 1e-5 || d <= 1e-6, "updated %s: relative error %g (largest difference %g) against the interpreter", f.Args[i].Name, e, d)
+		require.True(t, e <= tol || d <= 1e-6, "updated %s: relative error %g (largest difference %g) against the interpreter", f.Args[i].Name, e, d)
 	}
 	return res, final
 }

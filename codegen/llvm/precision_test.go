@@ -1,15 +1,18 @@
 package llvm_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/stretchr/testify/require"
 
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/precision"
 )
 
@@ -67,6 +70,35 @@ func TestMixedPrecisionStepCompiled(t *testing.T) {
 			}
 			e := passtest.RelErr(got[i], want[i])
 			require.True(t, e <= 2e-2, "%s %s: relative error %g", dir, f.ResultName(i), e)
+		}
+	}
+}
+
+// TestDynamicLossScaleCompiled: the f16 step of the small transformer
+// with dynamic loss scaling and a momentum update, compiled, agrees with
+// the interpreter: at the first scale (2^15) it overflows, reports it,
+// skips the update and halves the scale; at 2^10 it updates.
+func TestDynamicLossScaleCompiled(t *testing.T) {
+	requireClang(t)
+	dir := "../../testdata/models/one_layer_transformer"
+	for _, c := range []struct {
+		init   float64
+		finite bool
+	}{{32768, false}, {1024, true}} {
+		f, args := modelRun(t, dir, fmt.Sprintf("autodiff,precision{dtype=f16,init-scale=%g},optimizer{kind=momentum,lr=0.01},%s", c.init, o2))
+		res, final := compiledAndInterpreted(t, f, args, 1e-3) // f16 gradients, rounded apart
+		last := len(f.Results) - 1
+		require.Equal(t, "grads.finite", f.ResultName(last))
+		require.Equal(t, c.finite, res[last].I[0] != 0)
+		for i, a := range f.Args {
+			switch {
+			case a.Name == "loss_scale" && c.finite:
+				require.Equal(t, c.init, final[i].F[0])
+			case a.Name == "loss_scale":
+				require.Equal(t, c.init/2, final[i].F[0])
+			case a.Arg.Kind == ir.ArgParam && !c.finite:
+				require.Equal(t, args[i].F, final[i].F, "skipped update changed %s", a.Name)
+			}
 		}
 	}
 }

@@ -20,6 +20,10 @@ func init() {
 	stageRules["sgd_update"] = lowerSGD
 	stageRules["momentum_update"] = lowerMomentum
 	stageRules["adam_update"] = lowerAdam
+	stageRules["overwrite"] = func(b *builder, _ *ir.Op, in []Tensor, _ []*Buffer) error {
+		b.store(in[0].Buf, func(idx []Expr) Expr { return in[1].At(idx) })
+		return nil
+	}
 }
 
 // f64Temp is a float64 workspace of shape s (statistics are kept in
@@ -302,10 +306,25 @@ func lowerCrossEntropyGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) er
 // memory: each stage overwrites one of them, in an order that reads every
 // old value before it is replaced.
 
+// updateStore stores like b.store, except that when the update has its
+// condition operand (after its n own ones) a false condition stores the
+// old value of t back.
+func updateStore(b *builder, in []Tensor, n int) func(t Tensor, fn func(idx []Expr) Expr) {
+	return func(t Tensor, fn func(idx []Expr) Expr) {
+		if len(in) == n {
+			b.store(t.Buf, fn)
+			return
+		}
+		ok := conv(in[n].At(nil), Bool)
+		b.store(t.Buf, func(idx []Expr) Expr { return sel(ok, conv(fn(idx), F64), conv(t.At(idx), F64)) })
+	}
+}
+
 func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 	lr, wd := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0)
 	p, g := in[0], in[1]
-	b.store(p.Buf, func(idx []Expr) Expr {
+	store := updateStore(b, in, 2)
+	store(p, func(idx []Expr) Expr {
 		pv, gv := conv(p.At(idx), F64), conv(g.At(idx), F64)
 		return sub(pv, mul(Float{V: lr, K: F64}, add(gv, mul(Float{V: wd, K: F64}, pv))))
 	})
@@ -315,11 +334,12 @@ func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 func lowerMomentum(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 	lr, wd, mu := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0), op.Attrs.Float("momentum", 0.9)
 	p, g, buf := in[0], in[1], in[2]
-	b.store(buf.Buf, func(idx []Expr) Expr {
+	store := updateStore(b, in, 3)
+	store(buf, func(idx []Expr) Expr {
 		d := add(conv(g.At(idx), F64), mul(Float{V: wd, K: F64}, conv(p.At(idx), F64)))
 		return add(mul(Float{V: mu, K: F64}, conv(buf.At(idx), F64)), d)
 	})
-	b.store(p.Buf, func(idx []Expr) Expr {
+	store(p, func(idx []Expr) Expr {
 		return sub(conv(p.At(idx), F64), mul(Float{V: lr, K: F64}, conv(buf.At(idx), F64)))
 	})
 	return nil
@@ -333,6 +353,7 @@ func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 	decoupled := a.Bool("decoupled", false)
 	bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
 	p, g, m, v := in[0], in[1], in[2], in[3]
+	store := updateStore(b, in, 4)
 	f := func(x float64) Expr { return Float{V: x, K: F64} }
 	d := func(idx []Expr) Expr {
 		gv := conv(g.At(idx), F64)
@@ -341,14 +362,14 @@ func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 		}
 		return add(gv, mul(f(wd), conv(p.At(idx), F64)))
 	}
-	b.store(m.Buf, func(idx []Expr) Expr {
+	store(m, func(idx []Expr) Expr {
 		return add(mul(f(b1), conv(m.At(idx), F64)), mul(f(1-b1), d(idx)))
 	})
-	b.store(v.Buf, func(idx []Expr) Expr {
+	store(v, func(idx []Expr) Expr {
 		dv := d(idx)
 		return add(mul(f(b2), conv(v.At(idx), F64)), mul(f(1-b2), mul(dv, dv)))
 	})
-	b.store(p.Buf, func(idx []Expr) Expr {
+	store(p, func(idx []Expr) Expr {
 		pv := conv(p.At(idx), F64)
 		if decoupled {
 			pv = mul(pv, f(1-lr*wd))

@@ -10,6 +10,11 @@
 // momentum (buf = μ·buf + g'; p -= lr·buf; dampening 0, no Nesterov),
 // adam (L2 weight decay added to the gradient) and adamw (decoupled
 // decay p *= 1 - lr·wd), both with bias correction for step t.
+//
+// After dynamic loss scaling (precision with f16), each update also takes
+// the step's grads.finite result and writes nothing when it is false, as
+// GradScaler skips optimizer.step(); the updates then wait for every
+// gradient to be checked.
 package optimizer
 
 import (
@@ -17,6 +22,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passes/precision"
 )
 
 func init() {
@@ -72,8 +78,12 @@ type Config struct {
 // returns how many parameters it updates.
 func Apply(f *ir.Func, c Config) (int, error) {
 	grads := map[string]int{}
+	var finite *ir.Value // dynamic loss scaling's condition, if any
 	for i, r := range f.Results {
 		grads[r.Name] = i
+		if r.Name == precision.FiniteResult && r.Value.Type.DType == ir.Bool && r.Value.Type.Rank() == 0 {
+			finite = r.Value
+		}
 	}
 	type update struct {
 		op    *ir.Op
@@ -110,6 +120,9 @@ func Apply(f *ir.Func, c Config) (int, error) {
 			}
 			operands = append(operands, newState(f, "adam.m."+p.Name, p.Type), newState(f, "adam.v."+p.Name, p.Type))
 		}
+		if finite != nil {
+			operands = append(operands, finite) // skipped when a gradient is not finite
+		}
 		op, err := f.NewOp(kind, operands, attrs, locOf(g), "")
 		if err != nil {
 			return 0, err
@@ -120,7 +133,7 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		}
 	}
 	// Place each update after the last op reading its parameter or
-	// producing its gradient (or at the end).
+	// producing its gradient or condition (or at the end).
 	pos := map[*ir.Op]int{}
 	last := map[*ir.Value]int{}
 	for i, op := range f.Body {
@@ -134,7 +147,7 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		after := len(f.Body) - 1
 		if !c.AtEnd {
 			after = -1
-			for _, v := range u.op.Operands[:2] {
+			for _, v := range u.op.Operands {
 				if l, ok := last[v]; ok && l > after {
 					after = l
 				}
@@ -164,10 +177,7 @@ func Apply(f *ir.Func, c Config) (int, error) {
 
 // newState adds a zero-initialised state argument updated in place.
 func newState(f *ir.Func, name string, t ir.Type) *ir.Value {
-	d := &ir.Dense{Type: t, Floats: []float64{0}}
-	v := &ir.Value{Name: f.UniqueName(name), Type: t, Index: len(f.Args), Arg: &ir.ArgInfo{Kind: ir.ArgState, Init: d, InOut: true}, Offset: ir.NoOffset}
-	f.Args = append(f.Args, v)
-	return v
+	return f.AddState(name, &ir.Dense{Type: t, Floats: []float64{0}}, true)
 }
 
 func locOf(v *ir.Value) ir.Location {

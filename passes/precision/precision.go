@@ -8,10 +8,15 @@
 // use, so a cast copy lives only until its reader; fuse merges them into
 // their neighbours' kernels.
 //
-// With f16 the backward pass runs on a scaled loss: the loss-gradient
-// seed is multiplied by loss-scale and the returned gradients by its
-// inverse, so that small gradients do not flush to zero (static scaling;
-// the scale is an option, not adjusted in the graph).
+// With f16 the backward pass runs on a scaled loss, so that small
+// gradients do not flush to zero: the loss-gradient seed is the scale and
+// the returned gradients are multiplied by its inverse. By default the
+// scale is dynamic, as torch.cuda.amp.GradScaler: a state argument
+// loss_scale (initially init-scale) and a count of steps without overflow
+// (loss_scale.good); the step returns grads.finite, true when every
+// gradient is finite, halves the scale when one is not, and doubles it
+// after growth-interval good steps in a row. The optimizer pass skips
+// its updates when grads.finite is false. loss-scale=S fixes the scale.
 //
 // saved=bf16|f16|fp8 also narrows the values the backward pass reads from
 // the forward pass: each is cast down after its last forward use and
@@ -21,6 +26,8 @@ package precision
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/ir"
@@ -34,10 +41,26 @@ func init() {
 		Options: []passes.Option{
 			{Name: "dtype", Kind: passes.EnumOption, Enum: []string{"bf16", "f16", "f32"}, Default: "bf16", Doc: "the dtype of activations and matrix products (f32: leave them, e.g. to use saved= alone)"},
 			{Name: "saved", Kind: passes.EnumOption, Enum: []string{"none", "bf16", "f16", "fp8"}, Default: "none", Doc: "also store the values saved for the backward pass in this dtype (fp8: e4m3 with a per-tensor scale)"},
-			{Name: "loss-scale", Kind: passes.FloatOption, Default: "0", Doc: "multiply the loss gradient by this and the returned gradients by its inverse (0: 1024 with f16, none otherwise)"},
+			{Name: "loss-scale", Kind: passes.StringOption, Default: "auto", Doc: "dynamic (adjusted in the graph), a number (fixed; 1: none), or auto: dynamic with f16 on a training step, none otherwise"},
+			{Name: "init-scale", Kind: passes.FloatOption, Default: "32768", Doc: "the first dynamic loss scale (2^15: the seed must be finite in f16, whose largest value is 65504)"},
+			{Name: "growth-interval", Kind: passes.IntOption, Default: "2000", Doc: "good steps in a row after which the dynamic scale doubles"},
 		},
 		Run: func(ctx *passes.Context, m *ir.Module) error {
-			c := Config{DType: ir.F32, LossScale: ctx.Float("loss-scale")}
+			c := Config{DType: ir.F32, InitScale: ctx.Float("init-scale"), GrowthInterval: ctx.Int("growth-interval")}
+			switch ls := ctx.String("loss-scale"); ls {
+			case "auto":
+			case "dynamic":
+				c.Dynamic = true
+			default:
+				v, err := strconv.ParseFloat(ls, 64)
+				if err != nil || !(v > 0) || math.IsInf(v, 0) {
+					return fmt.Errorf("loss-scale must be auto, dynamic or a positive number, not %q", ls)
+				}
+				c.LossScale = v
+			}
+			if c.InitScale <= 0 || c.GrowthInterval <= 0 {
+				return fmt.Errorf("init-scale and growth-interval must be positive")
+			}
 			switch ctx.String("dtype") {
 			case "bf16":
 				c.DType = ir.BF16
@@ -52,11 +75,11 @@ func init() {
 			case "fp8":
 				c.Saved = ir.F8E4M3
 			}
-			if c.LossScale == 0 && c.DType == ir.F16 {
-				c.LossScale = 1024
-			}
+			auto := ctx.String("loss-scale") == "auto" && c.DType == ir.F16
 			for _, f := range m.Funcs {
-				st, err := Apply(f, c)
+				fc := c
+				fc.Dynamic = c.Dynamic || auto && lossSeed(f) != nil
+				st, err := Apply(f, fc)
 				if err != nil {
 					return err
 				}
@@ -72,7 +95,12 @@ func init() {
 type Config struct {
 	DType     ir.DType // of activations: BF16, F16, or F32 (unchanged)
 	Saved     ir.DType // of values saved for the backward pass (0: as DType)
-	LossScale float64  // 0 or 1: none
+	LossScale float64  // a fixed loss scale; 0 or 1: none
+	// Dynamic loss scaling (LossScale is then ignored): the first scale
+	// and the good steps in a row after which it doubles.
+	Dynamic        bool
+	InitScale      float64
+	GrowthInterval int64
 }
 
 // Stats counts what the pass did.
@@ -139,15 +167,18 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	if low == 0 {
 		low = ir.F32
 	}
-	var seed *ir.Value
-	for _, op := range f.Body {
-		if op.Kind == "constant" && len(op.Results) == 1 && strings.HasPrefix(op.Results[0].Name, "loss.grad") {
-			seed = op.Results[0]
-		}
-	}
+	seed := lossSeed(f)
 	scale := c.LossScale != 0 && c.LossScale != 1
-	if scale && seed == nil {
+	if (scale || c.Dynamic) && seed == nil {
 		return Stats{}, fmt.Errorf("@%s: loss scaling needs a training step made by autodiff (no loss.grad seed)", f.Name)
+	}
+	var dyn *dynamicScale
+	if c.Dynamic {
+		scale = false
+		dyn = newDynamicScale(f, c)
+		if !seed.Type.Equal(dyn.scale.Type) {
+			return Stats{}, fmt.Errorf("@%s: the loss-gradient seed is %s, want f32[] for dynamic loss scaling", f.Name, seed.Type)
+		}
 	}
 	gradOps := gradientProducers(f)
 	for _, op := range f.Body {
@@ -170,6 +201,14 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 				v = r.as(v, want, op.Loc)
 			}
 			operands[i] = v
+		}
+		if dyn != nil && op.Results[0] == seed {
+			// The seed is the scale (a copy keeps its name: the backward
+			// pass starts there).
+			cp := r.emit("identity", []*ir.Value{dyn.scale}, nil, op.Loc, "")
+			cp.Name = seed.Name
+			r.env[seed] = cp
+			continue
 		}
 		attrs := op.Attrs
 		if scale && seed != nil && op.Results[0] == seed {
@@ -209,7 +248,13 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			inv := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: v.Type.DType, Shape: ir.Shape{}}, Floats: []float64{1 / c.LossScale}})}, ir.Location{}, "loss.unscale")
 			v = r.emit("mul", []*ir.Value{v, inv}, nil, ir.Location{}, f.Results[i].Name+".unscaled")
 		}
+		if dyn != nil && strings.HasPrefix(f.Results[i].Name, "grad.") {
+			v = dyn.unscale(r, v, f.Results[i].Name)
+		}
 		f.Results[i].Value = v
+	}
+	if dyn != nil {
+		dyn.finish(r)
 	}
 	f.Body = dropUnusedBroadcasts(f, r.body)
 	r.body = f.Body
@@ -218,6 +263,18 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		f.Body = r.body
 	}
 	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
+}
+
+// lossSeed returns the loss-gradient seed of a training step made by
+// autodiff (the constant loss.grad), or nil.
+func lossSeed(f *ir.Func) *ir.Value {
+	var seed *ir.Value
+	for _, op := range f.Body {
+		if op.Kind == "constant" && len(op.Results) == 1 && strings.HasPrefix(op.Results[0].Name, "loss.grad") {
+			seed = op.Results[0]
+		}
+	}
+	return seed
 }
 
 // rebroadcast makes a large broadcast again right before each reader, so

@@ -1,7 +1,9 @@
 package precision_test
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,7 +16,8 @@ import (
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
-	_ "github.com/kiln-compiler/kiln/passes/precision"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	"github.com/kiln-compiler/kiln/passes/precision"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -82,15 +85,15 @@ func TestMixedPrecisionAccuracy(t *testing.T) {
 			loss, grad, cosine float64
 		}{
 			{"precision{dtype=bf16}", 1e-2, 5e-2, 0.999},
-			{"precision{dtype=f16}", 1e-2, 5e-2, 0.999},
+			{"precision{dtype=f16,loss-scale=1024}", 1e-2, 5e-2, 0.999},
 			{"precision{dtype=f32,saved=bf16}", 1e-2, 5e-2, 0.999},
 			// fp8 e4m3 keeps 3 mantissa bits: a trade of accuracy for memory.
 			{"precision{dtype=f32,saved=fp8}", 5e-2, 0.3, 0.95},
 			{"precision{dtype=bf16,saved=fp8}", 5e-2, 0.3, 0.95},
 		} {
 			p := c.p
-			f, _ := smallModel(t, dir, "autodiff,"+p)
-			got, err := interp.Run(f, args, interp.Options{})
+			f, fargs := smallModel(t, dir, "autodiff,"+p)
+			got, err := interp.Run(f, fargs, interp.Options{})
 			require.NoError(t, err)
 			name := filepath.Base(dir) + " " + p
 			require.LessOrEqual(t, passtest.RelErr(got[0], want[0]), c.loss, "%s: loss", name)
@@ -128,4 +131,70 @@ func maxAbs(x *interp.Tensor) float64 {
 		m = max(m, math.Abs(x.At(i)))
 	}
 	return m
+}
+
+// TestDynamicLossScale: with f16 the default dynamic loss scale starts at
+// 2^15, which overflows the small transformer's backward pass: that step
+// reports grads.finite = false, leaves the parameters and momentum buffers as
+// they were and halves the scale. Fed its own updated state, the step
+// retries until the gradients are finite, then updates the parameters as
+// the f32 step does (within the f16 tolerance) and counts a good step;
+// with growth-interval=1 the next good step doubles the scale.
+func TestDynamicLossScale(t *testing.T) {
+	dir := "../../testdata/models/one_layer_transformer"
+	ref, refArgs := smallModel(t, dir, "autodiff,optimizer{kind=momentum,lr=0.01,keep-grads=true}")
+	want, wantArgs, err := interp.RunWithUpdates(ref, refArgs, interp.Options{})
+	require.NoError(t, err)
+	for _, c := range []struct {
+		interval  int
+		regrowths int
+	}{{2000, 0}, {1, 1}} {
+		f, args := smallModel(t, dir, fmt.Sprintf("autodiff,precision{dtype=f16,growth-interval=%d},optimizer{kind=momentum,lr=0.01,keep-grads=true}", c.interval))
+		idx := map[string]int{}
+		for i, a := range f.Args {
+			idx[a.Name] = i
+		}
+		scaleAt, goodAt := idx["loss_scale"], idx["loss_scale.good"]
+		finiteAt := len(f.Results) - 1
+		require.Equal(t, precision.FiniteResult, f.ResultName(finiteAt))
+		scale := 32768.0
+		skipped := 0
+		for step := 0; ; step++ {
+			require.Less(t, step, 16, "the scale never got low enough")
+			got, updated, err := interp.RunWithUpdates(f, args, interp.Options{})
+			require.NoError(t, err)
+			if got[finiteAt].I[0] == 0 {
+				skipped++
+				for i, a := range f.Args {
+					if a.Arg.Kind == ir.ArgParam || strings.HasPrefix(a.Name, "momentum.") {
+						require.Equal(t, args[i].F, updated[i].F, "skipped step changed %s", a.Name)
+					}
+				}
+				require.Equal(t, scale/2, updated[scaleAt].F[0])
+				require.Equal(t, 0.0, updated[goodAt].F[0])
+				scale /= 2
+				args = updated
+				continue
+			}
+			for i := 1; i < len(want); i++ {
+				require.Equal(t, ref.ResultName(i), f.ResultName(i))
+				require.LessOrEqual(t, passtest.RelErr(got[i], want[i]), 5e-2, ref.ResultName(i))
+			}
+			for i, a := range ref.Args {
+				if a.Arg.Kind == ir.ArgParam {
+					require.LessOrEqual(t, passtest.RelErr(updated[idx[a.Name]], wantArgs[i]), 1e-2, a.Name)
+				}
+			}
+			if c.interval == 1 {
+				require.Equal(t, 2*scale, updated[scaleAt].F[0], "one good step doubles the scale")
+				require.Equal(t, 0.0, updated[goodAt].F[0])
+			} else {
+				require.Equal(t, scale, updated[scaleAt].F[0])
+				require.Equal(t, 1.0, updated[goodAt].F[0])
+			}
+			break
+		}
+		t.Logf("growth-interval %d: %d steps skipped, scale %g", c.interval, skipped, scale)
+		require.Greater(t, skipped, 0, "2^15 overflows this model's f16 backward pass")
+	}
 }
