@@ -3,9 +3,9 @@ package precision_test
 import (
 	"fmt"
 	"math"
-	"strings"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
