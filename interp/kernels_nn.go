@@ -312,10 +312,13 @@ func init() {
 		return []*Tensor{y, mask}, nil
 	}
 	kernels["dropout_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
-		scale := 1 / (1 - op.Attrs.Float("ratio", 0.5))
+		ratio := op.Attrs.Float("ratio", 0.5)
+		scale := 1 / (1 - ratio)
+		seed := uint64(op.Attrs.Int("seed", 0))
 		dx := New(out[0])
 		for i, g := range in[0].F {
-			if in[1].I[i] != 0 {
+			keep := len(in) == 1 && DropoutKeep(seed, uint64(i), ratio) || len(in) == 2 && in[1].I[i] != 0
+			if keep {
 				dx.F[i] = g * scale
 			}
 		}

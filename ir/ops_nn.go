@@ -253,10 +253,14 @@ func init() {
 		Fusion: Elementwise,
 	})
 	Register(&OpDef{
-		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio)", MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat}},
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
-			if in[1].DType != Bool || !in[1].Shape.Equal(in[0].Shape) {
+		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio); without a mask operand the mask is regenerated from the seed attribute (as the dropout with that seed made it)", MinOperands: 1, MaxOperands: 2,
+		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat}, {Name: "seed", Kind: AttrInt}},
+		Infer: func(in []Type, a Attrs) ([]Type, error) {
+			if len(in) == 1 {
+				if _, ok := a["seed"]; !ok {
+					return nil, fmt.Errorf("without a mask operand the seed attribute is required")
+				}
+			} else if in[1].DType != Bool || !in[1].Shape.Equal(in[0].Shape) {
 				return nil, fmt.Errorf("mask %s must be bool%s", in[1], in[0].Shape)
 			}
 			return []Type{in[0]}, nil

@@ -140,3 +140,21 @@ func TestTestdataCompiledMatchesInterpreter(t *testing.T) {
 		}
 	}
 }
+
+// TestDropoutGradientCompiled: the backward pass regenerates dropout's
+// mask from its seed; compiled (alone and fused with its neighbours) it
+// draws the mask the forward pass drew, as the interpreter does.
+func TestDropoutGradientCompiled(t *testing.T) {
+	requireClang(t)
+	src := `func @f(%x: f32[6,37] {param}, %w: f32[6,37] {param}) -> (f32[]) {
+  %a = mul(%x, %w) : f32[6,37]
+  %d, %m = dropout(%a) {ratio = 0.4, seed = 9} : f32[6,37], bool[6,37]
+  %t = tanh(%d) : f32[6,37]
+  %s = reduce_sum(%t) : f32[]
+  return %s
+}
+`
+	for _, pipe := range []string{"autodiff,assign", "autodiff,fuse,reorder,assign"} {
+		compileAndCompare(t, src, pipe, 1e-5)
+	}
+}

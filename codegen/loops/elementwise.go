@@ -191,14 +191,7 @@ func init() {
 	}
 	elementRules["dropout"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		ratio := op.Attrs.Float("ratio", 0.5)
-		seed := uint64(op.Attrs.Int("seed", 0))
-		s := out[0].Shape
-		keep := func(idx []Expr) Expr {
-			i := flatten(idx, s)
-			h := &Mix{X: &Binary{Op: "xor", A: Int{int64(seed * 0x9E3779B97F4A7C15)}, B: &Mix{X: add(i, Int{0x632BE59BD9B4E019})}}}
-			u := mul(conv(&Binary{Op: "shr", A: h, B: Int{11}}, F64), Float{V: 1.0 / (1 << 53), K: F64})
-			return cmp("ge", u, Float{V: ratio, K: F64})
-		}
+		keep := dropoutKeep(op, out[0].Shape)
 		return []accessor{
 			func(idx []Expr) Expr {
 				x := in[0].At(idx)
@@ -207,11 +200,15 @@ func init() {
 			keep,
 		}, nil
 	}
-	elementRules["dropout_grad"] = func(op *ir.Op, in []Tensor, _ []ir.Type) ([]accessor, error) {
+	elementRules["dropout_grad"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		scale := 1 / (1 - op.Attrs.Float("ratio", 0.5))
+		keep := dropoutKeep(op, out[0].Shape)
+		if len(in) == 2 {
+			keep = func(idx []Expr) Expr { return conv(in[1].At(idx), Bool) }
+		}
 		return []accessor{func(idx []Expr) Expr {
 			g := in[0].At(idx)
-			return sel(conv(in[1].At(idx), Bool), mul(g, like(g, scale)), like(g, 0))
+			return sel(keep(idx), mul(g, like(g, scale)), like(g, 0))
 		}}, nil
 	}
 	for _, name := range []string{"reshape", "flatten", "squeeze", "unsqueeze", "swap_out", "swap_in"} {
@@ -354,4 +351,17 @@ func init() {
 // errUnsupported names an op the backend cannot compile.
 func errUnsupported(op *ir.Op) error {
 	return fmt.Errorf("the LLVM backend has no lowering for op %q", op.Kind)
+}
+
+// dropoutKeep is dropout's mask at an index of a tensor of shape s: the
+// counter-based RNG of the op's seed and ratio (interp.DropoutKeep).
+func dropoutKeep(op *ir.Op, s ir.Shape) accessor {
+	ratio := op.Attrs.Float("ratio", 0.5)
+	seed := uint64(op.Attrs.Int("seed", 0))
+	return func(idx []Expr) Expr {
+		i := flatten(idx, s)
+		h := &Mix{X: &Binary{Op: "xor", A: Int{int64(seed * 0x9E3779B97F4A7C15)}, B: &Mix{X: add(i, Int{0x632BE59BD9B4E019})}}}
+		u := mul(conv(&Binary{Op: "shr", A: h, B: Int{11}}, F64), Float{V: 1.0 / (1 << 53), K: F64})
+		return cmp("ge", u, Float{V: ratio, K: F64})
+	}
 }

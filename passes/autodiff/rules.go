@@ -318,11 +318,14 @@ func init() {
 		if dys[0] == nil {
 			return []*ir.Value{nil}
 		}
-		a := ir.Attrs{}
+		// The mask is regenerated from the seed, not saved: a hash per
+		// element instead of a byte per element living through the
+		// forward and backward passes.
+		a := ir.Attrs{"seed": op.Attrs["seed"]}
 		if v, ok := op.Attrs["ratio"]; ok {
 			a["ratio"] = v
 		}
-		return []*ir.Value{b.one("dropout_grad", a, grad(op), dys[0], op.Results[1])}
+		return []*ir.Value{b.one("dropout_grad", a, grad(op), dys[0])}
 	}
 	rules["softmax_cross_entropy"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("softmax_cross_entropy_grad", op.Attrs.Clone(), grad(op), dys[0], x(op, 0), x(op, 1)), nil}
