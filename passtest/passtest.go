@@ -92,6 +92,19 @@ func Clone(t testing.TB, m *ir.Module) *ir.Module {
 	return Parse(t, m.String())
 }
 
+// Run runs pipeline on m, verifying the module after each pass; any
+// error fails the test.
+func Run(t testing.TB, m *ir.Module, pipeline string) {
+	t.Helper()
+	pipe, err := passes.ParsePipeline(pipeline, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // CheckPipeline runs pipeline on src (with verification after each pass)
 // and checks every function against its original with Equivalent. It
 // returns the rewritten module.
@@ -99,14 +112,7 @@ func CheckPipeline(t testing.TB, src, pipeline string, tol float64) *ir.Module {
 	t.Helper()
 	before := Parse(t, src)
 	after := Clone(t, before)
-	pipe, err := passes.ParsePipeline(pipeline, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mg := &passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}
-	if err := mg.Run(after, pipe); err != nil {
-		t.Fatal(err)
-	}
+	Run(t, after, pipeline)
 	for i := range before.Funcs {
 		Equivalent(t, before.Funcs[i], after.Funcs[i], tol)
 	}

@@ -12,13 +12,13 @@ import (
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/onnx"
-	"github.com/kiln-compiler/kiln/passes"
 	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
 	_ "github.com/kiln-compiler/kiln/passes/swap"
+	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/kiln-compiler/kiln/plancheck"
 )
 
@@ -27,9 +27,7 @@ func plan(t *testing.T, model, pipeline string) string {
 	t.Helper()
 	m, err := onnx.ImportFile(model, onnx.Options{})
 	require.NoError(t, err)
-	pipe, err := passes.ParsePipeline(pipeline, nil)
-	require.NoError(t, err)
-	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	passtest.Run(t, m, pipeline)
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()

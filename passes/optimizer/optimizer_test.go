@@ -13,7 +13,6 @@ import (
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
-	"github.com/kiln-compiler/kiln/passes"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
@@ -36,11 +35,7 @@ func maxAbs(x *interp.Tensor) float64 {
 	return m
 }
 
-func pipeline(t *testing.T, m *ir.Module, p string) {
-	pipe, err := passes.ParsePipeline(p, nil)
-	require.NoError(t, err)
-	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
-}
+func pipeline(t *testing.T, m *ir.Module, p string) { passtest.Run(t, m, p) }
 
 // TestOneStepMatchesTorchOptim: after one step, parameters and optimizer
 // states equal torch.optim's (committed by scripts/export_optim.py) within

@@ -14,18 +14,13 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
-	"github.com/kiln-compiler/kiln/passes"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	"github.com/kiln-compiler/kiln/passes/precision"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
-func pipeline(t *testing.T, m *ir.Module, p string) {
-	pipe, err := passes.ParsePipeline(p, nil)
-	require.NoError(t, err)
-	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
-}
+func pipeline(t *testing.T, m *ir.Module, p string) { passtest.Run(t, m, p) }
 
 func cosine(a, b *interp.Tensor) float64 {
 	dot, na, nb := 0.0, 0.0, 0.0

@@ -31,7 +31,7 @@ type schedule struct {
 	pos     map[*ir.Op]int
 	lastUse map[*ir.Value]int
 	uses    map[*ir.Value][]int // positions of the ops using a value, ascending
-	written map[*ir.Value]int   // position of the op overwriting an argument
+	written map[*ir.Value]int   // position of the op overwriting an argument (ir.Verify allows one per argument)
 	result  map[*ir.Value]bool  // function results
 }
 
