@@ -172,6 +172,13 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	if (scale || c.Dynamic) && seed == nil {
 		return Stats{}, fmt.Errorf("@%s: loss scaling needs a training step made by autodiff (no loss.grad seed)", f.Name)
 	}
+	if scale || c.Dynamic {
+		for _, op := range f.Body {
+			if d := op.Def(); d != nil && len(d.Writes) > 0 {
+				return Stats{}, fmt.Errorf("@%s: run precision before optimizer: with loss scaling, %s would read a scaled gradient", f.Name, op.Kind)
+			}
+		}
+	}
 	var dyn *dynamicScale
 	if c.Dynamic {
 		scale = false
