@@ -320,3 +320,21 @@ func (r *Recomputer) Recompute(v *ir.Value, t int) ([]*ir.Op, bool) {
 	}
 	return r.rw.inserted, true
 }
+
+// Schedule is what Plan needs to know of the function as it is now: valid
+// until the function changes.
+type Schedule struct{ s *schedule }
+
+// Schedule analyses the function as it is now.
+func (r *Recomputer) Schedule() Schedule { return Schedule{analyse(r.rw.f)} }
+
+// Plan returns the ops that Recompute(v, t) would clone, without changing
+// anything: the chain of operands no longer alive at t, then v's own op;
+// false when v cannot be recomputed there.
+func (r *Recomputer) Plan(sch Schedule, v *ir.Value, t int) ([]*ir.Op, bool) {
+	ops, ok := r.rw.chain(sch.s, v, t)
+	if !ok || r.rw.keep[v] {
+		return nil, false
+	}
+	return append(ops, v.Def), true
+}

@@ -195,6 +195,10 @@ func (s *swapper) lower(target int64) error {
 			prefix[i+1] = prefix[i] + s.dev.OpSeconds(op)
 		}
 		var cands []candidate
+		var sch remat.Schedule
+		if s.recompute {
+			sch = s.rc.Schedule()
+		}
 		for _, b := range info.LiveAt(p) {
 			// The buffer may hold a chain of values (views, results written
 			// in place): it can go when one of them is used after the peak
@@ -226,7 +230,7 @@ func (s *swapper) lower(target int64) error {
 				cands = append(cands, candidate{v: v, swap: true, seconds: cost, freed: b.Size, early: early, late: late, peak: p})
 			}
 			if s.recompute && !failed[candidateKey{v, false}] {
-				if secs, ok := s.recomputeSeconds(v, late); ok {
+				if secs, ok := s.recomputeSeconds(sch, v, late); ok {
 					cands = append(cands, candidate{v: v, seconds: secs, freed: b.Size, late: late})
 				}
 			}
@@ -324,11 +328,9 @@ func (s *swapper) apply(c candidate) bool {
 }
 
 // recomputeSeconds is the kernel time of recomputing v before position
-// late (measured by doing it and undoing it).
-func (s *swapper) recomputeSeconds(v *ir.Value, late int) (float64, bool) {
-	s.begin()
-	defer s.undo()
-	ops, ok := s.rc.Recompute(v, late)
+// late, planned on sch.
+func (s *swapper) recomputeSeconds(sch remat.Schedule, v *ir.Value, late int) (float64, bool) {
+	ops, ok := s.rc.Plan(sch, v, late)
 	if !ok {
 		return 0, false
 	}
