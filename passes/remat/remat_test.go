@@ -96,3 +96,29 @@ func TestBudgetErrorNamesTheHolders(t *testing.T) {
 	require.NotEmpty(t, be.Holders)
 	_ = ir.F64
 }
+
+// TestPlanMatchesRecompute: Recomputer.Plan lists the ops Recompute then
+// clones (same kinds, same order) for every forward value at its last use,
+// and changes nothing.
+func TestPlanMatchesRecompute(t *testing.T) {
+	f := passtest.Parse(t, trainingStep(t, mlp)).Funcs[0]
+	before := f.String()
+	rc := NewRecomputer(f)
+	planned := 0
+	for _, v := range savedValues(f) {
+		s := analyse(f)
+		at := s.uses[v][len(s.uses[v])-1]
+		ops, ok := rc.Plan(rc.Schedule(), v, at)
+		require.Equal(t, before, f.String(), "Plan changed the function")
+		rc.Begin()
+		inserted, ok2 := rc.Recompute(v, at)
+		require.Equal(t, ok, ok2, v.Name)
+		require.Len(t, inserted, len(ops), v.Name)
+		for i := range ops {
+			require.Equal(t, ops[i].Kind, inserted[i].Kind, v.Name)
+		}
+		rc.Undo()
+		planned += len(ops)
+	}
+	require.Positive(t, planned)
+}
