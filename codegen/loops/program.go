@@ -156,6 +156,7 @@ func lowerRegion(b *builder, r *ir.Region, in []Tensor, outs []*Buffer) error {
 			uses[x]++
 		}
 	}
+	into := writeThrough(r, yieldAt)
 	written := map[int]bool{}
 	for _, op := range r.Body {
 		opIn := make([]Tensor, len(op.Operands))
@@ -190,6 +191,8 @@ func lowerRegion(b *builder, r *ir.Region, in []Tensor, outs []*Buffer) error {
 			if j, ok := yieldAt[v]; ok {
 				bufs[i] = outs[j]
 				written[j] = true
+			} else if j, ok := into[v]; ok {
+				bufs[i] = outs[j] // the chain after it rewrites each element in place
 			} else {
 				bufs[i] = b.temp("t", v.Type)
 			}
@@ -207,6 +210,90 @@ func lowerRegion(b *builder, r *ir.Region, in []Tensor, outs []*Buffer) error {
 		}
 	}
 	return nil
+}
+
+// writeThrough finds the results of a region's stage ops (a matmul, a
+// convolution, a normalisation) read only by a chain of elementwise ops
+// (or normalisations that overwrite their input, see overwritesInPlace),
+// one user each, that ends in a yielded value of the same type: such a
+// result, and the normalisations' results along the chain, are written
+// into that output buffer instead of workspace, each step rewriting every
+// element in place (it reads an element only where it writes it).
+// Without this a fused producer and its epilogue kept full-size
+// temporaries outside the plan. It maps each such result to its output's
+// index.
+func writeThrough(r *ir.Region, yieldAt map[*ir.Value]int) map[*ir.Value]int {
+	users := map[*ir.Value][]*ir.Op{}
+	for _, op := range r.Body {
+		for _, x := range op.Operands {
+			users[x] = append(users[x], op)
+		}
+	}
+	for _, y := range r.Yield {
+		users[y] = append(users[y], nil) // read after the kernel
+	}
+	out := map[*ir.Value]int{}
+	claimed := map[int]bool{}
+	for _, op := range r.Body {
+		if elementRules[op.Kind] != nil {
+			continue
+		}
+		for _, v := range op.Results {
+			if _, ok := yieldAt[v]; ok {
+				continue
+			}
+			if _, ok := out[v]; ok {
+				continue
+			}
+			// Follow the chain of single users that keep v's place.
+			members := []*ir.Value{v}
+			for cur := v; len(users[cur]) == 1; {
+				u := users[cur][0]
+				if u == nil || !samePlace(u, cur) {
+					break
+				}
+				cur = u.Results[0]
+				if elementRules[u.Kind] == nil {
+					members = append(members, cur)
+				}
+				if j, ok := yieldAt[cur]; ok {
+					if !claimed[j] && cur.Type.Equal(v.Type) {
+						claimed[j] = true
+						for _, m := range members {
+							out[m] = j
+						}
+					}
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// overwritesInPlace are the stage ops whose lowering reads all of operand
+// 0 (for statistics) before it writes result 0, and then writes each
+// element of result 0 from the same element of operand 0: result 0 may
+// share operand 0's buffer.
+var overwritesInPlace = map[string]bool{"batch_norm_train": true, "layer_norm": true, "softmax": true, "log_softmax": true}
+
+// samePlace reports whether op reads x only at the index where it writes
+// its result 0, which has x's type: an elementwise or broadcasting op with
+// one result, or an op of overwritesInPlace reading x as operand 0 only.
+func samePlace(op *ir.Op, x *ir.Value) bool {
+	d := op.Def()
+	if d == nil || !op.Results[0].Type.Equal(x.Type) {
+		return false
+	}
+	if overwritesInPlace[op.Kind] {
+		for _, o := range op.Operands[1:] {
+			if o == x {
+				return false
+			}
+		}
+		return op.Operands[0] == x
+	}
+	return elementRules[op.Kind] != nil && len(op.Results) == 1 && (d.Fusion == ir.Elementwise || d.Fusion == ir.Broadcast)
 }
 
 // memo returns the same expression for the same index, so that a value
