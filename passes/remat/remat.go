@@ -114,7 +114,14 @@ func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 		add("cheap", func(g *ir.Func) int64 { return cheapFirst(g, budget) })
 		add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, stepping{chunks: true}) })
 		if len(f.Body) <= singleStepOps {
-			add("greedy", func(g *ir.Func) int64 { return greedy(g, budget, stepping{bound: bound()}) })
+			add("greedy", func(g *ir.Func) int64 {
+				if bound() == 0 {
+					// Only to lower the FLOPs of a plan in hand: unbounded
+					// single steps grind for minutes on budgets nothing meets.
+					return -1
+				}
+				return greedy(g, budget, stepping{bound: bound()})
+			})
 		}
 		add("exact", func(g *ir.Func) int64 { return exact(g, budget, 4096) })
 		add("sqrt", func(g *ir.Func) int64 { return sqrtCheckpoints(g) })
@@ -191,8 +198,9 @@ type stepping struct {
 }
 
 // singleStepOps is the largest step on which `best` also runs greedy in
-// single steps: each step analyses the whole schedule, so the time grows
-// with the square of the ops (about a second at 2,000 ops).
+// single steps (when another solver met the budget): each step analyses
+// the whole schedule, so the time grows with the square of the ops (about
+// a second at 2,000 ops).
 const singleStepOps = 2000
 
 // greedy repeatedly takes the peak, and among the buffers live there that
