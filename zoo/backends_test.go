@@ -62,6 +62,7 @@ func BenchmarkBackends(b *testing.B) {
 				}
 				planned := memreport.Build(f, nil).PlannedBytes
 				b.ReportMetric(float64(rss)/float64(planned+binary), "rss/(planned+binary)")
+				b.ReportMetric(float64(rss-planned-binary)/(1<<20), "rss-over-plan-MiB")
 				start := time.Now()
 				if _, err := interp.Run(f, args, interp.Options{}); err != nil {
 					b.Fatal(err)

@@ -59,6 +59,9 @@ type module struct {
 	parallel *ir.Func // kiln_parallel_for, emitted on first use
 	host     *ir.Global
 	outlined int
+	// The largest kernel workspace before its panels, and the largest
+	// panel of one thread (workspace.go).
+	tempsMax, panelMax int64
 }
 
 // Emit builds the LLVM module of p.
@@ -86,10 +89,13 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 	arena, params, inputs, outputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp), ir.NewParam("outputs", i8pp)
 	entry := md.m.NewFunc(EntryName(p.Func), types.Void, arena, params, inputs, outputs)
 	blk := entry.NewBlock("")
+	fe := &fn{md: md, f: entry, entry: blk, cur: blk, arena: arena, params: params, inputs: inputs, bases: map[baseKey]value.Value{}}
+	ws, free := fe.allocWorkspace()
 	for _, k := range kernels {
-		blk.NewCall(k, arena, params, inputs)
+		fe.cur.NewCall(k, arena, params, inputs, ws)
 	}
-	fe := &fn{md: md, entry: blk, cur: blk, arena: arena, params: params, inputs: inputs, bases: map[baseKey]value.Value{}}
+	free()
+	blk = fe.cur
 	for i, r := range p.Results {
 		ptr := blk.NewBitCast(fe.base(r), i8p)
 		slot := blk.NewGetElementPtr(i8p, outputs, constant.NewInt(types.I64, int64(i)))
@@ -162,8 +168,9 @@ type fn struct {
 	entry, cur            *ir.Block
 	arena, params, inputs value.Value
 	bases                 map[baseKey]value.Value
-	temps                 []value.Value
-	tempNames             []string
+	ws                    value.Value // the kernel workspace (i8*)
+	tid                   value.Value // this thread's index, for its panel
+	layout                *workspace  // where the kernel's workspace buffers lie in ws
 	name                  string
 	bound                 map[*loops.Var]value.Value
 	cache                 []map[loops.Expr]value.Value
@@ -171,28 +178,20 @@ type fn struct {
 }
 
 func (md *module) kernel(k *loops.Kernel) (*ir.Func, error) {
-	arena, params, inputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp)
-	f := md.m.NewFunc(k.Name, types.Void, arena, params, inputs)
+	arena, params, inputs, ws := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp), ir.NewParam("ws", i8p)
+	f := md.m.NewFunc(k.Name, types.Void, arena, params, inputs, ws)
 	f.Linkage = enum.LinkageInternal
 	// Kernels stay separate functions: inlining every one into the entry
 	// point only slows clang down (and hides kernels from profilers).
 	f.FuncAttrs = append(f.FuncAttrs, enum.FuncAttrNoInline)
 	entry := f.NewBlock("")
 	body := f.NewBlock("")
-	e := &fn{md: md, f: f, entry: entry, cur: body, arena: arena, params: params, inputs: inputs,
-		bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{}, name: k.Name}
-	malloc := md.declare("malloc", i8p, types.I64)
-	for _, t := range k.Temps {
-		p := entry.NewCall(malloc, constant.NewInt(types.I64, max(t.Type.SizeBytes(), 1)))
-		e.bases[baseKey{storage: loops.Temp, temp: t.Name}] = p
-		e.temps = append(e.temps, p)
-		e.tempNames = append(e.tempNames, t.Name)
-	}
+	layout := layoutWorkspace(k)
+	md.tempsMax = max(md.tempsMax, layout.panelsAt)
+	md.panelMax = max(md.panelMax, layout.panelBytes)
+	e := &fn{md: md, f: f, entry: entry, cur: body, arena: arena, params: params, inputs: inputs, ws: ws, tid: i64(0),
+		layout: layout, bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{}, name: k.Name}
 	e.steps(k.Steps)
-	free := md.declare("free", types.Void, i8p)
-	for _, p := range e.temps {
-		e.cur.NewCall(free, p)
-	}
 	e.cur.NewRet(nil)
 	entry.NewBr(body)
 	if e.err != nil {
@@ -233,6 +232,8 @@ func (e *fn) base(b *loops.Buffer) value.Value {
 			raw = blk.NewGetElementPtr(types.I8, p, constant.NewInt(types.I64, b.Offset))
 		case loops.Const:
 			raw = blk.NewBitCast(e.md.constant(b.Data), i8p)
+		case loops.Temp:
+			raw = blk.NewGetElementPtr(types.I8, e.ws, i64(e.layout.temps[b.Name]))
 		case loops.Host:
 			raw = blk.NewGetElementPtr(types.I8, blk.NewBitCast(e.md.host, i8p), constant.NewInt(types.I64, b.Offset))
 		}

@@ -9,8 +9,9 @@ import (
 	"github.com/llir/llvm/ir/value"
 )
 
-// The f32 matmul kernel packs a panel of B (all K rows, pb columns, zero
-// padded) into contiguous workspace, then computes tiles of mrv rows by
+// The f32 matmul kernel packs a panel of B (all K rows, pb columns or the
+// product's columns in whole tiles when fewer, zero padded) into
+// contiguous workspace, then computes tiles of mrv rows by
 // nr columns with the accumulators in vector registers: per k, two
 // vector loads of the panel, mrv broadcasts of A and 2·mrv fused
 // multiply-adds. Any B expression (transposed, strided, im2col) is
@@ -27,30 +28,81 @@ var (
 	vecPtr = types.NewPointer(vecT)
 )
 
+// panelWidth is the columns of a packed panel for a matmul of n columns:
+// pb, or n rounded up to whole tiles when that is less.
+func panelWidth(n int64) int64 {
+	if n >= pb {
+		return pb
+	}
+	return (n + nr - 1) / nr * nr
+}
+
 // matmulChunks says how a matmul stage splits across threads: by panels
 // of columns when there are enough of them (each thread packs only its
-// own), otherwise by blocks of mr rows; n is the number of chunks.
+// own), otherwise by blocks of rows of each panel, packed once and shared;
+// n is the number of chunks.
 func matmulChunks(s *loops.Stage) (byColumns bool, n int64) {
-	panels := (s.Extents[1] + pb - 1) / pb
 	if s.Matmul.A.Kind() != loops.F32 {
 		return false, (s.Extents[0] + mr - 1) / mr
 	}
-	if panels >= 4 {
+	w := panelWidth(s.Extents[1])
+	if panels := (s.Extents[1] + w - 1) / w; panels >= 4 {
 		return true, panels
 	}
 	return false, (s.Extents[0] + mrv - 1) / mrv
 }
 
-// matmulF32 emits the stage for the chunks [lo, hi) of matmulChunks.
+// matmulF32 emits the stage for the chunks [lo, hi) of matmulChunks (all
+// of them when lo is nil) on this thread's panel.
 func (e *fn) matmulF32(s *loops.Stage, lo, hi value.Value) {
+	M, N := s.Extents[0], s.Extents[1]
+	w := panelWidth(N)
+	byColumns, chunks := matmulChunks(s)
+	if lo == nil {
+		lo, hi = i64(0), i64(chunks)
+	}
+	panelLo, panelHi, rowLo, rowHi := value.Value(i64(0)), value.Value(i64((N+w-1)/w)), lo, hi
+	if byColumns {
+		panelLo, panelHi, rowLo, rowHi = lo, hi, i64(0), i64((M+mrv-1)/mrv)
+	}
+	panel := e.panel()
+	e.loopFrom(panelLo, panelHi, func(jb value.Value) {
+		j0, jn := e.packPanel(s, panel, jb)
+		e.panelTiles(s, panel, j0, jn, rowLo, rowHi)
+	})
+}
+
+// packPanel packs panel jb of B: panel[k][j] = B(k, j0 + j) for j < jn,
+// zero up to the panel's width. It returns j0 and jn.
+func (e *fn) packPanel(s *loops.Stage, panel, jb value.Value) (j0, jn value.Value) {
 	mm := s.Matmul
-	M, N, K := s.Extents[0], s.Extents[1], mm.Extent
-	mv, nv := s.Vars[0], s.Vars[1]
+	N, K, w := s.Extents[1], mm.Extent, panelWidth(s.Extents[1])
+	nv := s.Vars[1]
+	j0 = e.cur.NewMul(jb, i64(w))
+	rem := e.cur.NewSub(i64(N), j0)
+	jn = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(w)), rem, i64(w))
+	e.loop(i64(K), func(kv value.Value) {
+		e.bound[mm.K] = kv
+		row := e.cur.NewMul(kv, i64(w))
+		e.loop(jn, func(j value.Value) {
+			e.bound[nv] = e.cur.NewAdd(j0, j)
+			v := e.convert(e.expr(mm.B), mm.B.Kind(), loops.F32)
+			e.cur.NewStore(v, e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(row, j)))
+		})
+		e.loopFrom(jn, i64(w), func(j value.Value) {
+			e.cur.NewStore(constant.NewFloat(types.Float, 0), e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(row, j)))
+		})
+	})
+	return j0, jn
+}
+
+// panelTiles computes the row blocks [rowLo, rowHi) of mrv rows against
+// a packed panel holding columns [j0, j0+jn), through the epilogue.
+func (e *fn) panelTiles(s *loops.Stage, panel, j0, jn, rowLo, rowHi value.Value) {
+	mm := s.Matmul
+	M, K, w := s.Extents[0], mm.Extent, panelWidth(s.Extents[1])
+	mv := s.Vars[0]
 	fma := e.md.declare("llvm.fmuladd.v16f32", vecT, vecT, vecT, vecT)
-	malloc := e.md.declare("malloc", i8p, types.I64)
-	free := e.md.declare("free", types.Void, i8p)
-	rawPanel := e.cur.NewCall(malloc, i64(K*pb*4))
-	panel := e.cur.NewBitCast(rawPanel, types.NewPointer(types.Float))
 	tileT := types.NewArray(mrv*nr, types.Float)
 	tile := e.entry.NewAlloca(tileT)
 	tile.Align = 64
@@ -59,82 +111,55 @@ func (e *fn) matmulF32(s *loops.Stage, lo, hi value.Value) {
 		accs[i] = e.entry.NewAlloca(vecT)
 		accs[i].Align = 64
 	}
-	byColumns, chunks := matmulChunks(s)
-	if lo == nil {
-		lo, hi = i64(0), i64(chunks)
-	}
-	panelLo, panelHi, rowLo, rowHi := value.Value(i64(0)), value.Value(i64((N+pb-1)/pb)), lo, hi
-	if byColumns {
-		panelLo, panelHi, rowLo, rowHi = lo, hi, i64(0), i64((M+mrv-1)/mrv)
-	}
-	e.loopFrom(panelLo, panelHi, func(jb value.Value) {
-		j0 := e.cur.NewMul(jb, i64(pb))
-		rem := e.cur.NewSub(i64(N), j0)
-		jn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(pb)), rem, i64(pb))
-		// Pack panel[k][j] = B(k, j0 + j), zero beyond jn.
-		e.loop(i64(K), func(kv value.Value) {
-			e.bound[mm.K] = kv
-			row := e.cur.NewMul(kv, i64(pb))
-			e.loop(jn, func(j value.Value) {
-				e.bound[nv] = e.cur.NewAdd(j0, j)
-				v := e.convert(e.expr(mm.B), mm.B.Kind(), loops.F32)
-				e.cur.NewStore(v, e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(row, j)))
-			})
-			e.loopFrom(jn, i64(pb), func(j value.Value) {
-				e.cur.NewStore(constant.NewFloat(types.Float, 0), e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(row, j)))
-			})
-		})
-		tiles := e.cur.NewSDiv(e.cur.NewAdd(jn, i64(nr-1)), i64(nr))
-		e.loopFrom(rowLo, rowHi, func(ib value.Value) {
-			m0 := e.cur.NewMul(ib, i64(mrv))
-			rows := make([]value.Value, mrv)
-			for r := range rows {
-				m := e.cur.NewAdd(m0, i64(int64(r)))
-				rows[r] = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, m, i64(M)), m, i64(M-1))
+	tiles := e.cur.NewSDiv(e.cur.NewAdd(jn, i64(nr-1)), i64(nr))
+	e.loopFrom(rowLo, rowHi, func(ib value.Value) {
+		m0 := e.cur.NewMul(ib, i64(mrv))
+		rows := make([]value.Value, mrv)
+		for r := range rows {
+			m := e.cur.NewAdd(m0, i64(int64(r)))
+			rows[r] = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, m, i64(M)), m, i64(M-1))
+		}
+		e.loop(tiles, func(jt value.Value) {
+			zero := constant.NewZeroInitializer(vecT)
+			for _, a := range accs {
+				e.cur.NewStore(zero, a)
 			}
-			e.loop(tiles, func(jt value.Value) {
-				zero := constant.NewZeroInitializer(vecT)
-				for _, a := range accs {
-					e.cur.NewStore(zero, a)
-				}
-				c0 := e.cur.NewMul(jt, i64(nr))
-				e.loop(i64(K), func(kv value.Value) {
-					e.bound[mm.K] = kv
-					at := e.cur.NewAdd(e.cur.NewMul(kv, i64(pb)), c0)
-					b0 := e.vload(e.cur.NewGetElementPtr(types.Float, panel, at))
-					b1 := e.vload(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, i64(vw))))
-					for r := 0; r < mrv; r++ {
-						e.push()
-						e.bound[mv] = rows[r]
-						a := e.convert(e.expr(mm.A), mm.A.Kind(), loops.F32)
-						e.pop()
-						splat := e.cur.NewShuffleVector(
-							e.cur.NewInsertElement(constant.NewUndef(vecT), a, constant.NewInt(types.I32, 0)),
-							constant.NewUndef(vecT), constant.NewZeroInitializer(types.NewVector(vw, types.I32)))
-						for h, b := range []value.Value{b0, b1} {
-							acc := accs[2*r+h]
-							next := e.cur.NewCall(fma, splat, b, e.cur.NewLoad(vecT, acc))
-							e.cur.NewStore(next, acc)
-						}
-					}
-				})
-				for i, a := range accs {
-					p := e.cur.NewGetElementPtr(tileT, tile, i64(0), i64(int64(i*vw)))
-					st := e.cur.NewStore(e.cur.NewLoad(vecT, a), e.cur.NewBitCast(p, vecPtr))
-					st.Align = 64
-				}
-				// Store the tile through the epilogue, inside the matrix.
-				left := e.cur.NewSub(jn, c0)
-				cn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, left, i64(nr)), left, i64(nr))
+			c0 := e.cur.NewMul(jt, i64(nr))
+			e.loop(i64(K), func(kv value.Value) {
+				e.bound[mm.K] = kv
+				at := e.cur.NewAdd(e.cur.NewMul(kv, i64(w)), c0)
+				b0 := e.vload(e.cur.NewGetElementPtr(types.Float, panel, at))
+				b1 := e.vload(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, i64(vw))))
 				for r := 0; r < mrv; r++ {
-					e.storeRow(s, m0, r, e.cur.NewAdd(j0, c0), cn, func(j value.Value) value.Value {
-						return e.cur.NewLoad(types.Float, e.cur.NewGetElementPtr(tileT, tile, i64(0), e.cur.NewAdd(j, i64(int64(r*nr)))))
-					})
+					e.push()
+					e.bound[mv] = rows[r]
+					a := e.convert(e.expr(mm.A), mm.A.Kind(), loops.F32)
+					e.pop()
+					splat := e.cur.NewShuffleVector(
+						e.cur.NewInsertElement(constant.NewUndef(vecT), a, constant.NewInt(types.I32, 0)),
+						constant.NewUndef(vecT), constant.NewZeroInitializer(types.NewVector(vw, types.I32)))
+					for h, b := range []value.Value{b0, b1} {
+						acc := accs[2*r+h]
+						next := e.cur.NewCall(fma, splat, b, e.cur.NewLoad(vecT, acc))
+						e.cur.NewStore(next, acc)
+					}
 				}
 			})
+			for i, a := range accs {
+				p := e.cur.NewGetElementPtr(tileT, tile, i64(0), i64(int64(i*vw)))
+				st := e.cur.NewStore(e.cur.NewLoad(vecT, a), e.cur.NewBitCast(p, vecPtr))
+				st.Align = 64
+			}
+			// Store the tile through the epilogue, inside the matrix.
+			left := e.cur.NewSub(jn, c0)
+			cn := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, left, i64(nr)), left, i64(nr))
+			for r := 0; r < mrv; r++ {
+				e.storeRow(s, m0, r, e.cur.NewAdd(j0, c0), cn, func(j value.Value) value.Value {
+					return e.cur.NewLoad(types.Float, e.cur.NewGetElementPtr(tileT, tile, i64(0), e.cur.NewAdd(j, i64(int64(r*nr)))))
+				})
+			}
 		})
 	})
-	e.cur.NewCall(free, rawPanel)
 }
 
 func (e *fn) vload(p value.Value) value.Value {

@@ -67,59 +67,20 @@ func (e *fn) parallelDim(s *loops.Stage) (int, bool) {
 	return 0, false
 }
 
-// parallelStage outlines the stage into a function of a range of its
-// dimension dim and runs it through kiln_parallel_for. The outlined
-// function receives a context: arena, params, inputs, the kernel's
-// workspace and the values of the enclosing loop variables.
+// parallelStage runs the stage on several threads, split along its
+// dimension dim (a matmul splits as matmulChunks says).
 func (e *fn) parallelStage(s *loops.Stage, dim int) {
-	vars := make([]*loops.Var, 0, len(e.bound))
-	for v := range e.bound {
-		vars = append(vars, v)
-	}
-	sort.Slice(vars, func(i, j int) bool { return vars[i].ID < vars[j].ID })
-	slots := 3 + len(e.temps) + len(vars)
-	ctxT := types.NewArray(uint64(slots), types.I64)
-	ctx := e.entry.NewAlloca(ctxT)
-	put := func(i int, v value.Value) {
-		if _, ok := v.Type().(*types.PointerType); ok {
-			v = e.cur.NewPtrToInt(v, types.I64)
-		}
-		e.cur.NewStore(v, e.cur.NewGetElementPtr(ctxT, ctx, i64(0), i64(int64(i))))
-	}
-	put(0, e.arena)
-	put(1, e.params)
-	put(2, e.inputs)
-	for i, t := range e.temps {
-		put(3+i, t)
-	}
-	for i, v := range vars {
-		put(3+len(e.temps)+i, e.bound[v])
-	}
-
-	md := e.md
-	md.outlined++
-	pctx, lo, hi := ir.NewParam("ctx", i8p), ir.NewParam("lo", types.I64), ir.NewParam("hi", types.I64)
-	f := md.m.NewFunc(fmt.Sprintf("%s_p%d", e.name, md.outlined), types.Void, pctx, lo, hi)
-	f.Linkage = enum.LinkageInternal
-	entry := f.NewBlock("")
-	body := f.NewBlock("")
-	slot := entry.NewBitCast(pctx, types.NewPointer(ctxT))
-	get := func(i int) value.Value {
-		return entry.NewLoad(types.I64, entry.NewGetElementPtr(ctxT, slot, i64(0), i64(int64(i))))
-	}
-	o := &fn{md: md, f: f, entry: entry, cur: body, bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{}, name: e.name}
-	o.arena = entry.NewIntToPtr(get(0), i8p)
-	o.params = entry.NewIntToPtr(get(1), i8pp)
-	o.inputs = entry.NewIntToPtr(get(2), i8pp)
-	for i, name := range e.tempNames {
-		o.bases[baseKey{storage: loops.Temp, temp: name}] = entry.NewIntToPtr(get(3+i), i8p)
-	}
-	for i, v := range vars {
-		o.bound[v] = get(3 + len(e.temps) + i)
-	}
 	if s.Matmul != nil {
-		o.matmul(s, lo, hi)
-	} else {
+		byColumns, n := matmulChunks(s)
+		if s.Matmul.A.Kind() == loops.F32 && !byColumns {
+			e.parallelRows(s, n)
+			return
+		}
+		call := e.outline(0, func(o *fn, lo, hi value.Value, _ []value.Value) { o.matmul(s, lo, hi) })
+		call(nil, n)
+		return
+	}
+	call := e.outline(0, func(o *fn, lo, hi value.Value, _ []value.Value) {
 		for d := 0; d < dim; d++ {
 			o.bound[s.Vars[d]] = i64(0)
 		}
@@ -135,30 +96,109 @@ func (e *fn) parallelStage(s *loops.Stage, dim int) {
 			}
 			o.stage(rest)
 		})
+	})
+	call(nil, s.Extents[dim])
+}
+
+// parallelRows runs an f32 matmul with too few panels to share out: this
+// thread packs each panel once, then all threads compute its n row blocks.
+func (e *fn) parallelRows(s *loops.Stage, n int64) {
+	call := e.outline(3, func(o *fn, lo, hi value.Value, extra []value.Value) {
+		panel := o.entry.NewIntToPtr(extra[0], types.NewPointer(types.Float))
+		o.panelTiles(s, panel, extra[1], extra[2], lo, hi)
+	})
+	panel := e.panel()
+	w := panelWidth(s.Extents[1])
+	e.loop(i64((s.Extents[1]+w-1)/w), func(jb value.Value) {
+		j0, jn := e.packPanel(s, panel, jb)
+		call([]value.Value{panel, j0, jn}, n)
+	})
+}
+
+// outline emits body as a function of a range [lo, hi) of chunks and
+// returns call, which runs it through kiln_parallel_for over n chunks at
+// the current point. The outlined function receives a context: arena,
+// params, inputs, the workspace, the values of the loop variables bound
+// when outline was called, and nExtra more values that call passes
+// (pointers or i64s, read back as i64s).
+func (e *fn) outline(nExtra int, body func(o *fn, lo, hi value.Value, extra []value.Value)) (call func(extra []value.Value, n int64)) {
+	vars := make([]*loops.Var, 0, len(e.bound))
+	for v := range e.bound {
+		vars = append(vars, v)
 	}
+	sort.Slice(vars, func(i, j int) bool { return vars[i].ID < vars[j].ID })
+	const fixed = 4 // arena, params, inputs, ws
+	slots := fixed + len(vars) + nExtra
+	ctxT := types.NewArray(uint64(slots), types.I64)
+	ctx := e.entry.NewAlloca(ctxT)
+
+	md := e.md
+	md.outlined++
+	pctx, lo, hi, tid := ir.NewParam("ctx", i8p), ir.NewParam("lo", types.I64), ir.NewParam("hi", types.I64), ir.NewParam("tid", types.I64)
+	f := md.m.NewFunc(fmt.Sprintf("%s_p%d", e.name, md.outlined), types.Void, pctx, lo, hi, tid)
+	f.Linkage = enum.LinkageInternal
+	entry := f.NewBlock("")
+	start := f.NewBlock("")
+	slot := entry.NewBitCast(pctx, types.NewPointer(ctxT))
+	get := func(i int) value.Value {
+		return entry.NewLoad(types.I64, entry.NewGetElementPtr(ctxT, slot, i64(0), i64(int64(i))))
+	}
+	o := &fn{md: md, f: f, entry: entry, cur: start, bases: map[baseKey]value.Value{}, bound: map[*loops.Var]value.Value{},
+		name: e.name, layout: e.layout, tid: tid}
+	o.arena = entry.NewIntToPtr(get(0), i8p)
+	o.params = entry.NewIntToPtr(get(1), i8pp)
+	o.inputs = entry.NewIntToPtr(get(2), i8pp)
+	o.ws = entry.NewIntToPtr(get(3), i8p)
+	for i, v := range vars {
+		o.bound[v] = get(fixed + i)
+	}
+	extra := make([]value.Value, nExtra)
+	for i := range extra {
+		extra[i] = get(fixed + len(vars) + i)
+	}
+	body(o, lo, hi, extra)
 	o.cur.NewRet(nil)
-	entry.NewBr(body)
+	entry.NewBr(start)
 	if o.err != nil {
 		e.fail(o.err)
 	}
-	n := s.Extents[dim]
-	if s.Matmul != nil {
-		_, n = matmulChunks(s)
+
+	return func(extraVals []value.Value, n int64) {
+		put := func(i int, v value.Value) {
+			if _, ok := v.Type().(*types.PointerType); ok {
+				v = e.cur.NewPtrToInt(v, types.I64)
+			}
+			e.cur.NewStore(v, e.cur.NewGetElementPtr(ctxT, ctx, i64(0), i64(int64(i))))
+		}
+		put(0, e.arena)
+		put(1, e.params)
+		put(2, e.inputs)
+		put(3, e.ws)
+		for i, v := range vars {
+			put(fixed+i, e.bound[v])
+		}
+		for i, v := range extraVals {
+			put(fixed+len(vars)+i, v)
+		}
+		e.cur.NewCall(md.parallelFor(), f, e.cur.NewBitCast(ctx, i8p), i64(n), e.threadCount())
 	}
-	e.cur.NewCall(md.parallelFor(), f, e.cur.NewBitCast(ctx, i8p), i64(n))
 }
 
-var bodyType = types.NewPointer(types.NewFunc(types.Void, i8p, types.I64, types.I64))
+var bodyType = types.NewPointer(types.NewFunc(types.Void, i8p, types.I64, types.I64, types.I64))
 
-// parallelFor emits kiln_parallel_for(body, ctx, n): it splits [0, n)
-// into one contiguous chunk per thread, runs the first on the calling
+// maxThreads bounds the threads of one parallel loop.
+const maxThreads = 256
+
+// parallelFor emits kiln_parallel_for(body, ctx, n, threads): it splits
+// [0, n) into one contiguous chunk per thread (at most threads of them),
+// calls body(ctx, lo, hi, thread index) for each, runs the first on the calling
 // thread and the others on new POSIX threads, and joins them. A thread
 // that cannot be created runs its chunk on the caller.
 func (md *module) parallelFor() *ir.Func {
 	if md.parallel != nil {
 		return md.parallel
 	}
-	taskT := types.NewStruct(bodyType, i8p, types.I64, types.I64)
+	taskT := types.NewStruct(bodyType, i8p, types.I64, types.I64, types.I64)
 	arg := ir.NewParam("task", i8p)
 	tramp := md.m.NewFunc("kiln_task", i8p, arg)
 	tramp.Linkage = enum.LinkageInternal
@@ -167,25 +207,19 @@ func (md *module) parallelFor() *ir.Func {
 	field := func(b *ir.Block, p value.Value, i int64, t types.Type) value.Value {
 		return b.NewLoad(t, b.NewGetElementPtr(taskT, p, constant.NewInt(types.I32, 0), constant.NewInt(types.I32, i)))
 	}
-	tb.NewCall(field(tb, tp, 0, bodyType), field(tb, tp, 1, i8p), field(tb, tp, 2, types.I64), field(tb, tp, 3, types.I64))
+	tb.NewCall(field(tb, tp, 0, bodyType), field(tb, tp, 1, i8p), field(tb, tp, 2, types.I64), field(tb, tp, 3, types.I64), field(tb, tp, 4, types.I64))
 	tb.NewRet(constant.NewNull(i8p))
 
-	bodyP, ctxP, nP := ir.NewParam("body", bodyType), ir.NewParam("ctx", i8p), ir.NewParam("n", types.I64)
-	f := md.m.NewFunc("kiln_parallel_for", types.Void, bodyP, ctxP, nP)
+	bodyP, ctxP, nP, threadsP := ir.NewParam("body", bodyType), ir.NewParam("ctx", i8p), ir.NewParam("n", types.I64), ir.NewParam("threads", types.I64)
+	f := md.m.NewFunc("kiln_parallel_for", types.Void, bodyP, ctxP, nP, threadsP)
 	f.Linkage = enum.LinkageInternal
 	entry := f.NewBlock("")
 	start := f.NewBlock("")
 	e := &fn{md: md, f: f, entry: entry, cur: start}
-	const maxThreads = 256
-	var threads value.Value
-	if md.opt.Threads > 0 {
-		threads = i64(int64(md.opt.Threads))
-	} else {
-		threads = e.cur.NewCall(md.declare("sysconf", types.I64, types.I32), constant.NewInt(types.I32, 84)) // _SC_NPROCESSORS_ONLN
-	}
+	// threads is the count the workspace holds panels for: never use
+	// more, and never more than there are chunks.
 	c := e.cur
-	clampMin := func(a, b value.Value) value.Value { return c.NewSelect(c.NewICmp(enum.IPredSLT, a, b), a, b) }
-	threads = clampMin(clampMin(threads, nP), i64(maxThreads))
+	threads := c.NewSelect(c.NewICmp(enum.IPredSLT, threadsP, nP), value.Value(threadsP), nP)
 	threads = c.NewSelect(c.NewICmp(enum.IPredSLT, threads, i64(1)), i64(1), threads)
 	tasks := entry.NewAlloca(types.NewArray(maxThreads, taskT))
 	tids := entry.NewAlloca(types.NewArray(maxThreads, types.I64))
@@ -202,6 +236,7 @@ func (md *module) parallelFor() *ir.Func {
 		set(1, ctxP)
 		set(2, chunk(t))
 		set(3, chunk(c.NewAdd(t, i64(1))))
+		set(4, t)
 		tid := c.NewGetElementPtr(types.NewArray(maxThreads, types.I64), tids, i64(0), t)
 		rc := c.NewCall(create, tid, constant.NewNull(i8p), tramp, c.NewBitCast(task, i8p))
 		failed, done := f.NewBlock(""), f.NewBlock("")
@@ -211,7 +246,7 @@ func (md *module) parallelFor() *ir.Func {
 		failed.NewBr(done)
 		e.cur = done
 	})
-	e.cur.NewCall(bodyP, ctxP, i64(0), chunk(i64(1)))
+	e.cur.NewCall(bodyP, ctxP, i64(0), chunk(i64(1)), i64(0))
 	e.loopFrom(i64(1), threads, func(t value.Value) {
 		c := e.cur
 		tid := c.NewLoad(types.I64, c.NewGetElementPtr(types.NewArray(maxThreads, types.I64), tids, i64(0), t))

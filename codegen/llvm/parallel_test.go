@@ -11,11 +11,14 @@ import (
 )
 
 // bigKernels holds ops large enough to run on several threads and to
-// take the packed matmul path (ragged sizes on purpose), plus the
-// matrix-vector path (two rows).
+// take the packed matmul path (ragged sizes on purpose): panels shared
+// out between threads (%wide), few panels whose rows are shared out
+// (%mm, the convolution), a panel narrower than usual (%narrow); plus
+// the matrix-vector path (two rows).
 const bigKernels = `func @big(%x: f32[2,16,30,30], %w: f32[40,16,3,3] {param}, %s: f32[40] {param}, %b: f32[40] {param},
-          %rm: f32[40] {state}, %rv: f32[40] {state}, %a: f32[100,300], %c: f32[300,270], %v: f32[2,300], %q: f32[130,300], %g: f32[270] {param}) ->
-          (y: f32[2,40,15,15], mm: f32[100,270], mv: f32[2,130], sm: f32[100,270], ln: f32[100,270]) {
+          %rm: f32[40] {state}, %rv: f32[40] {state}, %a: f32[100,300], %c: f32[300,270], %v: f32[2,300], %q: f32[130,300], %g: f32[270] {param},
+          %c5: f32[300,520], %d: f32[300,40]) ->
+          (y: f32[2,40,15,15], mm: f32[100,270], mv: f32[2,130], sm: f32[100,270], ln: f32[100,270], wide: f32[100,520], narrow: f32[100,40]) {
   %conv = conv2d(%x, %w) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2,40,15,15]
   %bn, %nrm, %nrv, %mean, %inv = batch_norm_train(%conv, %s, %b, %rm, %rv) : f32[2,40,15,15], f32[40], f32[40], f32[40], f32[40]
   %y = relu(%bn) : f32[2,40,15,15]
@@ -23,11 +26,14 @@ const bigKernels = `func @big(%x: f32[2,16,30,30], %w: f32[40,16,3,3] {param}, %
   %mv = gemm(%v, %q) {trans_b = true} : f32[2,130]
   %sm = softmax(%mm) {axis = -1} : f32[100,270]
   %ln, %lm, %li = layer_norm(%mm, %g) {axis = -1} : f32[100,270], f32[100,1], f32[100,1]
-  return %y, %mm, %mv, %sm, %ln
+  %wide = matmul(%a, %c5) : f32[100,520]
+  %narrow = matmul(%a, %d) : f32[100,40]
+  return %y, %mm, %mv, %sm, %ln, %wide, %narrow
 }
 `
 
-// TestParallelKernelsMatchInterpreter: with 1, 2 and 3 threads the
+// TestParallelKernelsMatchInterpreter: with 1, 2 and 3 threads, and as
+// many as the machine has, the
 // compiled kernels give the interpreter's results within 1e-5.
 func TestParallelKernelsMatchInterpreter(t *testing.T) {
 	requireClang(t)
@@ -45,7 +51,7 @@ func TestParallelKernelsMatchInterpreter(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, text, "@kiln_parallel_for(", "the stages run on threads")
 	require.Contains(t, text, "@llvm.fmuladd.v16f32(", "the matmuls take the packed vector kernel")
-	for _, threads := range []int{1, 2, 3} {
+	for _, threads := range []int{1, 2, 3, 0} {
 		got, _, err := llvm.Run(p, args, llvm.RunOptions{Options: llvm.Options{Threads: threads}})
 		require.NoError(t, err)
 		for i := range want {

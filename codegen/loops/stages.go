@@ -203,7 +203,7 @@ func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr, oh0 Expr, rows int64
 }
 
 // im2colBytes bounds the workspace of one im2col chunk.
-const im2colBytes = 4 << 20
+const im2colBytes = 2 << 20
 
 // chunkRows is the largest divisor of OH whose im2col chunk fits
 // im2colBytes (at least 1).
