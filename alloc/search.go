@@ -65,6 +65,15 @@ type searcher struct {
 	stopped   bool
 	done      bool
 	order     []int
+	// scratch of pitsFeasible
+	pitOf, head, next []int
+	reach             []bool
+	inside            []int64
+	cover             []int
+	// The zero-slack floor cell of a pit with the fewest buffers that can
+	// cover it, found by pitsFeasible (cellCount < 0: none).
+	cellCol, cellA, cellB, cellCount int
+	cellW                            int64
 }
 
 func newSearcher(p *Problem, opt SearchOptions) *searcher {
@@ -110,6 +119,10 @@ func newSearcher(p *Problem, opt SearchOptions) *searcher {
 	}
 	// A fixed preference among equal candidates: larger, longer, earlier first.
 	s.order = sizeOrder(p)
+	s.pitOf, s.head, s.next = make([]int, s.cols), make([]int, s.cols), make([]int, n)
+	s.reach = make([]bool, s.cols+1)
+	s.inside = make([]int64, s.cols+1)
+	s.cover = make([]int, s.cols+1)
 	return s
 }
 
@@ -283,6 +296,13 @@ func (s *searcher) dfs(depth int) {
 	if a < 0 || v >= inf {
 		return // an unplaced buffer lies under a closed column
 	}
+	if !s.pitsFeasible(lim) {
+		return
+	}
+	if s.cellCount >= 0 {
+		s.coverCell(depth, lim)
+		return
+	}
 	// Every unplaced buffer must still fit on the skyline over its interval
 	// (a strong test on tight instances, too costly per node on big ones).
 	for i := range s.placed {
@@ -361,4 +381,156 @@ func (s *searcher) dfs(depth int) {
 	}
 	s.dfs(depth)
 	restore()
+}
+
+// pitsFeasible is a necessary condition on the skyline. A pit is a
+// maximal run of columns [a, b) at one level w between higher walls; let
+// H be the lower wall (or the limit). Walls only rise, so every byte of
+// the pit's basin, its columns from w up to H, can only be covered by a
+// buffer lying inside [a, b); and a column may leave at most its slack
+// (what the limit leaves above its skyline and the unplaced buffers live
+// there) uncovered. Two tests follow:
+//   - basin: at every column of the pit, the unplaced buffers inside the
+//     pit must add up to at least H - w minus the column's slack;
+//   - floor: the level w itself can only be covered by buffers placed at
+//     offset w inside the pit, so its zero-slack columns must be covered
+//     by disjoint intervals of such buffers (a reachability sweep).
+//
+// On zero-slack instances, where every column has zero slack, a placement
+// that leaves a pit nothing can fill is pruned at once, not when the pit
+// becomes the lowest.
+func (s *searcher) pitsFeasible(lim int64) bool {
+	type pit struct {
+		a, b  int
+		w, to int64
+	}
+	var pits []pit
+	s.cellCount = -1
+	for t := 0; t < s.cols; {
+		s.pitOf[t] = -1
+		if s.ulive[t] == 0 {
+			t++
+			continue
+		}
+		w := s.h[t]
+		u := t
+		for u < s.cols && s.ulive[u] > 0 && s.h[u] == w {
+			s.pitOf[u] = -1
+			u++
+		}
+		if l, r := s.wall(t-1), s.wall(u); l > w && r > w {
+			for c := t; c < u; c++ {
+				s.pitOf[c] = len(pits)
+				s.head[c] = -1
+				s.inside[c] = 0
+				s.cover[c] = 0
+			}
+			s.inside[u] = 0
+			s.cover[u] = 0
+			pits = append(pits, pit{t, u, w, min(l, r, lim-1)})
+		}
+		t = u
+	}
+	if len(pits) == 0 {
+		return true
+	}
+	for i := range s.placed {
+		if s.placed[i] || s.hi[i] <= s.lo[i] {
+			continue
+		}
+		k := s.pitOf[s.lo[i]]
+		if k < 0 || s.hi[i] > pits[k].b {
+			continue
+		}
+		s.inside[s.lo[i]] += s.size[i]
+		s.inside[s.hi[i]] -= s.size[i]
+		if pits[k].w+s.size[i] < lim {
+			s.next[i] = s.head[s.lo[i]]
+			s.head[s.lo[i]] = i
+			s.cover[s.lo[i]]++
+			s.cover[s.hi[i]]--
+		}
+	}
+	for _, p := range pits {
+		// Basin; and the zero-slack floor cell with the fewest covers.
+		sum, covers := int64(0), 0
+		for c := p.a; c < p.b; c++ {
+			sum += s.inside[c]
+			covers += s.cover[c]
+			slack := lim - 1 - p.w - s.ulive[c]
+			if sum < p.to-p.w-slack {
+				return false
+			}
+			if slack == 0 && (s.cellCount < 0 || covers < s.cellCount || covers == s.cellCount && p.w < s.cellW) {
+				s.cellCol, s.cellA, s.cellB, s.cellCount, s.cellW = c, p.a, p.b, covers, p.w
+			}
+		}
+		// Floor.
+		for c := p.a; c <= p.b; c++ {
+			s.reach[c] = false
+		}
+		s.reach[p.a] = true
+		for c := p.a; c < p.b; c++ {
+			if !s.reach[c] {
+				continue
+			}
+			if p.w+s.ulive[c] < lim-1 {
+				s.reach[c+1] = true // slack: this column may stay empty at w
+			}
+			for i := s.head[c]; i >= 0; i = s.next[i] {
+				s.reach[s.hi[i]] = true
+			}
+		}
+		if !s.reach[p.b] {
+			return false
+		}
+	}
+	return true
+}
+
+// coverCell branches on the buffer that covers the floor cell pitsFeasible
+// chose: a zero-slack column c of a pit [a, b) at level w must be covered
+// at w by a buffer placed there, inside the pit. Trying every such buffer
+// is complete; choosing the cell with the fewest of them (as exact-cover
+// solvers choose their column) keeps the tree narrow.
+func (s *searcher) coverCell(depth int, lim int64) {
+	c, a, b, w := s.cellCol, s.cellA, s.cellB, s.cellW
+	var cands []int
+	for _, i := range s.order {
+		if s.placed[i] || s.lo[i] < a || s.lo[i] > c || s.hi[i] <= c || s.hi[i] > b || w+s.size[i] >= lim {
+			continue
+		}
+		dup := false
+		for _, j := range cands {
+			if s.lo[j] == s.lo[i] && s.hi[j] == s.hi[i] && s.size[j] == s.size[i] {
+				dup = true // an identical buffer is tried already
+				break
+			}
+		}
+		if !dup {
+			cands = append(cands, i)
+		}
+	}
+	for _, i := range cands {
+		if w+s.size[i] >= lim {
+			continue // a better solution found meanwhile lowered the limit
+		}
+		top := w + s.size[i]
+		s.placed[i] = true
+		s.offs[i] = w
+		for t := s.lo[i]; t < s.hi[i]; t++ {
+			s.h[t] = top
+			s.ulive[t] -= s.size[i]
+		}
+		s.dfs(depth + 1)
+		for t := s.lo[i]; t < s.hi[i]; t++ {
+			s.h[t] = w
+			s.ulive[t] += s.size[i]
+		}
+		s.placed[i] = false
+		if s.stopped {
+			return
+		}
+		lim = s.limit()
+	}
 }
