@@ -357,17 +357,9 @@ func (s *searcher) dfs(depth int) {
 				s.h[t] = raise
 			}
 		}
-		s.placed[i] = true
-		s.offs[i] = v
-		for t := s.lo[i]; t < s.hi[i]; t++ {
-			s.h[t] = top
-			s.ulive[t] -= s.size[i]
-		}
+		s.place(i, v)
 		s.dfs(depth + 1)
-		for t := s.lo[i]; t < s.hi[i]; t++ {
-			s.ulive[t] += s.size[i]
-		}
-		s.placed[i] = false
+		s.unplace(i)
 		restore()
 		if s.stopped {
 			return
@@ -515,22 +507,33 @@ func (s *searcher) coverCell(depth int, lim int64) {
 		if w+s.size[i] >= lim {
 			continue // a better solution found meanwhile lowered the limit
 		}
-		top := w + s.size[i]
-		s.placed[i] = true
-		s.offs[i] = w
-		for t := s.lo[i]; t < s.hi[i]; t++ {
-			s.h[t] = top
-			s.ulive[t] -= s.size[i]
-		}
+		s.place(i, w)
 		s.dfs(depth + 1)
+		s.unplace(i)
 		for t := s.lo[i]; t < s.hi[i]; t++ {
 			s.h[t] = w
-			s.ulive[t] += s.size[i]
 		}
-		s.placed[i] = false
 		if s.stopped {
 			return
 		}
 		lim = s.limit()
 	}
+}
+
+// place puts buffer i at offset off on the skyline.
+func (s *searcher) place(i int, off int64) {
+	s.placed[i] = true
+	s.offs[i] = off
+	for t := s.lo[i]; t < s.hi[i]; t++ {
+		s.h[t] = off + s.size[i]
+		s.ulive[t] -= s.size[i]
+	}
+}
+
+// unplace takes buffer i back; the caller restores the skyline.
+func (s *searcher) unplace(i int) {
+	for t := s.lo[i]; t < s.hi[i]; t++ {
+		s.ulive[t] += s.size[i]
+	}
+	s.placed[i] = false
 }
