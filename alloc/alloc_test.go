@@ -138,8 +138,7 @@ func TestCapacityMode(t *testing.T) {
 }
 
 // TestZeroSlackInstances: rectangle cuts of 200 and 300 buffers pack
-// exactly into their max-live bound, which greedy does not reach (the
-// slowest of these takes about 6 s on two cores).
+// exactly into their max-live bound, which greedy does not reach.
 func TestZeroSlackInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long")

@@ -503,6 +503,19 @@ func (s *searcher) coverCell(depth int, lim int64) {
 			cands = append(cands, i)
 		}
 	}
+	// Prefer a buffer whose top meets a neighbouring wall: it leaves a
+	// flat skyline rather than a new pit.
+	fits := func(i int) int {
+		top, n := w+s.size[i], 0
+		if s.lo[i] > 0 && s.h[s.lo[i]-1] == top {
+			n++
+		}
+		if s.hi[i] < s.cols && s.h[s.hi[i]] == top {
+			n++
+		}
+		return n
+	}
+	sort.SliceStable(cands, func(x, y int) bool { return fits(cands[x]) > fits(cands[y]) })
 	for _, i := range cands {
 		if w+s.size[i] >= lim {
 			continue // a better solution found meanwhile lowered the limit
