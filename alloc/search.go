@@ -74,6 +74,9 @@ type searcher struct {
 	// cover it, found by pitsFeasible (cellCount < 0: none).
 	cellCol, cellA, cellB, cellCount int
 	cellW                            int64
+	// colRank breaks ties between equally constrained cells: left to right
+	// in the first run, a fresh random order in each restart.
+	colRank []int
 }
 
 func newSearcher(p *Problem, opt SearchOptions) *searcher {
@@ -123,6 +126,10 @@ func newSearcher(p *Problem, opt SearchOptions) *searcher {
 	s.reach = make([]bool, s.cols+1)
 	s.inside = make([]int64, s.cols+1)
 	s.cover = make([]int, s.cols+1)
+	s.colRank = make([]int, s.cols)
+	for c := range s.colRank {
+		s.colRank[c] = c
+	}
 	return s
 }
 
@@ -181,6 +188,7 @@ func runAlternating(ss []*searcher) {
 				return
 			}
 			rngs[i].Shuffle(len(s.order), func(a, b int) { s.order[a], s.order[b] = s.order[b], s.order[a] })
+			rngs[i].Shuffle(len(s.colRank), func(a, b int) { s.colRank[a], s.colRank[b] = s.colRank[b], s.colRank[a] })
 		}
 	}
 }
@@ -453,7 +461,7 @@ func (s *searcher) pitsFeasible(lim int64) bool {
 			if sum < p.to-p.w-slack {
 				return false
 			}
-			if slack == 0 && (s.cellCount < 0 || covers < s.cellCount || covers == s.cellCount && p.w < s.cellW) {
+			if slack == 0 && (s.cellCount < 0 || covers < s.cellCount || covers == s.cellCount && (p.w < s.cellW || p.w == s.cellW && s.colRank[c] < s.colRank[s.cellCol])) {
 				s.cellCol, s.cellA, s.cellB, s.cellCount, s.cellW = c, p.a, p.b, covers, p.w
 			}
 		}
