@@ -85,7 +85,14 @@ func friendly(msg string) string {
 	if i := strings.Index(msg, " (expected "); i >= 0 {
 		want := msg[i+len(" (expected ") : len(msg)-1]
 		msg = msg[:i]
-		if lits := expectedLiterals(want); lits != "" {
+		// The alternatives of the longest failed match can include the
+		// token that was found (it fits there, but not what follows it):
+		// naming it as expected would contradict the message.
+		found := ""
+		if rest, ok := strings.CutPrefix(msg, "unexpected token "); ok {
+			found = rest
+		}
+		if lits := expectedLiterals(want, found); lits != "" {
 			msg += "; expected " + lits
 		}
 	}
@@ -113,10 +120,10 @@ func friendly(msg string) string {
 }
 
 // expectedLiterals lists the quoted tokens and token classes of an
-// expected-grammar string, as "a", "b" or "c".
-func expectedLiterals(want string) string {
+// expected-grammar string, as "a", "b" or "c", leaving out found.
+func expectedLiterals(want, found string) string {
 	var out []string
-	seen := map[string]bool{}
+	seen := map[string]bool{found: true}
 	for _, m := range literalRE.FindAllString(want, -1) {
 		if !seen[m] {
 			seen[m] = true
