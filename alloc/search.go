@@ -30,8 +30,11 @@ type SearchOptions struct {
 // only be covered by a buffer crossing a wall, so these raises lose no
 // packing. The bound max over time of (skyline + unplaced buffers live
 // then) prunes; zero-slack instances (capacity equal to the max-live
-// bound) are pruned at the first wasted byte. It returns the best solution
-// found; Optimal is set when the search finished.
+// bound) are pruned at the first wasted byte. Pits (pitsFeasible) prune
+// placements that leave a region nothing can fill, and where a floor cell
+// may waste nothing the search branches instead on the buffers that can
+// cover the most constrained such cell (coverCell). It returns the best
+// solution found; Optimal is set when the search finished.
 func Search(p *Problem, opt SearchOptions) *Solution {
 	if opt.Initial == nil {
 		opt.Initial = GreedyBestFit(p)
