@@ -13,6 +13,7 @@ package llvm
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"runtime"
 
@@ -303,8 +304,13 @@ func (e *fn) loops(vars []*loops.Var, extents []int64, body func()) {
 	})
 }
 
+// steps emits a kernel's steps. The variables a step binds (its loops',
+// a matmul's) go out of scope after it: outlined parallel stages receive
+// every bound variable, and a value left from an earlier loop would not
+// dominate the later call.
 func (e *fn) steps(steps []loops.Step) {
 	for _, s := range steps {
+		outer := maps.Clone(e.bound)
 		switch s := s.(type) {
 		case *loops.Loop:
 			e.loop(i64(s.Extent), func(i value.Value) {
@@ -320,6 +326,7 @@ func (e *fn) steps(steps []loops.Step) {
 				e.stage(s)
 			}
 		}
+		e.bound = outer
 	}
 }
 
