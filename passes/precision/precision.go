@@ -281,10 +281,11 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
 }
 
-// readsFloatData says whether op reads a floating-point data argument.
+// readsFloatData says whether op reads a data argument stored in f32 (or
+// f64); a data input already in a 16-bit type is read as it is.
 func readsFloatData(op *ir.Op) bool {
 	for _, x := range op.Operands {
-		if x.Arg != nil && x.Arg.Kind == ir.ArgData && x.Type.DType.IsFloat() {
+		if x.Arg != nil && x.Arg.Kind == ir.ArgData && x.Type.DType.IsFloat() && x.Type.DType.Size() >= 4 {
 			return true
 		}
 	}
