@@ -127,6 +127,35 @@ func TestSearchMatchesBruteForce(t *testing.T) {
 	}
 }
 
+// TestSearchWithTwins: buffers over the same interval (twins) are what
+// the search's twin pruning works on; with few distinct intervals every
+// problem is full of them. Small ones match brute force; rectangle cuts
+// (many twins) are packed into their max-live bound and proven optimal.
+func TestSearchWithTwins(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for iter := 0; iter < 300; iter++ {
+		n := 2 + r.IntN(6)
+		spans := [][2]int64{{0, 3}, {1, 3}, {0, 2}, {2, 4}}[:1+r.IntN(4)]
+		p := &Problem{}
+		for i := range n {
+			sp := spans[r.IntN(len(spans))]
+			p.Buffers = append(p.Buffers, Buffer{ID: i, Lower: sp[0], Upper: sp[1], Size: 1 + r.Int64N(6)})
+		}
+		s := Search(p, SearchOptions{})
+		require.NoError(t, Check(p, s, 0))
+		require.True(t, s.Optimal)
+		require.Equal(t, bruteForce(p), s.Size, "problem %+v", p.Buffers)
+	}
+	for n := 4; n <= 40; n++ {
+		for seed := uint64(0); seed < 20; seed++ {
+			p := rectangles(rand.New(rand.NewPCG(seed, uint64(n))), n, 20, 12)
+			s := Search(p, SearchOptions{})
+			require.NoError(t, Check(p, s, 20), "%d buffers, seed %d", n, seed)
+			require.True(t, s.Optimal)
+		}
+	}
+}
+
 func TestCapacityMode(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	p := rectangles(r, 40, 100, 60)

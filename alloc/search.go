@@ -80,6 +80,9 @@ type searcher struct {
 	// colRank breaks ties between equally constrained cells: left to right
 	// in the first run, a fresh random order in each restart.
 	colRank []int
+	// twins[i]: the other buffers live over exactly i's interval.
+	twins       [][]int
+	failedTwins [][]int
 }
 
 func newSearcher(p *Problem, opt SearchOptions) *searcher {
@@ -133,7 +136,56 @@ func newSearcher(p *Problem, opt SearchOptions) *searcher {
 	for c := range s.colRank {
 		s.colRank[c] = c
 	}
+	s.twins, s.failedTwins = make([][]int, n), make([][]int, n)
+	byInterval := map[[2]int][]int{}
+	for i := range n {
+		if s.hi[i] > s.lo[i] {
+			k := [2]int{s.lo[i], s.hi[i]}
+			byInterval[k] = append(byInterval[k], i)
+		}
+	}
+	for _, group := range byInterval {
+		for _, i := range group {
+			for _, j := range group {
+				if i != j {
+					s.twins[i] = append(s.twins[i], j)
+				}
+			}
+		}
+	}
 	return s
+}
+
+// Twins are buffers over exactly the same interval: swapping two that
+// lie directly on one another gives another packing of the same columns.
+// When twin x failed as a node's branch (placed at level v there) and
+// twin y is that node's next branch, a packing with x directly on y is a
+// packing of x's branch with y directly on x: it failed already.
+// failedTwins[y] lists the twins that had failed when y was placed, and
+// repeatsFailedTwin prunes x on such a y. (Forbidding every order of a
+// stack but one, regardless of failures, clashes with the value order
+// and made satisfiable instances much slower.)
+func (s *searcher) repeatsFailedTwin(x int, off int64) bool {
+	for _, y := range s.twins[x] {
+		if s.placed[y] && s.offs[y]+s.size[y] == off {
+			for _, f := range s.failedTwins[y] {
+				if f == x {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// noteFailed sets the twins of i among failed as failedTwins[i].
+func (s *searcher) noteFailed(i int, failed []int) {
+	s.failedTwins[i] = s.failedTwins[i][:0]
+	for _, f := range failed {
+		if s.lo[f] == s.lo[i] && s.hi[f] == s.hi[i] {
+			s.failedTwins[i] = append(s.failedTwins[i], f)
+		}
+	}
 }
 
 // run searches with restarts: the k-th run may visit luby(k)·restartBase
@@ -353,10 +405,16 @@ func (s *searcher) dfs(depth int) {
 	saved := make([]int64, b-a)
 	copy(saved, s.h[a:b])
 	restore := func() { copy(s.h[a:b], saved) }
-	for k, i := range cands {
-		if k > 0 && s.lo[i] == s.lo[cands[k-1]] && s.hi[i] == s.hi[cands[k-1]] && s.size[i] == s.size[cands[k-1]] {
+	tried := -1
+	var failed []int
+	for _, i := range cands {
+		if tried >= 0 && s.lo[i] == s.lo[tried] && s.hi[i] == s.hi[tried] && s.size[i] == s.size[tried] {
 			continue // an identical buffer was just tried here
 		}
+		if s.repeatsFailedTwin(i, v) {
+			continue
+		}
+		tried = i
 		top := v + s.size[i]
 		// Columns [a, lo) stay empty at v: they rise to their lower wall.
 		if s.lo[i] > a {
@@ -368,6 +426,7 @@ func (s *searcher) dfs(depth int) {
 				s.h[t] = raise
 			}
 		}
+		s.noteFailed(i, failed)
 		s.place(i, v)
 		s.dfs(depth + 1)
 		s.unplace(i)
@@ -375,6 +434,7 @@ func (s *searcher) dfs(depth int) {
 		if s.stopped {
 			return
 		}
+		failed = append(failed, i)
 		lim = s.limit()
 	}
 	// Nothing more at level v in this segment: it rises to its lower wall.
@@ -500,7 +560,7 @@ func (s *searcher) coverCell(depth int, lim int64) {
 	c, a, b, w := s.cellCol, s.cellA, s.cellB, s.cellW
 	var cands []int
 	for _, i := range s.order {
-		if s.placed[i] || s.lo[i] < a || s.lo[i] > c || s.hi[i] <= c || s.hi[i] > b || w+s.size[i] >= lim {
+		if s.placed[i] || s.lo[i] < a || s.lo[i] > c || s.hi[i] <= c || s.hi[i] > b || w+s.size[i] >= lim || s.repeatsFailedTwin(i, w) {
 			continue
 		}
 		dup := false
@@ -527,10 +587,12 @@ func (s *searcher) coverCell(depth int, lim int64) {
 		return n
 	}
 	sort.SliceStable(cands, func(x, y int) bool { return fits(cands[x]) > fits(cands[y]) })
+	var failed []int
 	for _, i := range cands {
 		if w+s.size[i] >= lim {
 			continue // a better solution found meanwhile lowered the limit
 		}
+		s.noteFailed(i, failed)
 		s.place(i, w)
 		s.dfs(depth + 1)
 		s.unplace(i)
@@ -540,6 +602,7 @@ func (s *searcher) coverCell(depth int, lim int64) {
 		if s.stopped {
 			return
 		}
+		failed = append(failed, i)
 		lim = s.limit()
 	}
 }
