@@ -93,7 +93,7 @@ func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
 	}
 }
 
-func pipelineOn(t *testing.T, m *ir.Module, pipeline string) {
+func pipelineOn(t testing.TB, m *ir.Module, pipeline string) {
 	pipe, err := passes.ParsePipeline(pipeline, nil)
 	require.NoError(t, err)
 	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))

@@ -158,7 +158,7 @@ func TestSmallModelsCompiled(t *testing.T) {
 // loss autodiff then takes, sum(output * w), is well conditioned: a plain
 // sum of softmax or layer-norm outputs is (nearly) constant, its
 // gradients rounding noise that no tolerance can compare.
-func weightOutput(t *testing.T, f *ir.Func) {
+func weightOutput(t testing.TB, f *ir.Func) {
 	out := f.Results[0].Value
 	vals := interp.RandomTensor(f, out, rand.New(rand.NewPCG(5, 5)))
 	c, err := f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(vals.ToDense())}, ir.Location{}, "w")
