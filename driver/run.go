@@ -59,6 +59,9 @@ func init() {
 				if err != nil {
 					return err
 				}
+				if err := checkHostMemory(args[0], f, *backend == "interp", availableMemory()); err != nil {
+					return err
+				}
 				vals, err := argumentValues(f, inputs, *seed)
 				if err != nil {
 					return err

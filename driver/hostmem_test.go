@@ -1,0 +1,53 @@
+package driver
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/stretchr/testify/require"
+)
+
+// TestHostBytesNeeded: the interpreter's estimate follows the schedule
+// (a value dies at its last use), a compiled run counts arguments and
+// results only.
+func TestHostBytesNeeded(t *testing.T) {
+	m, err := parser.Parse("chain.kir", `func @f(%x: f32[10]) -> (f32[]) {
+  %a = relu(%x) : f32[10]
+  %b = exp(%a) : f32[10]
+  %c = reduce_sum(%b) {axes = [0]} : f32[]
+  return %c
+}
+`)
+	require.NoError(t, err)
+	f := m.Funcs[0]
+	// x throughout; a and b overlap at b's op: 10 + 10 + 10 elements.
+	require.Equal(t, int64(30*hostTensorBytes), hostBytesNeeded(f, true))
+	require.Equal(t, int64(11*hostTensorBytes), hostBytesNeeded(f, false))
+	require.NoError(t, checkHostMemory("chain.kir", f, true, 240))
+	err = checkHostMemory("chain.kir", f, true, 239)
+	require.EqualError(t, err, "chain.kir:1:1: error: running @f needs about 240 B of host memory (the interpreter holds every element of a live value as 8 bytes), more than the 239 B available")
+	require.NoError(t, checkHostMemory("chain.kir", f, true, 0), "no figure: no check")
+}
+
+// TestRunTooLargeForTheHost: kiln run on tensors no machine holds says so
+// and exits 1 (it used to die in the Go runtime with a stack trace).
+func TestRunTooLargeForTheHost(t *testing.T) {
+	if availableMemory() == 0 {
+		t.Skip("no MemAvailable here")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "huge.kir")
+	require.NoError(t, os.WriteFile(src, []byte(`func @f(%x: f32[1000000,1000000]) -> (f32[1000000,1000000]) {
+  %y = relu(%x) : f32[1000000,1000000]
+  return %y
+}
+`), 0o644))
+	for _, backend := range []string{"interp", "llvm"} {
+		_, stderr, code := kiln(t, "run", src, "--backend", backend, "--output-dir", filepath.Join(dir, "out"))
+		require.Equal(t, 1, code, stderr)
+		require.Contains(t, stderr, "huge.kir:1:1: error: running @f needs about 14.55 TiB of host memory")
+		require.NotContains(t, stderr, "goroutine")
+	}
+}
