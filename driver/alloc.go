@@ -87,6 +87,10 @@ func init() {
 	})
 }
 
+// maxArenaBytes bounds the sum of a problem's sizes, so that no offset
+// plus size (nor an alignment rounding) overflows int64.
+const maxArenaBytes = 1 << 62
+
 // readAllocCSV reads id,lower,upper,size rows after a header row. Each
 // buffer is live on [lower, upper). Errors name the line.
 func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, error) {
@@ -106,6 +110,7 @@ func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, error) {
 	header = header[:4]
 	p := &alloc.Problem{}
 	seen := map[int]int{}
+	total := int64(0)
 	for {
 		line, _ := r.FieldPos(0)
 		rec, err := r.Read()
@@ -139,6 +144,9 @@ func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, error) {
 			return nil, nil, fmt.Errorf("%s:%d: error: id %d repeats the id on line %d", name, line, v[0], prev)
 		}
 		seen[int(v[0])] = line
+		if total += v[3]; total > maxArenaBytes || total < 0 {
+			return nil, nil, fmt.Errorf("%s:%d: error: the sizes add up to more than %d bytes, the largest arena kiln alloc packs", name, line, int64(maxArenaBytes))
+		}
 		p.Buffers = append(p.Buffers, alloc.Buffer{ID: int(v[0]), Lower: v[1], Upper: v[2], Size: v[3]})
 	}
 	return p, header, nil

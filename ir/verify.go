@@ -52,7 +52,12 @@ type verifier struct {
 	f     *Func
 	names map[string]bool
 	errs  diag.List
+	total int64 // bytes of the values defined so far
 }
+
+// MaxFuncBytes bounds the bytes of all of a function's values together, so
+// that no memory figure (live bytes, arena offsets, reports) overflows.
+const MaxFuncBytes = 1 << 62
 
 func verifyFunc(f *Func) diag.List {
 	v := &verifier{f: f, names: map[string]bool{}}
@@ -96,8 +101,13 @@ func (v *verifier) define(val *Value, p Pos, op *Op) {
 		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("value %s is defined twice", val.Ref())))
 	}
 	v.names[val.Name] = true
-	if _, ok := val.Type.Bytes(); !ok {
+	if n, ok := val.Type.Bytes(); !ok {
 		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("type %s of %s is too large: its size in bytes overflows int64", val.Type, val.Ref())))
+	} else if v.total <= MaxFuncBytes {
+		if n > MaxFuncBytes-v.total {
+			v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("with %s the values of @%s add up to more than %d bytes (2^62), beyond what memory figures can count", val.Ref(), v.f.Name, int64(MaxFuncBytes))))
+		}
+		v.total += min(n, MaxFuncBytes+1-v.total)
 	}
 	if val.Type.DType == Invalid {
 		v.errs = append(v.errs, at(p, v.f, op, fmt.Sprintf("value %s has no dtype", val.Ref())))
