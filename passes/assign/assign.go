@@ -14,6 +14,10 @@ import (
 	"github.com/kiln-compiler/kiln/passes"
 )
 
+// maxAlignment bounds the alignment option: rounding a size up to a larger
+// one could overflow the memory figures.
+const maxAlignment = 1 << 30
+
 func init() {
 	passes.MustRegister(&passes.Pass{
 		Name:    "assign",
@@ -26,8 +30,8 @@ func init() {
 		},
 		Run: func(ctx *passes.Context, m *ir.Module) error {
 			align := ctx.Int("alignment")
-			if align < 1 {
-				return fmt.Errorf("alignment must be positive, got %d", align)
+			if align < 1 || align > maxAlignment {
+				return fmt.Errorf("alignment must be between 1 and %d (1 GiB), got %d", int64(maxAlignment), align)
 			}
 			for _, f := range m.Funcs {
 				res, err := Assign(f, ctx.String("algo"), align, ctx.Duration("timeout"))
