@@ -138,6 +138,9 @@ func argumentValues(f *ir.Func, inputs []string, seed uint64) ([]*interp.Tensor,
 				arg = a
 			}
 		}
+		if given[name] != nil {
+			return nil, usageError{fmt.Sprintf("--input %s is given twice", name)}
+		}
 		if arg == nil {
 			names := make([]string, len(f.Args))
 			for i, a := range f.Args {

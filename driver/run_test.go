@@ -85,6 +85,11 @@ func TestRunWithInputs(t *testing.T) {
 	_, stderr, code = kiln(t, "run", src, "--input", "x="+filepath.Join(dir, "bad.npy"), "--output-dir", filepath.Join(dir, "out"))
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "holds f32[4], but argument %x is f32[3]")
+
+	x1 := "x=" + filepath.Join(dir, "x.npy")
+	_, stderr, code = kiln(t, "run", src, "--input", x1, "--input", x1, "--output-dir", filepath.Join(dir, "out"))
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--input x is given twice")
 }
 
 func parseType(t *testing.T, s string) ir.Type {
