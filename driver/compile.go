@@ -144,6 +144,9 @@ func init() {
 				if *target != "llvm" {
 					return usageError{fmt.Sprintf("--target must be llvm or cuda, not %q", *target)}
 				}
+				if *threads < 0 {
+					return usageError{fmt.Sprintf("--threads must be 0 (all cores) or more, not %d", *threads)}
+				}
 				switch *emit {
 				case "ll", "header":
 				case "obj", "lib", "exe":

@@ -48,6 +48,12 @@ func init() {
 				if *backend != "interp" && *backend != "llvm" {
 					return usageError{fmt.Sprintf("--backend must be interp or llvm, not %q", *backend)}
 				}
+				if *threads < 0 {
+					return usageError{fmt.Sprintf("--threads must be 0 (all cores) or more, not %d", *threads)}
+				}
+				if *repeat < 1 {
+					return usageError{fmt.Sprintf("--repeat must be at least 1, not %d", *repeat)}
+				}
 				if err := ol.apply(&pf); err != nil {
 					return err
 				}
@@ -78,10 +84,10 @@ func init() {
 						return err
 					}
 				} else {
-					for r := 0; r < max(*repeat, 1) && err == nil; r++ {
+					for r := 0; r < *repeat && err == nil; r++ {
 						start := time.Now()
 						res, final, err = interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
-						seconds += time.Since(start).Seconds() / float64(max(*repeat, 1))
+						seconds += time.Since(start).Seconds() / float64(*repeat)
 					}
 				}
 				if *repeat > 1 && err == nil {
