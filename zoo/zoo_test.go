@@ -135,20 +135,29 @@ func TestReorderOnZoo(t *testing.T) {
 
 // TestOptimizerPlacement: with Adam, placing each update right after its
 // gradient means that by the time the optimizer would run in PyTorch (after
-// the last backward op) most gradient bytes are already freed (measured:
-// 100% ResNet-50, 82% BERT, 76% GPT-2, whose embedding gradients complete
-// last); with all updates at the end they are all alive there.
+// the last backward op) most gradient bytes are already freed; with all
+// updates at the end they are all alive there. Whether that lowers the
+// planned memory depends on where the peak is: at the zoo's batch sizes it
+// is the forward's activations at the start of the backward, which no
+// update placement touches; at batch 1 the gradients weigh more. The
+// steps are canonicalized first, as every -O pipeline does (the exported
+// transformers transpose each weight before its matrix product, and the
+// backward transposes it back). docs/optimizer.md has the figures.
 func TestOptimizerPlacement(t *testing.T) {
-	for _, name := range Models {
-		var atStep [2]int64
-		var planned [2]int64
+	for _, c := range []struct {
+		file  string
+		batch int64
+	}{{"resnet50", 0}, {"bert_base", 0}, {"gpt2_small", 0}, {"resnet50", 1}, {"bert_base_b1", 0}, {"gpt2_small_b1", 0}} {
+		var atStep, planned [2]int64
 		var gradBytes int64
 		for k, placement := range []string{"early", "end"} {
-			m, _, _ := TrainingStep(t, name)
-			f := m.Funcs[0]
-			if k == 0 {
-				gradBytes = liveness.Analyze(f).ParamBytes
+			m, err := onnx.ImportFile(modelPath(c.file), onnx.Options{Batch: c.batch})
+			if err != nil {
+				t.Fatal(err)
 			}
+			run(t, m, "autodiff,canonicalize,dce,cse")
+			f := m.Funcs[0]
+			gradBytes = liveness.Analyze(f).ParamBytes
 			run(t, m, "optimizer{kind=adam,placement="+placement+"}")
 			info := liveness.Analyze(f)
 			last := 0
@@ -160,13 +169,17 @@ func TestOptimizerPlacement(t *testing.T) {
 			atStep[k] = info.Live[last]
 			planned[k] = memreport.Build(f, nil).PlannedBytes
 		}
-		freed := atStep[1] - atStep[0]
-		fmt.Printf("%s: live at the end of the backward %.1f MiB (early updates) vs %.1f MiB (at the end): %.0f%% of %.1f MiB of gradients freed; planned %.1f vs %.1f MiB\n",
-			name, mib(atStep[0]), mib(atStep[1]), 100*float64(freed)/float64(gradBytes), mib(gradBytes), mib(planned[0]), mib(planned[1]))
+		name := c.file
+		if c.batch > 0 {
+			name = fmt.Sprintf("%s (batch %d)", c.file, c.batch)
+		}
+		freed, lower := atStep[1]-atStep[0], planned[1]-planned[0]
+		fmt.Printf("%s: gradients %.1f MiB; freed by the end of the backward %.1f MiB (%.0f%%); planned %.1f MiB early vs %.1f MiB at the end: %.1f MiB lower (%.0f%% of the gradients)\n",
+			name, mib(gradBytes), mib(freed), 100*float64(freed)/float64(gradBytes), mib(planned[0]), mib(planned[1]), mib(lower), 100*float64(lower)/float64(gradBytes))
 		if float64(freed) < 0.7*float64(gradBytes) {
 			t.Errorf("%s: early updates free %d bytes by the end of the backward, less than 70%% of the %d gradient bytes", name, freed, gradBytes)
 		}
-		if planned[0] > planned[1] {
+		if lower < 0 {
 			t.Errorf("%s: early updates raised the planned memory", name)
 		}
 	}
