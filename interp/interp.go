@@ -169,9 +169,19 @@ func describe(op *ir.Op) string {
 // values; ok is false for other arguments.
 func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 	found := false
+	// A fused kernel reads arg through the region argument at the same
+	// position as its operand.
+	uses := map[*ir.Value]bool{arg: true}
 	f.Walk(func(op *ir.Op) {
+		if op.Region != nil {
+			for k, x := range op.Operands {
+				if uses[x] && k < len(op.Region.Args) {
+					uses[op.Region.Args[k]] = true
+				}
+			}
+		}
 		switch {
-		case op.Kind == "gather" && op.Operands[1] == arg:
+		case op.Kind == "gather" && uses[op.Operands[1]]:
 			ax, err := ir.NormalizeAxis(op.Attrs.Int("axis", 0), op.Operands[0].Type.Rank())
 			if err == nil {
 				d := op.Operands[0].Type.Shape[ax]
@@ -179,7 +189,7 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 					bound, found = d, true
 				}
 			}
-		case op.Kind == "gather_grad" && op.Operands[1] == arg:
+		case op.Kind == "gather_grad" && uses[op.Operands[1]]:
 			ds := op.Attrs.Ints("data_shape", nil)
 			ax, err := ir.NormalizeAxis(op.Attrs.Int("axis", 0), len(ds))
 			if err == nil {
@@ -187,7 +197,7 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 					bound, found = d, true
 				}
 			}
-		case op.Kind == "softmax_cross_entropy" && op.Operands[1] == arg:
+		case op.Kind == "softmax_cross_entropy" && uses[op.Operands[1]]:
 			d := op.Operands[0].Type.Shape[1]
 			if !found || d < bound {
 				bound, found = d, true

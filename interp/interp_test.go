@@ -331,6 +331,21 @@ func TestRunErrors(t *testing.T) {
 	require.ErrorContains(t, err, "gather index 5 is out of range")
 	args := RandomArgs(f, 1)
 	require.Less(t, args[1].I[0], int64(2), "indices are drawn within the indexed dimension")
+
+	// Inside a fused kernel the labels are read through a region argument
+	// (plan-check drew labels up to 10 for 3 classes there).
+	k, err := parser.Parse("t.kir", `func @f(%z: f32[8,3], %labels: i64[8]) -> (f32[]) {
+  %k = kernel(%z, %labels) : f32[] region(%a: f32[8,3], %b: i64[8]) {
+    %l = softmax_cross_entropy(%a, %b) : f32[]
+    yield %l
+  }
+  return %k
+}
+`)
+	require.NoError(t, err)
+	bound, ok := IndexBound(k.Funcs[0], k.Funcs[0].Args[1])
+	require.True(t, ok)
+	require.Equal(t, int64(3), bound)
 }
 
 func TestReductionsAndViews(t *testing.T) {
