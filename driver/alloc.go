@@ -22,13 +22,20 @@ func init() {
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			capacity := fs.Int64("capacity", 0, "the memory available; 0 minimises the arena")
 			out := fs.String("o", "-", "output file (- for standard output)")
-			timeout := fs.Duration("timeout", 10*time.Second, "time limit of the search")
+			var timeout seconds // 0: 60 s fitting a capacity, 10 s minimising
+			fs.Var(&timeout, "timeout", "time limit of the search: seconds (30) or a duration (90s, 2m); default 60 with --capacity, 10 minimising")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
 					return usageError{"want exactly one .csv file (or - for standard input)"}
 				}
 				if *capacity < 0 {
 					return usageError{"--capacity must not be negative"}
+				}
+				if timeout == 0 {
+					timeout = seconds(10 * time.Second)
+					if *capacity > 0 {
+						timeout = seconds(time.Minute)
+					}
 				}
 				var data []byte
 				var err error
@@ -55,16 +62,16 @@ func init() {
 						sol = f
 					}
 					if sol.Size > *capacity {
-						sol = alloc.Search(p, alloc.SearchOptions{Capacity: *capacity, Timeout: *timeout, Initial: sol})
+						sol = alloc.Search(p, alloc.SearchOptions{Capacity: *capacity, Timeout: time.Duration(timeout), Initial: sol})
 					}
 					if sol.Size < 0 && sol.Optimal {
 						return fmt.Errorf("kiln: no packing within capacity %d exists (the search was exhaustive; the max-live lower bound is %d)", *capacity, alloc.MaxLive(p))
 					}
 					if sol.Size < 0 || sol.Size > *capacity {
-						return fmt.Errorf("kiln: no packing within capacity %d found in %s (the max-live lower bound is %d)", *capacity, *timeout, alloc.MaxLive(p))
+						return fmt.Errorf("kiln: no packing within capacity %d found in %s (the max-live lower bound is %d)", *capacity, time.Duration(timeout), alloc.MaxLive(p))
 					}
 				} else {
-					sol = alloc.Best(p, *timeout)
+					sol = alloc.Best(p, time.Duration(timeout))
 				}
 				if err := alloc.Check(p, sol, *capacity); err != nil {
 					return fmt.Errorf("kiln: internal error: %v", err)
@@ -85,6 +92,28 @@ func init() {
 			}
 		},
 	})
+}
+
+// seconds is a flag holding a duration, given as a number of seconds or
+// in Go's duration syntax.
+type seconds time.Duration
+
+func (s *seconds) String() string { return time.Duration(*s).String() }
+
+func (s *seconds) Set(v string) error {
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f <= 0 || f > 1e9 {
+			return fmt.Errorf("%s seconds is out of range", v)
+		}
+		*s = seconds(f * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return fmt.Errorf("want seconds (30) or a positive duration (90s, 2m)")
+	}
+	*s = seconds(d)
+	return nil
 }
 
 // maxArenaBytes bounds the sum of a problem's sizes, so that no offset
