@@ -184,10 +184,10 @@ func TestZeroSlackInstances(t *testing.T) {
 }
 
 // BenchmarkZeroSlack reports how long the search takes to pack zero-slack
-// instances of 200 to 500 buffers into their max-live bound (sixteen
+// instances of 200 to 500 buffers into their max-live bound (48
 // instances each, at most 10 s per instance).
 func BenchmarkZeroSlack(b *testing.B) {
-	const instances = 16
+	const instances = 48
 	for _, n := range []int{200, 300, 400, 500} {
 		solved := 0
 		var total, worst time.Duration
