@@ -22,7 +22,7 @@ func init() {
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			capacity := fs.Int64("capacity", 0, "the memory available; 0 minimises the arena")
 			out := fs.String("o", "-", "output file (- for standard output)")
-			var timeout seconds // 0: 60 s fitting a capacity, 10 s minimising
+			var timeout secondsFlag // 0: 60 s fitting a capacity, 10 s minimising
 			fs.Var(&timeout, "timeout", "time limit of the search: seconds (30) or a duration (90s, 2m); default 60 with --capacity, 10 minimising")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
@@ -32,9 +32,9 @@ func init() {
 					return usageError{"--capacity must not be negative"}
 				}
 				if timeout == 0 {
-					timeout = seconds(10 * time.Second)
+					timeout = secondsFlag(10 * time.Second)
 					if *capacity > 0 {
-						timeout = seconds(time.Minute)
+						timeout = secondsFlag(time.Minute)
 					}
 				}
 				var data []byte
@@ -94,25 +94,25 @@ func init() {
 	})
 }
 
-// seconds is a flag holding a duration, given as a number of seconds or
+// secondsFlag is a flag holding a duration, given as a number of seconds or
 // in Go's duration syntax.
-type seconds time.Duration
+type secondsFlag time.Duration
 
-func (s *seconds) String() string { return time.Duration(*s).String() }
+func (s *secondsFlag) String() string { return time.Duration(*s).String() }
 
-func (s *seconds) Set(v string) error {
+func (s *secondsFlag) Set(v string) error {
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
 		if f <= 0 || f > 1e9 {
 			return fmt.Errorf("%s seconds is out of range", v)
 		}
-		*s = seconds(f * float64(time.Second))
+		*s = secondsFlag(f * float64(time.Second))
 		return nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
 		return fmt.Errorf("want seconds (30) or a positive duration (90s, 2m)")
 	}
-	*s = seconds(d)
+	*s = secondsFlag(d)
 	return nil
 }
 
