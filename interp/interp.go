@@ -182,7 +182,7 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 		}
 		switch {
 		case op.Kind == "gather" && uses[op.Operands[1]]:
-			ax, err := ir.NormalizeAxis(op.Attrs.Int("axis", 0), op.Operands[0].Type.Rank())
+			ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), op.Operands[0].Type.Rank())
 			if err == nil {
 				d := op.Operands[0].Type.Shape[ax]
 				if !found || d < bound {
@@ -190,8 +190,8 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 				}
 			}
 		case op.Kind == "gather_grad" && uses[op.Operands[1]]:
-			ds := op.Attrs.Ints("data_shape", nil)
-			ax, err := ir.NormalizeAxis(op.Attrs.Int("axis", 0), len(ds))
+			ds := op.Attr().Ints("data_shape")
+			ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(ds))
 			if err == nil {
 				if d := ds[ax]; !found || d < bound {
 					bound, found = d, true

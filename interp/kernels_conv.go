@@ -69,7 +69,7 @@ func isPointwise(g ir.ConvGeometry) bool {
 func init() {
 	kernels["conv2d"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x, w := in[0], in[1]
-		g, _ := ir.ConvGeometryOf(x.Type.Shape, w.Type.Shape, op.Attrs)
+		g, _ := ir.ConvGeometryOf(x.Type.Shape, w.Type.Shape, op.Attr())
 		y := New(out[0])
 		cg, mg := g.C/g.Groups, g.M/g.Groups
 		kdim, ohw := cg*g.KH*g.KW, g.OH*g.OW
@@ -100,7 +100,7 @@ func init() {
 	}
 	kernels["conv2d_grad_input"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		dy, w := in[0], in[1]
-		g, _ := ir.ConvGeometryOf(out[0].Shape, w.Type.Shape, op.Attrs)
+		g, _ := ir.ConvGeometryOf(out[0].Shape, w.Type.Shape, op.Attr())
 		dx := New(out[0])
 		cg, mg := g.C/g.Groups, g.M/g.Groups
 		kdim, ohw := cg*g.KH*g.KW, g.OH*g.OW
@@ -126,7 +126,7 @@ func init() {
 	}
 	kernels["conv2d_grad_weight"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		dy, x := in[0], in[1]
-		g, _ := ir.ConvGeometryOf(x.Type.Shape, out[0].Shape, op.Attrs)
+		g, _ := ir.ConvGeometryOf(x.Type.Shape, out[0].Shape, op.Attr())
 		cg, mg := g.C/g.Groups, g.M/g.Groups
 		kdim, ohw := cg*g.KH*g.KW, g.OH*g.OW
 		// Each image contributes dy_n · col_nᵀ; images sum in a fixed order.

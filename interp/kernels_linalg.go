@@ -12,19 +12,19 @@ func init() {
 	}
 	kernels["gemm"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		a, b := in[0], in[1]
-		m, n, k, _ := ir.GemmDims(a.Type, b.Type, op.Attrs)
+		m, n, k, _ := ir.GemmDims(a.Type, b.Type, op.Attr())
 		av, bv := a.F, b.F
-		if op.Attrs.Bool("trans_a", false) {
+		if op.Attr().Bool("trans_a") {
 			av = make([]float64, m*k)
 			transposeInto(av, a.F, int(k), int(m))
 		}
-		if op.Attrs.Bool("trans_b", false) {
+		if op.Attr().Bool("trans_b") {
 			bv = make([]float64, k*n)
 			transposeInto(bv, b.F, int(n), int(k))
 		}
 		y := New(out[0])
 		matmulInto(y.F, av, bv, int(m), int(n), int(k), false)
-		alpha, beta := op.Attrs.Float("alpha", 1), op.Attrs.Float("beta", 1)
+		alpha, beta := op.Attr().Float("alpha"), op.Attr().Float("beta")
 		for i := range y.F {
 			y.F[i] *= alpha
 		}
@@ -37,7 +37,7 @@ func init() {
 	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
 		kernels[name] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 			x := in[0]
-			axes, _ := ir.ReduceAxes(op.Attrs, x.Type.Rank())
+			axes, _ := ir.ReduceAxes(op.Attr(), x.Type.Rank())
 			keep := ir.ReducedShape(x.Type.Shape, axes, true)
 			y := reduceTo(x, keep, op.Kind)
 			y.Type = out[0]

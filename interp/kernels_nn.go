@@ -42,7 +42,7 @@ func argmaxWindow(p ir.PoolGeometry, plane []float64, oh, ow int64) int64 {
 
 func init() {
 	kernels["max_pool2d"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
-		p, _ := ir.PoolGeometryOf(in[0].Type.Shape, op.Attrs)
+		p, _ := ir.PoolGeometryOf(in[0].Type.Shape, op.Attr())
 		y := New(out[0])
 		parallelFor(int(p.N*p.C), func(nc int) {
 			plane := in[0].F[int64(nc)*p.H*p.W:]
@@ -60,7 +60,7 @@ func init() {
 	}
 	kernels["max_pool2d_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		dy, x := in[0], in[1]
-		p, _ := ir.PoolGeometryOf(x.Type.Shape, op.Attrs)
+		p, _ := ir.PoolGeometryOf(x.Type.Shape, op.Attr())
 		dx := New(out[0])
 		parallelFor(int(p.N*p.C), func(nc int) {
 			plane := x.F[int64(nc)*p.H*p.W:]
@@ -75,7 +75,7 @@ func init() {
 		return []*Tensor{dx}, nil
 	}
 	kernels["avg_pool2d"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
-		p, _ := ir.PoolGeometryOf(in[0].Type.Shape, op.Attrs)
+		p, _ := ir.PoolGeometryOf(in[0].Type.Shape, op.Attr())
 		y := New(out[0])
 		parallelFor(int(p.N*p.C), func(nc int) {
 			plane := in[0].F[int64(nc)*p.H*p.W:]
@@ -90,7 +90,7 @@ func init() {
 		return []*Tensor{y}, nil
 	}
 	kernels["avg_pool2d_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
-		p, _ := ir.PoolGeometryOf(out[0].Shape, op.Attrs)
+		p, _ := ir.PoolGeometryOf(out[0].Shape, op.Attr())
 		dx := New(out[0])
 		parallelFor(int(p.N*p.C), func(nc int) {
 			plane := dx.F[int64(nc)*p.H*p.W:]
@@ -111,7 +111,7 @@ func init() {
 
 	kernels["batch_norm_train"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x, scale, bias, rm, rv := in[0], in[1], in[2], in[3], in[4]
-		eps, mom := op.Attrs.Float("epsilon", 1e-5), op.Attrs.Float("momentum", 0.9)
+		eps, mom := op.Attr().Float("epsilon"), op.Attr().Float("momentum")
 		n, c, inner := bnDims(x.Type.Shape)
 		y, nrm, nrv, sm, si := New(out[0]), New(out[1]), New(out[2]), New(out[3]), New(out[4])
 		cnt := float64(n * inner)
@@ -149,7 +149,7 @@ func init() {
 	}
 	kernels["batch_norm_infer"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x, scale, bias, mean, variance := in[0], in[1], in[2], in[3], in[4]
-		eps := op.Attrs.Float("epsilon", 1e-5)
+		eps := op.Attr().Float("epsilon")
 		n, c, inner := bnDims(x.Type.Shape)
 		y := New(out[0])
 		for b := int64(0); b < n; b++ {
@@ -192,7 +192,7 @@ func init() {
 
 	kernels["layer_norm"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x, scale := in[0], in[1]
-		eps := op.Attrs.Float("epsilon", 1e-5)
+		eps := op.Attr().Float("epsilon")
 		rows, cols := lnDims(x.Type.Shape, op.Attrs)
 		y, mean, inv := New(out[0]), New(out[1]), New(out[2])
 		parallelRows(int(rows), int(8*cols), func(lo, hi int) {
@@ -250,7 +250,7 @@ func init() {
 		x := in[0]
 		y := New(out[0])
 		log := op.Kind == "log_softmax"
-		eachLine(x.Type.Shape, op.Attrs.Int("axis", -1), func(idx func(int64) int64, n int64) {
+		eachLine(x.Type.Shape, op.Attr().Int("axis"), func(idx func(int64) int64, n int64) {
 			m := math.Inf(-1)
 			for j := int64(0); j < n; j++ {
 				m = math.Max(m, x.F[idx(j)])
@@ -275,7 +275,7 @@ func init() {
 		dy, y := in[0], in[1]
 		dx := New(out[0])
 		log := op.Kind == "log_softmax_grad"
-		eachLine(y.Type.Shape, op.Attrs.Int("axis", -1), func(idx func(int64) int64, n int64) {
+		eachLine(y.Type.Shape, op.Attr().Int("axis"), func(idx func(int64) int64, n int64) {
 			s := 0.0
 			for j := int64(0); j < n; j++ {
 				if log {
@@ -299,8 +299,8 @@ func init() {
 	kernels["log_softmax_grad"] = softmaxGrad
 
 	kernels["dropout"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
-		ratio := op.Attrs.Float("ratio", 0.5)
-		seed := uint64(op.Attrs.Int("seed", 0))
+		ratio := op.Attr().Float("ratio")
+		seed := uint64(op.Attr().Int("seed"))
 		y, mask := New(out[0]), New(out[1])
 		scale := 1 / (1 - ratio)
 		for i, v := range in[0].F {
@@ -312,9 +312,9 @@ func init() {
 		return []*Tensor{y, mask}, nil
 	}
 	kernels["dropout_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
-		ratio := op.Attrs.Float("ratio", 0.5)
+		ratio := op.Attr().Float("ratio")
 		scale := 1 / (1 - ratio)
-		seed := uint64(op.Attrs.Int("seed", 0))
+		seed := uint64(op.Attr().Int("seed"))
 		dx := New(out[0])
 		for i, g := range in[0].F {
 			keep := len(in) == 1 && DropoutKeep(seed, uint64(i), ratio) || len(in) == 2 && in[1].I[i] != 0
@@ -342,7 +342,7 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		if op.Attrs.String("reduction", "mean") == "mean" && count > 0 {
+		if op.Attr().String("reduction") == "mean" && count > 0 {
 			loss /= float64(count)
 		}
 		y := New(out[0])
@@ -353,7 +353,7 @@ func init() {
 		dl, logits, labels := in[0], in[1], in[2]
 		dx := New(out[0])
 		scale := dl.F[0]
-		if op.Attrs.String("reduction", "mean") == "mean" {
+		if op.Attr().String("reduction") == "mean" {
 			scale /= float64(labels.Len())
 		}
 		k := logits.Type.Shape[1]

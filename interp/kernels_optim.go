@@ -25,7 +25,7 @@ func init() {
 			return nil, nil
 		}
 		p, g := in[0], in[1]
-		lr, wd := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0)
+		lr, wd := op.Attr().Float("lr"), op.Attr().Float("weight_decay")
 		for i := range p.F {
 			p.F[i] -= lr * (g.F[i] + wd*p.F[i])
 		}
@@ -37,7 +37,7 @@ func init() {
 			return nil, nil
 		}
 		p, g, buf := in[0], in[1], in[2]
-		lr, wd, mu := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0), op.Attrs.Float("momentum", 0.9)
+		lr, wd, mu := op.Attr().Float("lr"), op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
 		for i := range p.F {
 			d := g.F[i] + wd*p.F[i]
 			buf.F[i] = mu*buf.F[i] + d

@@ -34,7 +34,7 @@ func init() {
 	}
 	kernels["transpose"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x := in[0]
-		perm := op.Attrs.Ints("perm", nil)
+		perm := op.Attr().Ints("perm")
 		xs := x.Type.Shape.Strides()
 		st := make([]int64, len(perm))
 		for i, p := range perm {
@@ -61,7 +61,7 @@ func init() {
 	}
 	kernels["concat"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		y := New(out[0])
-		ax, _ := ir.NormalizeAxis(op.Attrs.Int("axis", 0), out[0].Rank())
+		ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), out[0].Rank())
 		outer, _ := out[0].Shape[:ax].NumElements()
 		inner, _ := out[0].Shape[ax+1:].NumElements()
 		rowLen := out[0].Shape[ax] * inner
@@ -79,7 +79,7 @@ func init() {
 	}
 	kernels["split"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x := in[0]
-		ax, _ := ir.NormalizeAxis(op.Attrs.Int("axis", 0), x.Type.Rank())
+		ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), x.Type.Rank())
 		outer, _ := x.Type.Shape[:ax].NumElements()
 		inner, _ := x.Type.Shape[ax+1:].NumElements()
 		rowLen := x.Type.Shape[ax] * inner
@@ -99,7 +99,7 @@ func init() {
 		return res, nil
 	}
 	sliceMap := func(op *ir.Op, full ir.Shape, fn func(outIdx, inIdx int64)) {
-		sl, _ := ir.SliceOf(full, op.Attrs)
+		sl, _ := ir.SliceOf(full, op.Attr())
 		fs := full.Strides()
 		st := make([]int64, len(full))
 		base := int64(0)
@@ -125,7 +125,7 @@ func init() {
 		return []*Tensor{dx}, nil
 	}
 	gatherMap := func(op *ir.Op, data ir.Shape, idx *Tensor, fn func(outIdx, dataIdx int64)) error {
-		ax, _ := ir.NormalizeAxis(op.Attrs.Int("axis", 0), len(data))
+		ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), len(data))
 		outer, _ := data[:ax].NumElements()
 		inner, _ := data[ax+1:].NumElements()
 		d := data[ax]
@@ -158,10 +158,10 @@ func init() {
 	}
 	kernels["pad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x := in[0]
-		pads := op.Attrs.Ints("pads", nil)
+		pads := op.Attr().Ints("pads")
 		r := x.Type.Rank()
 		y := New(out[0])
-		v := op.Attrs.Float("value", 0)
+		v := op.Attr().Float("value")
 		for i := range y.F {
 			y.F[i] = v
 		}

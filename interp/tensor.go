@@ -69,10 +69,29 @@ func (x *Tensor) Clone() *Tensor {
 		F: append([]float64(nil), x.F...), I: append([]int64(nil), x.I...)}
 }
 
-// round rounds every element to the tensor's dtype.
+// round rounds every element to the tensor's dtype: floats to the
+// nearest value of the dtype, integers keep their low bits, bools are 0 or 1.
 func (x *Tensor) round() {
 	d := x.Type.DType
-	if d == ir.F64 || !d.IsFloat() {
+	switch d {
+	case ir.F64, ir.I64:
+		return
+	case ir.I32:
+		for i, v := range x.I {
+			x.I[i] = int64(int32(v))
+		}
+		return
+	case ir.I8:
+		for i, v := range x.I {
+			x.I[i] = int64(int8(v))
+		}
+		return
+	case ir.Bool:
+		for i, v := range x.I {
+			if v != 0 {
+				x.I[i] = 1
+			}
+		}
 		return
 	}
 	if d == ir.F32 {

@@ -1,72 +1,149 @@
 package ir
 
-import "fmt"
+import (
+	"fmt"
+	"math"
 
-// Elementwise and broadcasting ops.
+	"github.com/kiln-compiler/kiln/ir/scalar"
+)
+
+// Elementwise and broadcasting ops. Each one's Scalar is its meaning:
+// the interpreter, constant folding and compiled code all evaluate it.
+
+var x0, x1 = scalar.X(0), scalar.X(1)
+
+func num(v float64) *scalar.Expr { return scalar.C(v) }
+
+func un(p scalar.Prim, x *scalar.Expr) *scalar.Expr { return scalar.Un(p, x) }
+
+// same is the Scalar of an op whose expression reads no attribute.
+func same(e *scalar.Expr) func(AttrValues, []Type, Type) *scalar.Expr {
+	return func(AttrValues, []Type, Type) *scalar.Expr { return e }
+}
+
+// derivOf is a Deriv expression that reads no attribute.
+func derivOf(e *scalar.Expr) func(AttrValues) *scalar.Expr {
+	return func(AttrValues) *scalar.Expr { return e }
+}
+
+// gelu's constants: 1/sqrt(2), sqrt(2/pi) and the tanh form's cubic term.
+const (
+	invSqrt2    = 0.7071067811865476
+	sqrt2OverPi = 0.7978845608028654
+	geluCubic   = 0.044715
+)
+
+func geluTanhArg(x *scalar.Expr) *scalar.Expr {
+	return num(sqrt2OverPi).Mul(x.Add(num(geluCubic).Mul(x.Mul(x.Mul(x)))))
+}
 
 func init() {
-	for _, u := range []struct{ name, summary string }{
-		{"relu", "max(x, 0)"},
-		{"neg", "-x"},
-		{"abs", "|x|"},
-		{"exp", "e^x"},
-		{"log", "natural logarithm"},
-		{"sqrt", "square root"},
-		{"reciprocal", "1/x"},
-		{"tanh", "hyperbolic tangent"},
-		{"sigmoid", "1/(1+e^-x)"},
-		{"identity", "x, copied"},
-		{"erf", "the error function"},
-		{"silu", "x * sigmoid(x)"},
-		{"hard_swish", "x * relu6(x + 3) / 6"},
-		{"sign", "-1, 0 or 1"},
-	} {
-		registerUnary(u.name, u.summary, nil)
-	}
-	registerUnary("gelu", "x * Phi(x); approximate = \"none\" (erf) or \"tanh\"", []AttrSpec{{Name: "approximate", Kind: AttrString}})
-	registerUnary("hard_sigmoid", "max(0, min(1, alpha*x + beta)); alpha 0.2, beta 0.5 by default", []AttrSpec{{Name: "alpha", Kind: AttrFloat}, {Name: "beta", Kind: AttrFloat}})
-	// Gradients of unary ops: (dy, s) -> dy * f'(x), where s is the
-	// forward output y for relu, sigmoid and tanh and the input x otherwise.
-	for _, g := range []struct {
-		name  string
-		attrs []AttrSpec
+	// Unary ops. ints: the op also takes integer operands.
+	for _, u := range []struct {
+		name, summary, onnx string
+		ints                bool
+		f                   *scalar.Expr
+		grad                GradKind
+		deriv               *Deriv
 	}{
-		{"relu_grad", nil}, {"sigmoid_grad", nil}, {"tanh_grad", nil}, {"erf_grad", nil}, {"silu_grad", nil},
-		{"hard_swish_grad", nil},
-		{"gelu_grad", []AttrSpec{{Name: "approximate", Kind: AttrString}}},
-		{"hard_sigmoid_grad", []AttrSpec{{Name: "alpha", Kind: AttrFloat}, {Name: "beta", Kind: AttrFloat}}},
+		// relu propagates NaN, as PyTorch's does.
+		{name: "relu", summary: "max(x, 0); NaN stays NaN", onnx: "Relu", f: scalar.If(x0.Lt(num(0)), num(0), x0),
+			deriv: &Deriv{FromOutput: true, Expr: derivOf(scalar.If(x0.Gt(num(0)), num(1), num(0)))}},
+		{name: "neg", summary: "-x", onnx: "Neg", ints: true, f: un(scalar.Neg, x0)},
+		{name: "abs", summary: "|x|", onnx: "Abs", ints: true, f: un(scalar.Abs, x0)},
+		{name: "exp", summary: "e^x", onnx: "Exp", f: un(scalar.Exp, x0)},
+		{name: "log", summary: "natural logarithm", onnx: "Log", f: un(scalar.Log, x0)},
+		{name: "sqrt", summary: "square root", onnx: "Sqrt", f: un(scalar.Sqrt, x0)},
+		{name: "reciprocal", summary: "1/x", onnx: "Reciprocal", f: num(1).Div(x0)},
+		{name: "tanh", summary: "hyperbolic tangent", onnx: "Tanh", f: un(scalar.Tanh, x0),
+			deriv: &Deriv{FromOutput: true, Expr: derivOf(num(1).Sub(x0.Mul(x0)))}},
+		{name: "sigmoid", summary: "1/(1+e^-x)", onnx: "Sigmoid", f: scalar.Sigmoid(x0),
+			deriv: &Deriv{FromOutput: true, Expr: derivOf(x0.Mul(num(1).Sub(x0)))}},
+		{name: "identity", summary: "x, copied", ints: true, f: x0},
+		{name: "erf", summary: "the error function", onnx: "Erf", f: un(scalar.Erf, x0),
+			deriv: &Deriv{Expr: derivOf(num(2 / math.Sqrt(math.Pi)).Mul(un(scalar.Exp, un(scalar.Neg, x0.Mul(x0)))))}},
+		{name: "silu", summary: "x * sigmoid(x)", f: x0.Mul(scalar.Sigmoid(x0)),
+			deriv: &Deriv{Expr: derivOf(scalar.Sigmoid(x0).Mul(num(1).Add(x0.Mul(num(1).Sub(scalar.Sigmoid(x0))))))}},
+		{name: "hard_swish", summary: "x * relu6(x + 3) / 6", onnx: "HardSwish", f: x0.Mul(scalar.Clamp(x0.Add(num(3)), num(0), num(6))).Div(num(6)),
+			deriv: &Deriv{Expr: derivOf(scalar.If(x0.Lt(num(-3)), num(0), scalar.If(x0.Gt(num(3)), num(1), num(2).Mul(x0).Add(num(3)).Div(num(6)))))}},
+		{name: "sign", summary: "-1, 0 or 1 (NaN and -0 stay)", onnx: "Sign", ints: true,
+			f: scalar.If(x0.Gt(num(0)), num(1), scalar.If(x0.Lt(num(0)), num(-1), x0)), grad: GradZero},
+		// softplus is log(1 + e^x), written as max(x, 0) + log1p(e^-|x|)
+		// so that it neither overflows nor loses the small tail.
+		{name: "softplus", summary: "log(1 + e^x)", onnx: "Softplus",
+			f:     x0.Max(num(0)).Add(un(scalar.Log1p, un(scalar.Exp, un(scalar.Neg, un(scalar.Abs, x0))))),
+			deriv: &Deriv{Expr: derivOf(scalar.Sigmoid(x0))}},
 	} {
-		Register(&OpDef{
-			Name: g.name, Summary: "dy * f'(x) of the forward op", MinOperands: 2, MaxOperands: 2, Attrs: g.attrs,
-			Infer: func(in []Type, _ Attrs) ([]Type, error) {
-				if !in[0].Equal(in[1]) {
-					return nil, fmt.Errorf("dy %s and saved value %s differ", in[0], in[1])
-				}
-				return []Type{in[0]}, floatOperand(in[0])
-			},
-			FLOPs:   func(in, _ []Type, _ Attrs) int64 { return 2 * in[0].NumElements() },
-			Fusion:  Elementwise,
-			InPlace: true,
-		})
+		registerUnary(&OpDef{Name: u.name, Summary: u.summary, ONNX: u.onnx, Scalar: same(u.f), Deriv: u.deriv, Grad: u.grad}, u.ints)
 	}
+	registerUnary(&OpDef{
+		Name: "gelu", Summary: "x * Phi(x): approximate = \"none\" (erf) or \"tanh\"", ONNX: "Gelu",
+		Attrs: []AttrSpec{{Name: "approximate", Kind: AttrString, Default: StringAttr("none"), Enum: []string{"none", "tanh"}}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			if a.String("approximate") == "tanh" {
+				return num(0.5).Mul(x0).Mul(num(1).Add(un(scalar.Tanh, geluTanhArg(x0))))
+			}
+			return num(0.5).Mul(x0).Mul(num(1).Add(un(scalar.Erf, x0.Mul(num(invSqrt2)))))
+		},
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			if a.String("approximate") == "tanh" {
+				t := un(scalar.Tanh, geluTanhArg(x0))
+				inner := num(sqrt2OverPi).Mul(num(1).Add(num(3 * geluCubic).Mul(x0.Mul(x0))))
+				return num(0.5).Mul(num(1).Add(t)).Add(num(0.5).Mul(x0).Mul(num(1).Sub(t.Mul(t))).Mul(inner))
+			}
+			cdf := num(0.5).Mul(num(1).Add(un(scalar.Erf, x0.Mul(num(invSqrt2)))))
+			pdf := un(scalar.Exp, num(-0.5).Mul(x0.Mul(x0))).Div(num(math.Sqrt(2 * math.Pi)))
+			return cdf.Add(x0.Mul(pdf))
+		}},
+	}, false)
+	registerUnary(&OpDef{
+		Name: "hard_sigmoid", Summary: "max(0, min(1, alpha*x + beta))", ONNX: "HardSigmoid",
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(0.2)}, {Name: "beta", Kind: AttrFloat, Default: FloatAttr(0.5)}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			return scalar.Clamp(num(a.Float("alpha")).Mul(x0).Add(num(a.Float("beta"))), num(0), num(1))
+		},
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			v := num(a.Float("alpha")).Mul(x0).Add(num(a.Float("beta")))
+			return scalar.If(v.Gt(num(0)).And(v.Lt(num(1))), num(a.Float("alpha")), num(0))
+		}},
+	}, false)
+	registerUnary(&OpDef{
+		Name: "elu", Summary: "x for x > 0, alpha * (e^x - 1) otherwise", ONNX: "Elu",
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(1)}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			return scalar.If(x0.Gt(num(0)), x0, num(a.Float("alpha")).Mul(un(scalar.Expm1, x0)))
+		},
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			return scalar.If(x0.Gt(num(0)), num(1), num(a.Float("alpha")).Mul(un(scalar.Exp, x0)))
+		}},
+	}, false)
+
 	for _, b := range []struct {
-		name, summary string
-		commutative   bool
+		name, summary, onnx string
+		p                   scalar.Prim
+		commutative         bool
 	}{
-		{"add", "a + b", true},
-		{"sub", "a - b", false},
-		{"mul", "a * b", true},
-		{"div", "a / b", false},
-		{"max", "elementwise maximum", true},
-		{"min", "elementwise minimum", true},
-		{"pow", "a ^ b", false},
+		{"add", "a + b", "Add", scalar.Add, true},
+		{"sub", "a - b", "Sub", scalar.Sub, false},
+		{"mul", "a * b", "Mul", scalar.Mul, true},
+		{"div", "a / b (integers: truncated, 0 where b is 0)", "Div", scalar.Div, false},
+		{"max", "elementwise maximum (NaN wins)", "", scalar.Max, true},
+		{"min", "elementwise minimum (NaN wins)", "", scalar.Min, true},
+		{"pow", "a ^ b", "", scalar.Pow, false},
 	} {
-		registerBinary(b.name, b.summary, b.commutative)
+		registerBinary(&OpDef{Name: b.name, Summary: b.summary, ONNX: b.onnx, Commutative: b.commutative,
+			Scalar: same(scalar.Bin(b.p, x0, x1))})
 	}
-	for _, name := range []string{"eq", "ne", "lt", "le", "gt", "ge"} {
+	for _, cmp := range []struct {
+		name, onnx string
+		p          scalar.Prim
+	}{
+		{"eq", "Equal", scalar.Eq}, {"ne", "", scalar.Ne}, {"lt", "Less", scalar.Lt},
+		{"le", "LessOrEqual", scalar.Le}, {"gt", "Greater", scalar.Gt}, {"ge", "GreaterOrEqual", scalar.Ge},
+	} {
 		Register(&OpDef{
-			Name: name, Summary: "comparison, broadcasting, giving bool", MinOperands: 2, MaxOperands: 2,
-			Infer: func(in []Type, _ Attrs) ([]Type, error) {
+			Name: cmp.name, Summary: "comparison, broadcasting, giving bool (NaN compares false except under ne)", MinOperands: 2, MaxOperands: 2,
+			Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 				if err := sameDType(in...); err != nil {
 					return nil, err
 				}
@@ -74,12 +151,15 @@ func init() {
 				return []Type{{DType: Bool, Shape: s}}, err
 			},
 			Fusion:      Broadcast,
-			Commutative: name == "eq" || name == "ne",
+			Commutative: cmp.p == scalar.Eq || cmp.p == scalar.Ne,
+			Scalar:      same(scalar.Bin(cmp.p, x0, x1)),
+			Grad:        NoGrad,
+			ONNX:        cmp.onnx,
 		})
 	}
 	Register(&OpDef{
 		Name: "where", Summary: "cond ? a : b, broadcasting", MinOperands: 3, MaxOperands: 3,
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			if in[0].DType != Bool {
 				return nil, fmt.Errorf("condition must be bool, got %s", in[0])
 			}
@@ -95,56 +175,88 @@ func init() {
 		},
 		Fusion:  Broadcast,
 		InPlace: true,
+		Scalar:  same(scalar.If(x0, x1, scalar.X(2))),
+		ONNX:    "Where",
 	})
 	Register(&OpDef{
 		Name: "constant", Summary: "a constant tensor", MaxOperands: 0,
 		Attrs:  []AttrSpec{{Name: "value", Kind: AttrDense, Required: true}},
-		Infer:  func(_ []Type, a Attrs) ([]Type, error) { return []Type{a["value"].Dense.Type}, nil },
+		Infer:  func(_ []Type, a AttrValues) ([]Type, error) { return []Type{a.Dense("value").Type}, nil },
 		FLOPs:  zeroFLOPs,
 		Fusion: Elementwise,
+		Grad:   NoGrad,
 	})
 	Register(&OpDef{
-		Name: "cast", Summary: "convert to another dtype", MinOperands: 1, MaxOperands: 1,
+		Name: "cast", Summary: "convert to another dtype: floats to integers truncate and saturate (NaN: 0), integers to narrower ones wrap, to bool: not zero",
+		MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "to", Kind: AttrType, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			return []Type{{DType: a["to"].DType, Shape: in[0].Shape}}, nil
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			return []Type{{DType: a.DType("to"), Shape: in[0].Shape}}, nil
 		},
 		FLOPs:  zeroFLOPs,
 		Fusion: Elementwise,
+		Scalar: castScalar,
 	})
 }
 
-func registerUnary(name, summary string, attrs []AttrSpec) {
-	Register(&OpDef{
-		Name: name, Summary: summary, MinOperands: 1, MaxOperands: 1, Attrs: attrs,
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
-			if !in[0].DType.IsFloat() && name != "identity" && name != "neg" && name != "abs" && name != "sign" {
-				return nil, fmt.Errorf("%s needs a floating-point operand, got %s", name, in[0])
-			}
-			return []Type{in[0]}, nil
-		},
-		Fusion:  Elementwise,
-		InPlace: true,
-	})
+// castScalar converts an element to the cast's result dtype. Storing an
+// integer into a narrower integer dtype keeps its low bits, so only
+// floats need care: they saturate at the target's range.
+func castScalar(_ AttrValues, in []Type, out Type) *scalar.Expr {
+	from, to := in[0].DType, out.DType
+	switch {
+	case to == Bool:
+		return x0.Ne(num(0))
+	case to.IsFloat() || !from.IsFloat():
+		return scalar.To(KindOf(to), x0)
+	}
+	bits := 8 * to.Size()
+	lo, hi := -math.Ldexp(1, int(bits)-1), math.Ldexp(1, int(bits)-1)-1
+	return scalar.Clamp(scalar.To(scalar.Int, x0), num(lo), num(hi))
 }
 
-func registerBinary(name, summary string, commutative bool) {
-	Register(&OpDef{
-		Name: name, Summary: summary, MinOperands: 2, MaxOperands: 2,
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
-			if err := sameDType(in...); err != nil {
-				return nil, err
-			}
-			s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
-			if err != nil {
-				return nil, err
-			}
-			return []Type{{DType: in[0].DType, Shape: s}}, nil
-		},
-		Fusion:      Broadcast,
-		InPlace:     true,
-		Commutative: commutative,
-	})
+// KindOf is the scalar kind a dtype's elements compute in.
+func KindOf(d DType) scalar.Kind {
+	switch {
+	case d.IsFloat():
+		return scalar.Float
+	case d == Bool:
+		return scalar.Bool
+	}
+	return scalar.Int
+}
+
+func registerUnary(d *OpDef, ints bool) {
+	d.MinOperands, d.MaxOperands = 1, 1
+	d.Infer = func(in []Type, _ AttrValues) ([]Type, error) {
+		if !in[0].DType.IsFloat() && !(ints && in[0].DType != Bool) {
+			return nil, fmt.Errorf("%s needs a floating-point operand, got %s", d.Name, in[0])
+		}
+		return []Type{in[0]}, nil
+	}
+	d.Fusion = Elementwise
+	d.InPlace = true
+	Register(d)
+}
+
+func registerBinary(d *OpDef) {
+	d.MinOperands, d.MaxOperands = 2, 2
+	d.Infer = func(in []Type, _ AttrValues) ([]Type, error) {
+		if err := sameDType(in...); err != nil {
+			return nil, err
+		}
+		if in[0].DType == Bool {
+			return nil, fmt.Errorf("%s needs numbers, got %s", d.Name, in[0])
+		}
+		s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
+		if err != nil {
+			return nil, err
+		}
+		return []Type{{DType: in[0].DType, Shape: s}}, nil
+	}
+	d.Fusion = Broadcast
+	d.InPlace = true
+	Register(d)
 }
 
 // BroadcastShapes returns the NumPy broadcast of a and b.
@@ -177,5 +289,6 @@ func init() {
 		Attrs:     []AttrSpec{{Name: "name", Kind: AttrString}},
 		Fusion:    Opaque,
 		HasRegion: true,
+		Grad:      NoGrad,
 	})
 }

@@ -7,29 +7,30 @@ import "fmt"
 func init() {
 	Register(&OpDef{
 		Name: "matmul", Summary: "NumPy matmul: batched, broadcasting", MinOperands: 2, MaxOperands: 2,
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			s, _, err := MatmulShape(in[0], in[1])
 			if err != nil {
 				return nil, err
 			}
 			return []Type{{DType: in[0].DType, Shape: s}}, nil
 		},
-		FLOPs: func(in, out []Type, _ Attrs) int64 {
+		FLOPs: func(in, out []Type, _ AttrValues) int64 {
 			_, k, _ := MatmulShape(in[0], in[1])
 			return 2 * out[0].NumElements() * k
 		},
-		Fusion: OutFusable,
+		Fusion:      OutFusable,
+		Contraction: true,
 	})
 	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
 		Register(&OpDef{
 			Name: name, Summary: "reduce over axes (all axes when absent)", MinOperands: 1, MaxOperands: 1,
 			Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}, {Name: "keepdims", Kind: AttrBool}},
-			Infer: func(in []Type, a Attrs) ([]Type, error) {
+			Infer: func(in []Type, a AttrValues) ([]Type, error) {
 				axes, err := ReduceAxes(a, in[0].Rank())
 				if err != nil {
 					return nil, err
 				}
-				return []Type{{DType: in[0].DType, Shape: ReducedShape(in[0].Shape, axes, a.Bool("keepdims", false))}}, nil
+				return []Type{{DType: in[0].DType, Shape: ReducedShape(in[0].Shape, axes, a.Bool("keepdims"))}}, nil
 			},
 			FLOPs:  inputFLOPs,
 			Fusion: Reduction,
@@ -73,16 +74,15 @@ func MatmulShape(a, b Type) (Shape, int64, error) {
 
 // ReduceAxes returns the sorted, normalized "axes" attribute (all axes
 // when absent).
-func ReduceAxes(a Attrs, rank int) ([]int, error) {
-	raw, ok := a["axes"]
-	if !ok {
+func ReduceAxes(a AttrValues, rank int) ([]int, error) {
+	if !a.Has("axes") {
 		all := make([]int, rank)
 		for i := range all {
 			all[i] = i
 		}
 		return all, nil
 	}
-	ints, _ := raw.Ints()
+	ints := a.Ints("axes")
 	seen := make([]bool, rank)
 	for _, x := range ints {
 		ax, err := NormalizeAxis(x, rank)
@@ -123,8 +123,9 @@ func ReducedShape(s Shape, axes []int, keep bool) Shape {
 func init() {
 	Register(&OpDef{
 		Name: "gemm", Summary: "alpha * op(A) @ op(B) + beta * C, op transposing when trans_a/trans_b", MinOperands: 2, MaxOperands: 3,
-		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat}, {Name: "beta", Kind: AttrFloat}, {Name: "trans_a", Kind: AttrBool}, {Name: "trans_b", Kind: AttrBool}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(1)}, {Name: "beta", Kind: AttrFloat, Default: FloatAttr(1)},
+			{Name: "trans_a", Kind: AttrBool}, {Name: "trans_b", Kind: AttrBool}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			m, n, _, err := GemmDims(in[0], in[1], a)
 			if err != nil {
 				return nil, err
@@ -137,25 +138,26 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: out}}, nil
 		},
-		FLOPs: func(in, _ []Type, a Attrs) int64 {
+		FLOPs: func(in, _ []Type, a AttrValues) int64 {
 			m, n, k, _ := GemmDims(in[0], in[1], a)
 			return 2 * m * n * k
 		},
-		Fusion: OutFusable,
+		Fusion:      OutFusable,
+		Contraction: true,
 	})
 }
 
 // GemmDims returns M, N and K of a gemm.
-func GemmDims(a, b Type, at Attrs) (m, n, k int64, err error) {
+func GemmDims(a, b Type, at AttrValues) (m, n, k int64, err error) {
 	if a.Rank() != 2 || b.Rank() != 2 || a.DType != b.DType {
 		return 0, 0, 0, fmt.Errorf("gemm needs two matrices of one dtype, got %s and %s", a, b)
 	}
 	m, k = a.Shape[0], a.Shape[1]
-	if at.Bool("trans_a", false) {
+	if at.Bool("trans_a") {
 		m, k = k, m
 	}
 	kb, n := b.Shape[0], b.Shape[1]
-	if at.Bool("trans_b", false) {
+	if at.Bool("trans_b") {
 		kb, n = n, kb
 	}
 	if k != kb {

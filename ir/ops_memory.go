@@ -15,19 +15,19 @@ func HostResult(v *Value) bool {
 }
 
 func init() {
-	stream := []AttrSpec{{Name: "stream", Kind: AttrInt}}
-	copyType := func(in []Type, a Attrs) ([]Type, error) {
-		if s := a.Int("stream", 1); s < 0 {
+	stream := []AttrSpec{{Name: "stream", Kind: AttrInt, Default: IntAttr(1)}}
+	copyType := func(in []Type, a AttrValues) ([]Type, error) {
+		if s := a.Int("stream"); s < 0 {
 			return nil, fmt.Errorf("stream must not be negative, got %d", s)
 		}
 		return []Type{in[0]}, nil
 	}
 	Register(&OpDef{
 		Name: "swap_out", Summary: "copy a device tensor to host memory (the result lives on the host)",
-		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Host: true,
+		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Host: true, Grad: NoGrad,
 	})
 	Register(&OpDef{
 		Name: "swap_in", Summary: "copy a host tensor (a swap_out result) back to device memory",
-		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque,
+		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Grad: NoGrad,
 	})
 }

@@ -6,12 +6,12 @@ import "fmt"
 // dropout, losses.
 
 func init() {
-	convAttrs := []AttrSpec{{Name: "strides", Kind: AttrList}, {Name: "pads", Kind: AttrList},
-		{Name: "dilations", Kind: AttrList}, {Name: "groups", Kind: AttrInt}}
+	convAttrs := []AttrSpec{{Name: "strides", Kind: AttrList, Default: IntsAttr(1, 1)}, {Name: "pads", Kind: AttrList, Default: IntsAttr(0, 0, 0, 0)},
+		{Name: "dilations", Kind: AttrList, Default: IntsAttr(1, 1)}, {Name: "groups", Kind: AttrInt, Default: IntAttr(1)}}
 	Register(&OpDef{
 		Name: "conv2d", Summary: "2-D convolution of x[N,C,H,W] with w[M,C/groups,kH,kW] and optional bias[M]; pads = [top, left, bottom, right]",
 		MinOperands: 2, MaxOperands: 3, Attrs: convAttrs,
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			g, err := ConvGeometryOf(in[0].Shape, in[1].Shape, a)
 			if err != nil {
 				return nil, err
@@ -24,17 +24,17 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: Shape{g.N, g.M, g.OH, g.OW}}}, nil
 		},
-		FLOPs: func(in, out []Type, a Attrs) int64 {
+		FLOPs: func(in, out []Type, a AttrValues) int64 {
 			g, _ := ConvGeometryOf(in[0].Shape, in[1].Shape, a)
 			return 2 * out[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
-		Fusion: OutFusable,
+		Fusion: OutFusable, Contraction: true,
 	})
 	Register(&OpDef{
 		Name: "conv2d_grad_input", Summary: "gradient of conv2d with respect to its input, from dy and w",
 		MinOperands: 2, MaxOperands: 2, Attrs: append(convAttrs, AttrSpec{Name: "input_shape", Kind: AttrList, Required: true}),
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			xs := Shape(a.Ints("input_shape", nil))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			xs := Shape(a.Ints("input_shape"))
 			g, err := ConvGeometryOf(xs, in[1].Shape, a)
 			if err != nil {
 				return nil, err
@@ -44,17 +44,17 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: xs}}, nil
 		},
-		FLOPs: func(in, out []Type, a Attrs) int64 {
+		FLOPs: func(in, out []Type, a AttrValues) int64 {
 			g, _ := ConvGeometryOf(out[0].Shape, in[1].Shape, a)
 			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
-		Fusion: OutFusable,
+		Fusion: OutFusable, Contraction: true, Grad: NoGrad,
 	})
 	Register(&OpDef{
 		Name: "conv2d_grad_weight", Summary: "gradient of conv2d with respect to its weight, from dy and x",
 		MinOperands: 2, MaxOperands: 2, Attrs: append(convAttrs, AttrSpec{Name: "weight_shape", Kind: AttrList, Required: true}),
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			ws := Shape(a.Ints("weight_shape", nil))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			ws := Shape(a.Ints("weight_shape"))
 			g, err := ConvGeometryOf(in[1].Shape, ws, a)
 			if err != nil {
 				return nil, err
@@ -64,27 +64,27 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: ws}}, nil
 		},
-		FLOPs: func(in, out []Type, a Attrs) int64 {
+		FLOPs: func(in, out []Type, a AttrValues) int64 {
 			g, _ := ConvGeometryOf(in[1].Shape, out[0].Shape, a)
 			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
-		Fusion: OutFusable,
+		Fusion: OutFusable, Contraction: true, Grad: NoGrad,
 	})
 
-	poolAttrs := []AttrSpec{{Name: "kernel", Kind: AttrList, Required: true}, {Name: "strides", Kind: AttrList},
-		{Name: "pads", Kind: AttrList}, {Name: "dilations", Kind: AttrList}, {Name: "ceil_mode", Kind: AttrBool},
+	poolAttrs := []AttrSpec{{Name: "kernel", Kind: AttrList, Required: true}, {Name: "strides", Kind: AttrList}, // default: the kernel
+		{Name: "pads", Kind: AttrList, Default: IntsAttr(0, 0, 0, 0)}, {Name: "dilations", Kind: AttrList, Default: IntsAttr(1, 1)}, {Name: "ceil_mode", Kind: AttrBool},
 		{Name: "count_include_pad", Kind: AttrBool}}
 	for _, name := range []string{"max_pool2d", "avg_pool2d"} {
 		Register(&OpDef{
 			Name: name, Summary: "2-D pooling over x[N,C,H,W]", MinOperands: 1, MaxOperands: 1, Attrs: poolAttrs,
-			Infer: func(in []Type, a Attrs) ([]Type, error) {
+			Infer: func(in []Type, a AttrValues) ([]Type, error) {
 				p, err := PoolGeometryOf(in[0].Shape, a)
 				if err != nil {
 					return nil, err
 				}
 				return []Type{{DType: in[0].DType, Shape: Shape{p.N, p.C, p.OH, p.OW}}}, nil
 			},
-			FLOPs: func(in, out []Type, a Attrs) int64 {
+			FLOPs: func(in, out []Type, a AttrValues) int64 {
 				p, _ := PoolGeometryOf(in[0].Shape, a)
 				return out[0].NumElements() * p.KH * p.KW
 			},
@@ -93,7 +93,7 @@ func init() {
 	}
 	Register(&OpDef{
 		Name: "max_pool2d_grad", Summary: "gradient of max_pool2d, from dy and x", MinOperands: 2, MaxOperands: 2, Attrs: poolAttrs,
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			p, err := PoolGeometryOf(in[1].Shape, a)
 			if err != nil {
 				return nil, err
@@ -103,13 +103,13 @@ func init() {
 			}
 			return []Type{in[1]}, nil
 		},
-		Fusion: Opaque,
+		Fusion: Opaque, Grad: NoGrad,
 	})
 	Register(&OpDef{
 		Name: "avg_pool2d_grad", Summary: "gradient of avg_pool2d, from dy",
 		MinOperands: 1, MaxOperands: 1, Attrs: append(poolAttrs, AttrSpec{Name: "input_shape", Kind: AttrList, Required: true}),
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			xs := Shape(a.Ints("input_shape", nil))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			xs := Shape(a.Ints("input_shape"))
 			p, err := PoolGeometryOf(xs, a)
 			if err != nil {
 				return nil, err
@@ -119,11 +119,11 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: xs}}, nil
 		},
-		Fusion: Opaque,
+		Fusion: Opaque, Grad: NoGrad,
 	})
 	Register(&OpDef{
 		Name: "global_avg_pool", Summary: "mean over H and W: [N,C,H,W] -> [N,C,1,1]", MinOperands: 1, MaxOperands: 1,
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			if in[0].Rank() < 3 {
 				return nil, fmt.Errorf("needs rank >= 3, got %s", in[0])
 			}
@@ -139,33 +139,33 @@ func init() {
 
 	Register(&OpDef{
 		Name: "batch_norm_train", Summary: "batch normalisation with batch statistics: (x, scale, bias, running_mean, running_var) -> (y, new_running_mean, new_running_var, saved_mean, saved_invstd)",
-		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat}, {Name: "momentum", Kind: AttrFloat}},
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}, {Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)}},
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			c, err := channelParams(in)
 			if err != nil {
 				return nil, err
 			}
 			return []Type{in[0], c, c, c, c}, nil
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 4 * in[0].NumElements() },
-		Fusion: Reduction,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[0].NumElements() },
+		Fusion: Reduction, KeepF32: true,
 	})
 	Register(&OpDef{
 		Name: "batch_norm_infer", Summary: "batch normalisation with given statistics: (x, scale, bias, mean, var) -> y",
-		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat}},
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}},
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			if _, err := channelParams(in); err != nil {
 				return nil, err
 			}
 			return []Type{in[0]}, nil
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 2 * in[0].NumElements() },
-		Fusion: Broadcast,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 2 * in[0].NumElements() },
+		Fusion: Broadcast, KeepF32: true,
 	})
 	Register(&OpDef{
 		Name: "batch_norm_grad", Summary: "gradient of batch_norm_train: (dy, x, scale, saved_mean, saved_invstd) -> (dx, dscale, dbias)",
 		MinOperands: 5, MaxOperands: 5,
-		Infer: func(in []Type, _ Attrs) ([]Type, error) {
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			c, err := channelParams([]Type{in[1], in[2], in[3], in[4]})
 			if err != nil {
 				return nil, err
@@ -175,14 +175,14 @@ func init() {
 			}
 			return []Type{in[1], c, c}, nil
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 6 * in[0].NumElements() },
-		Fusion: Reduction,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 6 * in[0].NumElements() },
+		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
 	})
 
 	Register(&OpDef{
 		Name: "layer_norm", Summary: "normalise over the axes from axis on: (x, scale[, bias]) -> (y, mean, invstd)",
-		MinOperands: 2, MaxOperands: 3, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "epsilon", Kind: AttrFloat}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		MinOperands: 2, MaxOperands: 3, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}, {Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			stat, norm, err := layerNormShapes(in[0], a)
 			if err != nil {
 				return nil, err
@@ -194,13 +194,13 @@ func init() {
 			}
 			return []Type{in[0], {DType: in[0].DType, Shape: stat}, {DType: in[0].DType, Shape: stat}}, nil
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 5 * in[0].NumElements() },
-		Fusion: Reduction,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 5 * in[0].NumElements() },
+		Fusion: Reduction, KeepF32: true,
 	})
 	Register(&OpDef{
 		Name: "layer_norm_grad", Summary: "gradient of layer_norm: (dy, x, scale, mean, invstd) -> (dx, dscale, dbias)",
-		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			stat, norm, err := layerNormShapes(in[1], a)
 			if err != nil {
 				return nil, err
@@ -210,42 +210,42 @@ func init() {
 			}
 			return []Type{in[1], in[2], in[2]}, nil
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 8 * in[0].NumElements() },
-		Fusion: Reduction,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 8 * in[0].NumElements() },
+		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
 	})
 
 	for _, name := range []string{"softmax", "log_softmax"} {
 		Register(&OpDef{
-			Name: name, Summary: "along axis", MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
-			Infer: func(in []Type, a Attrs) ([]Type, error) {
-				if _, err := NormalizeAxis(a.Int("axis", -1), in[0].Rank()); err != nil {
+			Name: name, Summary: "along axis", MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}},
+			Infer: func(in []Type, a AttrValues) ([]Type, error) {
+				if _, err := NormalizeAxis(a.Int("axis"), in[0].Rank()); err != nil {
 					return nil, err
 				}
 				return []Type{in[0]}, floatOperand(in[0])
 			},
-			FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 3 * in[0].NumElements() },
-			Fusion: Reduction,
+			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
+			Fusion: Reduction, KeepF32: true,
 		})
 		Register(&OpDef{
 			Name: name + "_grad", Summary: "gradient of " + name + " from dy and its output y", MinOperands: 2, MaxOperands: 2,
-			Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
-			Infer: func(in []Type, a Attrs) ([]Type, error) {
+			Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}},
+			Infer: func(in []Type, a AttrValues) ([]Type, error) {
 				if !in[0].Equal(in[1]) {
 					return nil, fmt.Errorf("dy %s and y %s differ", in[0], in[1])
 				}
-				_, err := NormalizeAxis(a.Int("axis", -1), in[0].Rank())
+				_, err := NormalizeAxis(a.Int("axis"), in[0].Rank())
 				return []Type{in[0]}, err
 			},
-			FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 3 * in[0].NumElements() },
-			Fusion: Reduction,
+			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
+			Fusion: Reduction, KeepF32: true, Grad: NoGrad,
 		})
 	}
 
 	Register(&OpDef{
 		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, so recomputing reproduces it",
-		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat}, {Name: "seed", Kind: AttrInt, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			if r := a.Float("ratio", 0.5); r < 0 || r >= 1 {
+		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if r := a.Float("ratio"); r < 0 || r >= 1 {
 				return nil, fmt.Errorf("ratio %g must be in [0, 1)", r)
 			}
 			return []Type{in[0], {DType: Bool, Shape: in[0].Shape}}, floatOperand(in[0])
@@ -254,10 +254,10 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio); without a mask operand the mask is regenerated from the seed attribute (as the dropout with that seed made it)", MinOperands: 1, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat}, {Name: "seed", Kind: AttrInt}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if len(in) == 1 {
-				if _, ok := a["seed"]; !ok {
+				if !a.Has("seed") {
 					return nil, fmt.Errorf("without a mask operand the seed attribute is required")
 				}
 			} else if in[1].DType != Bool || !in[1].Shape.Equal(in[0].Shape) {
@@ -265,57 +265,51 @@ func init() {
 			}
 			return []Type{in[0]}, nil
 		},
-		Fusion:  Elementwise,
+		Fusion: Elementwise, Grad: NoGrad,
 		InPlace: true,
 	})
 	Register(&OpDef{
 		Name: "random_uniform", Summary: "uniform [0,1) numbers from the run's random stream (impure: never merged or recomputed)",
-		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType}},
-		Infer: func(_ []Type, a Attrs) ([]Type, error) {
-			d := F32
-			if t, ok := a["dtype"]; ok {
-				d = t.DType
-			}
-			s := Shape(a.Ints("shape", nil))
+		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)}},
+		Infer: func(_ []Type, a AttrValues) ([]Type, error) {
+			d := a.DType("dtype")
+			s := Shape(a.Ints("shape"))
 			if _, ok := s.NumElements(); !ok {
 				return nil, fmt.Errorf("shape %s is not valid", s)
 			}
 			return []Type{{DType: d, Shape: s}}, nil
 		},
-		Fusion: Opaque,
+		Fusion: Opaque, KeepF32: true, Grad: NoGrad,
 		Impure: true,
 	})
 
 	Register(&OpDef{
 		Name: "softmax_cross_entropy", Summary: "softmax cross-entropy of logits[N,K] (or [N,K,...]) with integer labels[N] (or [N,...]); reduction mean or sum",
-		MinOperands: 2, MaxOperands: 2, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			if err := crossEntropyShapes(in[0], in[1], a); err != nil {
+		MinOperands: 2, MaxOperands: 2, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if err := crossEntropyShapes(in[0], in[1]); err != nil {
 				return nil, err
 			}
 			return []Type{{DType: in[0].DType, Shape: Shape{}}}, nil
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 4 * in[0].NumElements() },
-		Fusion: Reduction,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[0].NumElements() },
+		Fusion: Reduction, KeepF32: true,
 	})
 	Register(&OpDef{
 		Name: "softmax_cross_entropy_grad", Summary: "gradient of softmax_cross_entropy: (dloss, logits, labels) -> dlogits",
-		MinOperands: 3, MaxOperands: 3, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		MinOperands: 3, MaxOperands: 3, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if in[0].Rank() != 0 {
 				return nil, fmt.Errorf("dloss must be a scalar, got %s", in[0])
 			}
-			return []Type{in[1]}, crossEntropyShapes(in[1], in[2], a)
+			return []Type{in[1]}, crossEntropyShapes(in[1], in[2])
 		},
-		FLOPs:  func(in, _ []Type, _ Attrs) int64 { return 4 * in[1].NumElements() },
-		Fusion: Reduction,
+		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[1].NumElements() },
+		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
 	})
 }
 
-func crossEntropyShapes(logits, labels Type, a Attrs) error {
-	if r := a.String("reduction", "mean"); r != "mean" && r != "sum" {
-		return fmt.Errorf("reduction must be mean or sum, not %q", r)
-	}
+func crossEntropyShapes(logits, labels Type) error {
 	if err := floatOperand(logits); err != nil {
 		return err
 	}
@@ -365,8 +359,8 @@ func channelParams(in []Type) (Type, error) {
 
 // layerNormShapes returns the statistics shape (x's shape with the
 // normalised axes set to 1) and the normalised shape.
-func layerNormShapes(x Type, a Attrs) (stat, norm Shape, err error) {
-	axis, err := NormalizeAxis(a.Int("axis", -1), x.Rank())
+func layerNormShapes(x Type, a AttrValues) (stat, norm Shape, err error) {
+	axis, err := NormalizeAxis(a.Int("axis"), x.Rank())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -386,17 +380,17 @@ type ConvGeometry struct {
 }
 
 // ConvGeometryOf resolves conv2d attributes for x[N,C,H,W] and w[M,C/g,kH,kW].
-func ConvGeometryOf(x, w Shape, a Attrs) (ConvGeometry, error) {
+func ConvGeometryOf(x, w Shape, a AttrValues) (ConvGeometry, error) {
 	var g ConvGeometry
 	if len(x) != 4 || len(w) != 4 {
 		return g, fmt.Errorf("conv2d needs x[N,C,H,W] and w[M,C/groups,kH,kW], got %s and %s", x, w)
 	}
 	g.N, g.C, g.H, g.W = x[0], x[1], x[2], x[3]
 	g.M, g.KH, g.KW = w[0], w[2], w[3]
-	g.Groups = a.Int("groups", 1)
-	s := a.Ints("strides", []int64{1, 1})
-	d := a.Ints("dilations", []int64{1, 1})
-	p := a.Ints("pads", []int64{0, 0, 0, 0})
+	g.Groups = a.Int("groups")
+	s := a.Ints("strides")
+	d := a.Ints("dilations")
+	p := a.Ints("pads")
 	if len(s) != 2 || len(d) != 2 || len(p) != 4 {
 		return g, fmt.Errorf("conv2d wants 2 strides, 2 dilations and 4 pads")
 	}
@@ -427,27 +421,27 @@ type PoolGeometry struct {
 // PoolGeometryOf resolves pooling attributes for x[N,C,H,W]. With
 // ceil_mode the output rounds up, but a window never starts in the
 // bottom/right padding (PyTorch's rule).
-func PoolGeometryOf(x Shape, a Attrs) (PoolGeometry, error) {
+func PoolGeometryOf(x Shape, a AttrValues) (PoolGeometry, error) {
 	var p PoolGeometry
 	if len(x) != 4 {
 		return p, fmt.Errorf("pooling needs x[N,C,H,W], got %s", x)
 	}
 	p.N, p.C, p.H, p.W = x[0], x[1], x[2], x[3]
-	k := a.Ints("kernel", nil)
+	k := a.Ints("kernel")
 	if len(k) != 2 {
 		return p, fmt.Errorf("pooling wants a kernel of 2 sizes")
 	}
 	p.KH, p.KW = k[0], k[1]
-	s := a.Ints("strides", k)
-	d := a.Ints("dilations", []int64{1, 1})
-	pads := a.Ints("pads", []int64{0, 0, 0, 0})
+	s := a.IntsOr("strides", k)
+	d := a.Ints("dilations")
+	pads := a.Ints("pads")
 	if len(s) != 2 || len(d) != 2 || len(pads) != 4 {
 		return p, fmt.Errorf("pooling wants 2 strides, 2 dilations and 4 pads")
 	}
 	p.SH, p.SW, p.DH, p.DW = s[0], s[1], d[0], d[1]
 	p.PT, p.PL, p.PB, p.PR = pads[0], pads[1], pads[2], pads[3]
-	p.CeilMode = a.Bool("ceil_mode", false)
-	p.CountIncludePad = a.Bool("count_include_pad", false)
+	p.CeilMode = a.Bool("ceil_mode")
+	p.CountIncludePad = a.Bool("count_include_pad")
 	if p.KH < 1 || p.KW < 1 || p.SH < 1 || p.SW < 1 || p.DH < 1 || p.DW < 1 || p.PT < 0 || p.PL < 0 || p.PB < 0 || p.PR < 0 {
 		return p, fmt.Errorf("pooling kernel, strides and dilations must be positive and pads not negative")
 	}

@@ -8,8 +8,8 @@ func init() {
 	Register(&OpDef{
 		Name: "reshape", Summary: "same elements, new shape (a view)", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			shape := Shape(a.Ints("shape", nil))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			shape := Shape(a.Ints("shape"))
 			n, ok := shape.NumElements()
 			if !ok {
 				return nil, fmt.Errorf("reshape target %s is not a valid shape", shape)
@@ -26,8 +26,8 @@ func init() {
 	Register(&OpDef{
 		Name: "transpose", Summary: "permute dimensions", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "perm", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			perm := a.Ints("perm", nil)
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			perm := a.Ints("perm")
 			if err := CheckPermutation(perm, in[0].Rank()); err != nil {
 				return nil, err
 			}
@@ -71,14 +71,14 @@ func NormalizeAxis(axis int64, rank int) (int, error) {
 func init() {
 	Register(&OpDef{
 		Name: "flatten", Summary: "reshape to [prod(dims before axis), prod(dims from axis)] (a view)", MinOperands: 1, MaxOperands: 1,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			axis := a.Int("axis", 1)
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(1)}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			axis := a.Int("axis")
 			if axis < 0 {
 				axis += int64(in[0].Rank())
 			}
 			if axis < 0 || axis > int64(in[0].Rank()) {
-				return nil, fmt.Errorf("axis %d is out of range for rank %d", a.Int("axis", 1), in[0].Rank())
+				return nil, fmt.Errorf("axis %d is out of range for rank %d", a.Int("axis"), in[0].Rank())
 			}
 			outer, _ := in[0].Shape[:axis].NumElements()
 			inner, _ := in[0].Shape[axis:].NumElements()
@@ -89,12 +89,11 @@ func init() {
 	Register(&OpDef{
 		Name: "squeeze", Summary: "remove size-1 dimensions (all when axes is absent; a view)", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			out := Shape{}
 			drop := map[int]bool{}
-			if axes, ok := a["axes"]; ok {
-				ints, _ := axes.Ints()
-				for _, x := range ints {
+			if a.Has("axes") {
+				for _, x := range a.Ints("axes") {
 					ax, err := NormalizeAxis(x, in[0].Rank())
 					if err != nil {
 						return nil, err
@@ -121,8 +120,8 @@ func init() {
 	Register(&OpDef{
 		Name: "unsqueeze", Summary: "insert size-1 dimensions at axes of the result (a view)", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "axes", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			axes := a.Ints("axes", nil)
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			axes := a.Ints("axes")
 			rank := in[0].Rank() + len(axes)
 			ins := make([]bool, rank)
 			for _, x := range axes {
@@ -152,8 +151,8 @@ func init() {
 	Register(&OpDef{
 		Name: "expand", Summary: "broadcast to shape", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			s, err := BroadcastShapes(in[0].Shape, Shape(a.Ints("shape", nil)))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			s, err := BroadcastShapes(in[0].Shape, Shape(a.Ints("shape")))
 			return []Type{{DType: in[0].DType, Shape: s}}, err
 		},
 		FLOPs: zeroFLOPs, Fusion: Broadcast,
@@ -161,20 +160,20 @@ func init() {
 	Register(&OpDef{
 		Name: "sum_to", Summary: "sum a broadcast tensor back down to shape (the gradient of broadcasting)", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			s := Shape(a.Ints("shape", nil))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			s := Shape(a.Ints("shape"))
 			if b, err := BroadcastShapes(s, in[0].Shape); err != nil || !b.Equal(in[0].Shape) {
 				return nil, fmt.Errorf("%s does not broadcast to %s", s, in[0].Shape)
 			}
 			return []Type{{DType: in[0].DType, Shape: s}}, nil
 		},
-		FLOPs: inputFLOPs, Fusion: Reduction,
+		FLOPs: inputFLOPs, Fusion: Reduction, KeepF32: true,
 	})
 	Register(&OpDef{
 		Name: "concat", Summary: "join along axis", MinOperands: 1, MaxOperands: -1,
 		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			ax, err := NormalizeAxis(a.Int("axis", 0), in[0].Rank())
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			ax, err := NormalizeAxis(a.Int("axis"), in[0].Rank())
 			if err != nil {
 				return nil, err
 			}
@@ -197,14 +196,14 @@ func init() {
 	Register(&OpDef{
 		Name: "split", Summary: "cut along axis into pieces of the given sizes", MinOperands: 1, MaxOperands: 1,
 		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Required: true}, {Name: "sizes", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			ax, err := NormalizeAxis(a.Int("axis", 0), in[0].Rank())
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			ax, err := NormalizeAxis(a.Int("axis"), in[0].Rank())
 			if err != nil {
 				return nil, err
 			}
 			var out []Type
 			total := int64(0)
-			for _, s := range a.Ints("sizes", nil) {
+			for _, s := range a.Ints("sizes") {
 				if s < 0 {
 					return nil, fmt.Errorf("split size %d is negative", s)
 				}
@@ -214,7 +213,7 @@ func init() {
 				out = append(out, Type{DType: in[0].DType, Shape: sh})
 			}
 			if total != in[0].Shape[ax] || len(out) == 0 {
-				return nil, fmt.Errorf("split sizes %v do not add up to %d", a.Ints("sizes", nil), in[0].Shape[ax])
+				return nil, fmt.Errorf("split sizes %v do not add up to %d", a.Ints("sizes"), in[0].Shape[ax])
 			}
 			return out, nil
 		},
@@ -225,7 +224,7 @@ func init() {
 	Register(&OpDef{
 		Name: "slice", Summary: "ONNX Slice with static starts, ends, axes and steps (ends clamp; negative indices count from the end)",
 		MinOperands: 1, MaxOperands: 1, Attrs: sliceAttrs,
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			sl, err := SliceOf(in[0].Shape, a)
 			if err != nil {
 				return nil, err
@@ -237,8 +236,8 @@ func init() {
 	Register(&OpDef{
 		Name: "slice_grad", Summary: "scatter dy into zeros of input_shape at the slice's positions",
 		MinOperands: 1, MaxOperands: 1, Attrs: append(sliceAttrs, AttrSpec{Name: "input_shape", Kind: AttrList, Required: true}),
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			xs := Shape(a.Ints("input_shape", nil))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			xs := Shape(a.Ints("input_shape"))
 			sl, err := SliceOf(xs, a)
 			if err != nil {
 				return nil, err
@@ -248,13 +247,13 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: xs}}, nil
 		},
-		FLOPs: zeroFLOPs, Fusion: Injective,
+		FLOPs: zeroFLOPs, Fusion: Injective, Grad: NoGrad,
 	})
 	Register(&OpDef{
 		Name: "gather", Summary: "take entries of data along axis at integer indices (embeddings)", MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			s, err := GatherShape(in[0].Shape, in[1], a.Int("axis", 0))
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			s, err := GatherShape(in[0].Shape, in[1], a.Int("axis"))
 			return []Type{{DType: in[0].DType, Shape: s}}, err
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
@@ -262,9 +261,9 @@ func init() {
 	Register(&OpDef{
 		Name: "gather_grad", Summary: "scatter-add dy into zeros of data_shape at the gathered indices", MinOperands: 2, MaxOperands: 2,
 		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			ds := Shape(a.Ints("data_shape", nil))
-			s, err := GatherShape(ds, in[1], a.Int("axis", 0))
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			ds := Shape(a.Ints("data_shape"))
+			s, err := GatherShape(ds, in[1], a.Int("axis"))
 			if err != nil {
 				return nil, err
 			}
@@ -273,13 +272,13 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: ds}}, nil
 		},
-		FLOPs: inputFLOPs, Fusion: Opaque,
+		FLOPs: inputFLOPs, Fusion: Opaque, Grad: NoGrad,
 	})
 	Register(&OpDef{
 		Name: "pad", Summary: "constant padding; pads = [begin of each axis..., end of each axis...], negative pads crop",
-		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "pads", Kind: AttrList, Required: true}, {Name: "value", Kind: AttrFloat}},
-		Infer: func(in []Type, a Attrs) ([]Type, error) {
-			pads := a.Ints("pads", nil)
+		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "pads", Kind: AttrList, Required: true}, {Name: "value", Kind: AttrFloat, Default: FloatAttr(0)}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			pads := a.Ints("pads")
 			r := in[0].Rank()
 			if len(pads) != 2*r {
 				return nil, fmt.Errorf("pad wants %d pads for rank %d, got %d", 2*r, r, len(pads))
@@ -318,20 +317,20 @@ type Slice struct {
 }
 
 // SliceOf resolves ONNX Slice semantics for a static input shape.
-func SliceOf(in Shape, a Attrs) (Slice, error) {
+func SliceOf(in Shape, a AttrValues) (Slice, error) {
 	r := len(in)
 	sl := Slice{Start: make(Shape, r), Step: make(Shape, r), Out: in.Clone()}
 	for i := range sl.Step {
 		sl.Step[i] = 1
 	}
-	starts, ends := a.Ints("starts", nil), a.Ints("ends", nil)
-	axes := a.Ints("axes", nil)
+	starts, ends := a.Ints("starts"), a.Ints("ends")
+	axes := a.Ints("axes")
 	if axes == nil {
 		for i := range starts {
 			axes = append(axes, int64(i))
 		}
 	}
-	steps := a.Ints("steps", nil)
+	steps := a.Ints("steps")
 	if steps == nil {
 		for range starts {
 			steps = append(steps, 1)

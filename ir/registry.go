@@ -3,6 +3,9 @@ package ir
 import (
 	"fmt"
 	"sort"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // FusionClass tells the fusion pass how an op combines with its neighbours.
@@ -41,6 +44,11 @@ type AttrSpec struct {
 	Name     string
 	Kind     AttrKind // AttrFloat also accepts an int; AttrList means a list of ints
 	Required bool
+	// Default is the value an absent attribute has (zero Kind: none, and
+	// readers see the kind's zero value).
+	Default Attr
+	// Enum lists the values a string attribute may take.
+	Enum []string
 }
 
 // Cost is the work of one op.
@@ -50,18 +58,43 @@ type Cost struct {
 	BytesWritten int64
 }
 
-// OpDef declares an op kind. Infer, given operand types and validated
-// attributes, returns the result types or an error saying what is wrong.
+// GradKind says how autodiff differentiates an op.
+type GradKind uint8
+
+// The gradient kinds.
+const (
+	GradRule GradKind = iota // autodiff has a rule for it (or, with Deriv, derives one)
+	GradZero                 // piecewise constant: its gradient is zero
+	NoGrad                   // not differentiable: indices, masks, backward ops, updates
+)
+
+// Deriv is the derivative of a unary elementwise op as a scalar
+// expression of one saved value (operand 0 of the expression): the op's
+// input, or its output when FromOutput. Registering an op with a Deriv
+// also registers NAME_grad(dy, s) = dy * Expr(s), which autodiff emits.
+type Deriv struct {
+	FromOutput bool
+	Expr       func(a AttrValues) *scalar.Expr
+}
+
+// OpDef is the one record of an op kind: its signature, attributes,
+// shape and dtype inference, cost, memory behaviour, elementwise
+// semantics, gradient and ONNX mapping. The interpreter, the loop
+// lowering, autodiff, constant folding, mixed precision and the ONNX
+// importer derive what they need from it, and a coverage test checks
+// that none of them lacks an op.
 type OpDef struct {
 	Name        string
 	Summary     string
 	MinOperands int
 	MaxOperands int // -1: any number
 	Attrs       []AttrSpec
-	Infer       func(in []Type, a Attrs) ([]Type, error)
+	// Infer, given operand types and the op's attributes, returns the
+	// result types or an error saying what is wrong.
+	Infer func(in []Type, a AttrValues) ([]Type, error)
 	// FLOPs returns the op's floating-point work; nil means one per
 	// result element (the design notes' counting rule).
-	FLOPs  func(in, out []Type, a Attrs) int64
+	FLOPs  func(in, out []Type, a AttrValues) int64
 	Fusion FusionClass
 	// InPlace: result 0 may be written over an operand of the same type
 	// that dies at this op.
@@ -81,7 +114,111 @@ type OpDef struct {
 	// Host: the result lives in host memory (swap_out); only swap_in may
 	// read it.
 	Host bool
+
+	// Scalar, for an elementwise op with one result, computes a result
+	// element from the operands' elements at the same (broadcast) index.
+	// The interpreter, constant folding and the loop lowering all run it.
+	Scalar func(a AttrValues, in []Type, out Type) *scalar.Expr
+	// Deriv defines the gradient of a unary elementwise op (see Deriv).
+	Deriv *Deriv
+	// Grad says whether and how autodiff differentiates the op.
+	Grad GradKind
+	// KeepF32: under mixed precision the op computes in f32 (statistics,
+	// losses, optimizer updates).
+	KeepF32 bool
+	// Contraction: the op sums products over a long axis (matrix
+	// products, a convolution's weight gradient); mixed precision
+	// produces a weight gradient it makes in f32.
+	Contraction bool
+	// ONNX names the ONNX operator this op imports from one to one: same
+	// operands, and attributes of the same name (floats rounded to f32).
+	ONNX string
 }
+
+// AttrValues reads an op's attributes, with the declared default where
+// one is absent. Reading a name the op does not declare panics: that is
+// a programming error, found by the tests.
+type AttrValues struct {
+	def *OpDef
+	set Attrs
+}
+
+// Values returns a's attributes as an op of this kind reads them.
+func (d *OpDef) Values(a Attrs) AttrValues { return AttrValues{def: d, set: a} }
+
+// Attr returns op's attributes as its kind declares them.
+func (o *Op) Attr() AttrValues { return AttrValues{def: o.Def(), set: o.Attrs} }
+
+func (v AttrValues) get(name string) Attr {
+	if a, ok := v.set[name]; ok {
+		return a
+	}
+	if _, ok := commonAttrs[name]; ok {
+		return Attr{}
+	}
+	if v.def == nil {
+		panic("ir: attribute " + name + " read from an op of unknown kind")
+	}
+	for i := range v.def.Attrs {
+		if v.def.Attrs[i].Name == name {
+			return v.def.Attrs[i].Default
+		}
+	}
+	panic("ir: op " + v.def.Name + " reads undeclared attribute " + name)
+}
+
+// Has reports whether the attribute is given (not defaulted).
+func (v AttrValues) Has(name string) bool {
+	v.get(name) // panics on an undeclared name
+	_, ok := v.set[name]
+	return ok
+}
+
+// Float returns a float attribute (an int is accepted).
+func (v AttrValues) Float(name string) float64 {
+	switch a := v.get(name); a.Kind {
+	case AttrFloat:
+		return a.Float
+	case AttrInt:
+		return float64(a.Int)
+	}
+	return 0
+}
+
+// Int returns an int attribute.
+func (v AttrValues) Int(name string) int64 { return v.get(name).Int }
+
+// String returns a string attribute.
+func (v AttrValues) String(name string) string { return v.get(name).Str }
+
+// Bool returns a bool attribute.
+func (v AttrValues) Bool(name string) bool { return v.get(name).Bool }
+
+// DType returns a dtype attribute.
+func (v AttrValues) DType(name string) DType { return v.get(name).DType }
+
+// Dense returns a dense attribute, or nil.
+func (v AttrValues) Dense(name string) *Dense { return v.get(name).Dense }
+
+// Ints returns an int-list attribute, or nil when it is absent and has
+// no default.
+func (v AttrValues) Ints(name string) []int64 {
+	l, _ := v.get(name).Ints()
+	return l
+}
+
+// IntsOr returns an int-list attribute, or def when it is absent and has
+// no default (a default that depends on other attributes or operands).
+func (v AttrValues) IntsOr(name string, def []int64) []int64 {
+	if a := v.get(name); a.Kind == AttrList {
+		l, _ := a.Ints()
+		return l
+	}
+	return def
+}
+
+// Raw returns the attributes as set on the op, without defaults.
+func (v AttrValues) Raw() Attrs { return v.set }
 
 var registry = map[string]*OpDef{}
 
@@ -94,7 +231,58 @@ func Register(d *OpDef) {
 	if d.Infer == nil && !d.HasRegion || d.Fusion == 0 {
 		panic("ir: op " + d.Name + " needs Infer and a fusion class")
 	}
+	for _, a := range d.Attrs {
+		if a.Default.Kind != 0 {
+			if err := checkAttrKind(a.Name, a.Default, a.Kind); err != nil {
+				panic("ir: op " + d.Name + ": default of " + err.Error())
+			}
+		}
+	}
 	registry[d.Name] = d
+	if d.Deriv != nil {
+		registerDerivative(d)
+	}
+}
+
+// registerDerivative registers NAME_grad(dy, s) = dy * f'(s) for a unary
+// elementwise op with a Deriv.
+func registerDerivative(d *OpDef) {
+	deriv := d.Deriv.Expr
+	saved := "input"
+	if d.Deriv.FromOutput {
+		saved = "output"
+	}
+	Register(&OpDef{
+		Name: d.Name + "_grad", Summary: "dy * f'(s) of " + d.Name + ", from dy and its saved " + saved + " s",
+		MinOperands: 2, MaxOperands: 2, Attrs: d.Attrs,
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
+			if !in[0].Equal(in[1]) {
+				return nil, fmt.Errorf("dy %s and saved value %s differ", in[0], in[1])
+			}
+			return []Type{in[0]}, floatOperand(in[0])
+		},
+		FLOPs:   func(in, _ []Type, _ AttrValues) int64 { return 2 * in[0].NumElements() },
+		Fusion:  Elementwise,
+		InPlace: true,
+		Grad:    NoGrad,
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			// operand 1 is the saved value; the derivative reads it as x0
+			return scalar.X(0).Mul(substitute(deriv(a), 1))
+		},
+	})
+}
+
+// substitute returns e with operand 0 renamed to operand i.
+func substitute(e *scalar.Expr, i int) *scalar.Expr {
+	if e.Node == scalar.Operand {
+		return scalar.X(i)
+	}
+	c := *e
+	c.Args = make([]*scalar.Expr, len(e.Args))
+	for j, a := range e.Args {
+		c.Args[j] = substitute(a, i)
+	}
+	return &c
 }
 
 // Lookup returns the registered op kind called name, or nil.
@@ -114,7 +302,16 @@ func OpNames() []string {
 var commonAttrs = map[string]AttrKind{
 	"remat":      AttrString, // "never" or "always": recompute hints
 	"recomputed": AttrBool,   // set on ops cloned by remat
+	"role":       AttrString, // what the value is to later passes (RoleLossSeed)
 }
+
+// Op roles (the common attribute "role"): passes find these values by
+// role, never by name, and CSE and folding keep them apart.
+const (
+	// RoleLossSeed marks the constant autodiff starts the backward pass
+	// from (d loss / d loss); mixed precision scales it.
+	RoleLossSeed = "loss_seed"
+)
 
 // CheckAttrs validates a against the op kind's declared attributes.
 // Names containing a dot are free-form (user annotations) and pass.
@@ -135,6 +332,13 @@ func (d *OpDef) CheckAttrs(a Attrs) error {
 				return fmt.Errorf("op %s has no attribute %q", d.Name, k)
 			}
 			want = spec.Kind
+			if err := checkAttrKind(k, a[k], want); err != nil {
+				return err
+			}
+			if len(spec.Enum) > 0 && !contains(spec.Enum, a[k].Str) {
+				return fmt.Errorf("attribute %q of %s must be one of %s, not %q", k, d.Name, quoteAll(spec.Enum), a[k].Str)
+			}
+			continue
 		}
 		if err := checkAttrKind(k, a[k], want); err != nil {
 			return err
@@ -147,6 +351,9 @@ func (d *OpDef) CheckAttrs(a Attrs) error {
 	}
 	if k, ok := a["remat"]; ok && k.Str != "never" && k.Str != "always" {
 		return fmt.Errorf("attribute \"remat\" must be \"never\" or \"always\", not %q", k.Str)
+	}
+	if k, ok := a["role"]; ok && k.Str != RoleLossSeed {
+		return fmt.Errorf("attribute \"role\" must be %q, not %q", RoleLossSeed, k.Str)
 	}
 	return nil
 }
@@ -171,6 +378,23 @@ func checkAttrKind(name string, a Attr, want AttrKind) error {
 	return nil
 }
 
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func quoteAll(xs []string) string {
+	q := make([]string, len(xs))
+	for i, x := range xs {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	return strings.Join(q, ", ")
+}
+
 func containsDot(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] == '.' {
@@ -189,7 +413,7 @@ func (d *OpDef) InferTypes(in []Type, a Attrs) ([]Type, error) {
 	if err := d.CheckAttrs(a); err != nil {
 		return nil, err
 	}
-	return d.Infer(in, a)
+	return d.Infer(in, d.Values(a))
 }
 
 func arity(lo, hi int) string {
@@ -237,7 +461,7 @@ func OpCost(op *Op) Cost {
 		out[i] = v.Type
 	}
 	if d.FLOPs != nil {
-		c.FLOPs = d.FLOPs(in, out, op.Attrs)
+		c.FLOPs = d.FLOPs(in, out, d.Values(op.Attrs))
 	} else {
 		for _, t := range out {
 			c.FLOPs += t.NumElements()
@@ -247,7 +471,7 @@ func OpCost(op *Op) Cost {
 }
 
 // zeroFLOPs is the cost function of views, reshapes and copies.
-func zeroFLOPs([]Type, []Type, Attrs) int64 { return 0 }
+func zeroFLOPs([]Type, []Type, AttrValues) int64 { return 0 }
 
 // inputFLOPs counts one FLOP per element of operand 0 (reductions).
-func inputFLOPs(in, _ []Type, _ Attrs) int64 { return in[0].NumElements() }
+func inputFLOPs(in, _ []Type, _ AttrValues) int64 { return in[0].NumElements() }

@@ -113,7 +113,7 @@ func Build(f *ir.Func, passes []Pass) *Report {
 	for _, op := range f.Body {
 		c := ir.OpCost(op)
 		r.FLOPs += c.FLOPs
-		if op.Attrs.Bool("recomputed", false) {
+		if op.Attr().Bool("recomputed") {
 			r.RecomputeFLOPs += c.FLOPs
 		}
 		if isLaunch(op) {

@@ -3,11 +3,16 @@ package passes
 import (
 	"math"
 
+	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// foldLimit is the largest result (in elements) constant folding creates.
-const foldLimit = 1 << 16
+// foldLimit is the largest result (in elements) constant folding creates;
+// foldInputLimit the largest constant operand it reads.
+const (
+	foldLimit      = 1 << 16
+	foldInputLimit = 1 << 20
+)
 
 func init() {
 	MustRegister(&Pass{
@@ -53,9 +58,10 @@ func canonicalize(f *ir.Func) (folded, simplified int) {
 	return folded, simplified
 }
 
-// constOf returns the dense value of v when a constant op defines it.
+// constOf returns the dense value of v when a constant op defines it and
+// it has no role (a loss seed is kept as it is for later passes).
 func constOf(v *ir.Value) *ir.Dense {
-	if v.Def != nil && v.Def.Kind == "constant" {
+	if v.Def != nil && v.Def.Kind == "constant" && v.Def.Attrs["role"].Kind == 0 {
 		return v.Def.Attrs["value"].Dense
 	}
 	return nil
@@ -99,9 +105,9 @@ func simplify(op *ir.Op) *ir.Value {
 		}
 		return same(op.Operands[0])
 	case "transpose":
-		perm := op.Attrs.Ints("perm", nil)
+		perm := op.Attr().Ints("perm")
 		if inner := a[0].Def; inner != nil && inner.Kind == "transpose" {
-			p1 := inner.Attrs.Ints("perm", nil)
+			p1 := inner.Attr().Ints("perm")
 			composed := make([]int64, len(perm))
 			for i, p := range perm {
 				composed[i] = p1[p]
@@ -147,123 +153,31 @@ func simplify(op *ir.Op) *ir.Value {
 	return nil
 }
 
-var unaryFolds = map[string]func(float64) float64{
-	"neg":        func(x float64) float64 { return -x },
-	"abs":        math.Abs,
-	"exp":        math.Exp,
-	"log":        math.Log,
-	"sqrt":       math.Sqrt,
-	"reciprocal": func(x float64) float64 { return 1 / x },
-	"tanh":       math.Tanh,
-	"sigmoid":    func(x float64) float64 { return 1 / (1 + math.Exp(-x)) },
-	"relu":       func(x float64) float64 { return math.Max(x, 0) },
-	"identity":   func(x float64) float64 { return x },
-}
-
-var binaryFolds = map[string]struct {
-	f func(a, b float64) float64
-	i func(a, b int64) (int64, bool)
-}{
-	"add": {func(a, b float64) float64 { return a + b }, func(a, b int64) (int64, bool) { return a + b, true }},
-	"sub": {func(a, b float64) float64 { return a - b }, func(a, b int64) (int64, bool) { return a - b, true }},
-	"mul": {func(a, b float64) float64 { return a * b }, func(a, b int64) (int64, bool) { return a * b, true }},
-	"div": {func(a, b float64) float64 { return a / b }, func(a, b int64) (int64, bool) {
-		if b == 0 {
-			return 0, false
-		}
-		return a / b, true
-	}},
-	"max": {math.Max, func(a, b int64) (int64, bool) { return max(a, b), true }},
-	"min": {math.Min, func(a, b int64) (int64, bool) { return min(a, b), true }},
-}
-
-// foldOp turns op into a constant when all its operands are constants and
-// the result is small; it reports whether it did.
+// foldOp turns op into a constant when all its operands are constants
+// and its results are small; it reports whether it did. The interpreter
+// computes the value, so a fold always agrees with a run.
 func foldOp(op *ir.Op) bool {
 	if len(op.Results) != 1 || op.Kind == "constant" || len(op.Operands) == 0 {
 		return false
 	}
-	in := make([]*ir.Dense, len(op.Operands))
+	in := make([]*interp.Tensor, len(op.Operands))
 	for i, v := range op.Operands {
-		if in[i] = constOf(v); in[i] == nil {
+		d := constOf(v)
+		if d == nil || v.Type.NumElements() > foldInputLimit {
 			return false
 		}
+		in[i] = interp.FromDense(d)
 	}
-	t := op.Results[0].Type
-	n := t.NumElements()
-	if n > foldLimit {
+	if op.Results[0].Type.NumElements() > foldLimit {
 		return false
 	}
-	out := &ir.Dense{Type: t}
-	isFloat := t.DType.IsFloat()
-	put := func(x float64) {
-		if isFloat {
-			out.Floats = append(out.Floats, ir.RoundTo(t.DType, x))
-		} else {
-			out.Ints = append(out.Ints, int64(ir.RoundTo(t.DType, x)))
-		}
-	}
-	switch {
-	case unaryFolds[op.Kind] != nil:
-		fn := unaryFolds[op.Kind]
-		for i := int64(0); i < n; i++ {
-			if isFloat {
-				put(fn(in[0].Float(i)))
-			} else if op.Kind == "neg" || op.Kind == "abs" || op.Kind == "identity" {
-				x := in[0].Int(i)
-				if op.Kind == "neg" || op.Kind == "abs" && x < 0 {
-					x = -x
-				}
-				out.Ints = append(out.Ints, x)
-			} else {
-				return false
-			}
-		}
-	case binaryFolds[op.Kind].f != nil:
-		fns := binaryFolds[op.Kind]
-		ia := broadcastIndex(op.Operands[0].Type.Shape, t.Shape)
-		ib := broadcastIndex(op.Operands[1].Type.Shape, t.Shape)
-		for i := int64(0); i < n; i++ {
-			if isFloat {
-				put(fns.f(in[0].Float(ia(i)), in[1].Float(ib(i))))
-				continue
-			}
-			x, ok := fns.i(in[0].Int(ia(i)), in[1].Int(ib(i)))
-			if !ok {
-				return false
-			}
-			out.Ints = append(out.Ints, int64(ir.RoundTo(t.DType, float64(x))))
-			if t.DType == ir.I64 {
-				out.Ints[len(out.Ints)-1] = x
-			}
-		}
-	case op.Kind == "cast":
-		for i := int64(0); i < n; i++ {
-			put(in[0].Float(i))
-		}
-	case op.Kind == "reshape":
-		for i := int64(0); i < n; i++ {
-			if isFloat {
-				out.Floats = append(out.Floats, in[0].Float(i))
-			} else {
-				out.Ints = append(out.Ints, in[0].Int(i))
-			}
-		}
-	case op.Kind == "transpose":
-		src := transposeIndex(op.Operands[0].Type.Shape, op.Attrs.Ints("perm", nil))
-		for i := int64(0); i < n; i++ {
-			if isFloat {
-				out.Floats = append(out.Floats, in[0].Float(src(i)))
-			} else {
-				out.Ints = append(out.Ints, in[0].Int(src(i)))
-			}
-		}
-	default:
-		return false
+	out, err := interp.EvalOp(op, in)
+	if err != nil {
+		return false // the run reports it, where it happens
 	}
 	op.Kind = "constant"
 	op.Operands = nil
-	op.Attrs = ir.Attrs{"value": ir.DenseAttr(compactSplat(out))}
+	op.Attrs = ir.Attrs{"value": ir.DenseAttr(compactSplat(out[0].ToDense()))}
 	return true
 }
 
@@ -281,51 +195,4 @@ func compactSplat(d *ir.Dense) *ir.Dense {
 		return &ir.Dense{Type: d.Type, Floats: d.Floats[:1]}
 	}
 	return &ir.Dense{Type: d.Type, Ints: d.Ints[:1]}
-}
-
-// broadcastIndex maps a flat index of shape out to the flat index of the
-// broadcast operand of shape in.
-func broadcastIndex(in, out ir.Shape) func(int64) int64 {
-	strides := make([]int64, len(out))
-	s := int64(1)
-	for i := len(in) - 1; i >= 0; i-- {
-		j := i + len(out) - len(in)
-		if in[i] != 1 {
-			strides[j] = s
-		}
-		s *= in[i]
-	}
-	return func(flat int64) int64 {
-		idx := int64(0)
-		for d := len(out) - 1; d >= 0; d-- {
-			idx += (flat % out[d]) * strides[d]
-			flat /= out[d]
-		}
-		return idx
-	}
-}
-
-// transposeIndex maps a flat index of the transposed result to the flat
-// index of the source of shape in.
-func transposeIndex(in ir.Shape, perm []int64) func(int64) int64 {
-	strides := make([]int64, len(in))
-	s := int64(1)
-	for i := len(in) - 1; i >= 0; i-- {
-		strides[i] = s
-		s *= in[i]
-	}
-	outShape := make([]int64, len(perm))
-	outStride := make([]int64, len(perm))
-	for i, p := range perm {
-		outShape[i] = in[p]
-		outStride[i] = strides[p]
-	}
-	return func(flat int64) int64 {
-		idx := int64(0)
-		for d := len(outShape) - 1; d >= 0; d-- {
-			idx += (flat % outShape[d]) * outStride[d]
-			flat /= outShape[d]
-		}
-		return idx
-	}
 }

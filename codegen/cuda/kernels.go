@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // BlockSize is the threads per block of every launch.
@@ -218,7 +219,7 @@ func (w *cw) emit(x loops.Expr) string {
 	case *loops.Binary:
 		return w.def(x.Kind(), w.binary(x.Op, x.A.Kind(), w.expr(x.A), w.expr(x.B)))
 	case *loops.Compare:
-		ops := map[string]string{"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+		ops := map[scalar.Prim]string{scalar.Eq: "==", scalar.Ne: "!=", scalar.Lt: "<", scalar.Le: "<=", scalar.Gt: ">", scalar.Ge: ">="}
 		op, ok := ops[x.Pred]
 		if !ok {
 			w.fail(fmt.Errorf("unknown comparison %s", x.Pred))
@@ -282,82 +283,88 @@ func floatOrInt(v float64, k loops.Kind) string {
 	return floatLit(v, k)
 }
 
-func identity(op string, k loops.Kind) string {
+func identity(op scalar.Prim, k loops.Kind) string {
 	if k.IsFloat() {
 		switch op {
-		case "max":
+		case scalar.Max:
 			return floatLit(math.Inf(-1), k)
-		case "min":
+		case scalar.Min:
 			return floatLit(math.Inf(1), k)
 		}
 		return floatLit(0, k)
 	}
 	switch op {
-	case "max":
+	case scalar.Max:
 		return "(-9223372036854775807LL - 1)"
-	case "min":
+	case scalar.Min:
 		return "9223372036854775807LL"
 	}
 	return "0LL"
 }
 
-func (w *cw) unary(fn string, k loops.Kind, x string) string {
+// cudaUnary are the unary primitives with a CUDA math function (expf or
+// exp, ...).
+var cudaUnary = map[scalar.Prim]string{scalar.Sqrt: "sqrt", scalar.Exp: "exp", scalar.Expm1: "expm1", scalar.Log: "log",
+	scalar.Log1p: "log1p", scalar.Tanh: "tanh", scalar.Erf: "erf", scalar.Floor: "floor", scalar.Ceil: "ceil",
+	scalar.Round: "rint", scalar.Sin: "sin", scalar.Cos: "cos", scalar.Abs: "fabs"}
+
+func (w *cw) unary(p scalar.Prim, k loops.Kind, x string) string {
 	f := ""
 	if k == loops.F32 {
 		f = "f"
 	}
-	switch fn {
-	case "neg":
+	switch {
+	case p == scalar.Neg:
 		return "-" + x
-	case "abs":
-		if k.IsFloat() {
-			return "fabs" + f + "(" + x + ")"
-		}
-		return "(" + x + " < 0 ? -" + x + " : " + x + ")"
-	case "sqrt", "exp", "log", "tanh", "erf":
-		return fn + f + "(" + x + ")"
-	case "not":
+	case p == scalar.Not:
 		return "!" + x
+	case p == scalar.Abs && !k.IsFloat():
+		return "(" + x + " < 0 ? -" + x + " : " + x + ")"
+	case k.IsFloat() && cudaUnary[p] != "":
+		return cudaUnary[p] + f + "(" + x + ")"
 	}
-	w.fail(fmt.Errorf("unknown function %s", fn))
+	w.fail(fmt.Errorf("no %s on %s", p, k))
 	return x
 }
 
-func (w *cw) binary(op string, k loops.Kind, a, b string) string {
+// cOps are the binary primitives that are one C operator on integers.
+var cOps = map[scalar.Prim]string{scalar.Add: "+", scalar.Sub: "-", scalar.Mul: "*", scalar.Div: "/", scalar.Rem: "%",
+	scalar.And: "&", scalar.Or: "|", scalar.Xor: "^"}
+
+func (w *cw) binary(op scalar.Prim, k loops.Kind, a, b string) string {
 	f := ""
 	if k == loops.F32 {
 		f = "f"
 	}
 	if k.IsFloat() {
 		switch op {
-		case "add", "sum":
+		case scalar.Add:
 			return a + " + " + b
-		case "sub":
+		case scalar.Sub:
 			return a + " - " + b
-		case "mul":
+		case scalar.Mul:
 			return a + " * " + b
-		case "div":
+		case scalar.Div:
 			return a + " / " + b
-		case "rem":
+		case scalar.Rem:
 			return "fmod" + f + "(" + a + ", " + b + ")"
-		case "pow":
+		case scalar.Pow:
 			return "pow" + f + "(" + a + ", " + b + ")"
-		case "max":
+		case scalar.Max:
 			return fmt.Sprintf("(%s != %s || %s > %s) ? %s : %s", a, a, a, b, a, b)
-		case "min":
+		case scalar.Min:
 			return fmt.Sprintf("(%s != %s || %s < %s) ? %s : %s", a, a, a, b, a, b)
 		}
 	} else {
-		ops := map[string]string{"add": "+", "sum": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|", "xor": "^"}
-		if o, ok := ops[op]; ok {
+		if o, ok := cOps[op]; ok {
 			return a + " " + o + " " + b
 		}
 		switch op {
-		case "shr":
-			return "(long long)((unsigned long long)" + a + " >> " + b + ")"
-		case "max":
+		case scalar.Shr:
+			return "(long long)((unsigned long long)" + a + " >> (" + b + " & 63))"
+		case scalar.Max:
 			return fmt.Sprintf("%s > %s ? %s : %s", a, b, a, b)
-		case "min":
+		case scalar.Min:
 			return fmt.Sprintf("%s < %s ? %s : %s", a, b, a, b)
 		}
 	}
@@ -371,6 +378,10 @@ func convert(x string, from, to loops.Kind) string {
 		return x
 	case to == loops.Bool:
 		return x + " != 0"
+	case from.IsFloat() && to == loops.I64:
+		// Saturating, NaN to 0 (scalar.Convert): a plain C cast is
+		// undefined out of range.
+		return "kiln_f2ll(" + x + ")"
 	}
 	return "(" + cType(to) + ")" + x
 }
@@ -554,7 +565,7 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		// Each thread owns its element: a plain read-modify-write.
 		old := w.tmp()
 		w.line("const %s %s = %s;", cType(outKind), old, w.load(s.Out, idx))
-		w.line("%s[%s] = %s;", out, at, toStorage(w.binary("add", outKind, old, value), d))
+		w.line("%s[%s] = %s;", out, at, toStorage(w.binary(scalar.Add, outKind, old, value), d))
 	case d == ir.F32 || d == ir.F64:
 		w.line("atomicAdd(&%s[%s], %s);", out, at, value)
 	case d == ir.I64:

@@ -103,6 +103,15 @@ __device__ static inline void kiln_atomic_add_16(unsigned short *p, float v, boo
   } while (old != assumed);
 }
 
+// Float to int64 as Kiln's Convert defines it: truncation toward zero,
+// saturating at the int64 range, NaN to 0.
+__device__ static inline long long kiln_f2ll(double x) {
+  if (x != x) return 0;
+  if (x >= 9223372036854775808.0) return 9223372036854775807LL;
+  if (x <= -9223372036854775808.0) return -9223372036854775807LL - 1;
+  return (long long)x;
+}
+
 // SplitMix64's finaliser: dropout's counter-based random numbers.
 __device__ static inline long long kiln_mix(long long x) {
   unsigned long long z = (unsigned long long)x + 0x9E3779B97F4A7C15ull;

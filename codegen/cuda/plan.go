@@ -306,7 +306,7 @@ func (b *planner) copyNode(i int, op *ir.Op) error {
 	if op.Kind == "swap_in" {
 		dir = "host_to_device"
 	}
-	b.raw = append(b.raw, Node{Kind: "copy", Stream: int(op.Attrs.Int("stream", 1)), Op: i, Direction: dir, Src: src, Dst: dst,
+	b.raw = append(b.raw, Node{Kind: "copy", Stream: int(op.Attr().Int("stream")), Op: i, Direction: dir, Src: src, Dst: dst,
 		Seconds: b.dev.CopySeconds(size), Last: true})
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	kir "github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 	"github.com/llir/llvm/ir"
 	"github.com/llir/llvm/ir/constant"
 	"github.com/llir/llvm/ir/enum"
@@ -386,7 +387,7 @@ func (e *fn) storeAt(b *loops.Buffer, idx []loops.Expr, v value.Value, accumulat
 	k := loops.ComputeKind(b.Type.DType)
 	if accumulate {
 		old := e.fromStorage(e.cur.NewLoad(et, ptr), b.Type.DType)
-		v = e.arith("add", k, old, v)
+		v = e.arith(scalar.Add, k, old, v)
 	}
 	e.cur.NewStore(e.toStorage(v, b.Type.DType), ptr)
 }
@@ -484,10 +485,10 @@ func (e *fn) emit(x loops.Expr) value.Value {
 		a, b := e.expr(x.A), e.expr(x.B)
 		c = e.cur
 		if x.A.Kind().IsFloat() {
-			pred := map[string]enum.FPred{"eq": enum.FPredOEQ, "ne": enum.FPredUNE, "lt": enum.FPredOLT, "le": enum.FPredOLE, "gt": enum.FPredOGT, "ge": enum.FPredOGE}[x.Pred]
+			pred := map[scalar.Prim]enum.FPred{scalar.Eq: enum.FPredOEQ, scalar.Ne: enum.FPredUNE, scalar.Lt: enum.FPredOLT, scalar.Le: enum.FPredOLE, scalar.Gt: enum.FPredOGT, scalar.Ge: enum.FPredOGE}[x.Pred]
 			return c.NewFCmp(pred, a, b)
 		}
-		pred := map[string]enum.IPred{"eq": enum.IPredEQ, "ne": enum.IPredNE, "lt": enum.IPredSLT, "le": enum.IPredSLE, "gt": enum.IPredSGT, "ge": enum.IPredSGE}[x.Pred]
+		pred := map[scalar.Prim]enum.IPred{scalar.Eq: enum.IPredEQ, scalar.Ne: enum.IPredNE, scalar.Lt: enum.IPredSLT, scalar.Le: enum.IPredSLE, scalar.Gt: enum.IPredSGT, scalar.Ge: enum.IPredSGE}[x.Pred]
 		return c.NewICmp(pred, a, b)
 	case *loops.Select:
 		cond, a, b := e.expr(x.C), e.expr(x.A), e.expr(x.B)
@@ -589,49 +590,55 @@ func (e *fn) intrinsic(name string, k loops.Kind, x value.Value) value.Value {
 	return e.cur.NewCall(e.md.declare("llvm."+name+suffix, t, t), x)
 }
 
-func (e *fn) unary(fnName string, k loops.Kind, x value.Value) value.Value {
+// libmUnary are the unary primitives that call the C library (expf or
+// exp, ...); llvmUnary those with an LLVM intrinsic.
+var (
+	libmUnary = map[scalar.Prim]string{scalar.Exp: "exp", scalar.Expm1: "expm1", scalar.Log: "log", scalar.Log1p: "log1p",
+		scalar.Tanh: "tanh", scalar.Erf: "erf", scalar.Sin: "sin", scalar.Cos: "cos"}
+	llvmUnary = map[scalar.Prim]string{scalar.Sqrt: "sqrt", scalar.Abs: "fabs", scalar.Floor: "floor", scalar.Ceil: "ceil",
+		scalar.Round: "roundeven"}
+)
+
+func (e *fn) unary(p scalar.Prim, k loops.Kind, x value.Value) value.Value {
 	c := e.cur
-	switch fnName {
-	case "neg":
-		if k.IsFloat() {
-			return c.NewFNeg(x)
-		}
-		return c.NewSub(i64(0), x)
-	case "abs":
-		if k.IsFloat() {
-			return e.intrinsic("fabs", k, x)
-		}
-		return c.NewSelect(c.NewICmp(enum.IPredSLT, x, i64(0)), c.NewSub(i64(0), x), x)
-	case "sqrt":
-		return e.intrinsic("sqrt", k, x)
-	case "exp", "log", "tanh", "erf":
-		return e.libm(fnName, k, x)
-	case "not":
+	switch {
+	case p == scalar.Not:
 		return c.NewXor(x, constant.True)
+	case p == scalar.Neg && k.IsFloat():
+		return c.NewFNeg(x)
+	case p == scalar.Neg:
+		return c.NewSub(i64(0), x)
+	case p == scalar.Abs && !k.IsFloat():
+		return c.NewSelect(c.NewICmp(enum.IPredSLT, x, i64(0)), c.NewSub(i64(0), x), x)
+	case !k.IsFloat():
+	case libmUnary[p] != "":
+		return e.libm(libmUnary[p], k, x)
+	case llvmUnary[p] != "":
+		return e.intrinsic(llvmUnary[p], k, x)
 	}
-	e.fail(fmt.Errorf("unknown function %s", fnName))
+	e.fail(fmt.Errorf("no %s on %s", p, k))
 	return x
 }
 
-func (e *fn) arith(op string, k loops.Kind, a, b value.Value) value.Value {
+func (e *fn) arith(op scalar.Prim, k loops.Kind, a, b value.Value) value.Value {
 	c := e.cur
 	if k.IsFloat() {
 		switch op {
-		case "add":
+		case scalar.Add:
 			return c.NewFAdd(a, b)
-		case "sub":
+		case scalar.Sub:
 			return c.NewFSub(a, b)
-		case "mul":
+		case scalar.Mul:
 			return c.NewFMul(a, b)
-		case "div":
+		case scalar.Div:
 			return c.NewFDiv(a, b)
-		case "rem":
+		case scalar.Rem:
 			return c.NewFRem(a, b)
-		case "pow":
+		case scalar.Pow:
 			return e.libm("pow", k, a, b)
-		case "max", "min":
+		case scalar.Max, scalar.Min:
 			pred := enum.FPredOGT
-			if op == "min" {
+			if op == scalar.Min {
 				pred = enum.FPredOLT
 			}
 			pick := c.NewOr(c.NewFCmp(enum.FPredUNO, a, a), c.NewFCmp(pred, a, b))
@@ -639,27 +646,27 @@ func (e *fn) arith(op string, k loops.Kind, a, b value.Value) value.Value {
 		}
 	} else {
 		switch op {
-		case "add":
+		case scalar.Add:
 			return c.NewAdd(a, b)
-		case "sub":
+		case scalar.Sub:
 			return c.NewSub(a, b)
-		case "mul":
+		case scalar.Mul:
 			return c.NewMul(a, b)
-		case "div":
+		case scalar.Div:
 			return c.NewSDiv(a, b)
-		case "rem":
+		case scalar.Rem:
 			return c.NewSRem(a, b)
-		case "and":
+		case scalar.And:
 			return c.NewAnd(a, b)
-		case "or":
+		case scalar.Or:
 			return c.NewOr(a, b)
-		case "xor":
+		case scalar.Xor:
 			return c.NewXor(a, b)
-		case "shr":
-			return c.NewLShr(a, b)
-		case "max":
+		case scalar.Shr:
+			return c.NewLShr(a, c.NewAnd(b, i64(63)))
+		case scalar.Max:
 			return c.NewSelect(c.NewICmp(enum.IPredSGT, a, b), a, b)
-		case "min":
+		case scalar.Min:
 			return c.NewSelect(c.NewICmp(enum.IPredSLT, a, b), a, b)
 		}
 	}
@@ -678,7 +685,13 @@ func (e *fn) convert(v value.Value, from, to loops.Kind) value.Value {
 		}
 		return c.NewFPTrunc(v, types.Float)
 	case from.IsFloat() && to == loops.I64:
-		return c.NewFPToSI(v, types.I64)
+		// Saturating, NaN to 0 (scalar.Convert); plain fptosi is poison
+		// out of range.
+		name := "llvm.fptosi.sat.i64.f64"
+		if from == loops.F32 {
+			name = "llvm.fptosi.sat.i64.f32"
+		}
+		return c.NewCall(e.md.declare(name, types.I64, kindType(from)), v)
 	case from.IsFloat() && to == loops.Bool:
 		return c.NewFCmp(enum.FPredUNE, v, constant.NewFloat(kindType(from).(*types.FloatType), 0))
 	case from == loops.I64 && to.IsFloat():
@@ -694,21 +707,22 @@ func (e *fn) convert(v value.Value, from, to loops.Kind) value.Value {
 	return v
 }
 
-func identity(op string, k loops.Kind) value.Value {
+// identity is the value a reduction by op starts from.
+func identity(op scalar.Prim, k loops.Kind) value.Value {
 	if k.IsFloat() {
 		v := 0.0
 		switch op {
-		case "max":
+		case scalar.Max:
 			v = math.Inf(-1)
-		case "min":
+		case scalar.Min:
 			v = math.Inf(1)
 		}
 		return constant.NewFloat(kindType(k).(*types.FloatType), v)
 	}
 	switch op {
-	case "max":
+	case scalar.Max:
 		return i64(math.MinInt64)
-	case "min":
+	case scalar.Min:
 		return i64(math.MaxInt64)
 	}
 	return i64(0)
@@ -722,14 +736,14 @@ func (e *fn) reduce(r *loops.Reduce) value.Value {
 		v := e.expr(r.Body)
 		old := e.cur.NewLoad(t, acc)
 		var next value.Value
-		if r.Op == "sum" && r.Acc.IsFloat() {
+		if r.Op == scalar.Add && r.Acc.IsFloat() {
 			// Reassociation lets the vectoriser keep several partial
 			// sums, which is also more accurate than one running sum.
 			add := e.cur.NewFAdd(old, v)
 			add.FastMathFlags = []enum.FastMathFlag{enum.FastMathFlagReassoc}
 			next = add
-		} else if r.Op == "sum" {
-			next = e.arith("add", r.Acc, old, v)
+		} else if r.Op == scalar.Add {
+			next = e.arith(scalar.Add, r.Acc, old, v)
 		} else {
 			next = e.arith(r.Op, r.Acc, v, old)
 		}

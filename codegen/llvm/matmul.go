@@ -2,6 +2,7 @@ package llvm
 
 import (
 	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 	"github.com/llir/llvm/ir/enum"
 	"github.com/llir/llvm/ir/types"
 	"github.com/llir/llvm/ir/value"
@@ -37,7 +38,7 @@ func (e *fn) matmul(s *loops.Stage, lo, hi value.Value) {
 	t := kindType(k)
 	acc := e.entry.NewAlloca(types.NewArray(mr*nb, t))
 	acc.Align = 64
-	zero := identity("sum", k)
+	zero := identity(scalar.Add, k)
 	if lo == nil {
 		lo, hi = i64(0), i64((M+mr-1)/mr)
 	}
@@ -75,7 +76,7 @@ func (e *fn) matmul(s *loops.Stage, lo, hi value.Value) {
 					for r := 0; r < mr; r++ {
 						p := slot(r, j)
 						old := e.cur.NewLoad(t, p)
-						e.cur.NewStore(e.arith("add", k, old, e.arith("mul", k, as[r], b)), p)
+						e.cur.NewStore(e.arith(scalar.Add, k, old, e.arith(scalar.Mul, k, as[r], b)), p)
 					}
 				})
 			})

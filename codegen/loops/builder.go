@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // builder collects the steps and workspace of one kernel.
@@ -65,7 +66,7 @@ func (b *builder) scatter(out *Buffer, extents []int64, at func(idx []Expr) []Ex
 }
 
 // reduce folds fn over the domain extents.
-func (b *builder) reduce(op string, acc Kind, extents []int64, fn func(r []Expr) Expr) Expr {
+func (b *builder) reduce(op scalar.Prim, acc Kind, extents []int64, fn func(r []Expr) Expr) Expr {
 	if len(extents) == 0 {
 		return conv(fn(nil), acc)
 	}
@@ -85,7 +86,7 @@ func (b *builder) matmul(out *Buffer, M, N, K int64, at func(m, n Expr) []Expr, 
 	if M < 4 {
 		// A matrix-vector product: one dot product per output, the
 		// contraction innermost and contiguous.
-		v := b.reduce("sum", kind, []int64{K}, func(r []Expr) Expr {
+		v := b.reduce(scalar.Add, kind, []int64{K}, func(r []Expr) Expr {
 			return mul(conv(a(m, r[0]), kind), conv(bv(r[0], n), kind))
 		})
 		if epilogue != nil {

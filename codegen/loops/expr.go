@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // Kind is the scalar type an expression computes in.
@@ -69,40 +70,41 @@ type Load struct {
 	Else  float64
 }
 
-// Unary applies Fn: neg, abs, exp, log, sqrt, tanh, erf, not.
+// Unary applies a unary primitive (scalar.Prim documents each).
 type Unary struct {
-	Fn string
+	Fn scalar.Prim
 	X  Expr
 }
 
-// Binary applies Op: add, sub, mul, div, rem, max, min, pow, and, or,
-// shr (logical shift right), xor (integers). max and min propagate NaN from A.
+// Binary applies a binary arithmetic or logical primitive to operands of
+// one kind.
 type Binary struct {
-	Op   string
+	Op   scalar.Prim
 	A, B Expr
 }
 
-// Compare is a comparison (eq, ne, lt, le, gt, ge); NaN compares false
-// except under ne. Integers compare signed.
+// Compare applies a comparison primitive; NaN compares false except
+// under Ne. Integers compare signed.
 type Compare struct {
-	Pred string
+	Pred scalar.Prim
 	A, B Expr
 }
 
 // Select is C ? A : B.
 type Select struct{ C, A, B Expr }
 
-// Convert changes kind: floats truncate toward zero into integers, bools
-// become 0 or 1, and a number becomes a bool when it is not zero.
+// Convert changes kind as scalar.Convert does: floats truncate toward
+// zero into integers, saturating (NaN: 0), bools become 0 or 1, and a
+// number becomes a bool when it is not zero.
 type Convert struct {
 	To Kind
 	X  Expr
 }
 
-// Reduce folds Body over the loop domain Vars × Extents with Op (sum, max,
-// min), accumulating in Acc. An empty domain yields the identity.
+// Reduce folds Body over the loop domain Vars × Extents with Op (Add,
+// Max or Min), accumulating in Acc. An empty domain yields the identity.
 type Reduce struct {
-	Op      string
+	Op      scalar.Prim
 	Vars    []*Var
 	Extents []int64
 	Body    Expr

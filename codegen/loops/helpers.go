@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // Tensor is a value as lowerings read it: its type and an accessor from a
@@ -100,48 +101,48 @@ func wider(a, b Kind) Kind {
 	return Bool
 }
 
-func bin(op string, a, b Expr) Expr {
+func bin(op scalar.Prim, a, b Expr) Expr {
 	k := wider(a.Kind(), b.Kind())
 	a, b = conv(a, k), conv(b, k)
 	if ia, ok := a.(Int); ok {
 		if ib, ok := b.(Int); ok {
 			switch op {
-			case "add":
+			case scalar.Add:
 				return Int{ia.V + ib.V}
-			case "mul":
+			case scalar.Mul:
 				return Int{ia.V * ib.V}
-			case "sub":
+			case scalar.Sub:
 				return Int{ia.V - ib.V}
 			}
 		}
 	}
 	if ib, ok := b.(Int); ok {
 		switch {
-		case (op == "add" || op == "sub") && ib.V == 0, (op == "mul" || op == "div") && ib.V == 1:
+		case (op == scalar.Add || op == scalar.Sub) && ib.V == 0, (op == scalar.Mul || op == scalar.Div) && ib.V == 1:
 			return a
 		}
 	}
 	if ia, ok := a.(Int); ok {
 		switch {
-		case op == "add" && ia.V == 0, op == "mul" && ia.V == 1:
+		case op == scalar.Add && ia.V == 0, op == scalar.Mul && ia.V == 1:
 			return b
-		case op == "mul" && ia.V == 0:
+		case op == scalar.Mul && ia.V == 0:
 			return a
 		}
 	}
 	return &Binary{Op: op, A: a, B: b}
 }
 
-func add(a, b Expr) Expr        { return bin("add", a, b) }
-func sub(a, b Expr) Expr        { return bin("sub", a, b) }
-func mul(a, b Expr) Expr        { return bin("mul", a, b) }
-func div(a, b Expr) Expr        { return bin("div", a, b) }
-func rem(a, b Expr) Expr        { return bin("rem", a, b) }
-func maxE(a, b Expr) Expr       { return bin("max", a, b) }
-func minE(a, b Expr) Expr       { return bin("min", a, b) }
-func un(fn string, x Expr) Expr { return &Unary{Fn: fn, X: x} }
+func add(a, b Expr) Expr             { return bin(scalar.Add, a, b) }
+func sub(a, b Expr) Expr             { return bin(scalar.Sub, a, b) }
+func mul(a, b Expr) Expr             { return bin(scalar.Mul, a, b) }
+func div(a, b Expr) Expr             { return bin(scalar.Div, a, b) }
+func rem(a, b Expr) Expr             { return bin(scalar.Rem, a, b) }
+func maxE(a, b Expr) Expr            { return bin(scalar.Max, a, b) }
+func minE(a, b Expr) Expr            { return bin(scalar.Min, a, b) }
+func un(fn scalar.Prim, x Expr) Expr { return &Unary{Fn: fn, X: x} }
 
-func cmp(pred string, a, b Expr) Expr {
+func cmp(pred scalar.Prim, a, b Expr) Expr {
 	k := wider(a.Kind(), b.Kind())
 	if k == Bool {
 		k = I64
@@ -156,7 +157,7 @@ func and(a, b Expr) Expr {
 	if b == nil {
 		return a
 	}
-	return &Binary{Op: "and", A: a, B: b}
+	return &Binary{Op: scalar.And, A: a, B: b}
 }
 
 func sel(c, a, b Expr) Expr {
@@ -174,7 +175,7 @@ func clamp(i Expr, n int64) Expr {
 
 // inRange is 0 <= i < n.
 func inRange(i Expr, n int64) Expr {
-	return and(cmp("ge", i, Int{0}), cmp("lt", i, Int{n}))
+	return and(cmp(scalar.Ge, i, Int{0}), cmp(scalar.Lt, i, Int{n}))
 }
 
 func flatten(idx []Expr, s ir.Shape) Expr {
@@ -215,7 +216,7 @@ func bcast(idx []Expr, from, to ir.Shape) []Expr {
 }
 
 func sigmoidE(x Expr) Expr {
-	return div(like(x, 1), add(like(x, 1), un("exp", un("neg", x))))
+	return div(like(x, 1), add(like(x, 1), un(scalar.Exp, un(scalar.Neg, x))))
 }
 
 func numElements(s ir.Shape) int64 {

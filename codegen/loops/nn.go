@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 func init() {
@@ -40,25 +41,25 @@ func channels(x Tensor) (Tensor, int64, int64, int64) {
 }
 
 func lowerBatchNormTrain(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	eps, mom := op.Attrs.Float("epsilon", 1e-5), op.Attrs.Float("momentum", 0.9)
+	eps, mom := op.Attr().Float("epsilon"), op.Attr().Float("momentum")
 	x, n, c, inner := channels(in[0])
 	scale, bias, rm, rv := in[1], in[2], in[3], in[4]
 	cnt := float64(n * inner)
 	mean, m2 := f64Temp(b, "mean", c), f64Temp(b, "m2", c)
 	over := []int64{n, inner}
 	b.store(mean, func(idx []Expr) Expr {
-		return div(b.reduce("sum", F64, over, func(r []Expr) Expr { return x.At([]Expr{r[0], idx[0], r[1]}) }), like(Float{K: F64}, cnt))
+		return div(b.reduce(scalar.Add, F64, over, func(r []Expr) Expr { return x.At([]Expr{r[0], idx[0], r[1]}) }), like(Float{K: F64}, cnt))
 	})
 	mu := func(ch Expr) Expr { return &Load{Buf: mean, Index: []Expr{ch}} }
 	b.store(m2, func(idx []Expr) Expr {
-		return b.reduce("sum", F64, over, func(r []Expr) Expr {
+		return b.reduce(scalar.Add, F64, over, func(r []Expr) Expr {
 			d := sub(conv(x.At([]Expr{r[0], idx[0], r[1]}), F64), mu(idx[0]))
 			return mul(d, d)
 		})
 	})
 	invstd := func(ch Expr) Expr {
 		v := div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt, K: F64})
-		return div(Float{V: 1, K: F64}, un("sqrt", add(v, Float{V: eps, K: F64})))
+		return div(Float{V: 1, K: F64}, un(scalar.Sqrt, add(v, Float{V: eps, K: F64})))
 	}
 	y := alias(out[0], ir.Shape{n, c, inner})
 	b.store(y, func(idx []Expr) Expr {
@@ -100,10 +101,10 @@ func lowerBatchNormGrad(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error 
 		return mul(sub(conv(x.At(i), F64), conv(mean.At(ch), F64)), conv(invstd.At(ch), F64))
 	}
 	b.store(sdy, func(idx []Expr) Expr {
-		return b.reduce("sum", F64, over, func(r []Expr) Expr { return dy.At([]Expr{r[0], idx[0], r[1]}) })
+		return b.reduce(scalar.Add, F64, over, func(r []Expr) Expr { return dy.At([]Expr{r[0], idx[0], r[1]}) })
 	})
 	b.store(sdyx, func(idx []Expr) Expr {
-		return b.reduce("sum", F64, over, func(r []Expr) Expr {
+		return b.reduce(scalar.Add, F64, over, func(r []Expr) Expr {
 			i := []Expr{r[0], idx[0], r[1]}
 			return mul(conv(dy.At(i), F64), xhat(i))
 		})
@@ -132,20 +133,20 @@ func rowsOf(x Tensor, a ir.Attrs) (Tensor, int64, int64) {
 }
 
 func lowerLayerNorm(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	eps := op.Attrs.Float("epsilon", 1e-5)
+	eps := op.Attr().Float("epsilon")
 	x, rows, cols := rowsOf(in[0], op.Attrs)
 	scale := view(in[1], ir.Shape{cols})
 	mean, inv := f64Temp(b, "mean", rows), f64Temp(b, "inv", rows)
 	b.store(mean, func(idx []Expr) Expr {
-		return div(b.reduce("sum", F64, []int64{cols}, func(r []Expr) Expr { return x.At([]Expr{idx[0], r[0]}) }), Float{V: float64(cols), K: F64})
+		return div(b.reduce(scalar.Add, F64, []int64{cols}, func(r []Expr) Expr { return x.At([]Expr{idx[0], r[0]}) }), Float{V: float64(cols), K: F64})
 	})
 	mu := func(r Expr) Expr { return &Load{Buf: mean, Index: []Expr{r}} }
 	b.store(inv, func(idx []Expr) Expr {
-		v := b.reduce("sum", F64, []int64{cols}, func(r []Expr) Expr {
+		v := b.reduce(scalar.Add, F64, []int64{cols}, func(r []Expr) Expr {
 			d := sub(conv(x.At([]Expr{idx[0], r[0]}), F64), mu(idx[0]))
 			return mul(d, d)
 		})
-		return div(Float{V: 1, K: F64}, un("sqrt", add(div(v, Float{V: float64(cols), K: F64}), Float{V: eps, K: F64})))
+		return div(Float{V: 1, K: F64}, un(scalar.Sqrt, add(div(v, Float{V: float64(cols), K: F64}), Float{V: eps, K: F64})))
 	})
 	y := alias(out[0], ir.Shape{rows, cols})
 	b.store(y, func(idx []Expr) Expr {
@@ -173,10 +174,10 @@ func lowerLayerNormGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 	g := func(r, j Expr) Expr { return mul(conv(dy.At([]Expr{r, j}), F64), conv(scale.At([]Expr{j}), F64)) }
 	ga, gb := f64Temp(b, "a", rows), f64Temp(b, "b", rows)
 	b.store(ga, func(idx []Expr) Expr {
-		return div(b.reduce("sum", F64, []int64{cols}, func(j []Expr) Expr { return g(idx[0], j[0]) }), Float{V: float64(cols), K: F64})
+		return div(b.reduce(scalar.Add, F64, []int64{cols}, func(j []Expr) Expr { return g(idx[0], j[0]) }), Float{V: float64(cols), K: F64})
 	})
 	b.store(gb, func(idx []Expr) Expr {
-		return div(b.reduce("sum", F64, []int64{cols}, func(j []Expr) Expr { return mul(g(idx[0], j[0]), xhat(idx[0], j[0])) }), Float{V: float64(cols), K: F64})
+		return div(b.reduce(scalar.Add, F64, []int64{cols}, func(j []Expr) Expr { return mul(g(idx[0], j[0]), xhat(idx[0], j[0])) }), Float{V: float64(cols), K: F64})
 	})
 	b.store(alias(out[0], ir.Shape{rows, cols}), func(idx []Expr) Expr {
 		return func() Expr {
@@ -185,12 +186,12 @@ func lowerLayerNormGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 		}()
 	})
 	b.store(alias(out[1], ir.Shape{cols}), func(idx []Expr) Expr {
-		return b.reduce("sum", F64, []int64{rows}, func(r []Expr) Expr {
+		return b.reduce(scalar.Add, F64, []int64{rows}, func(r []Expr) Expr {
 			return mul(conv(dy.At([]Expr{r[0], idx[0]}), F64), xhat(r[0], idx[0]))
 		})
 	})
 	b.store(alias(out[2], ir.Shape{cols}), func(idx []Expr) Expr {
-		return b.reduce("sum", F64, []int64{rows}, func(r []Expr) Expr { return dy.At([]Expr{r[0], idx[0]}) })
+		return b.reduce(scalar.Add, F64, []int64{rows}, func(r []Expr) Expr { return dy.At([]Expr{r[0], idx[0]}) })
 	})
 	return nil
 }
@@ -208,20 +209,20 @@ func lines(x Tensor, axis int64) (Tensor, int64, int64, int64) {
 func logPartition(b *builder, x Tensor, outer, n, inner int64) (mx, logz *Buffer) {
 	mx, logz = f64Temp(b, "max", outer, inner), f64Temp(b, "logz", outer, inner)
 	b.store(mx, func(idx []Expr) Expr {
-		return b.reduce("max", F64, []int64{n}, func(j []Expr) Expr { return x.At([]Expr{idx[0], j[0], idx[1]}) })
+		return b.reduce(scalar.Max, F64, []int64{n}, func(j []Expr) Expr { return x.At([]Expr{idx[0], j[0], idx[1]}) })
 	})
 	b.store(logz, func(idx []Expr) Expr {
 		m := &Load{Buf: mx, Index: idx}
-		s := b.reduce("sum", F64, []int64{n}, func(j []Expr) Expr {
-			return un("exp", sub(conv(x.At([]Expr{idx[0], j[0], idx[1]}), F64), m))
+		s := b.reduce(scalar.Add, F64, []int64{n}, func(j []Expr) Expr {
+			return un(scalar.Exp, sub(conv(x.At([]Expr{idx[0], j[0], idx[1]}), F64), m))
 		})
-		return add(m, un("log", s))
+		return add(m, un(scalar.Log, s))
 	})
 	return mx, logz
 }
 
 func lowerSoftmax(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	x, outer, n, inner := lines(in[0], op.Attrs.Int("axis", -1))
+	x, outer, n, inner := lines(in[0], op.Attr().Int("axis"))
 	_, logz := logPartition(b, x, outer, n, inner)
 	log := op.Kind == "log_softmax"
 	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
@@ -230,19 +231,19 @@ func lowerSoftmax(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 			if log {
 				return v
 			}
-			return un("exp", v)
+			return un(scalar.Exp, v)
 		}(), ComputeKind(out[0].Type.DType))
 	})
 	return nil
 }
 
 func lowerSoftmaxGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	dy, _, _, _ := lines(in[0], op.Attrs.Int("axis", -1))
-	y, outer, n, inner := lines(in[1], op.Attrs.Int("axis", -1))
+	dy, _, _, _ := lines(in[0], op.Attr().Int("axis"))
+	y, outer, n, inner := lines(in[1], op.Attr().Int("axis"))
 	log := op.Kind == "log_softmax_grad"
 	s := f64Temp(b, "s", outer, inner)
 	b.store(s, func(idx []Expr) Expr {
-		return b.reduce("sum", F64, []int64{n}, func(j []Expr) Expr {
+		return b.reduce(scalar.Add, F64, []int64{n}, func(j []Expr) Expr {
 			i := []Expr{idx[0], j[0], idx[1]}
 			if log {
 				return dy.At(i)
@@ -255,7 +256,7 @@ func lowerSoftmaxGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 			sv := &Load{Buf: s, Index: []Expr{idx[0], idx[2]}}
 			g, yv := conv(dy.At(idx), F64), conv(y.At(idx), F64)
 			if log {
-				return sub(g, mul(un("exp", yv), sv))
+				return sub(g, mul(un(scalar.Exp, yv), sv))
 			}
 			return mul(yv, sub(g, sv))
 		}()
@@ -273,11 +274,11 @@ func lowerCrossEntropy(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error 
 	_, logz := logPartition(b, x, outer, k, inner)
 	count := outer * inner
 	b.store(out[0], func([]Expr) Expr {
-		loss := b.reduce("sum", F64, []int64{outer, inner}, func(r []Expr) Expr {
+		loss := b.reduce(scalar.Add, F64, []int64{outer, inner}, func(r []Expr) Expr {
 			l := label(in[1], r[0], r[1], inner, k)
 			return sub(&Load{Buf: logz, Index: r}, conv(x.At([]Expr{r[0], l, r[1]}), F64))
 		})
-		if op.Attrs.String("reduction", "mean") == "mean" && count > 0 {
+		if op.Attr().String("reduction") == "mean" && count > 0 {
 			loss = div(loss, Float{V: float64(count), K: F64})
 		}
 		return loss
@@ -289,13 +290,13 @@ func lowerCrossEntropyGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) er
 	x, outer, k, inner := lines(in[1], 1)
 	_, logz := logPartition(b, x, outer, k, inner)
 	scale := conv(in[0].At(nil), F64)
-	if op.Attrs.String("reduction", "mean") == "mean" {
+	if op.Attr().String("reduction") == "mean" {
 		scale = div(scale, Float{V: float64(numElements(in[2].Type.Shape)), K: F64})
 	}
 	b.store(alias(out[0], ir.Shape{outer, k, inner}), func(idx []Expr) Expr {
 		return demote(func() Expr {
-			p := un("exp", sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}}))
-			hit := cmp("eq", idx[1], label(in[2], idx[0], idx[2], inner, k))
+			p := un(scalar.Exp, sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}}))
+			hit := cmp(scalar.Eq, idx[1], label(in[2], idx[0], idx[2], inner, k))
 			return mul(sub(p, sel(hit, Float{V: 1, K: F64}, Float{V: 0, K: F64})), scale)
 		}(), ComputeKind(out[0].Type.DType))
 	})
@@ -321,7 +322,7 @@ func updateStore(b *builder, in []Tensor, n int) func(t Tensor, fn func(idx []Ex
 }
 
 func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
-	lr, wd := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0)
+	lr, wd := op.Attr().Float("lr"), op.Attr().Float("weight_decay")
 	p, g := in[0], in[1]
 	store := updateStore(b, in, 2)
 	store(p, func(idx []Expr) Expr {
@@ -332,7 +333,7 @@ func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 }
 
 func lowerMomentum(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
-	lr, wd, mu := op.Attrs.Float("lr", 0), op.Attrs.Float("weight_decay", 0), op.Attrs.Float("momentum", 0.9)
+	lr, wd, mu := op.Attr().Float("lr"), op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
 	p, g, buf := in[0], in[1], in[2]
 	store := updateStore(b, in, 3)
 	store(buf, func(idx []Expr) Expr {
@@ -374,7 +375,7 @@ func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 		if decoupled {
 			pv = mul(pv, f(1-lr*wd))
 		}
-		denom := add(div(un("sqrt", conv(v.At(idx), F64)), f(math.Sqrt(bc2))), f(eps))
+		denom := add(div(un(scalar.Sqrt, conv(v.At(idx), F64)), f(math.Sqrt(bc2))), f(eps))
 		return sub(pv, div(mul(f(lr/bc1), conv(m.At(idx), F64)), denom))
 	})
 	return nil

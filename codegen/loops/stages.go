@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // stageRule lowers an op that needs loops of its own (reductions,
@@ -30,9 +31,9 @@ func reduceInto(b *builder, x Tensor, keep ir.Shape, out *Buffer, kind string) {
 	if k == F32 && kind != "reduce_max" {
 		acc = F64
 	}
-	op := "sum"
+	op := scalar.Add
 	if kind == "reduce_max" {
-		op = "max"
+		op = scalar.Max
 	}
 	count := numElements(x.Type.Shape) / max(numElements(keep), 1)
 	b.store(o, func(idx []Expr) Expr {
@@ -66,7 +67,7 @@ func keepShape(x ir.Shape, target ir.Shape) ir.Shape {
 func init() {
 	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
 		stageRules[name] = func(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-			axes, err := ir.ReduceAxes(op.Attrs, in[0].Type.Rank())
+			axes, err := ir.ReduceAxes(op.Attr(), in[0].Type.Rank())
 			if err != nil {
 				return err
 			}
@@ -128,12 +129,12 @@ func lowerMatmul(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
 }
 
 func lowerGemm(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	m, n, k, err := ir.GemmDims(in[0].Type, in[1].Type, op.Attrs)
+	m, n, k, err := ir.GemmDims(in[0].Type, in[1].Type, op.Attr())
 	if err != nil {
 		return err
 	}
-	ta, tb := op.Attrs.Bool("trans_a", false), op.Attrs.Bool("trans_b", false)
-	alpha, beta := op.Attrs.Float("alpha", 1), op.Attrs.Float("beta", 1)
+	ta, tb := op.Attr().Bool("trans_a"), op.Attr().Bool("trans_b")
+	alpha, beta := op.Attr().Float("alpha"), op.Attr().Float("beta")
 	a := func(mm, kk Expr) Expr {
 		if ta {
 			return in[0].At([]Expr{kk, mm})
@@ -219,7 +220,7 @@ func chunkRows(g ir.ConvGeometry, kdim, elem int64) int64 {
 
 func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	x, w := in[0], in[1]
-	g, err := ir.ConvGeometryOf(x.Type.Shape, w.Type.Shape, op.Attrs)
+	g, err := ir.ConvGeometryOf(x.Type.Shape, w.Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
@@ -260,7 +261,7 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 
 func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	dy, w := in[0], in[1]
-	g, err := ir.ConvGeometryOf(out[0].Type.Shape, w.Type.Shape, op.Attrs)
+	g, err := ir.ConvGeometryOf(out[0].Type.Shape, w.Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
@@ -282,16 +283,16 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 			dx := alias(out[0], ir.Shape{g.N, g.C, g.H, g.W})
 			vs := b.vars(3)
 			c, ih, iw := vs[0], vs[1], vs[2]
-			sum := b.reduce("sum", ComputeKind(out[0].Type.DType), []int64{g.KH, g.KW}, func(t []Expr) Expr {
+			sum := b.reduce(scalar.Add, ComputeKind(out[0].Type.DType), []int64{g.KH, g.KW}, func(t []Expr) Expr {
 				dh := sub(add(ih, Int{g.PT}), mul(t[0], Int{g.DH}))
 				dw := sub(add(iw, Int{g.PL}), mul(t[1], Int{g.DW}))
 				oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
-				ok := and(and(cmp("ge", dh, Int{0}), cmp("ge", dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
+				ok := and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
 				if g.SH != 1 {
-					ok = and(ok, cmp("eq", rem(dh, Int{g.SH}), Int{0}))
+					ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
 				}
 				if g.SW != 1 {
-					ok = and(ok, cmp("eq", rem(dw, Int{g.SW}), Int{0}))
+					ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
 				}
 				r := flatten([]Expr{c, t[0], t[1]}, ir.Shape{cg, g.KH, g.KW})
 				p := add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW))
@@ -306,7 +307,7 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 
 func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	dy, x := in[0], in[1]
-	g, err := ir.ConvGeometryOf(x.Type.Shape, out[0].Type.Shape, op.Attrs)
+	g, err := ir.ConvGeometryOf(x.Type.Shape, out[0].Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
@@ -342,7 +343,7 @@ func window(p ir.PoolGeometry, oh, ow, kh, kw Expr) (ih, iw, inside Expr) {
 }
 
 func lowerMaxPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	p, err := ir.PoolGeometryOf(in[0].Type.Shape, op.Attrs)
+	p, err := ir.PoolGeometryOf(in[0].Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
@@ -355,7 +356,7 @@ func lowerMaxPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 
 func windowMax(b *builder, p ir.PoolGeometry, x Tensor, idx []Expr) Expr {
 	k := ComputeKind(x.Type.DType)
-	return b.reduce("max", k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+	return b.reduce(scalar.Max, k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 		ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
 		v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
 		return sel(ok, v, fconst(k, negInf))
@@ -364,7 +365,7 @@ func windowMax(b *builder, p ir.PoolGeometry, x Tensor, idx []Expr) Expr {
 
 func lowerMaxPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	dy, x := in[0], in[1]
-	p, err := ir.PoolGeometryOf(x.Type.Shape, op.Attrs)
+	p, err := ir.PoolGeometryOf(x.Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
@@ -374,10 +375,10 @@ func lowerMaxPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	b.scatter(out[0], []int64{p.N, p.C, p.OH, p.OW},
 		func(idx []Expr) []Expr {
 			m := windowMax(b, p, x, idx)
-			first := b.reduce("min", I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+			first := b.reduce(scalar.Min, I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 				ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
 				v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
-				hit := and(ok, &Binary{Op: "or", A: cmp("eq", v, m), B: and(cmp("ne", v, v), cmp("ne", m, m))})
+				hit := and(ok, &Binary{Op: scalar.Or, A: cmp(scalar.Eq, v, m), B: and(cmp(scalar.Ne, v, v), cmp(scalar.Ne, m, m))})
 				return sel(hit, add(mul(t[0], Int{p.KW}), t[1]), Int{math.MaxInt64})
 			})
 			kh, kw := div(first, Int{p.KW}), rem(first, Int{p.KW})
@@ -391,24 +392,24 @@ func lowerMaxPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 
 // poolCount is the divisor of average pooling at (oh, ow).
 func poolCount(b *builder, p ir.PoolGeometry, oh, ow Expr) Expr {
-	return b.reduce("sum", I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+	return b.reduce(scalar.Add, I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 		ih, iw, ok := window(p, oh, ow, t[0], t[1])
 		if p.CountIncludePad {
-			ok = &Binary{Op: "or", A: ok, B: and(cmp("lt", ih, Int{p.H + p.PB}), cmp("lt", iw, Int{p.W + p.PR}))}
+			ok = &Binary{Op: scalar.Or, A: ok, B: and(cmp(scalar.Lt, ih, Int{p.H + p.PB}), cmp(scalar.Lt, iw, Int{p.W + p.PR}))}
 		}
 		return sel(ok, Int{1}, Int{0})
 	})
 }
 
 func lowerAvgPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	p, err := ir.PoolGeometryOf(in[0].Type.Shape, op.Attrs)
+	p, err := ir.PoolGeometryOf(in[0].Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
 	x := in[0]
 	k := ComputeKind(x.Type.DType)
 	b.store(out[0], func(idx []Expr) Expr {
-		s := b.reduce("sum", k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
+		s := b.reduce(scalar.Add, k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 			ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
 			v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
 			return sel(ok, v, like(v, 0))
@@ -419,7 +420,7 @@ func lowerAvgPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 }
 
 func lowerAvgPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
-	p, err := ir.PoolGeometryOf(out[0].Type.Shape, op.Attrs)
+	p, err := ir.PoolGeometryOf(out[0].Type.Shape, op.Attr())
 	if err != nil {
 		return err
 	}
@@ -444,14 +445,14 @@ func lowerAvgPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 func lowerGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	dy, ind := in[0], in[1]
 	data := out[0].Type.Shape
-	ax, _ := ir.NormalizeAxis(op.Attrs.Int("axis", 0), len(data))
+	ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), len(data))
 	r := ind.Type.Rank()
 	d := data[ax]
 	b.fill(out[0], 0)
 	b.scatter(out[0], dy.Type.Shape.Clone(),
 		func(idx []Expr) []Expr {
 			j := conv(ind.At(idx[ax:ax+r]), I64)
-			j = clamp(sel(cmp("lt", j, Int{0}), add(j, Int{d}), j), d)
+			j = clamp(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
 			return append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+r:]...)
 		},
 		nil,

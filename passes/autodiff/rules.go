@@ -4,6 +4,9 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 )
 
+// HasRule reports whether autodiff can differentiate ops of kind name.
+func HasRule(name string) bool { return rules[name] != nil }
+
 // rule returns the gradient of each operand (nil where need is false or
 // the gradient is zero) from the gradients of the results (nil for a
 // result that does not reach the loss).
@@ -26,17 +29,25 @@ func init() {
 	x := func(op *ir.Op, i int) *ir.Value { return op.Operands[i] }
 	y := func(op *ir.Op) *ir.Value { return op.Results[0] }
 
-	// Unary ops whose gradient op takes (dy, saved).
-	for kind, usesOutput := range map[string]bool{
-		"relu": true, "sigmoid": true, "tanh": true,
-		"erf": false, "silu": false, "hard_swish": false, "gelu": false, "hard_sigmoid": false,
-	} {
-		rules[kind] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-			saved := x(op, 0)
-			if usesOutput {
-				saved = y(op)
+	// Ops whose record gives their derivative: NAME_grad(dy, saved), with
+	// the input or output saved as the record says. Piecewise-constant
+	// ops have a zero gradient.
+	for _, name := range ir.OpNames() {
+		d := ir.Lookup(name)
+		switch {
+		case d.Deriv != nil:
+			fromOutput := d.Deriv.FromOutput
+			rules[name] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
+				saved := x(op, 0)
+				if fromOutput {
+					saved = y(op)
+				}
+				return []*ir.Value{b.one(op.Kind+"_grad", op.Attrs.Clone(), grad(op), dys[0], saved)}
 			}
-			return []*ir.Value{b.one(op.Kind+"_grad", op.Attrs.Clone(), grad(op), dys[0], saved)}
+		case d.Grad == ir.GradZero:
+			rules[name] = func(_ *builder, op *ir.Op, _ []*ir.Value, _ []bool) []*ir.Value {
+				return make([]*ir.Value, len(op.Operands))
+			}
 		}
 	}
 	rules["identity"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value { return dys }
@@ -46,7 +57,6 @@ func init() {
 	rules["abs"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("mul", nil, grad(op), dys[0], b.one("sign", nil, grad(op), x(op, 0)))}
 	}
-	rules["sign"] = func(*builder, *ir.Op, []*ir.Value, []bool) []*ir.Value { return []*ir.Value{nil} }
 	rules["exp"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("mul", nil, grad(op), dys[0], y(op))}
 	}
@@ -182,8 +192,8 @@ func init() {
 		return out
 	}
 	rules["gemm"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
-		ta, tb := op.Attrs.Bool("trans_a", false), op.Attrs.Bool("trans_b", false)
-		alpha := op.Attrs.Float("alpha", 1)
+		ta, tb := op.Attr().Bool("trans_a"), op.Attr().Bool("trans_b")
+		alpha := op.Attr().Float("alpha")
 		attrs := func(tA, tB bool) ir.Attrs {
 			a := ir.Attrs{}
 			if tA {
@@ -215,7 +225,7 @@ func init() {
 		}
 		if len(op.Operands) == 3 && need[2] {
 			g := dy
-			if beta := op.Attrs.Float("beta", 1); beta != 1 {
+			if beta := op.Attr().Float("beta"); beta != 1 {
 				g = b.one("mul", nil, grad(op), dy, b.scalar(dy.Type.DType, beta, "beta"))
 			}
 			out[2] = b.sumTo(g, x(op, 2).Type.Shape, grad(op))
@@ -280,7 +290,7 @@ func init() {
 			return b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(bshape...)}, grad(op), v)
 		}
 		inv := b.one("reciprocal", nil, grad(op), b.one("sqrt", nil, grad(op),
-			b.one("add", nil, grad(op), variance, b.scalar(dt, op.Attrs.Float("epsilon", 1e-5), "eps"))))
+			b.one("add", nil, grad(op), variance, b.scalar(dt, op.Attr().Float("epsilon"), "eps"))))
 		axes := []int64{0}
 		for i := 2; i < xv.Type.Rank(); i++ {
 			axes = append(axes, int64(i))
@@ -333,7 +343,7 @@ func init() {
 
 	// Reductions.
 	keepShape := func(op *ir.Op) ir.Shape {
-		axes, _ := ir.ReduceAxes(op.Attrs, x(op, 0).Type.Rank())
+		axes, _ := ir.ReduceAxes(op.Attr(), x(op, 0).Type.Rank())
 		return ir.ReducedShape(x(op, 0).Type.Shape, axes, true)
 	}
 	spread := func(b *builder, op *ir.Op, dy *ir.Value) *ir.Value {
@@ -370,7 +380,7 @@ func init() {
 		}
 	}
 	rules["transpose"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		perm := op.Attrs.Ints("perm", nil)
+		perm := op.Attr().Ints("perm")
 		inv := make([]int64, len(perm))
 		for i, p := range perm {
 			inv[p] = int64(i)
@@ -381,7 +391,7 @@ func init() {
 		return []*ir.Value{b.sumTo(dys[0], x(op, 0).Type.Shape, grad(op))}
 	}
 	rules["concat"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
-		ax, _ := ir.NormalizeAxis(op.Attrs.Int("axis", 0), y(op).Type.Rank())
+		ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), y(op).Type.Rank())
 		out := make([]*ir.Value, len(op.Operands))
 		off := int64(0)
 		for i, v := range op.Operands {
@@ -413,7 +423,7 @@ func init() {
 		return []*ir.Value{b.one("gather_grad", a, grad(op), dys[0], x(op, 1)), nil}
 	}
 	rules["pad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		pads := op.Attrs.Ints("pads", nil)
+		pads := op.Attr().Ints("pads")
 		neg := make([]int64, len(pads))
 		for i, p := range pads {
 			neg[i] = -p

@@ -106,22 +106,12 @@ type Config struct {
 // Stats counts what the pass did.
 type Stats struct{ Casts, Saved int }
 
-// highOps compute in f32: reductions and everything whose accuracy rests
-// on statistics, plus the ops that update arguments in place.
-//
-// Plain reductions (reduce_*, global_avg_pool) read the low dtype directly:
-// their kernels accumulate in f64 and only the (small) result is rounded,
-// where a cast-up copy of a large operand (the logits a loss sums) would
-// cost as much memory as the f32 step. sum_to stays f32: it makes bias
-// gradients.
-var highOps = map[string]bool{
-	"sum_to":  true,
-	"softmax": true, "log_softmax": true, "softmax_grad": true, "log_softmax_grad": true,
-	"layer_norm": true, "layer_norm_grad": true,
-	"batch_norm_train": true, "batch_norm_infer": true, "batch_norm_grad": true,
-	"softmax_cross_entropy": true, "softmax_cross_entropy_grad": true,
-	"sgd_update": true, "momentum_update": true, "adam_update": true, "random_uniform": true,
-}
+// An op computes in f32 where its record says KeepF32: reductions whose
+// accuracy rests on statistics, losses and updates of arguments in place.
+// Plain reductions (reduce_*, global_avg_pool) read the low dtype
+// directly: their kernels accumulate in f64 and only the (small) result
+// is rounded, where a cast-up copy of a large operand (the logits a loss
+// sums) would cost as much memory as the f32 step.
 
 // rewriter rebuilds a function op by op.
 type rewriter struct {
@@ -190,7 +180,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	gradOps := gradientProducers(f)
 	for _, op := range f.Body {
 		want := low
-		if highOps[op.Kind] || gradOps[op] || op.Kind == "cast" || op.Kind == "constant" {
+		if op.Def().KeepF32 || gradOps[op] || op.Kind == "cast" || op.Kind == "constant" {
 			want = ir.F32
 		}
 		if readsFloatData(op) {
@@ -356,7 +346,7 @@ func gradientProducers(f *ir.Func) map[*ir.Op]bool {
 			for _, x := range op.Operands {
 				visit(x)
 			}
-		case contractions[op.Kind]:
+		case op.Def().Contraction:
 			out[op] = true
 		}
 	}
@@ -367,9 +357,6 @@ func gradientProducers(f *ir.Func) map[*ir.Op]bool {
 	}
 	return out
 }
-
-// contractions are the ops that make weight gradients.
-var contractions = map[string]bool{"matmul": true, "gemm": true, "conv2d_grad_weight": true}
 
 func contains(xs []int, i int) bool {
 	for _, x := range xs {

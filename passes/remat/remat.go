@@ -166,7 +166,7 @@ func applyAlways(f *ir.Func) {
 		s := analyse(f)
 		done := true
 		for _, op := range f.Body {
-			if op.Attrs.String("remat", "") != "always" || op.Attrs.Bool("recomputed", false) {
+			if op.Attr().String("remat") != "always" || op.Attr().Bool("recomputed") {
 				continue
 			}
 			for _, v := range op.Results {

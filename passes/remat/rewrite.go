@@ -87,7 +87,7 @@ func recomputable(op *ir.Op) bool {
 	if op == nil {
 		return false
 	}
-	if op.Attrs.String("remat", "") == "never" {
+	if op.Attr().String("remat") == "never" {
 		return false
 	}
 	d := op.Def()

@@ -1,0 +1,457 @@
+package interp
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
+)
+
+// Every op whose record has a Scalar runs through elementwise: the
+// interpreter has no semantics of its own for them.
+func init() {
+	for _, name := range ir.OpNames() {
+		if d := ir.Lookup(name); d.Scalar != nil && kernels[name] == nil {
+			kernels[name] = elementwise
+		}
+	}
+}
+
+// blockSize is how many elements elementwise evaluates at a time.
+const blockSize = 4096
+
+// elementwise evaluates the op's scalar expression at every element of
+// its result: floats in float64 (the result is rounded to its dtype when
+// stored), integers in int64.
+func elementwise(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
+	d := op.Def()
+	types := make([]ir.Type, len(in))
+	kinds := make([]scalar.Kind, len(in))
+	for i, x := range in {
+		types[i], kinds[i] = x.Type, ir.KindOf(x.Type.DType)
+	}
+	t, err := scalar.Resolve(d.Scalar(op.Attr(), types, out[0]), kinds, ir.KindOf(out[0].DType))
+	if err != nil {
+		return nil, fmt.Errorf("its scalar semantics: %v", err)
+	}
+	y := New(out[0])
+	n := out[0].NumElements()
+	// src[i] maps an element of the result to one of operand i.
+	src := make([]func(lo, hi int64) column, len(in))
+	for i, x := range in {
+		src[i] = gatherer(x, out[0].Shape)
+	}
+	for lo := int64(0); lo < n; lo += blockSize {
+		hi := min(n, lo+blockSize)
+		ops := make([]column, len(in))
+		for i := range in {
+			ops[i] = src[i](lo, hi)
+		}
+		v := evalScalar(t, ops, int(hi-lo))
+		if y.F != nil {
+			copy(y.F[lo:hi], v.asFloat(t.Kind, int(hi-lo)))
+		} else {
+			copy(y.I[lo:hi], v.asInt(t.Kind, int(hi-lo)))
+		}
+	}
+	return []*Tensor{y}, nil
+}
+
+// column is a block of scalar values: f for Float, i for Int and Bool
+// (0 or 1). A constant has one element, repeated.
+type column struct {
+	f     []float64
+	i     []int64
+	splat bool
+}
+
+func (c column) fAt(j int) float64 {
+	if c.splat {
+		return c.f[0]
+	}
+	return c.f[j]
+}
+
+func (c column) iAt(j int) int64 {
+	if c.splat {
+		return c.i[0]
+	}
+	return c.i[j]
+}
+
+// gatherer returns the values of x, broadcast to shape out, for the
+// result elements [lo, hi).
+func gatherer(x *Tensor, out ir.Shape) func(lo, hi int64) column {
+	if x.Type.Shape.Equal(out) {
+		return func(lo, hi int64) column { return column{f: sub(x.F, lo, hi), i: sub(x.I, lo, hi)} }
+	}
+	if x.Len() == 1 {
+		return func(int64, int64) column { return column{f: sub(x.F, 0, 1), i: sub(x.I, 0, 1), splat: true} }
+	}
+	st := broadcastStrides(x.Type.Shape, out)
+	return func(lo, hi int64) column {
+		idx := unflatten(out, lo)
+		pos := int64(0)
+		for d := range idx {
+			pos += idx[d] * st[d]
+		}
+		o := &odometer{shape: out, idx: idx, st: [][]int64{st}, pos: []int64{pos}}
+		var c column
+		if x.F != nil {
+			c.f = make([]float64, hi-lo)
+		} else {
+			c.i = make([]int64, hi-lo)
+		}
+		for j := range hi - lo {
+			if c.f != nil {
+				c.f[j] = x.F[o.pos[0]]
+			} else {
+				c.i[j] = x.I[o.pos[0]]
+			}
+			o.next()
+		}
+		return c
+	}
+}
+
+func sub[T any](s []T, lo, hi int64) []T {
+	if s == nil {
+		return nil
+	}
+	return s[lo:hi]
+}
+
+// asFloat returns c's values as floats (c has kind k).
+func (c column) asFloat(k scalar.Kind, n int) []float64 {
+	if k == scalar.Float {
+		return expand(c.f, c.splat, n)
+	}
+	out := make([]float64, n)
+	for j := range out {
+		out[j] = float64(c.iAt(j))
+	}
+	return out
+}
+
+// asInt returns c's values as integers (c has kind k).
+func (c column) asInt(k scalar.Kind, n int) []int64 {
+	if k != scalar.Float {
+		return expand(c.i, c.splat, n)
+	}
+	out := make([]int64, n)
+	for j := range out {
+		out[j] = SaturatingInt(c.fAt(j))
+	}
+	return out
+}
+
+func expand[T any](s []T, splat bool, n int) []T {
+	if !splat {
+		return s
+	}
+	out := make([]T, n)
+	for j := range out {
+		out[j] = s[0]
+	}
+	return out
+}
+
+// SaturatingInt converts a float to int64 as scalar.Convert defines it:
+// truncation toward zero, saturating at the int64 range, NaN to 0.
+func SaturatingInt(v float64) int64 {
+	switch {
+	case v != v:
+		return 0
+	case v >= 0x1p63:
+		return math.MaxInt64
+	case v <= -0x1p63:
+		return math.MinInt64
+	}
+	return int64(v)
+}
+
+// convertColumn converts c from kind from to kind to.
+func convertColumn(c column, from, to scalar.Kind, n int) column {
+	if from == to {
+		return c
+	}
+	switch to {
+	case scalar.Float:
+		return column{f: c.asFloat(from, n)}
+	case scalar.Int:
+		if from == scalar.Bool {
+			return c
+		}
+		return column{i: c.asInt(from, n)}
+	}
+	out := make([]int64, n)
+	for j := range out {
+		if from == scalar.Float {
+			if c.fAt(j) != 0 {
+				out[j] = 1
+			}
+		} else if c.iAt(j) != 0 {
+			out[j] = 1
+		}
+	}
+	return column{i: out}
+}
+
+// evalScalar evaluates t over a block of n elements of the operands.
+func evalScalar(t *scalar.Typed, ops []column, n int) column {
+	switch t.Node {
+	case scalar.Operand:
+		return ops[t.Index]
+	case scalar.Const:
+		switch t.Kind {
+		case scalar.Float:
+			return column{f: []float64{t.Value}, splat: true}
+		case scalar.Bool:
+			b := int64(0)
+			if t.Value != 0 {
+				b = 1
+			}
+			return column{i: []int64{b}, splat: true}
+		}
+		return column{i: []int64{SaturatingInt(t.Value)}, splat: true}
+	case scalar.Convert:
+		a := t.Args[0]
+		return convertColumn(evalScalar(a, ops, n), a.Kind, t.To, n)
+	case scalar.Select:
+		cnd := evalScalar(t.Args[0], ops, n)
+		a := convertColumn(evalScalar(t.Args[1], ops, n), t.Args[1].Kind, t.Kind, n)
+		b := convertColumn(evalScalar(t.Args[2], ops, n), t.Args[2].Kind, t.Kind, n)
+		var out column
+		if t.Kind == scalar.Float {
+			out.f = make([]float64, n)
+		} else {
+			out.i = make([]int64, n)
+		}
+		for j := 0; j < n; j++ {
+			pick := b
+			if cnd.iAt(j) != 0 {
+				pick = a
+			}
+			if out.f != nil {
+				out.f[j] = pick.fAt(j)
+			} else {
+				out.i[j] = pick.iAt(j)
+			}
+		}
+		return out
+	}
+	args := make([]column, len(t.Args))
+	for i, a := range t.Args {
+		args[i] = convertColumn(evalScalar(a, ops, n), a.Kind, t.ArgKind, n)
+	}
+	if t.ArgKind == scalar.Float {
+		return applyFloat(t.Prim, args, n)
+	}
+	return applyInt(t.Prim, args, n)
+}
+
+func applyFloat(p scalar.Prim, args []column, n int) column {
+	if p.Arity() == 1 {
+		f := floatUnary(p)
+		out := make([]float64, n)
+		for j := range out {
+			out[j] = f(args[0].fAt(j))
+		}
+		return column{f: out}
+	}
+	a, b := args[0], args[1]
+	if p.IsCompare() {
+		cmp := floatCompare(p)
+		out := make([]int64, n)
+		for j := range out {
+			if cmp(a.fAt(j), b.fAt(j)) {
+				out[j] = 1
+			}
+		}
+		return column{i: out}
+	}
+	f := FloatBinary(p)
+	out := make([]float64, n)
+	for j := range out {
+		out[j] = f(a.fAt(j), b.fAt(j))
+	}
+	return column{f: out}
+}
+
+func applyInt(p scalar.Prim, args []column, n int) column {
+	out := make([]int64, n)
+	if p.Arity() == 1 {
+		f := intUnary(p)
+		for j := range out {
+			out[j] = f(args[0].iAt(j))
+		}
+		return column{i: out}
+	}
+	f := IntBinary(p)
+	for j := range out {
+		out[j] = f(args[0].iAt(j), args[1].iAt(j))
+	}
+	return column{i: out}
+}
+
+// floatUnary is the float64 meaning of a unary primitive.
+func floatUnary(p scalar.Prim) func(float64) float64 {
+	switch p {
+	case scalar.Neg:
+		return func(x float64) float64 { return -x }
+	case scalar.Abs:
+		return math.Abs
+	case scalar.Exp:
+		return math.Exp
+	case scalar.Expm1:
+		return math.Expm1
+	case scalar.Log:
+		return math.Log
+	case scalar.Log1p:
+		return math.Log1p
+	case scalar.Sqrt:
+		return math.Sqrt
+	case scalar.Tanh:
+		return math.Tanh
+	case scalar.Erf:
+		return math.Erf
+	case scalar.Floor:
+		return math.Floor
+	case scalar.Ceil:
+		return math.Ceil
+	case scalar.Round:
+		return math.RoundToEven
+	case scalar.Sin:
+		return math.Sin
+	case scalar.Cos:
+		return math.Cos
+	}
+	panic("interp: no float form of " + p.String())
+}
+
+// FloatBinary is the float64 meaning of a binary arithmetic primitive.
+func FloatBinary(p scalar.Prim) func(a, b float64) float64 {
+	switch p {
+	case scalar.Add:
+		return func(a, b float64) float64 { return a + b }
+	case scalar.Sub:
+		return func(a, b float64) float64 { return a - b }
+	case scalar.Mul:
+		return func(a, b float64) float64 { return a * b }
+	case scalar.Div:
+		return func(a, b float64) float64 { return a / b }
+	case scalar.Rem:
+		return math.Mod
+	case scalar.Pow:
+		return math.Pow
+	case scalar.Max:
+		return func(a, b float64) float64 {
+			if a != a || a > b {
+				return a
+			}
+			return b
+		}
+	case scalar.Min:
+		return func(a, b float64) float64 {
+			if a != a || a < b {
+				return a
+			}
+			return b
+		}
+	}
+	panic("interp: no float form of " + p.String())
+}
+
+func floatCompare(p scalar.Prim) func(a, b float64) bool {
+	switch p {
+	case scalar.Eq:
+		return func(a, b float64) bool { return a == b }
+	case scalar.Ne:
+		return func(a, b float64) bool { return a != b }
+	case scalar.Lt:
+		return func(a, b float64) bool { return a < b }
+	case scalar.Le:
+		return func(a, b float64) bool { return a <= b }
+	case scalar.Gt:
+		return func(a, b float64) bool { return a > b }
+	}
+	return func(a, b float64) bool { return a >= b }
+}
+
+func intUnary(p scalar.Prim) func(int64) int64 {
+	switch p {
+	case scalar.Neg:
+		return func(x int64) int64 { return -x }
+	case scalar.Abs:
+		return func(x int64) int64 {
+			if x < 0 {
+				return -x
+			}
+			return x
+		}
+	case scalar.Not:
+		return func(x int64) int64 { return 1 - x }
+	}
+	panic("interp: no integer form of " + p.String())
+}
+
+// IntBinary is the int64 meaning of a binary primitive (comparisons give
+// 0 or 1).
+func IntBinary(p scalar.Prim) func(a, b int64) int64 {
+	b2i := func(c bool) int64 {
+		if c {
+			return 1
+		}
+		return 0
+	}
+	switch p {
+	case scalar.Add:
+		return func(a, b int64) int64 { return a + b }
+	case scalar.Sub:
+		return func(a, b int64) int64 { return a - b }
+	case scalar.Mul:
+		return func(a, b int64) int64 { return a * b }
+	case scalar.Div:
+		return func(a, b int64) int64 {
+			if b == 0 {
+				return 0
+			}
+			return a / b // Go defines MinInt64 / -1 as MinInt64
+		}
+	case scalar.Rem:
+		return func(a, b int64) int64 {
+			if b == 0 {
+				return 0
+			}
+			return a % b
+		}
+	case scalar.Pow:
+		return func(a, b int64) int64 { return SaturatingInt(math.Pow(float64(a), float64(b))) }
+	case scalar.Max:
+		return func(a, b int64) int64 { return max(a, b) }
+	case scalar.Min:
+		return func(a, b int64) int64 { return min(a, b) }
+	case scalar.And:
+		return func(a, b int64) int64 { return a & b }
+	case scalar.Or:
+		return func(a, b int64) int64 { return a | b }
+	case scalar.Xor:
+		return func(a, b int64) int64 { return a ^ b }
+	case scalar.Shr:
+		return func(a, b int64) int64 { return int64(uint64(a) >> uint64(b&63)) }
+	case scalar.Eq:
+		return func(a, b int64) int64 { return b2i(a == b) }
+	case scalar.Ne:
+		return func(a, b int64) int64 { return b2i(a != b) }
+	case scalar.Lt:
+		return func(a, b int64) int64 { return b2i(a < b) }
+	case scalar.Le:
+		return func(a, b int64) int64 { return b2i(a <= b) }
+	case scalar.Gt:
+		return func(a, b int64) int64 { return b2i(a > b) }
+	case scalar.Ge:
+		return func(a, b int64) int64 { return b2i(a >= b) }
+	}
+	panic("interp: no integer form of " + p.String())
+}
