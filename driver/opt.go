@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -84,7 +85,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	}
 	pipe, err := passes.ParsePipeline(pipeline, passes.ExternalResolver(p.pluginDir, p.pluginTimeout))
 	if err != nil {
-		return nil, fmt.Errorf("kiln: %v", err)
+		return nil, usageError{err.Error()}
 	}
 	for name := range nameSet(p.printBefore + "," + p.printAfter) {
 		if passes.Lookup(name) == nil && !strings.HasPrefix(name, passes.ExternalPrefix) {
@@ -109,6 +110,10 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	}
 	if p.stats {
 		mg.WriteStats(e.stderr)
+	}
+	var ce *passes.ContractError
+	if errors.As(runErr, &ce) {
+		return nil, usageError{"pipeline " + pipe.String() + ": " + ce.Msg}
 	}
 	if runErr != nil {
 		return nil, fmt.Errorf("%s: error: %v", in.name, runErr)
@@ -145,10 +150,29 @@ func init() {
 				}
 				for _, p := range passes.All() {
 					fmt.Fprintf(e.stdout, "%s\n    %s\n", p.Name, p.Summary)
+					for _, c := range []struct {
+						what  string
+						props []passes.Property
+					}{{"needs", p.Requires}, {"cannot run on", p.Excludes}, {"makes", p.Establishes}, {"undoes", p.Invalidates}} {
+						if len(c.props) > 0 {
+							words := make([]string, len(c.props))
+							for i, q := range c.props {
+								words[i] = q.String()
+							}
+							fmt.Fprintf(e.stdout, "    %s: %s\n", c.what, strings.Join(words, ", "))
+						}
+					}
 					for _, o := range p.Options {
 						kind := o.Kind.String()
 						if o.Kind == passes.EnumOption {
 							kind = strings.Join(o.Enum, "|")
+						}
+						if o.Range != "" {
+							if o.Kind == passes.SizeOption {
+								kind += ", a fraction in " + o.Range
+							} else {
+								kind += " in " + o.Range
+							}
 						}
 						def := ""
 						if o.Default != "" {

@@ -37,3 +37,14 @@ func TestSplitWords(t *testing.T) {
 	_, err = SplitWords(`kiln 'open`)
 	require.Error(t, err)
 }
+
+func TestCheck(t *testing.T) {
+	out := "func @f() {\n  %a = add(%x, %y)\n  %b = mul(%a, %a)\n  return %b\n}\n"
+	require.Empty(t, Check("CHECK: func @f\nCHECK-NEXT: add(\nCHECK-SAME: %y\nCHECK-NOT: sub(\nCHECK: return %b", out))
+	require.Contains(t, Check("CHECK: mul(\nCHECK: add(", out), "not found")
+	require.Contains(t, Check("CHECK: func\nCHECK-NEXT: mul(", out), "CHECK-NEXT")
+	require.Contains(t, Check("CHECK: func\nCHECK-NOT: mul(\nCHECK: return", out), "CHECK-NOT")
+	require.Contains(t, Check("CHECK: add(\nCHECK-SAME: mul", out), "CHECK-SAME")
+	require.Contains(t, Check("CHECK-NOT: add(", out), "CHECK-NOT")
+	require.Empty(t, Check("just a comment\nCHECK: }", out))
+}

@@ -26,6 +26,10 @@ const (
 	sectionStderr = "stderr" // expected standard error
 	sectionExit   = "exit"   // expected exit status of each command, one per line; absent means all 0
 	wantPrefix    = "want/"  // want/PATH: expected content of PATH after the commands
+	// check/NAME: FileCheck directives (see Check) that stdout, stderr or
+	// the file NAME must satisfy. A checked output has no exact section:
+	// the case names the lines that matter, and updating leaves it alone.
+	checkPrefix = "check/"
 )
 
 // Updating reports whether expectations are being rewritten
@@ -81,7 +85,8 @@ func runCase(t *testing.T, path, program string, main MainFunc) {
 	for _, f := range ar.Files {
 		switch {
 		case f.Name == sectionCmd || f.Name == sectionStdin || f.Name == sectionStdout ||
-			f.Name == sectionStderr || f.Name == sectionExit || strings.HasPrefix(f.Name, wantPrefix):
+			f.Name == sectionStderr || f.Name == sectionExit || strings.HasPrefix(f.Name, wantPrefix) ||
+			strings.HasPrefix(f.Name, checkPrefix):
 			continue
 		}
 		p := filepath.Join(work, filepath.FromSlash(f.Name))
@@ -140,6 +145,25 @@ func runCase(t *testing.T, path, program string, main MainFunc) {
 				got[f.Name] = normalize(string(b))
 			}
 		}
+	}
+	for _, f := range ar.Files {
+		name, ok := strings.CutPrefix(f.Name, checkPrefix)
+		if !ok {
+			continue
+		}
+		text, isStd := got[name]
+		if !isStd {
+			b, err := os.ReadFile(filepath.Join(work, filepath.FromSlash(name)))
+			if err != nil {
+				t.Errorf("%s: %s: %v", path, f.Name, err)
+				continue
+			}
+			text = normalize(string(b))
+		}
+		if msg := Check(string(f.Data), text); msg != "" {
+			t.Errorf("%s: %s: %s\n%s:\n%s", path, f.Name, msg, name, text)
+		}
+		delete(got, name) // checked, not compared
 	}
 	if Updating() {
 		for _, name := range sortedKeys(got) {

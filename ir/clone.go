@@ -17,7 +17,7 @@ func (f *Func) Clone() *Func {
 	}
 	g.Body = cloneOps(f.Body, m, keepName)
 	for _, r := range f.Results {
-		g.Results = append(g.Results, Result{Name: r.Name, Value: m[r.Value]})
+		g.Results = append(g.Results, Result{Name: r.Name, Value: m[r.Value], Attrs: r.Attrs.Clone()})
 	}
 	return g
 }

@@ -56,10 +56,44 @@ type Func struct {
 	suffix map[string]int  // last suffix UniqueName gave each base
 }
 
-// Result is one function result: a value and an optional name.
+// Result is one function result: a value, an optional name and
+// attributes, among them its role (RoleLoss, RoleGrad, ...).
 type Result struct {
 	Name  string // empty when unnamed
 	Value *Value
+	Attrs Attrs
+}
+
+// Result roles (the result attribute "role"): what a result of a training
+// step is, so that passes never decide from names.
+const (
+	RoleLoss        = "loss"         // the loss the step minimises
+	RoleGrad        = "grad"         // the gradient of the param argument named by the attribute "param"
+	RoleGradsFinite = "grads_finite" // whether every gradient is finite (dynamic loss scaling)
+)
+
+// Role returns the result's role, or "".
+func (r Result) Role() string { return r.Attrs.String("role", "") }
+
+// ResultWithRole returns the index of the first result with the role, or -1.
+func (f *Func) ResultWithRole(role string) int {
+	for i, r := range f.Results {
+		if r.Role() == role {
+			return i
+		}
+	}
+	return -1
+}
+
+// GradResult returns the index of the result that is the gradient of the
+// param argument p, or -1.
+func (f *Func) GradResult(p *Value) int {
+	for i, r := range f.Results {
+		if r.Role() == RoleGrad && r.Attrs.String("param", "") == p.Name {
+			return i
+		}
+	}
+	return -1
 }
 
 // ResultName returns the name of result i: its own name, or "result<i>".
@@ -225,6 +259,29 @@ func QuoteName(name string) string {
 		return name
 	}
 	return strconv.Quote(name)
+}
+
+// QuoteKey quotes an attribute key or result name unless the text
+// format reads it bare (an identifier that is no keyword).
+func QuoteKey(name string) string {
+	if isIdent(name) {
+		return name
+	}
+	return strconv.Quote(name)
+}
+
+func isIdent(s string) bool {
+	switch s {
+	case "", "func", "return", "yield":
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || i > 0 && (c >= '0' && c <= '9' || c == '.')) {
+			return false
+		}
+	}
+	return true
 }
 
 func isBareName(s string) bool {

@@ -129,7 +129,7 @@ func init() {
 		{"div", "a / b (integers: truncated, 0 where b is 0)", "Div", scalar.Div, false},
 		{"max", "elementwise maximum (NaN wins)", "", scalar.Max, true},
 		{"min", "elementwise minimum (NaN wins)", "", scalar.Min, true},
-		{"pow", "a ^ b", "", scalar.Pow, false},
+		{"pow", "a ^ b", "Pow", scalar.Pow, false},
 	} {
 		registerBinary(&OpDef{Name: b.name, Summary: b.summary, ONNX: b.onnx, Commutative: b.commutative,
 			Scalar: same(scalar.Bin(b.p, x0, x1))})

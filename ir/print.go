@@ -49,10 +49,14 @@ func printFunc(b *strings.Builder, f *Func) {
 			b.WriteString(", ")
 		}
 		if r.Name != "" {
-			b.WriteString(QuoteName(r.Name))
+			b.WriteString(QuoteKey(r.Name))
 			b.WriteString(": ")
 		}
 		b.WriteString(r.Value.Type.String())
+		if len(r.Attrs) > 0 {
+			b.WriteByte(' ')
+			printAttrDict(b, r.Attrs)
+		}
 	}
 	b.WriteByte(')')
 	if len(f.Attrs) > 0 {
@@ -84,7 +88,7 @@ func printArgAttrs(b *strings.Builder, a *ArgInfo) {
 		parts = append(parts, "init = "+DenseAttr(a.Init).String())
 	}
 	for _, k := range a.Attrs.Keys() {
-		parts = append(parts, QuoteName(k)+" = "+a.Attrs[k].String())
+		parts = append(parts, QuoteKey(k)+" = "+a.Attrs[k].String())
 	}
 	if len(parts) > 0 {
 		b.WriteString(" {")
@@ -174,7 +178,7 @@ func printAttrDict(b *strings.Builder, as Attrs) {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(QuoteName(k))
+		b.WriteString(QuoteKey(k))
 		b.WriteString(" = ")
 		b.WriteString(as[k].String())
 	}

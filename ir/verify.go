@@ -85,6 +85,9 @@ func verifyFunc(f *Func) diag.List {
 		}
 	}
 	for i, r := range f.Results {
+		if err := checkResultAttrs(f, r); err != nil {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("result %d: %v", i, err)))
+		}
 		if r.Value == nil || !scope[r.Value] {
 			name := "<nil>"
 			if r.Value != nil {
@@ -263,4 +266,27 @@ func (v *verifier) writes(f *Func) {
 			}
 		}
 	}
+}
+
+// checkResultAttrs checks a result's role: a known one, and for a
+// gradient the param it belongs to.
+func checkResultAttrs(f *Func, r Result) error {
+	role, ok := r.Attrs["role"]
+	if !ok {
+		return nil
+	}
+	switch role.Str {
+	case RoleLoss, RoleGradsFinite:
+	case RoleGrad:
+		p := r.Attrs.String("param", "")
+		for _, a := range f.Args {
+			if a.Name == p && a.Arg != nil && a.Arg.Kind == ArgParam {
+				return nil
+			}
+		}
+		return fmt.Errorf("the gradient's attribute param = %q names no param argument", p)
+	default:
+		return fmt.Errorf("role must be %q, %q or %q, not %q", RoleLoss, RoleGrad, RoleGradsFinite, role.Str)
+	}
+	return nil
 }

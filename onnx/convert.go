@@ -12,19 +12,43 @@ type converter func(im *importer, n *node, in []entry) ([]entry, error)
 var converters map[string]converter
 
 // simple maps ONNX ops to Kiln ops with the same operands and no attributes.
-var simple = map[string]string{
-	"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Log": "log",
-	"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Sign": "sign", "HardSwish": "hard_swish",
-	"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
-	"Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge",
-	"Where": "where", "MatMul": "matmul", "GlobalAveragePool": "global_avg_pool",
-}
+var simple = map[string]string{"MatMul": "matmul", "GlobalAveragePool": "global_avg_pool"}
 
 func init() {
 	converters = map[string]converter{}
 	for onnxName, kind := range simple {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			return im.emit(kind, in, nil)
+		}
+	}
+	// Ops whose record names their ONNX operator: same operands, and each
+	// declared attribute read from the ONNX attribute of the same name.
+	for _, kind := range ir.OpNames() {
+		d := ir.Lookup(kind)
+		if d.ONNX == "" {
+			continue
+		}
+		converters[d.ONNX] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			attrs := ir.Attrs{}
+			for _, spec := range d.Attrs {
+				a := attr(n, spec.Name)
+				if a == nil {
+					continue
+				}
+				switch spec.Kind {
+				case ir.AttrFloat:
+					attrs[spec.Name] = ir.FloatAttr(f32(float64(a.F)))
+				case ir.AttrInt:
+					attrs[spec.Name] = ir.IntAttr(a.I)
+				case ir.AttrString:
+					attrs[spec.Name] = ir.StringAttr(string(a.S))
+				case ir.AttrList:
+					attrs[spec.Name] = ir.IntsAttr(a.Ints...)
+				default:
+					return nil, im.errorf("attribute %s of %s cannot be imported", spec.Name, n.OpType)
+				}
+			}
+			return im.emit(kind, in, attrs)
 		}
 	}
 	for onnxName, kind := range map[string]string{"Max": "max", "Min": "min", "Sum": "add"} {
@@ -40,12 +64,6 @@ func init() {
 		}
 	}
 	converters["Identity"] = func(im *importer, n *node, in []entry) ([]entry, error) { return in, nil }
-	converters["HardSigmoid"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		return im.emit("hard_sigmoid", in, ir.Attrs{"alpha": ir.FloatAttr(f32(attrFloat(n, "alpha", 0.2))), "beta": ir.FloatAttr(f32(attrFloat(n, "beta", 0.5)))})
-	}
-	converters["Gelu"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		return im.emit("gelu", in, ir.Attrs{"approximate": ir.StringAttr(attrString(n, "approximate", "none"))})
-	}
 	for onnxName, kind := range map[string]string{"Softmax": "softmax", "LogSoftmax": "log_softmax"} {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			return im.emit(kind, in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", -1))})

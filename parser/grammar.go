@@ -66,9 +66,10 @@ type argAttrAST struct {
 }
 
 type resultAST struct {
-	Pos  lexer.Position
-	Name *string  `parser:"(@(Ident | String) ':')?"`
-	Type *typeAST `parser:"@@"`
+	Pos   lexer.Position
+	Name  *string      `parser:"(@(Ident | String) ':')?"`
+	Type  *typeAST     `parser:"@@"`
+	Attrs *attrDictAST `parser:"@@?"`
 }
 
 type typeAST struct {

@@ -235,6 +235,9 @@ func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
 		if n := fa.Results[i].Name; n != nil {
 			res.Name = unquoteName(*n)
 		}
+		if d := fa.Results[i].Attrs; d != nil {
+			res.Attrs = l.lowerAttrs(d)
+		}
 		if t := l.lowerType(fa.Results[i].Type); t.DType != ir.Invalid && v.Type.DType != ir.Invalid && !t.Equal(v.Type) {
 			l.errorf(r.Pos, "returned value %s has type %s, but result %d is declared %s", r.Name, v.Type, i, t)
 		}

@@ -59,9 +59,13 @@ func (e *PassError) Error() string {
 
 func (e *PassError) Unwrap() error { return e.Err }
 
-// Run applies the pipeline to m in order. On failure the module is left
-// as the failing pass left it, and the error is a *PassError.
+// Run applies the pipeline to m in order. A pipeline that breaks a pass's
+// contract on m is a *ContractError, and no pass runs. On a pass's failure
+// the module is left as the pass left it, and the error is a *PassError.
 func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
+	if err := CheckContracts(m, pipe); err != nil {
+		return err
+	}
 	in := mg.Inst
 	log := in.Log
 	if log == nil {

@@ -43,20 +43,62 @@ func init() {
 		m.Funcs[0].Body[0].Results[0].Type.Shape = ir.Shape{5}
 		return nil
 	}})
-	MustRegister(&Pass{Name: "test-opts", Summary: "reads every kind of option", Options: []Option{
-		{Name: "n", Kind: IntOption, Default: "3"}, {Name: "f", Kind: FloatOption}, {Name: "s", Kind: StringOption},
-		{Name: "b", Kind: BoolOption}, {Name: "e", Kind: EnumOption, Enum: []string{"x", "y"}, Default: "x"},
-		{Name: "budget", Kind: SizeOption}, {Name: "timeout", Kind: DurationOption, Default: "1s"},
-	}, Run: func(ctx *Context, _ *ir.Module) error {
-		ctx.Stat("n", ctx.Int("n"))
-		ctx.Stat("f", ctx.Float("f"))
-		ctx.Stat("s", ctx.String("s"))
-		ctx.Stat("b", ctx.Bool("b"))
-		ctx.Stat("e", ctx.String("e"))
-		ctx.Stat("budget", ctx.Size("budget").Of(1000))
-		ctx.Stat("timeout", ctx.Duration("timeout"))
+	MustRegister(Define(Pass{Name: "test-opts", Summary: "reads every kind of option"}, func(ctx *Context, _ *ir.Module, o *testOptions) error {
+		ctx.Stat("n", o.N)
+		ctx.Stat("f", o.F)
+		ctx.Stat("s", o.S)
+		ctx.Stat("b", o.B)
+		ctx.Stat("e", o.E)
+		ctx.Stat("budget", o.Budget.Of(1000))
+		ctx.Stat("timeout", o.Timeout)
+		if o.Opt != nil {
+			ctx.Stat("opt", *o.Opt)
+		}
 		return nil
-	}})
+	}))
+}
+
+type testOptions struct {
+	N       int64         `opt:"n" default:"3" range:"[1,10]"`
+	F       float64       `opt:"f" range:"(0,inf)"`
+	S       string        `opt:"s"`
+	B       bool          `opt:"b"`
+	E       string        `opt:"e" enum:"x|y" default:"x"`
+	Budget  Size          `opt:"budget" range:"(0,1]"`
+	Timeout time.Duration `opt:"timeout" default:"1s"`
+	Opt     *float64      `opt:"opt" range:"[0,1]"`
+	ignored int
+}
+
+func TestOptionDeclarations(t *testing.T) {
+	for name, fn := range map[string]func(){
+		"no range": func() {
+			type o struct {
+				X float64 `opt:"x"`
+			}
+			Define(Pass{Name: "p"}, func(*Context, *ir.Module, *o) error { return nil })
+		},
+		"bad default": func() {
+			type o struct {
+				X int64 `opt:"x" default:"11" range:"[0,10]"`
+			}
+			Define(Pass{Name: "p"}, func(*Context, *ir.Module, *o) error { return nil })
+		},
+		"bad range": func() {
+			type o struct {
+				X int64 `opt:"x" range:"[0,10"`
+			}
+			Define(Pass{Name: "p"}, func(*Context, *ir.Module, *o) error { return nil })
+		},
+		"bad type": func() {
+			type o struct {
+				X []int `opt:"x"`
+			}
+			Define(Pass{Name: "p"}, func(*Context, *ir.Module, *o) error { return nil })
+		},
+	} {
+		require.Panics(t, fn, name)
+	}
 }
 
 func TestPipelineParsing(t *testing.T) {
@@ -67,16 +109,24 @@ func TestPipelineParsing(t *testing.T) {
 	require.Equal(t, "a,b}", p[2].Args["s"])
 
 	for text, want := range map[string]string{
-		"nosuch":               `unknown pass "nosuch"`,
-		"dce,,cse":             "empty pass name",
-		"dce{x=1}":             `pass dce has no option "x" (it takes none)`,
-		"test-opts{n=x}":       "option n wants an integer",
-		"test-opts{e=z}":       "option e wants one of x|y",
-		"test-opts{n=1,n=2}":   "option n given twice",
-		"test-opts{n=1":        "missing '}'",
-		"test-opts{budget=-1}": "not a size",
-		"test-opts{timeout=3}": "wants a duration",
-		"dce}":                 "unexpected '}'",
+		"nosuch":                `unknown pass "nosuch"`,
+		"dce,,cse":              "empty pass name",
+		"dce{x=1}":              `pass dce has no option "x" (it takes none)`,
+		"test-opts{n=x}":        "option n wants an integer",
+		"test-opts{e=z}":        "option e wants one of x|y",
+		"test-opts{n=1,n=2}":    "option n given twice",
+		"test-opts{n=1":         "missing '}'",
+		"test-opts{budget=-1}":  "not a size",
+		"test-opts{timeout=3}":  "wants a duration",
+		"dce}":                  "unexpected '}'",
+		"test-opts{n=0}":        "option n must lie in [1,10]",
+		"test-opts{n=11}":       "option n must lie in [1,10]",
+		"test-opts{f=0}":        "option f must lie in (0,inf)",
+		"test-opts{f=NaN}":      "option f must lie in (0,inf)",
+		"test-opts{f=-inf}":     "option f must lie in (0,inf)",
+		"test-opts{budget=1.5}": "a fraction must lie in (0,1]",
+		"test-opts{opt=2}":      "option opt must lie in [0,1]",
+		"test-opts{tmeout=1s}":  `no option "tmeout" (did you mean "timeout"?)`,
 	} {
 		_, err := ParsePipeline(text, nil)
 		require.ErrorContains(t, err, want, text)
@@ -85,13 +135,13 @@ func TestPipelineParsing(t *testing.T) {
 
 func TestOptionsReachThePass(t *testing.T) {
 	m := parse(t, sample)
-	p, err := ParsePipeline("test-opts{f=2.5,s=hi,b=true,e=y,budget=0.5}", nil)
+	p, err := ParsePipeline("test-opts{f=2.5,s=hi,b=true,e=y,budget=0.5,opt=0.25}", nil)
 	require.NoError(t, err)
 	mg := &Manager{}
 	require.NoError(t, mg.Run(m, p))
 	var b bytes.Buffer
 	mg.WriteStats(&b)
-	require.Equal(t, "test-opts: n = 3\ntest-opts: f = 2.5\ntest-opts: s = hi\ntest-opts: b = true\ntest-opts: e = y\ntest-opts: budget = 500\ntest-opts: timeout = 1s\n", b.String())
+	require.Equal(t, "test-opts: n = 3\ntest-opts: f = 2.5\ntest-opts: s = hi\ntest-opts: b = true\ntest-opts: e = y\ntest-opts: budget = 500\ntest-opts: timeout = 1s\ntest-opts: opt = 0.25\n", b.String())
 }
 
 func TestSizes(t *testing.T) {

@@ -3,6 +3,7 @@ package passes
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -42,13 +43,18 @@ func (k OptionKind) String() string {
 	return "unknown"
 }
 
-// Option declares one option of a pass.
+// Option describes one option of a pass: what `kiln passes` lists. For a
+// pass made with Define it is derived from the options struct's tags.
 type Option struct {
 	Name    string
 	Kind    OptionKind
 	Default string // in the option's text form; "" means unset
 	Enum    []string
+	Range   string // valid values of a number, as an interval: [0,1), (0,inf)
 	Doc     string
+
+	field int   // index of the struct field (Define)
+	rng   *span // parsed Range
 }
 
 // Size is a byte count or a fraction of some reference amount.
@@ -114,21 +120,69 @@ func ParseSize(s string) (Size, error) {
 	return Size{Bytes: n, Set: true}, nil
 }
 
-// parseOption converts text to the option's value, or explains why not.
+// span is an interval of valid numbers; NaN is never in one.
+type span struct {
+	lo, hi         float64
+	loOpen, hiOpen bool
+}
+
+// parseSpan reads [a,b], (a,b), [a,b) or (a,b] with inf for infinity.
+func parseSpan(s string) (*span, error) {
+	bad := fmt.Errorf("range %q is not an interval such as [0,1) or (0,inf)", s)
+	if len(s) < 5 || !strings.ContainsRune("[(", rune(s[0])) || !strings.ContainsRune("])", rune(s[len(s)-1])) {
+		return nil, bad
+	}
+	lo, hi, ok := strings.Cut(s[1:len(s)-1], ",")
+	if !ok {
+		return nil, bad
+	}
+	num := func(t string) (float64, error) {
+		switch strings.TrimSpace(t) {
+		case "inf":
+			return math.Inf(1), nil
+		case "-inf":
+			return math.Inf(-1), nil
+		}
+		return strconv.ParseFloat(strings.TrimSpace(t), 64)
+	}
+	sp := &span{loOpen: s[0] == '(', hiOpen: s[len(s)-1] == ')'}
+	var err1, err2 error
+	sp.lo, err1 = num(lo)
+	sp.hi, err2 = num(hi)
+	if err1 != nil || err2 != nil || sp.lo > sp.hi {
+		return nil, bad
+	}
+	return sp, nil
+}
+
+func (sp *span) contains(x float64) bool {
+	if math.IsNaN(x) {
+		return false
+	}
+	if x < sp.lo || x == sp.lo && sp.loOpen || x > sp.hi || x == sp.hi && sp.hiOpen {
+		return false
+	}
+	return true
+}
+
+// parse converts text to the option's value (an int64, float64, bool,
+// string, Size or time.Duration), or explains why not.
 func (o Option) parse(text string) (any, error) {
+	var v any
+	var num float64 // for the range check
 	switch o.Kind {
 	case IntOption:
 		n, err := strconv.ParseInt(text, 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("option %s wants an integer, got %q", o.Name, text)
 		}
-		return n, nil
+		v, num = n, float64(n)
 	case FloatOption:
 		f, err := strconv.ParseFloat(text, 64)
 		if err != nil {
 			return nil, fmt.Errorf("option %s wants a number, got %q", o.Name, text)
 		}
-		return f, nil
+		v, num = f, f
 	case BoolOption:
 		b, err := strconv.ParseBool(text)
 		if err != nil {
@@ -147,6 +201,9 @@ func (o Option) parse(text string) (any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("option %s: %v", o.Name, err)
 		}
+		if o.rng != nil && s.IsFrac && !o.rng.contains(s.Fraction) {
+			return nil, fmt.Errorf("option %s: a fraction must lie in %s, got %q", o.Name, o.Range, text)
+		}
 		return s, nil
 	case DurationOption:
 		d, err := time.ParseDuration(text)
@@ -154,22 +211,82 @@ func (o Option) parse(text string) (any, error) {
 			return nil, fmt.Errorf("option %s wants a duration such as 500ms or 10s, got %q", o.Name, text)
 		}
 		return d, nil
+	default:
+		return text, nil
 	}
-	return text, nil
+	if o.rng != nil && !o.rng.contains(num) {
+		return nil, fmt.Errorf("option %s must lie in %s, got %q", o.Name, o.Range, text)
+	}
+	return v, nil
 }
 
-func (o Option) zero() any {
-	switch o.Kind {
-	case IntOption:
-		return int64(0)
-	case FloatOption:
-		return 0.0
-	case BoolOption:
-		return false
-	case SizeOption:
-		return Size{}
-	case DurationOption:
-		return time.Duration(0)
+var (
+	sizeType     = reflect.TypeFor[Size]()
+	durationType = reflect.TypeFor[time.Duration]()
+)
+
+// optionsOf reads the options a struct type declares. Each exported
+// field with an `opt:"name"` tag is an option; `default`, `enum` (a|b|c),
+// `range` (an interval) and `doc` tags describe it. A *float64 field is an
+// option without a default (nil when not given), whose `default` tag is
+// only text for listings.
+func optionsOf(t reflect.Type) ([]Option, error) {
+	if t.Kind() != reflect.Struct {
+		return nil, fmt.Errorf("options must be a struct, not %s", t)
 	}
-	return ""
+	var out []Option
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, ok := f.Tag.Lookup("opt")
+		if !ok {
+			continue
+		}
+		o := Option{Name: name, Default: f.Tag.Get("default"), Doc: f.Tag.Get("doc"), Range: f.Tag.Get("range"), field: i}
+		switch {
+		case f.Type == sizeType:
+			o.Kind = SizeOption
+		case f.Type == durationType:
+			o.Kind = DurationOption
+		case f.Type.Kind() == reflect.Int64, f.Type.Kind() == reflect.Int:
+			o.Kind = IntOption
+		case f.Type.Kind() == reflect.Float64, f.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.Float64:
+			o.Kind = FloatOption
+		case f.Type.Kind() == reflect.Bool:
+			o.Kind = BoolOption
+		case f.Type.Kind() == reflect.String:
+			o.Kind = StringOption
+			if e := f.Tag.Get("enum"); e != "" {
+				o.Kind, o.Enum = EnumOption, strings.Split(e, "|")
+			}
+		default:
+			return nil, fmt.Errorf("option %s has type %s, which options cannot have", name, f.Type)
+		}
+		if o.Range != "" {
+			sp, err := parseSpan(o.Range)
+			if err != nil {
+				return nil, fmt.Errorf("option %s: %v", name, err)
+			}
+			o.rng = sp
+		} else if o.Kind == IntOption || o.Kind == FloatOption {
+			return nil, fmt.Errorf("option %s is a number without a range tag", name)
+		}
+		if o.Default != "" && f.Type.Kind() != reflect.Pointer {
+			if _, err := o.parse(o.Default); err != nil {
+				return nil, fmt.Errorf("default of %v", err)
+			}
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// set stores the option's value v (from parse) into the struct value s.
+func (o Option) set(s reflect.Value, v any) {
+	f := s.Field(o.field)
+	if f.Kind() == reflect.Pointer {
+		x := v.(float64)
+		f.Set(reflect.ValueOf(&x))
+		return
+	}
+	f.Set(reflect.ValueOf(v).Convert(f.Type()))
 }

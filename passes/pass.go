@@ -2,10 +2,12 @@ package passes
 
 import (
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
@@ -13,13 +15,48 @@ import (
 type Pass struct {
 	Name    string
 	Summary string // one line
+	// Options lists what the pass accepts; Define derives it from the
+	// options struct.
 	Options []Option
-	// Run rewrites m in place. It reads its options and records statistics
-	// through ctx, and returns an error when it cannot do its job.
+	// Run rewrites m in place. It records statistics through ctx, and
+	// returns an error when it cannot do its job. Define sets it.
 	Run func(ctx *Context, m *ir.Module) error
 	// AnyOptions accepts options not declared in Options (external passes
 	// receive them as text through Context.Args).
 	AnyOptions bool
+	// The pass's contract with the passes around it: what must hold and
+	// must not hold before it runs, and what holds after it (Establishes)
+	// or may no longer hold (Invalidates). The pass manager checks a
+	// pipeline against these before it runs any pass.
+	Requires, Excludes, Establishes, Invalidates []Property
+
+	newOptions func() reflect.Value // a pointer to the options struct with its defaults
+}
+
+// Define makes a pass whose options are the tagged fields of O (see
+// optionsOf): run receives them typed, with their defaults where the
+// pipeline gives none. When *O has a method Validate() error, it checks
+// the options together once they are parsed. It panics on a malformed options struct (found
+// when Kiln starts).
+func Define[O any](p Pass, run func(ctx *Context, m *ir.Module, opts *O) error) *Pass {
+	t := reflect.TypeFor[O]()
+	opts, err := optionsOf(t)
+	if err != nil {
+		panic(fmt.Sprintf("pass %s: %v", p.Name, err))
+	}
+	p.Options = opts
+	p.newOptions = func() reflect.Value {
+		v := reflect.New(t)
+		for _, o := range opts {
+			if o.Default != "" && t.Field(o.field).Type.Kind() != reflect.Pointer {
+				x, _ := o.parse(o.Default)
+				o.set(v.Elem(), x)
+			}
+		}
+		return v
+	}
+	p.Run = func(ctx *Context, m *ir.Module) error { return run(ctx, m, ctx.options.Interface().(*O)) }
+	return &p
 }
 
 var registry = map[string]*Pass{}
@@ -35,12 +72,8 @@ func Register(p *Pass) error {
 	case registry[p.Name] != nil:
 		return fmt.Errorf("pass %s is already registered", p.Name)
 	}
-	for _, o := range p.Options {
-		if o.Default != "" {
-			if _, err := o.parse(o.Default); err != nil {
-				return fmt.Errorf("pass %s: default of %v", p.Name, err)
-			}
-		}
+	if len(p.Options) > 0 && p.newOptions == nil {
+		return fmt.Errorf("pass %s declares options but was not made with Define", p.Name)
 	}
 	registry[p.Name] = p
 	return nil
@@ -75,24 +108,21 @@ type Stat struct {
 // Context is what a pass sees while it runs: its options and a place for
 // its statistics.
 type Context struct {
-	pass  *Pass
-	args  map[string]string
-	opts  map[string]any
-	stats []Stat
+	pass    *Pass
+	args    map[string]string
+	options reflect.Value // *O of Define
+	stats   []Stat
 	// Deadline, when not zero, is a hint for passes with time budgets.
 	Deadline time.Time
 }
 
 // NewContext builds a context for running p directly with the given
-// option text (tests and passes that run other passes use it).
+// option text (tests and passes that run other passes use it). An
+// unknown option or a value out of its range is an error.
 func NewContext(p *Pass, args map[string]string) (*Context, error) {
-	c := &Context{pass: p, opts: map[string]any{}, args: args}
-	for _, o := range p.Options {
-		c.opts[o.Name] = o.zero()
-		if o.Default != "" {
-			v, _ := o.parse(o.Default)
-			c.opts[o.Name] = v
-		}
+	c := &Context{pass: p, args: args}
+	if p.newOptions != nil {
+		c.options = p.newOptions()
 	}
 	keys := make([]string, 0, len(args))
 	for k := range args {
@@ -110,56 +140,41 @@ func NewContext(p *Pass, args map[string]string) (*Context, error) {
 			continue
 		}
 		if opt == nil {
-			return nil, fmt.Errorf("pass %s has no option %q%s", p.Name, k, optionList(p))
+			return nil, fmt.Errorf("pass %s has no option %q%s%s", p.Name, k, diag.DidYouMean(k, optionNames(p)), optionList(p))
 		}
 		v, err := opt.parse(args[k])
 		if err != nil {
 			return nil, fmt.Errorf("pass %s: %v", p.Name, err)
 		}
-		c.opts[k] = v
+		opt.set(c.options.Elem(), v)
+	}
+	if c.options.IsValid() {
+		if v, ok := c.options.Interface().(interface{ Validate() error }); ok {
+			if err := v.Validate(); err != nil {
+				return nil, fmt.Errorf("pass %s: %v", p.Name, err)
+			}
+		}
 	}
 	return c, nil
+}
+
+func optionNames(p *Pass) []string {
+	names := make([]string, len(p.Options))
+	for i, o := range p.Options {
+		names[i] = o.Name
+	}
+	return names
 }
 
 func optionList(p *Pass) string {
 	if len(p.Options) == 0 {
 		return " (it takes none)"
 	}
-	names := make([]string, len(p.Options))
-	for i, o := range p.Options {
-		names[i] = o.Name
-	}
-	return " (options: " + strings.Join(names, ", ") + ")"
-}
-
-func (c *Context) get(name string) any {
-	v, ok := c.opts[name]
-	if !ok {
-		panic(fmt.Sprintf("pass %s reads undeclared option %q", c.pass.Name, name))
-	}
-	return v
+	return " (options: " + strings.Join(optionNames(p), ", ") + ")"
 }
 
 // Args returns the options as given in the pipeline, as text.
 func (c *Context) Args() map[string]string { return c.args }
-
-// Int returns an int option.
-func (c *Context) Int(name string) int64 { return c.get(name).(int64) }
-
-// Float returns a float option.
-func (c *Context) Float(name string) float64 { return c.get(name).(float64) }
-
-// String returns a string or enum option.
-func (c *Context) String(name string) string { return c.get(name).(string) }
-
-// Bool returns a bool option.
-func (c *Context) Bool(name string) bool { return c.get(name).(bool) }
-
-// Size returns a size option.
-func (c *Context) Size(name string) Size { return c.get(name).(Size) }
-
-// Duration returns a duration option.
-func (c *Context) Duration(name string) time.Duration { return c.get(name).(time.Duration) }
 
 // Stat records a statistic; recording a name again replaces its value.
 func (c *Context) Stat(name string, value any) {

@@ -205,29 +205,38 @@ func lines(x Tensor, axis int64) (Tensor, int64, int64, int64) {
 }
 
 // logPartition stores, per line of x along axis 1 of [outer, n, inner],
-// the maximum and log Σ exp(x - max) + max.
-func logPartition(b *builder, x Tensor, outer, n, inner int64) (mx, logz *Buffer) {
-	mx, logz = f64Temp(b, "max", outer, inner), f64Temp(b, "logz", outer, inner)
+// the maximum m and log Σ exp(x - m). The log-probability of x is
+// logProb: (x - m) - log Σ, in that order, so that x - m is exact even in
+// f32 (m is one of the line's values) and large logits keep the small
+// log-sum: rounding m + log Σ to f32 first loses it.
+func logPartition(b *builder, x Tensor, outer, n, inner int64) (mx, logsum *Buffer) {
+	mx, logsum = f64Temp(b, "max", outer, inner), f64Temp(b, "logsum", outer, inner)
 	b.store(mx, func(idx []Expr) Expr {
 		return b.reduce(scalar.Max, F64, []int64{n}, func(j []Expr) Expr { return x.At([]Expr{idx[0], j[0], idx[1]}) })
 	})
-	b.store(logz, func(idx []Expr) Expr {
+	b.store(logsum, func(idx []Expr) Expr {
 		m := &Load{Buf: mx, Index: idx}
 		s := b.reduce(scalar.Add, F64, []int64{n}, func(j []Expr) Expr {
 			return un(scalar.Exp, sub(conv(x.At([]Expr{idx[0], j[0], idx[1]}), F64), m))
 		})
-		return add(m, un(scalar.Log, s))
+		return un(scalar.Log, s)
 	})
-	return mx, logz
+	return mx, logsum
+}
+
+// logProb is log softmax of element v of line (o, i): (v - m) - log Σ.
+func logProb(v Expr, mx, logsum *Buffer, o, i Expr) Expr {
+	line := []Expr{o, i}
+	return sub(sub(conv(v, F64), &Load{Buf: mx, Index: line}), &Load{Buf: logsum, Index: line})
 }
 
 func lowerSoftmax(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	x, outer, n, inner := lines(in[0], op.Attr().Int("axis"))
-	_, logz := logPartition(b, x, outer, n, inner)
+	mx, logsum := logPartition(b, x, outer, n, inner)
 	log := op.Kind == "log_softmax"
 	b.store(alias(out[0], ir.Shape{outer, n, inner}), func(idx []Expr) Expr {
 		return demote(func() Expr {
-			v := sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}})
+			v := logProb(x.At(idx), mx, logsum, idx[0], idx[2])
 			if log {
 				return v
 			}
@@ -271,12 +280,12 @@ func label(labels Tensor, o, i Expr, inner, k int64) Expr {
 
 func lowerCrossEntropy(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	x, outer, k, inner := lines(in[0], 1)
-	_, logz := logPartition(b, x, outer, k, inner)
+	mx, logsum := logPartition(b, x, outer, k, inner)
 	count := outer * inner
 	b.store(out[0], func([]Expr) Expr {
 		loss := b.reduce(scalar.Add, F64, []int64{outer, inner}, func(r []Expr) Expr {
 			l := label(in[1], r[0], r[1], inner, k)
-			return sub(&Load{Buf: logz, Index: r}, conv(x.At([]Expr{r[0], l, r[1]}), F64))
+			return sub(Float{V: 0, K: F64}, logProb(x.At([]Expr{r[0], l, r[1]}), mx, logsum, r[0], r[1]))
 		})
 		if op.Attr().String("reduction") == "mean" && count > 0 {
 			loss = div(loss, Float{V: float64(count), K: F64})
@@ -288,14 +297,14 @@ func lowerCrossEntropy(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error 
 
 func lowerCrossEntropyGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	x, outer, k, inner := lines(in[1], 1)
-	_, logz := logPartition(b, x, outer, k, inner)
+	mx, logsum := logPartition(b, x, outer, k, inner)
 	scale := conv(in[0].At(nil), F64)
 	if op.Attr().String("reduction") == "mean" {
 		scale = div(scale, Float{V: float64(numElements(in[2].Type.Shape)), K: F64})
 	}
 	b.store(alias(out[0], ir.Shape{outer, k, inner}), func(idx []Expr) Expr {
 		return demote(func() Expr {
-			p := un(scalar.Exp, sub(conv(x.At(idx), F64), &Load{Buf: logz, Index: []Expr{idx[0], idx[2]}}))
+			p := un(scalar.Exp, logProb(x.At(idx), mx, logsum, idx[0], idx[2]))
 			hit := cmp(scalar.Eq, idx[1], label(in[2], idx[0], idx[2], inner, k))
 			return mul(sub(p, sel(hit, Float{V: 1, K: F64}, Float{V: 0, K: F64})), scale)
 		}(), ComputeKind(out[0].Type.DType))

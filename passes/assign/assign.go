@@ -19,32 +19,29 @@ import (
 const maxAlignment = 1 << 30
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "assign",
-		Summary: "give every tensor an offset in one arena (buffer assignment)",
-		Options: []passes.Option{
-			{Name: "algo", Kind: passes.EnumOption, Enum: []string{"best", "greedy-size", "greedy-size-lowest", "coloring", "search"}, Default: "best",
-				Doc: "greedy-size: decreasing size, best fit; greedy-size-lowest: lowest offset; coloring: shared pools; search: branch and bound; best: greedy then a bounded search"},
-			{Name: "alignment", Kind: passes.IntOption, Default: "64", Doc: "offsets are multiples of this many bytes"},
-			{Name: "timeout", Kind: passes.DurationOption, Default: "10s", Doc: "time limit of algo=search (best uses a fixed node budget, so its output is deterministic)"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			align := ctx.Int("alignment")
-			if align < 1 || align > maxAlignment {
-				return fmt.Errorf("alignment must be between 1 and %d (1 GiB), got %d", int64(maxAlignment), align)
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "assign",
+		Summary:     "give every tensor an offset in one arena (buffer assignment)",
+		Establishes: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *Options) error {
+		for _, f := range m.Funcs {
+			res, err := Assign(f, o.Algo, o.Alignment, o.Timeout)
+			if err != nil {
+				return err
 			}
-			for _, f := range m.Funcs {
-				res, err := Assign(f, ctx.String("algo"), align, ctx.Duration("timeout"))
-				if err != nil {
-					return err
-				}
-				ctx.AddStat("arena-bytes", res.Size)
-				ctx.Stat("algorithm", res.Algo)
-				ctx.Stat("proven-optimal", res.Optimal)
-			}
-			return nil
-		},
-	})
+			ctx.AddStat("arena-bytes", res.Size)
+			ctx.Stat("algorithm", res.Algo)
+			ctx.Stat("proven-optimal", res.Optimal)
+		}
+		return nil
+	}))
+}
+
+// Options are the assign pass's options.
+type Options struct {
+	Algo      string        `opt:"algo" enum:"best|greedy-size|greedy-size-lowest|coloring|search" default:"best" doc:"greedy-size: decreasing size, best fit; greedy-size-lowest: lowest offset; coloring: shared pools; search: branch and bound; best: greedy then a bounded search"`
+	Alignment int64         `opt:"alignment" default:"64" range:"[1,1073741824]" doc:"offsets are multiples of this many bytes (at most 1 GiB)"`
+	Timeout   time.Duration `opt:"timeout" default:"10s" doc:"time limit of algo=search (best uses a fixed node budget, so its output is deterministic)"`
 }
 
 // Problem builds the allocation problem of f's schedule: one request per

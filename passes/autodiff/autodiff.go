@@ -13,26 +13,27 @@ import (
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "autodiff",
-		Summary: "turn each forward function into a training step returning loss and grad.<param> for every param",
-		Options: []passes.Option{
-			{Name: "loss", Kind: passes.EnumOption, Enum: []string{"sum", "mean", "none"}, Default: "sum",
-				Doc: "loss from the first result when it is not a scalar: its sum or mean; none requires a scalar"},
-			{Name: "keep-outputs", Kind: passes.BoolOption, Default: "false",
-				Doc: "also return the forward results after the gradients"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			for _, f := range m.Funcs {
-				n, err := Differentiate(f, ctx.String("loss"), ctx.Bool("keep-outputs"))
-				if err != nil {
-					return err
-				}
-				ctx.AddStat("backward-ops", int64(n))
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "autodiff",
+		Summary:     "turn each forward function into a training step returning loss and grad.<param> for every param",
+		Excludes:    []passes.Property{passes.TrainingStep, passes.Fused, passes.OptimizerStep},
+		Establishes: []passes.Property{passes.TrainingStep},
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		for _, f := range m.Funcs {
+			n, err := Differentiate(f, o.Loss, o.KeepOutputs)
+			if err != nil {
+				return err
 			}
-			return nil
-		},
-	})
+			ctx.AddStat("backward-ops", int64(n))
+		}
+		return nil
+	}))
+}
+
+type options struct {
+	Loss        string `opt:"loss" enum:"sum|mean|none" default:"sum" doc:"loss from the first result when it is not a scalar: its sum or mean; none requires a scalar"`
+	KeepOutputs bool   `opt:"keep-outputs" default:"false" doc:"also return the forward results after the gradients"`
 }
 
 // builder appends new ops to the function.
@@ -74,6 +75,14 @@ func (b *builder) constant(t ir.Type, v float64, base string) *ir.Value {
 	return b.one("constant", ir.Attrs{"value": ir.DenseAttr(d)}, base)
 }
 
+// seed emits the loss-gradient seed d loss / d loss = 1 of type t, marked
+// with its role so that later passes (mixed precision) find it and CSE
+// and folding keep it.
+func (b *builder) seed(t ir.Type) *ir.Value {
+	d := &ir.Dense{Type: t, Floats: []float64{1}}
+	return b.one("constant", ir.Attrs{"value": ir.DenseAttr(d), "role": ir.StringAttr(ir.RoleLossSeed)}, "loss.grad")
+}
+
 // scalar emits a rank-0 constant of dtype d.
 func (b *builder) scalar(d ir.DType, v float64, base string) *ir.Value {
 	return b.constant(ir.Type{DType: d, Shape: ir.Shape{}}, v, base)
@@ -101,7 +110,7 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 		return 0, fmt.Errorf("@%s: the first result %s is %s; a loss must be floating-point", f.Name, out.Ref(), out.Type)
 	}
 	loss := out
-	if out.Type.Rank() > 0 || out.Type.NumElements() != 1 {
+	if out.Type.NumElements() != 1 {
 		switch lossMode {
 		case "sum":
 			loss = b.one("reduce_sum", nil, "loss", out)
@@ -169,7 +178,7 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 	}
 	if loss != out {
 		// d loss / d out of a sum or mean is a broadcast of the seed.
-		seed := b.scalar(loss.Type.DType, 1, "loss.grad")
+		seed := b.seed(ir.Type{DType: loss.Type.DType, Shape: ir.Shape{}})
 		g := seed
 		if lossMode == "mean" {
 			g = b.one("mul", nil, out.Name+".grad", seed, b.scalar(loss.Type.DType, 1/float64(out.Type.NumElements()), "mean.scale"))
@@ -181,7 +190,7 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 			grads[out] = g
 		}
 	} else if requires[out] {
-		grads[out] = b.constant(out.Type, 1, "loss.grad")
+		grads[out] = b.seed(out.Type)
 	}
 
 	for i := len(forward) - 1; i >= 0 && b.err == nil; i-- {
@@ -226,7 +235,7 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 		return 0, b.err
 	}
 	b.loc = ir.Location{}
-	results := []ir.Result{{Name: "loss", Value: loss}}
+	results := []ir.Result{{Name: "loss", Value: loss, Attrs: ir.Attrs{"role": ir.StringAttr(ir.RoleLoss)}}}
 	for _, a := range f.Args {
 		if a.Arg.Kind != ir.ArgParam {
 			continue
@@ -235,7 +244,8 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 		if g == nil {
 			g = b.constant(a.Type, 0, a.Name+".grad")
 		}
-		results = append(results, ir.Result{Name: "grad." + a.Name, Value: g})
+		results = append(results, ir.Result{Name: "grad." + a.Name, Value: g,
+			Attrs: ir.Attrs{"role": ir.StringAttr(ir.RoleGrad), "param": ir.StringAttr(a.Name)}})
 	}
 	if keepOutputs {
 		results = append(results, outputs...)

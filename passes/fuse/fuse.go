@@ -23,32 +23,28 @@ import (
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "fuse",
-		Summary: "group ops into kernels by fusion class (no cycles, never a higher peak)",
-		Options: []passes.Option{
-			{Name: "max-ops", Kind: passes.IntOption, Default: "64", Doc: "largest number of ops in one kernel"},
-			{Name: "multi-output", Kind: passes.BoolOption, Default: "true", Doc: "merge sibling kernels that read the same large input"},
-			{Name: "prologue-flops", Kind: passes.FloatOption, Default: "0", Doc: "FLOPs a prologue may add by being redone on every load, as a fraction of the kernel's FLOPs (0: no prologue fusion)"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			for _, f := range m.Funcs {
-				st := Fuse(f, Options{MaxOps: int(ctx.Int("max-ops")), MultiOutput: ctx.Bool("multi-output"), PrologueFLOPs: ctx.Float("prologue-flops")})
-				ctx.AddStat("kernels-formed", int64(st.Kernels))
-				ctx.AddStat("ops-fused", int64(st.OpsFused))
-				ctx.AddStat("intermediate-bytes-removed", st.BytesRemoved)
-				ctx.AddStat("fusions-backed-out", int64(st.BackedOut))
-			}
-			return nil
-		},
-	})
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "fuse",
+		Summary:     "group ops into kernels by fusion class (no cycles, never a higher peak)",
+		Establishes: []passes.Property{passes.Fused},
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *Options) error {
+		for _, f := range m.Funcs {
+			st := Fuse(f, *o)
+			ctx.AddStat("kernels-formed", int64(st.Kernels))
+			ctx.AddStat("ops-fused", int64(st.OpsFused))
+			ctx.AddStat("intermediate-bytes-removed", st.BytesRemoved)
+			ctx.AddStat("fusions-backed-out", int64(st.BackedOut))
+		}
+		return nil
+	}))
 }
 
 // Options bound the fusion.
 type Options struct {
-	MaxOps        int
-	MultiOutput   bool
-	PrologueFLOPs float64
+	MaxOps        int     `opt:"max-ops" default:"64" range:"[1,inf)" doc:"largest number of ops in one kernel"`
+	MultiOutput   bool    `opt:"multi-output" default:"true" doc:"merge sibling kernels that read the same large input"`
+	PrologueFLOPs float64 `opt:"prologue-flops" default:"0" range:"[0,inf)" doc:"FLOPs a prologue may add by being redone on every load, as a fraction of the kernel's FLOPs (0: no prologue fusion)"`
 }
 
 // Stats reports what the pass did.

@@ -22,46 +22,47 @@ import (
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
-	"github.com/kiln-compiler/kiln/passes/precision"
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "optimizer",
-		Summary: "append the optimizer step: in-place parameter updates placed right after each gradient is final",
-		Options: []passes.Option{
-			{Name: "kind", Kind: passes.EnumOption, Enum: []string{"sgd", "momentum", "adam", "adamw"}, Default: "sgd", Doc: "the update rule (torch.optim semantics)"},
-			{Name: "lr", Kind: passes.FloatOption, Default: "0.001", Doc: "learning rate"},
-			{Name: "momentum", Kind: passes.FloatOption, Default: "0.9", Doc: "momentum factor (kind=momentum)"},
-			{Name: "beta1", Kind: passes.FloatOption, Default: "0.9", Doc: "Adam first-moment decay"},
-			{Name: "beta2", Kind: passes.FloatOption, Default: "0.999", Doc: "Adam second-moment decay"},
-			{Name: "eps", Kind: passes.FloatOption, Default: "1e-08", Doc: "Adam denominator term"},
-			{Name: "weight-decay", Kind: passes.FloatOption, Default: "-1", Doc: "weight decay (default 0, and 0.01 for adamw as in PyTorch)"},
-			{Name: "step", Kind: passes.IntOption, Default: "1", Doc: "Adam step number t for bias correction"},
-			{Name: "keep-grads", Kind: passes.BoolOption, Default: "false", Doc: "keep returning the gradients"},
-			{Name: "placement", Kind: passes.EnumOption, Enum: []string{"early", "end"}, Default: "early", Doc: "early: each update right after its gradient; end: all updates at the end (as optimizer.step())"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			c := Config{Kind: ctx.String("kind"), LR: ctx.Float("lr"), Momentum: ctx.Float("momentum"),
-				Beta1: ctx.Float("beta1"), Beta2: ctx.Float("beta2"), Eps: ctx.Float("eps"),
-				WeightDecay: ctx.Float("weight-decay"), Step: ctx.Int("step"),
-				KeepGrads: ctx.Bool("keep-grads"), AtEnd: ctx.String("placement") == "end"}
-			if c.WeightDecay < 0 {
-				c.WeightDecay = 0
-				if c.Kind == "adamw" {
-					c.WeightDecay = 0.01
-				}
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "optimizer",
+		Summary:     "append the optimizer step: in-place parameter updates placed right after each gradient is final",
+		Requires:    []passes.Property{passes.TrainingStep},
+		Excludes:    []passes.Property{passes.OptimizerStep, passes.Fused},
+		Establishes: []passes.Property{passes.OptimizerStep},
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		c := Config{Kind: o.Kind, LR: o.LR, Momentum: o.Momentum, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps,
+			Step: o.Step, KeepGrads: o.KeepGrads, AtEnd: o.Placement == "end"}
+		switch {
+		case o.WeightDecay != nil:
+			c.WeightDecay = *o.WeightDecay
+		case c.Kind == "adamw":
+			c.WeightDecay = 0.01 // PyTorch's AdamW default
+		}
+		for _, f := range m.Funcs {
+			n, err := Apply(f, c)
+			if err != nil {
+				return err
 			}
-			for _, f := range m.Funcs {
-				n, err := Apply(f, c)
-				if err != nil {
-					return err
-				}
-				ctx.AddStat("updates", int64(n))
-			}
-			return nil
-		},
-	})
+			ctx.AddStat("updates", int64(n))
+		}
+		return nil
+	}))
+}
+
+type options struct {
+	Kind        string   `opt:"kind" enum:"sgd|momentum|adam|adamw" default:"sgd" doc:"the update rule (torch.optim semantics)"`
+	LR          float64  `opt:"lr" default:"0.001" range:"(0,inf)" doc:"learning rate"`
+	Momentum    float64  `opt:"momentum" default:"0.9" range:"[0,1)" doc:"momentum factor (kind=momentum)"`
+	Beta1       float64  `opt:"beta1" default:"0.9" range:"[0,1)" doc:"Adam first-moment decay"`
+	Beta2       float64  `opt:"beta2" default:"0.999" range:"[0,1)" doc:"Adam second-moment decay"`
+	Eps         float64  `opt:"eps" default:"1e-08" range:"(0,inf)" doc:"Adam denominator term"`
+	WeightDecay *float64 `opt:"weight-decay" default:"0; 0.01 for adamw" range:"[0,inf)" doc:"weight decay (PyTorch's defaults)"`
+	Step        int64    `opt:"step" default:"1" range:"[1,inf)" doc:"Adam step number t for bias correction"`
+	KeepGrads   bool     `opt:"keep-grads" default:"false" doc:"keep returning the gradients"`
+	Placement   string   `opt:"placement" enum:"early|end" default:"early" doc:"early: each update right after its gradient; end: all updates at the end (as optimizer.step())"`
 }
 
 // Config is the optimizer and its hyper-parameters.
@@ -74,16 +75,12 @@ type Config struct {
 	KeepGrads, AtEnd  bool
 }
 
-// Apply adds the updates to a training step (results "grad.<param>") and
-// returns how many parameters it updates.
+// Apply adds the updates to a training step (its results with the role
+// grad) and returns how many parameters it updates.
 func Apply(f *ir.Func, c Config) (int, error) {
-	grads := map[string]int{}
 	var finite *ir.Value // dynamic loss scaling's condition, if any
-	for i, r := range f.Results {
-		grads[r.Name] = i
-		if r.Name == precision.FiniteResult && r.Value.Type.DType == ir.Bool && r.Value.Type.Rank() == 0 {
-			finite = r.Value
-		}
+	if i := f.ResultWithRole(ir.RoleGradsFinite); i >= 0 {
+		finite = f.Results[i].Value
 	}
 	type update struct {
 		op    *ir.Op
@@ -95,9 +92,9 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		if p.Arg.Kind != ir.ArgParam {
 			continue
 		}
-		ri, ok := grads["grad."+p.Name]
-		if !ok {
-			return 0, fmt.Errorf("@%s has no result grad.%s: run autodiff before optimizer", f.Name, p.Name)
+		ri := f.GradResult(p)
+		if ri < 0 {
+			return 0, fmt.Errorf("@%s has no gradient result for param %s: run autodiff before optimizer", f.Name, p.Ref())
 		}
 		g := f.Results[ri].Value
 		p.Arg.InOut = true

@@ -77,5 +77,5 @@ func (d *dynamicScale) finish(r *rewriter) {
 		}
 		r.body = append(r.body, op)
 	}
-	r.f.Results = append(r.f.Results, ir.Result{Name: FiniteResult, Value: finite})
+	r.f.Results = append(r.f.Results, ir.Result{Name: FiniteResult, Value: finite, Attrs: ir.Attrs{"role": ir.StringAttr(ir.RoleGradsFinite)}})
 }

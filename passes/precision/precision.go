@@ -28,67 +28,74 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "precision",
-		Summary: "rewrite a training step to mixed precision (low-precision activations, f32 master weights, gradients and statistics)",
-		Options: []passes.Option{
-			{Name: "dtype", Kind: passes.EnumOption, Enum: []string{"bf16", "f16", "f32"}, Default: "bf16", Doc: "the dtype of activations and matrix products (f32: leave them, e.g. to use saved= alone)"},
-			{Name: "saved", Kind: passes.EnumOption, Enum: []string{"none", "bf16", "f16", "fp8"}, Default: "none", Doc: "also store the values saved for the backward pass in this dtype (fp8: e4m3 with a per-tensor scale)"},
-			{Name: "loss-scale", Kind: passes.StringOption, Default: "auto", Doc: "dynamic (adjusted in the graph), a number (fixed; 1: none), or auto: dynamic with f16 on a training step, none otherwise"},
-			{Name: "init-scale", Kind: passes.FloatOption, Default: "32768", Doc: "the first dynamic loss scale (2^15: the seed must be finite in f16, whose largest value is 65504)"},
-			{Name: "growth-interval", Kind: passes.IntOption, Default: "2000", Doc: "good steps in a row after which the dynamic scale doubles"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			c := Config{DType: ir.F32, InitScale: ctx.Float("init-scale"), GrowthInterval: ctx.Int("growth-interval")}
-			switch ls := ctx.String("loss-scale"); ls {
-			case "auto":
-			case "dynamic":
-				c.Dynamic = true
-			default:
-				v, err := strconv.ParseFloat(ls, 64)
-				if err != nil || !(v > 0) || math.IsInf(v, 0) {
-					return fmt.Errorf("loss-scale must be auto, dynamic or a positive number, not %q", ls)
-				}
-				c.LossScale = v
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "precision",
+		Summary:     "rewrite a training step to mixed precision (low-precision activations, f32 master weights, gradients and statistics)",
+		Excludes:    []passes.Property{passes.Fused, passes.OptimizerStep, passes.Assigned},
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		c := Config{DType: ir.F32, InitScale: o.InitScale, GrowthInterval: o.GrowthInterval}
+		switch o.LossScale {
+		case "auto":
+		case "dynamic":
+			c.Dynamic = true
+		default:
+			c.LossScale, _ = strconv.ParseFloat(o.LossScale, 64) // checked by Validate
+		}
+		switch o.DType {
+		case "bf16":
+			c.DType = ir.BF16
+		case "f16":
+			c.DType = ir.F16
+		}
+		switch o.Saved {
+		case "bf16":
+			c.Saved = ir.BF16
+		case "f16":
+			c.Saved = ir.F16
+		case "fp8":
+			c.Saved = ir.F8E4M3
+		}
+		auto := o.LossScale == "auto" && c.DType == ir.F16
+		for _, f := range m.Funcs {
+			fc := c
+			fc.Dynamic = c.Dynamic || auto && lossSeed(f) != nil
+			st, err := Apply(f, fc)
+			if err != nil {
+				return err
 			}
-			if c.InitScale <= 0 || c.GrowthInterval <= 0 {
-				return fmt.Errorf("init-scale and growth-interval must be positive")
-			}
-			switch ctx.String("dtype") {
-			case "bf16":
-				c.DType = ir.BF16
-			case "f16":
-				c.DType = ir.F16
-			}
-			switch ctx.String("saved") {
-			case "bf16":
-				c.Saved = ir.BF16
-			case "f16":
-				c.Saved = ir.F16
-			case "fp8":
-				c.Saved = ir.F8E4M3
-			}
-			auto := ctx.String("loss-scale") == "auto" && c.DType == ir.F16
-			for _, f := range m.Funcs {
-				fc := c
-				fc.Dynamic = c.Dynamic || auto && lossSeed(f) != nil
-				st, err := Apply(f, fc)
-				if err != nil {
-					return err
-				}
-				ctx.AddStat("casts", int64(st.Casts))
-				ctx.AddStat("saved-narrowed", int64(st.Saved))
-			}
-			return nil
-		},
-	})
+			ctx.AddStat("casts", int64(st.Casts))
+			ctx.AddStat("saved-narrowed", int64(st.Saved))
+		}
+		return nil
+	}))
+}
+
+type options struct {
+	DType          string  `opt:"dtype" enum:"bf16|f16|f32" default:"bf16" doc:"the dtype of activations and matrix products (f32: leave them, e.g. to use saved= alone)"`
+	Saved          string  `opt:"saved" enum:"none|bf16|f16|fp8" default:"none" doc:"also store the values saved for the backward pass in this dtype (fp8: e4m3 with a per-tensor scale)"`
+	LossScale      string  `opt:"loss-scale" default:"auto" doc:"dynamic (adjusted in the graph), a positive number (fixed; 1: none), or auto: dynamic with f16 on a training step, none otherwise"`
+	InitScale      float64 `opt:"init-scale" default:"32768" range:"(0,inf)" doc:"the first dynamic loss scale (2^15: the seed must be finite in f16, whose largest value is 65504)"`
+	GrowthInterval int64   `opt:"growth-interval" default:"2000" range:"[1,inf)" doc:"good steps in a row after which the dynamic scale doubles"`
+}
+
+// Validate checks loss-scale, which is a word or a number.
+func (o *options) Validate() error {
+	switch o.LossScale {
+	case "auto", "dynamic":
+		return nil
+	}
+	v, err := strconv.ParseFloat(o.LossScale, 64)
+	if err != nil || !(v > 0) || math.IsInf(v, 0) {
+		return fmt.Errorf("option loss-scale must be auto, dynamic or a positive number, not %q", o.LossScale)
+	}
+	return nil
 }
 
 // Config chooses the dtypes.
@@ -211,14 +218,14 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		if dyn != nil && op.Results[0] == seed {
 			// The seed is the scale (a copy keeps its name: the backward
 			// pass starts there).
-			cp := r.emit("identity", []*ir.Value{dyn.scale}, nil, op.Loc, "")
+			cp := r.emit("identity", []*ir.Value{dyn.scale}, ir.Attrs{"role": ir.StringAttr(ir.RoleLossSeed)}, op.Loc, "")
 			cp.Name = seed.Name
 			r.env[seed] = cp
 			continue
 		}
 		attrs := op.Attrs
 		if scale && seed != nil && op.Results[0] == seed {
-			attrs = ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: op.Results[0].Type, Floats: []float64{c.LossScale}})}
+			attrs = ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: op.Results[0].Type, Floats: []float64{c.LossScale}}), "role": ir.StringAttr(ir.RoleLossSeed)}
 		}
 		nop, err := f.NewOp(op.Kind, operands, attrs, op.Loc, "")
 		if err != nil {
@@ -250,11 +257,11 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			continue // an argument returned as it is
 		}
 		v = r.as(v, old.Type.DType, ir.Location{})
-		if scale && strings.HasPrefix(f.Results[i].Name, "grad.") {
+		if scale && f.Results[i].Role() == ir.RoleGrad {
 			inv := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: v.Type.DType, Shape: ir.Shape{}}, Floats: []float64{1 / c.LossScale}})}, ir.Location{}, "loss.unscale")
 			v = r.emit("mul", []*ir.Value{v, inv}, nil, ir.Location{}, f.Results[i].Name+".unscaled")
 		}
-		if dyn != nil && strings.HasPrefix(f.Results[i].Name, "grad.") {
+		if dyn != nil && f.Results[i].Role() == ir.RoleGrad {
 			v = dyn.unscale(r, v, f.Results[i].Name)
 		}
 		f.Results[i].Value = v
@@ -287,7 +294,7 @@ func readsFloatData(op *ir.Op) bool {
 func lossSeed(f *ir.Func) *ir.Value {
 	var seed *ir.Value
 	for _, op := range f.Body {
-		if op.Kind == "constant" && len(op.Results) == 1 && strings.HasPrefix(op.Results[0].Name, "loss.grad") {
+		if op.Kind == "constant" && op.Attrs.String("role", "") == ir.RoleLossSeed {
 			seed = op.Results[0]
 		}
 	}
@@ -351,7 +358,7 @@ func gradientProducers(f *ir.Func) map[*ir.Op]bool {
 		}
 	}
 	for _, r := range f.Results {
-		if strings.HasPrefix(r.Name, "grad.") {
+		if r.Role() == ir.RoleGrad {
 			visit(r.Value)
 		}
 	}
@@ -375,10 +382,8 @@ func narrowSaved(r *rewriter, d ir.DType) {
 	body := r.body
 	start := -1
 	for i, op := range body {
-		for _, res := range op.Results {
-			if strings.HasPrefix(res.Name, "loss.grad") && start < 0 {
-				start = i
-			}
+		if op.Attrs.String("role", "") == ir.RoleLossSeed && start < 0 {
+			start = i
 		}
 	}
 	if start < 0 {

@@ -25,31 +25,31 @@ import (
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "remat",
-		Summary: "recompute values so that the peak fits a budget, adding as few FLOPs as possible",
-		Options: []passes.Option{
-			{Name: "budget", Kind: passes.SizeOption, Default: "1.0", Doc: "bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"},
-			{Name: "solver", Kind: passes.EnumOption, Enum: []string{"best", "cheap", "greedy", "sqrt", "exact"}, Default: "best",
-				Doc: "cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			for _, f := range m.Funcs {
-				peak := liveness.Analyze(f).Peak
-				budget := ctx.Size("budget").Of(peak)
-				res, err := Rematerialize(f, budget, ctx.String("solver"))
-				if err != nil {
-					return err
-				}
-				ctx.AddStat("peak-before", peak)
-				ctx.AddStat("peak-after", res.Peak)
-				ctx.AddStat("budget", budget)
-				ctx.AddStat("recompute-flops", res.FLOPs)
-				ctx.Stat("solver", res.Solver)
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "remat",
+		Summary:     "recompute values so that the peak fits a budget, adding as few FLOPs as possible",
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		for _, f := range m.Funcs {
+			peak := liveness.Analyze(f).Peak
+			budget := o.Budget.Of(peak)
+			res, err := Rematerialize(f, budget, o.Solver)
+			if err != nil {
+				return err
 			}
-			return nil
-		},
-	})
+			ctx.AddStat("peak-before", peak)
+			ctx.AddStat("peak-after", res.Peak)
+			ctx.AddStat("budget", budget)
+			ctx.AddStat("recompute-flops", res.FLOPs)
+			ctx.Stat("solver", res.Solver)
+		}
+		return nil
+	}))
+}
+
+type options struct {
+	Budget passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
+	Solver string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
 }
 
 // Result is what a solver reached.

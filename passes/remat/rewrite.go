@@ -82,7 +82,7 @@ func (s *schedule) forget(v *ir.Value, t int) {
 }
 
 // recomputable reports whether op may be cloned: pure, known, not marked
-// remat = "never".
+// remat = "never". A clone keeps the original's role.
 func recomputable(op *ir.Op) bool {
 	if op == nil {
 		return false

@@ -9,34 +9,27 @@ import (
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "reorder",
-		Summary: "choose a topological order of the ops that lowers peak live bytes (never raises it)",
-		Options: []passes.Option{
-			{Name: "algo", Kind: passes.EnumOption, Enum: []string{"best", "list", "dfs", "rpo", "exact"}, Default: "best",
-				Doc: "list: greedy by bytes freed; dfs: depth-first; rpo: reverse post-order; exact: dynamic programming (whole graph, or segments between single-value cut points); best: all of them plus local improvement"},
-			{Name: "exact-states", Kind: passes.IntOption, Default: "200000", Doc: "largest number of states one exact search may visit"},
-			{Name: "improve", Kind: passes.IntOption, Default: "200", Doc: "local moves tried by the improvement phase (best)"},
-			{Name: "budget", Kind: passes.DurationOption, Default: "0s", Doc: "time budget for best (0: none; the other limits keep it fast and deterministic)"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			for _, f := range m.Funcs {
-				r := Reorder(f, Options{Algo: ctx.String("algo"), ExactStates: int(ctx.Int("exact-states")), Improve: int(ctx.Int("improve")), Budget: ctx.Duration("budget")})
-				ctx.AddStat("peak-before", r.Before)
-				ctx.AddStat("peak-after", r.After)
-				ctx.Stat("winner", r.Winner)
-			}
-			return nil
-		},
-	})
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "reorder",
+		Summary:     "choose a topological order of the ops that lowers peak live bytes (never raises it)",
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *Options) error {
+		for _, f := range m.Funcs {
+			r := Reorder(f, *o)
+			ctx.AddStat("peak-before", r.Before)
+			ctx.AddStat("peak-after", r.After)
+			ctx.Stat("winner", r.Winner)
+		}
+		return nil
+	}))
 }
 
 // Options select the algorithms and bound their work.
 type Options struct {
-	Algo        string
-	ExactStates int
-	Improve     int
-	Budget      time.Duration
+	Algo        string        `opt:"algo" enum:"best|list|dfs|rpo|exact" default:"best" doc:"list: greedy by bytes freed; dfs: depth-first; rpo: reverse post-order; exact: dynamic programming (whole graph, or segments between single-value cut points); best: all of them plus local improvement"`
+	ExactStates int           `opt:"exact-states" default:"200000" range:"[1,inf)" doc:"largest number of states one exact search may visit"`
+	Improve     int           `opt:"improve" default:"200" range:"[0,inf)" doc:"local moves tried by the improvement phase (best)"`
+	Budget      time.Duration `opt:"budget" default:"0s" doc:"time budget for best (0: none; the other limits keep it fast and deterministic)"`
 }
 
 // Result reports what the pass did.

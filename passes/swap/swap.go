@@ -26,41 +26,42 @@ import (
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
-		Name:    "swap",
-		Summary: "copy tensors to host memory and back so that the device arena fits a budget",
-		Options: []passes.Option{
-			{Name: "device-budget", Kind: passes.SizeOption, Default: "1.0", Doc: "bytes (512MiB, 2GB) or a fraction of the arena when the pass starts (0.5)"},
-			{Name: "recompute", Kind: passes.BoolOption, Default: "true", Doc: "also consider recomputing each tensor, and take whichever costs less time"},
-			{Name: "flops", Kind: passes.FloatOption, Default: "50e12", Doc: "device peak FLOP/s of the cost model"},
-			{Name: "mem-bw", Kind: passes.FloatOption, Default: "2e12", Doc: "device memory bytes/s of the cost model"},
-			{Name: "link-bw", Kind: passes.FloatOption, Default: "25e9", Doc: "host link bytes/s of the cost model (each direction)"},
-			{Name: "launch", Kind: passes.FloatOption, Default: "2e-6", Doc: "seconds of overhead per kernel launch"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			dev := costmodel.Device{FLOPs: ctx.Float("flops"), MemBW: ctx.Float("mem-bw"), LinkBW: ctx.Float("link-bw"), Launch: ctx.Float("launch")}
-			if err := dev.Validate(); err != nil {
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "swap",
+		Summary:     "copy tensors to host memory and back so that the device arena fits a budget",
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		dev := costmodel.Device{FLOPs: o.FLOPs, MemBW: o.MemBW, LinkBW: o.LinkBW, Launch: o.Launch}
+		if err := dev.Validate(); err != nil {
+			return err
+		}
+		for _, f := range m.Funcs {
+			arena := ArenaBytes(f)
+			budget := o.DeviceBudget.Of(arena)
+			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute})
+			if err != nil {
 				return err
 			}
-			for _, f := range m.Funcs {
-				arena := ArenaBytes(f)
-				budget := ctx.Size("device-budget").Of(arena)
-				res, err := Swap(f, budget, Options{Device: dev, Recompute: ctx.Bool("recompute")})
-				if err != nil {
-					return err
-				}
-				ctx.AddStat("arena-before", arena)
-				ctx.AddStat("arena-after", res.Arena)
-				ctx.AddStat("budget", budget)
-				ctx.AddStat("swapped-tensors", int64(res.Swapped))
-				ctx.AddStat("swapped-bytes", res.SwappedBytes)
-				ctx.AddStat("recomputed-tensors", int64(res.Recomputed))
-				ctx.Stat("seconds-before", fmt.Sprintf("%.6f", res.Before.Seconds))
-				ctx.Stat("seconds-after", fmt.Sprintf("%.6f", res.After.Seconds))
-			}
-			return nil
-		},
-	})
+			ctx.AddStat("arena-before", arena)
+			ctx.AddStat("arena-after", res.Arena)
+			ctx.AddStat("budget", budget)
+			ctx.AddStat("swapped-tensors", int64(res.Swapped))
+			ctx.AddStat("swapped-bytes", res.SwappedBytes)
+			ctx.AddStat("recomputed-tensors", int64(res.Recomputed))
+			ctx.Stat("seconds-before", fmt.Sprintf("%.6f", res.Before.Seconds))
+			ctx.Stat("seconds-after", fmt.Sprintf("%.6f", res.After.Seconds))
+		}
+		return nil
+	}))
+}
+
+type options struct {
+	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the arena when the pass starts (0.5)"`
+	Recompute    bool        `opt:"recompute" default:"true" doc:"also consider recomputing each tensor, and take whichever costs less time"`
+	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
+	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
+	LinkBW       float64     `opt:"link-bw" default:"25e9" range:"(0,inf)" doc:"host link bytes/s of the cost model (each direction)"`
+	Launch       float64     `opt:"launch" default:"2e-6" range:"[0,inf)" doc:"seconds of overhead per kernel launch"`
 }
 
 // Options configure Swap.

@@ -9,34 +9,35 @@ import (
 )
 
 func init() {
-	passes.MustRegister(&passes.Pass{
+	passes.MustRegister(passes.Define(passes.Pass{
 		Name:    "count-ops",
 		Summary: "count the ops of each kind (an example out-of-tree pass)",
-		Options: []passes.Option{
-			{Name: "mark", Kind: passes.BoolOption, Default: "false", Doc: "annotate each op with opcount.kind_count"},
-		},
-		Run: func(ctx *passes.Context, m *ir.Module) error {
-			counts := map[string]int64{}
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		counts := map[string]int64{}
+		for _, f := range m.Funcs {
+			f.Walk(func(op *ir.Op) { counts[op.Kind]++ })
+		}
+		total := int64(0)
+		for _, n := range counts {
+			total += n
+		}
+		ctx.Stat("ops", total)
+		ctx.Stat("kinds", int64(len(counts)))
+		if o.Mark {
 			for _, f := range m.Funcs {
-				f.Walk(func(op *ir.Op) { counts[op.Kind]++ })
+				f.Walk(func(op *ir.Op) {
+					if op.Attrs == nil {
+						op.Attrs = ir.Attrs{}
+					}
+					op.Attrs["opcount.kind_count"] = ir.IntAttr(counts[op.Kind])
+				})
 			}
-			total := int64(0)
-			for _, n := range counts {
-				total += n
-			}
-			ctx.Stat("ops", total)
-			ctx.Stat("kinds", int64(len(counts)))
-			if ctx.Bool("mark") {
-				for _, f := range m.Funcs {
-					f.Walk(func(op *ir.Op) {
-						if op.Attrs == nil {
-							op.Attrs = ir.Attrs{}
-						}
-						op.Attrs["opcount.kind_count"] = ir.IntAttr(counts[op.Kind])
-					})
-				}
-			}
-			return nil
-		},
-	})
+		}
+		return nil
+	}))
+}
+
+// options are the pass's options: tagged fields, read by passes.Define.
+type options struct {
+	Mark bool `opt:"mark" default:"false" doc:"annotate each op with opcount.kind_count"`
 }
