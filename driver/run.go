@@ -86,7 +86,7 @@ func init() {
 				} else {
 					for r := 0; r < *repeat && err == nil; r++ {
 						start := time.Now()
-						res, final, err = interp.RunWithUpdates(f, vals, interp.Options{Seed: *seed})
+						res, final, err = interp.RunWithUpdates(f, vals, interp.Options{})
 						seconds += time.Since(start).Seconds() / float64(*repeat)
 					}
 				}

@@ -7,18 +7,12 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// runtime is the state of one run that impure ops draw from.
-type runtime struct {
-	rng *rand.Rand
-}
+// runtime is the state of one run that kernels may share.
+type runtime struct{}
 
-func (rt *runtime) uniform() float64 { return rt.rng.Float64() }
-
-// Options control a run.
-type Options struct {
-	// Seed seeds the random stream of impure ops (random_uniform).
-	Seed uint64
-}
+// Options control a run (none yet: random_uniform draws from its own
+// seed attribute, as compiled code does).
+type Options struct{}
 
 // Run executes f on args (one per argument, in order) and returns its
 // results. Arguments must have exactly the declared types; they are never
@@ -55,7 +49,7 @@ func runFunc(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, err
 		}
 		env[a] = final[i]
 	}
-	rt := &runtime{rng: rand.New(rand.NewPCG(opt.Seed, 0x6b696c6e))}
+	rt := &runtime{}
 	last := lastUses(f)
 	for i, op := range f.Body {
 		if err := exec(op, env, rt); err != nil {
@@ -202,6 +196,11 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 			if !found || d < bound {
 				bound, found = d, true
 			}
+		case op.Kind == "softmax_cross_entropy_grad" && uses[op.Operands[2]]:
+			d := op.Operands[1].Type.Shape[1]
+			if !found || d < bound {
+				bound, found = d, true
+			}
 		}
 	})
 	return bound, found
@@ -241,14 +240,13 @@ func RandomTensor(f *ir.Func, a *ir.Value, rng *rand.Rand) *Tensor {
 }
 
 // EvalOp runs a single op on concrete operands (constant folding uses it).
-// The op's operands and results must carry their types; impure ops draw
-// from a stream seeded with 0.
+// The op's operands and results must carry their types.
 func EvalOp(op *ir.Op, in []*Tensor) ([]*Tensor, error) {
 	env := map[*ir.Value]*Tensor{}
 	for i, v := range op.Operands {
 		env[v] = in[i]
 	}
-	rt := &runtime{rng: rand.New(rand.NewPCG(0, 0x6b696c6e))}
+	rt := &runtime{}
 	if err := exec(op, env, rt); err != nil {
 		return nil, err
 	}

@@ -40,3 +40,6 @@ func unflatten(s ir.Shape, i int64) []int64 {
 	}
 	return idx
 }
+
+// HasKernel reports whether the interpreter can run ops of kind name.
+func HasKernel(name string) bool { return kernels[name] != nil }

@@ -324,10 +324,11 @@ func init() {
 		}
 		return []*Tensor{dx}, nil
 	}
-	kernels["random_uniform"] = func(_ *ir.Op, _ []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
+	kernels["random_uniform"] = func(op *ir.Op, _ []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		y := New(out[0])
+		seed := uint64(op.Attr().Int("seed"))
 		for i := range y.F {
-			y.F[i] = rt.uniform()
+			y.F[i] = Uniform(seed, uint64(i))
 		}
 		return []*Tensor{y}, nil
 	}
@@ -438,10 +439,13 @@ func lnDims(s ir.Shape, a ir.Attrs) (rows, cols int64) {
 // DropoutKeep is the dropout mask: element i of a dropout op with the given
 // seed is kept when a counter-based hash of (seed, i) falls at or above
 // ratio. Recomputing the op therefore reproduces the mask exactly.
-func DropoutKeep(seed, i uint64, ratio float64) bool {
+func DropoutKeep(seed, i uint64, ratio float64) bool { return Uniform(seed, i) >= ratio }
+
+// Uniform is element i of the counter-based uniform [0,1) sequence of
+// seed (dropout's masks and random_uniform).
+func Uniform(seed, i uint64) float64 {
 	h := mix64(seed*0x9E3779B97F4A7C15 ^ mix64(i+0x632BE59BD9B4E019))
-	u := float64(h>>11) / (1 << 53)
-	return u >= ratio
+	return float64(h>>11) / (1 << 53)
 }
 
 // mix64 is the SplitMix64 finaliser.

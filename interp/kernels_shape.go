@@ -121,7 +121,7 @@ func init() {
 	}
 	kernels["slice_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		dx := New(out[0])
-		sliceMap(op, out[0].Shape, func(i, j int64) { dx.F[j] += in[0].F[i] })
+		sliceMap(op, out[0].Shape, func(i, j int64) { dx.F[j] = in[0].F[i] }) // a slice hits each element once
 		return []*Tensor{dx}, nil
 	}
 	gatherMap := func(op *ir.Op, data ir.Shape, idx *Tensor, fn func(outIdx, dataIdx int64)) error {

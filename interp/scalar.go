@@ -303,11 +303,11 @@ func floatUnary(p scalar.Prim) func(float64) float64 {
 	case scalar.Abs:
 		return math.Abs
 	case scalar.Exp:
-		return math.Exp
+		return expF64
 	case scalar.Expm1:
 		return math.Expm1
 	case scalar.Log:
-		return math.Log
+		return logF64
 	case scalar.Log1p:
 		return math.Log1p
 	case scalar.Sqrt:
@@ -344,7 +344,7 @@ func FloatBinary(p scalar.Prim) func(a, b float64) float64 {
 	case scalar.Rem:
 		return math.Mod
 	case scalar.Pow:
-		return math.Pow
+		return powF64
 	case scalar.Max:
 		return func(a, b float64) float64 {
 			if a != a || a > b {
@@ -427,7 +427,7 @@ func IntBinary(p scalar.Prim) func(a, b int64) int64 {
 			return a % b
 		}
 	case scalar.Pow:
-		return func(a, b int64) int64 { return SaturatingInt(math.Pow(float64(a), float64(b))) }
+		return IntPow
 	case scalar.Max:
 		return func(a, b int64) int64 { return max(a, b) }
 	case scalar.Min:
@@ -454,4 +454,29 @@ func IntBinary(p scalar.Prim) func(a, b int64) int64 {
 		return func(a, b int64) int64 { return b2i(a >= b) }
 	}
 	panic("interp: no integer form of " + p.String())
+}
+
+// IntPow is a^b in int64 as scalar.Pow defines it: by squaring, wrapping
+// on overflow as multiplication does; for b < 0, 1/a^-b truncated toward
+// zero (1 for a = 1, ±1 for a = -1, 0 otherwise, and 0 for a = 0).
+func IntPow(a, b int64) int64 {
+	if b < 0 {
+		switch {
+		case a == 1:
+			return 1
+		case a == -1 && b%2 != 0:
+			return -1
+		case a == -1:
+			return 1
+		}
+		return 0
+	}
+	r := int64(1)
+	for ; b > 0; b >>= 1 {
+		if b&1 != 0 {
+			r *= a
+		}
+		a *= a
+	}
+	return r
 }

@@ -152,3 +152,10 @@ func (o *odometer) next() {
 		o.idx[d] = 0
 	}
 }
+
+// Round rounds x's elements to its dtype in place (as a run stores them)
+// and returns x.
+func (x *Tensor) Round() *Tensor {
+	x.round()
+	return x
+}

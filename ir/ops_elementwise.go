@@ -64,7 +64,7 @@ func init() {
 			deriv: &Deriv{Expr: derivOf(num(2 / math.Sqrt(math.Pi)).Mul(un(scalar.Exp, un(scalar.Neg, x0.Mul(x0)))))}},
 		{name: "silu", summary: "x * sigmoid(x)", f: x0.Mul(scalar.Sigmoid(x0)),
 			deriv: &Deriv{Expr: derivOf(scalar.Sigmoid(x0).Mul(num(1).Add(x0.Mul(num(1).Sub(scalar.Sigmoid(x0))))))}},
-		{name: "hard_swish", summary: "x * relu6(x + 3) / 6", onnx: "HardSwish", f: x0.Mul(scalar.Clamp(x0.Add(num(3)), num(0), num(6))).Div(num(6)),
+		{name: "hard_swish", summary: "x * relu6(x + 3) / 6", onnx: "HardSwish", f: x0.Mul(scalar.Clamp(x0.Add(num(3)), num(0), num(6)).Div(num(6))),
 			deriv: &Deriv{Expr: derivOf(scalar.If(x0.Lt(num(-3)), num(0), scalar.If(x0.Gt(num(3)), num(1), num(2).Mul(x0).Add(num(3)).Div(num(6)))))}},
 		{name: "sign", summary: "-1, 0 or 1 (NaN and -0 stay)", onnx: "Sign", ints: true,
 			f: scalar.If(x0.Gt(num(0)), num(1), scalar.If(x0.Lt(num(0)), num(-1), x0)), grad: GradZero},
@@ -89,7 +89,10 @@ func init() {
 			if a.String("approximate") == "tanh" {
 				t := un(scalar.Tanh, geluTanhArg(x0))
 				inner := num(sqrt2OverPi).Mul(num(1).Add(num(3 * geluCubic).Mul(x0.Mul(x0))))
-				return num(0.5).Mul(num(1).Add(t)).Add(num(0.5).Mul(x0).Mul(num(1).Sub(t.Mul(t))).Mul(inner))
+				d := num(0.5).Mul(num(1).Add(t)).Add(num(0.5).Mul(x0).Mul(num(1).Sub(t.Mul(t))).Mul(inner))
+				// Past |x| = 10 the derivative is 1 or 0 to 1e-35, and the
+				// formula's x³ overflows f32 (0 * inf).
+				return scalar.If(un(scalar.Abs, x0).Gt(num(10)), scalar.If(x0.Gt(num(0)), num(1), num(0)), d)
 			}
 			cdf := num(0.5).Mul(num(1).Add(un(scalar.Erf, x0.Mul(num(invSqrt2)))))
 			pdf := un(scalar.Exp, num(-0.5).Mul(x0.Mul(x0))).Div(num(math.Sqrt(2 * math.Pi)))

@@ -269,8 +269,9 @@ func init() {
 		InPlace: true,
 	})
 	Register(&OpDef{
-		Name: "random_uniform", Summary: "uniform [0,1) numbers from the run's random stream (impure: never merged or recomputed)",
-		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)}},
+		Name: "random_uniform", Summary: "uniform [0,1) numbers from a counter-based generator seeded by seed (dropout's), so that every backend draws the same; impure: never merged or recomputed",
+		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)},
+			{Name: "seed", Kind: AttrInt}},
 		Infer: func(_ []Type, a AttrValues) ([]Type, error) {
 			d := a.DType("dtype")
 			s := Shape(a.Ints("shape"))

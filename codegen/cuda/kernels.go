@@ -362,6 +362,8 @@ func (w *cw) binary(op scalar.Prim, k loops.Kind, a, b string) string {
 		switch op {
 		case scalar.Shr:
 			return "(long long)((unsigned long long)" + a + " >> (" + b + " & 63))"
+		case scalar.Pow:
+			return "kiln_ipow(" + a + ", " + b + ")"
 		case scalar.Max:
 			return fmt.Sprintf("%s > %s ? %s : %s", a, b, a, b)
 		case scalar.Min:

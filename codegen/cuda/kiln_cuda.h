@@ -26,6 +26,13 @@ __device__ float erff(float);
 __device__ float powf(float, float);
 __device__ float fmodf(float, float);
 __device__ float fabsf(float);
+__device__ float expm1f(float);
+__device__ float log1pf(float);
+__device__ float floorf(float);
+__device__ float ceilf(float);
+__device__ float rintf(float);
+__device__ float sinf(float);
+__device__ float cosf(float);
 __device__ double sqrt(double);
 __device__ double exp(double);
 __device__ double log(double);
@@ -34,6 +41,13 @@ __device__ double erf(double);
 __device__ double pow(double, double);
 __device__ double fmod(double, double);
 __device__ double fabs(double);
+__device__ double expm1(double);
+__device__ double log1p(double);
+__device__ double floor(double);
+__device__ double ceil(double);
+__device__ double rint(double);
+__device__ double sin(double);
+__device__ double cos(double);
 }
 __device__ float atomicAdd(float *, float);
 __device__ double atomicAdd(double *, double);
@@ -110,6 +124,18 @@ __device__ static inline long long kiln_f2ll(double x) {
   if (x >= 9223372036854775808.0) return 9223372036854775807LL;
   if (x <= -9223372036854775808.0) return -9223372036854775807LL - 1;
   return (long long)x;
+}
+
+// Integer a^b as Kiln's Pow defines it: by squaring, wrapping; for b < 0
+// the truncated 1/a^-b.
+__device__ static inline long long kiln_ipow(long long a, long long b) {
+  if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
+  unsigned long long r = 1, x = (unsigned long long)a;
+  for (unsigned long long n = (unsigned long long)b; n; n >>= 1) {
+    if (n & 1) r *= x;
+    x *= x;
+  }
+  return (long long)r;
 }
 
 // SplitMix64's finaliser: dropout's counter-based random numbers.

@@ -59,6 +59,7 @@ type module struct {
 	decls    map[string]*ir.Func
 	consts   map[*kir.Dense]*ir.Global
 	parallel *ir.Func // kiln_parallel_for, emitted on first use
+	ipow     *ir.Func // kiln_ipow, emitted on first use
 	host     *ir.Global
 	outlined int
 	// The largest kernel workspace before its panels, and the largest
@@ -668,6 +669,8 @@ func (e *fn) arith(op scalar.Prim, k loops.Kind, a, b value.Value) value.Value {
 			return c.NewSelect(c.NewICmp(enum.IPredSGT, a, b), a, b)
 		case scalar.Min:
 			return c.NewSelect(c.NewICmp(enum.IPredSLT, a, b), a, b)
+		case scalar.Pow:
+			return c.NewCall(e.md.intPow(), a, b)
 		}
 	}
 	e.fail(fmt.Errorf("no %s on %s", op, k))
@@ -705,6 +708,40 @@ func (e *fn) convert(v value.Value, from, to loops.Kind) value.Value {
 	}
 	e.fail(fmt.Errorf("no conversion from %s to %s", from, to))
 	return v
+}
+
+// intPow returns kiln_ipow(a, b), integer a^b as scalar.Pow defines it
+// (interp.IntPow): by squaring, wrapping; for b < 0 the truncated 1/a^-b.
+func (md *module) intPow() *ir.Func {
+	if md.ipow != nil {
+		return md.ipow
+	}
+	a, b := ir.NewParam("a", types.I64), ir.NewParam("b", types.I64)
+	f := md.m.NewFunc("kiln_ipow", types.I64, a, b)
+	f.Linkage = enum.LinkageInternal
+	entry, negative, head, body, done := f.NewBlock(""), f.NewBlock(""), f.NewBlock(""), f.NewBlock(""), f.NewBlock("")
+	entry.NewCondBr(entry.NewICmp(enum.IPredSLT, b, i64(0)), negative, head)
+	// b < 0: 1 for a = 1, ±1 for a = -1 (by b's parity), 0 otherwise.
+	odd := negative.NewICmp(enum.IPredNE, negative.NewAnd(b, i64(1)), i64(0))
+	minusOne := negative.NewSelect(odd, i64(-1), i64(1))
+	isMinusOne := negative.NewSelect(negative.NewICmp(enum.IPredEQ, a, i64(-1)), minusOne, i64(0))
+	negative.NewRet(negative.NewSelect(negative.NewICmp(enum.IPredEQ, a, i64(1)), i64(1), isMinusOne))
+	r := ir.NewPhi(ir.NewIncoming(i64(1), entry))
+	x := ir.NewPhi(ir.NewIncoming(a, entry))
+	n := ir.NewPhi(ir.NewIncoming(b, entry))
+	head.Insts = append(head.Insts, r, x, n)
+	head.NewCondBr(head.NewICmp(enum.IPredEQ, n, i64(0)), done, body)
+	bit := body.NewICmp(enum.IPredNE, body.NewAnd(n, i64(1)), i64(0))
+	r2 := body.NewSelect(bit, body.NewMul(r, x), r)
+	x2 := body.NewMul(x, x)
+	n2 := body.NewLShr(n, i64(1))
+	body.NewBr(head)
+	r.Incs = append(r.Incs, ir.NewIncoming(r2, body))
+	x.Incs = append(x.Incs, ir.NewIncoming(x2, body))
+	n.Incs = append(n.Incs, ir.NewIncoming(n2, body))
+	done.NewRet(r)
+	md.ipow = f
+	return f
 }
 
 // identity is the value a reduction by op starts from.

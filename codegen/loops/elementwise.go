@@ -118,10 +118,8 @@ func intBinary(p scalar.Prim, a, b Expr) Expr {
 	case scalar.Rem:
 		bad := &Binary{Op: scalar.Or, A: cmp(scalar.Eq, b, Int{0}), B: cmp(scalar.Eq, b, Int{-1})}
 		return sel(bad, Int{0}, rem(a, sel(bad, Int{1}, b)))
-	case scalar.Pow:
-		return conv(bin(scalar.Pow, conv(a, F64), conv(b, F64)), I64)
 	}
-	return bin(p, a, b)
+	return bin(p, a, b) // Pow on integers: backends call a helper (interp.IntPow)
 }
 
 // saturatingInt converts a constant as scalar.Convert does.
@@ -165,6 +163,11 @@ func init() {
 			},
 			keep,
 		}, nil
+	}
+	elementRules["random_uniform"] = func(op *ir.Op, _ []Tensor, out []ir.Type) ([]accessor, error) {
+		seed := uint64(op.Attr().Int("seed"))
+		s := out[0].Shape
+		return []accessor{func(idx []Expr) Expr { return uniform(seed, flatten(idx, s)) }}, nil
 	}
 	elementRules["dropout_grad"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		scale := 1 / (1 - op.Attr().Float("ratio"))
@@ -325,9 +328,17 @@ func dropoutKeep(op *ir.Op, s ir.Shape) accessor {
 	ratio := op.Attr().Float("ratio")
 	seed := uint64(op.Attr().Int("seed"))
 	return func(idx []Expr) Expr {
-		i := flatten(idx, s)
-		h := &Mix{X: &Binary{Op: scalar.Xor, A: Int{int64(seed * 0x9E3779B97F4A7C15)}, B: &Mix{X: add(i, Int{0x632BE59BD9B4E019})}}}
-		u := mul(conv(&Binary{Op: scalar.Shr, A: h, B: Int{11}}, F64), Float{V: 1.0 / (1 << 53), K: F64})
-		return cmp(scalar.Ge, u, Float{V: ratio, K: F64})
+		return cmp(scalar.Ge, uniform(seed, flatten(idx, s)), Float{V: ratio, K: F64})
 	}
 }
+
+// uniform is element i of the counter-based sequence of seed, in f64
+// (interp.Uniform).
+func uniform(seed uint64, i Expr) Expr {
+	h := &Mix{X: &Binary{Op: scalar.Xor, A: Int{int64(seed * 0x9E3779B97F4A7C15)}, B: &Mix{X: add(i, Int{0x632BE59BD9B4E019})}}}
+	return mul(conv(&Binary{Op: scalar.Shr, A: h, B: Int{11}}, F64), Float{V: 1.0 / (1 << 53), K: F64})
+}
+
+// HasLowering reports whether ops of kind name lower to loops (fused
+// kernels lower through their bodies).
+func HasLowering(name string) bool { return elementRules[name] != nil || stageRules[name] != nil }

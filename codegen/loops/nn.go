@@ -57,10 +57,14 @@ func lowerBatchNormTrain(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 			return mul(d, d)
 		})
 	})
-	invstd := func(ch Expr) Expr {
-		v := div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt, K: F64})
+	// invstd per channel in f64, before any f32 arithmetic: the sum of
+	// squares can pass f32's range where its inverse square root does not.
+	inv := f64Temp(b, "invstd", c)
+	b.store(inv, func(idx []Expr) Expr {
+		v := div(&Load{Buf: m2, Index: idx}, Float{V: cnt, K: F64})
 		return div(Float{V: 1, K: F64}, un(scalar.Sqrt, add(v, Float{V: eps, K: F64})))
-	}
+	})
+	invstd := func(ch Expr) Expr { return &Load{Buf: inv, Index: []Expr{ch}} }
 	y := alias(out[0], ir.Shape{n, c, inner})
 	b.store(y, func(idx []Expr) Expr {
 		return demote(func() Expr {

@@ -60,7 +60,7 @@ const (
 	Mul // a * b
 	Div // a / b; Int: truncated, and 0 when b is 0
 	Rem // remainder with a's sign (fmod); Int: 0 when b is 0
-	Pow // a ^ b; Int: computed in f64, then converted as Convert does
+	Pow // a ^ b; Int: exact, wrapping like Mul; a negative b gives 1/a^-b truncated
 	Max // larger; a NaN on either side gives NaN
 	Min // smaller; a NaN on either side gives NaN
 	And // logical (Bool) or bitwise (Int) and

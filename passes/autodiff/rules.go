@@ -303,8 +303,22 @@ func init() {
 			xhat := b.one("mul", nil, grad(op), b.one("sub", nil, grad(op), xv, asB(mean)), asB(inv))
 			out[1] = b.one("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...)}, grad(op), b.one("mul", nil, grad(op), dys[0], xhat))
 		}
-		if need[2] {
+		if need[2] || need[3] {
 			out[2] = b.one("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...)}, grad(op), dys[0])
+		}
+		if need[3] {
+			// d/dmean = -scale·inv, summed over the channel
+			out[3] = b.one("neg", nil, grad(op), b.one("mul", nil, grad(op), b.one("mul", nil, grad(op), scale, inv), out[2]))
+			if !need[2] {
+				out[2] = nil
+			}
+		}
+		if need[4] {
+			// d/dvar = -scale·(x - mean)·inv³/2, summed over the channel
+			xhat := b.one("mul", nil, grad(op), b.one("sub", nil, grad(op), xv, asB(mean)), asB(inv))
+			sdx := b.one("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...)}, grad(op), b.one("mul", nil, grad(op), dys[0], xhat))
+			k := b.one("mul", nil, grad(op), b.one("mul", nil, grad(op), scale, b.one("mul", nil, grad(op), inv, inv)), b.scalar(dt, -0.5, "half"))
+			out[4] = b.one("mul", nil, grad(op), k, sdx)
 		}
 		return out
 	}
