@@ -17,7 +17,7 @@ import (
 // every differentiable op, widened to f64: the loss is sum(result0 · w)
 // for fixed random w, and the gradient of every float operand is compared
 // with central differences (step h = 1e-6). Their error is about
-// h²·|f'''|/6 from truncation plus ε·|f|/h ≈ 2e-10·|f| from rounding, so
+// h²·|f”'|/6 from truncation plus ε·|f|/h ≈ 2e-10·|f| from rounding, so
 // a relative error (over each gradient) of 1e-6 leaves two orders of
 // magnitude. Inputs avoid the ops' singularities (log and sqrt of
 // positive values, division by values away from 0).
