@@ -336,7 +336,7 @@ func (d *OpDef) CheckAttrs(a Attrs) error {
 				return err
 			}
 			if len(spec.Enum) > 0 && !contains(spec.Enum, a[k].Str) {
-				return fmt.Errorf("attribute %q of %s must be one of %s, not %q", k, d.Name, quoteAll(spec.Enum), a[k].Str)
+				return fmt.Errorf("attribute %q must be one of %s, not %q", k, quoteAll(spec.Enum), a[k].Str)
 			}
 			continue
 		}

@@ -101,6 +101,9 @@ func BenchmarkRematZoo(b *testing.B) {
 // 32x32 images) has almost nothing else and is left out. Everywhere the
 // default solver adds no more FLOPs than sqrt or greedy.
 func TestRematTargets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("model-scale: runs in the full suite (go test ./..., bash .ci/run)")
+	}
 	for _, name := range []string{"resnet50", "bert_base_ci", "gpt2_small_ci"} {
 		step, _, _ := TrainingStep(t, name)
 		run(t, step, "reorder")

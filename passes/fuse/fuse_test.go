@@ -25,7 +25,11 @@ func TestFusionPreservesResults(t *testing.T) {
 		require.NoError(t, err)
 		srcs = append(srcs, string(b))
 	}
-	for _, name := range []string{"resnet50_ci", "bert_base_ci", "gpt2_small_ci"} {
+	models := []string{"resnet50_ci", "bert_base_ci", "gpt2_small_ci"}
+	if testing.Short() {
+		models = nil // model-scale: the full suite (go test ./..., bash .ci/run) runs them
+	}
+	for _, name := range models {
 		m, err := onnx.ImportFile("../../testdata/models/ci/"+name+".onnx", onnx.Options{})
 		require.NoError(t, err)
 		srcs = append(srcs, m.String())
