@@ -258,3 +258,44 @@ func TestExternalData(t *testing.T) {
 	_, err = ImportFile(path, Options{})
 	require.ErrorContains(t, err, "external data range")
 }
+
+// TestRecordMappedOps: ops whose record names an ONNX operator import
+// with their attributes (defaults where the node gives none) and no
+// converter of their own; softplus and elu were added as one record each.
+func TestRecordMappedOps(t *testing.T) {
+	model := encModel(tGraph{
+		nodes: []tNode{
+			{op: "Softplus", name: "/sp", inputs: []string{"x"}, outputs: []string{"a"}},
+			{op: "Elu", name: "/elu", inputs: []string{"a"}, outputs: []string{"b"}, floats: map[string]float32{"alpha": 0.5}},
+			{op: "Elu", name: "/elu1", inputs: []string{"b"}, outputs: []string{"c"}},
+			{op: "HardSigmoid", name: "/hs", inputs: []string{"c"}, outputs: []string{"y"}, floats: map[string]float32{"beta": 0.25}},
+		},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 3})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 3})},
+	})
+	m, err := Import(model, Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	text := m.String()
+	require.Contains(t, text, `%a = softplus(%x) : f32[2,3] loc("m.onnx":"/sp")`)
+	require.Contains(t, text, `%b = elu(%a) {alpha = 0.5} : f32[2,3]`)
+	require.Contains(t, text, `%c = elu(%b) : f32[2,3]`)
+	require.Contains(t, text, `%y = hard_sigmoid(%c) {beta = 0.25} : f32[2,3]`)
+	x := interp.FromFloats(ir.TensorOf(ir.F32, 2, 3), []float64{-30, -1, 0, 0.5, 2, 40})
+	res, err := interp.Run(m.Funcs[0], []*interp.Tensor{x}, interp.Options{})
+	require.NoError(t, err)
+	for i, v := range x.F {
+		sp := math.Log1p(math.Exp(v))
+		if v > 20 {
+			sp = v
+		}
+		e := sp
+		if e <= 0 {
+			e = 0.5 * math.Expm1(e)
+		}
+		if e <= 0 {
+			e = math.Expm1(e)
+		}
+		want := math.Max(0, math.Min(1, 0.2*e+0.25))
+		require.InDelta(t, want, res[0].F[i], 1e-6, "x = %g", v)
+	}
+}
