@@ -2,6 +2,7 @@ package loops
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/ir"
@@ -97,6 +98,16 @@ func cName(s string) string {
 
 // CName is the C identifier Kiln derives from a name.
 func CName(s string) string { return cName(s) }
+
+// commentEscaper breaks the sequences that could end a C comment or start
+// one, and trigraphs.
+var commentEscaper = strings.NewReplacer("*/", `*\/`, "/*", `/\*`, "?", `\x3f`)
+
+// CComment is a name as it may appear inside a C or CUDA comment: quoted,
+// in printable ASCII (escapes for the rest), with no newline, no comment
+// delimiter and no trigraph, so that no name can end the comment or add
+// a line of code.
+func CComment(s string) string { return commentEscaper.Replace(strconv.QuoteToASCII(s)) }
 
 func lowerOp(op *ir.Op, in []Tensor, outs []*Buffer, name string) (*Kernel, error) {
 	k := &Kernel{Name: name, Op: op}
