@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/kiln-compiler/kiln/ir"
@@ -12,14 +13,17 @@ import (
 // arena memory has an aligned offset, views sit at their operand's
 // offset, no two values live at the same time share a byte unless one is a
 // view of the other or was written in place over it as it died, and the
-// arena attribute covers every value. Functions without an "arena"
-// attribute are not checked.
+// arena attribute covers every value. A function whose values carry no
+// offset is not at the memory level and passes; one with offsets but no
+// "arena" attribute (a plugin's output, say) is checked against the
+// arena its offsets span.
 func CheckOffsets(f *ir.Func) error {
-	arenaAttr, ok := f.Attrs["arena"]
-	if !ok {
+	arena := int64(math.MaxInt64)
+	if a, ok := f.Attrs["arena"]; ok {
+		arena = a.Int
+	} else if !hasOffsets(f) {
 		return nil
 	}
-	arena := arenaAttr.Int
 	align := f.Attrs.Int("alignment", 1)
 	if align < 1 {
 		align = 1
@@ -150,6 +154,22 @@ func CheckOffsets(f *ir.Func) error {
 		return err
 	}
 	return disjoint(f, hostSpans)
+}
+
+// hasOffsets reports whether any value of f carries an arena offset.
+func hasOffsets(f *ir.Func) bool {
+	for _, a := range f.Args {
+		if a.Offset != ir.NoOffset {
+			return true
+		}
+	}
+	found := false
+	f.Walk(func(op *ir.Op) {
+		for _, r := range op.Results {
+			found = found || r.Offset != ir.NoOffset
+		}
+	})
+	return found
 }
 
 // span is a group of values sharing memory: live on ops start..end, at
