@@ -42,6 +42,7 @@ func init() {
 				if args[0] == "-" {
 					data, err = io.ReadAll(e.stdin)
 				} else {
+					e.files.Read(args[0])
 					data, err = os.ReadFile(args[0])
 				}
 				if err != nil {
@@ -88,7 +89,7 @@ func init() {
 					optimal = ", proven optimal"
 				}
 				fmt.Fprintf(e.stderr, "kiln alloc: %d buffers, arena %d bytes (max-live bound %d), %s%s\n", len(p.Buffers), sol.Size, alloc.MaxLive(p), sol.Algo, optimal)
-				return writeOutput(e, *out, b.Bytes(), args[0])
+				return writeOutput(e, *out, b.Bytes())
 			}
 		},
 	})

@@ -11,7 +11,6 @@ import (
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
-	"github.com/kiln-compiler/kiln/outfile"
 )
 
 // optLevels holds -O0..-O3 and the budgets the pipelines take.
@@ -180,9 +179,9 @@ func init() {
 					if err != nil {
 						return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
 					}
-					return writeOutput(e, *out, []byte(text), args[0])
+					return writeOutput(e, *out, []byte(text))
 				case "header":
-					return writeOutput(e, *out, []byte(llvm.Header(p)), args[0])
+					return writeOutput(e, *out, []byte(llvm.Header(p)))
 				}
 				data, err := llvm.Build(p, *emit, llvm.Options{Threads: *threads})
 				if err != nil {
@@ -192,10 +191,7 @@ func init() {
 				if *emit != "obj" {
 					mode = 0o755
 				}
-				if err := outfile.WriteMode(*out, data, mode, args[0]); err != nil {
-					return fmt.Errorf("kiln: cannot write %s: %v", *out, unwrapPathError(err))
-				}
-				return nil
+				return writeOutputMode(e, *out, data, mode)
 			}
 		},
 	})
@@ -226,7 +222,7 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 	if err != nil {
 		return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
 	}
-	if err := cuda.Write(out, plan, in.module); err != nil {
+	if err := cuda.Write(out, plan, in.module, e.files); err != nil {
 		return fmt.Errorf("kiln: cannot write %s: %v", out, unwrapPathError(err))
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/outfile"
 	"github.com/kiln-compiler/kiln/parser"
 )
 
@@ -25,6 +26,9 @@ type env struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
+	// files are the files the command reads and writes: no output
+	// replaces an input, and no file is written twice.
+	files *outfile.Guard
 }
 
 type command struct {
@@ -58,7 +62,7 @@ func Run() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 // program name) and returns the exit status: 0 on success, 1 on an error
 // in the input or a failing pass, 2 on a misuse of the command line.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
-	e := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, files: &outfile.Guard{}}
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(stderr, "kiln: internal error: %v\nplease report this with the input that caused it\n", r)
@@ -203,6 +207,7 @@ func readModule(e *env, path string) (*input, error) {
 		return importModule(e, path, onnx.Options{})
 	}
 	in := &input{path: path, name: path}
+	e.files.Read(path)
 	var data []byte
 	var err error
 	if path == "-" {
@@ -262,6 +267,7 @@ func unwrapPathError(err error) error {
 // importModule reads an ONNX model and verifies the imported module.
 func importModule(e *env, path string, opt onnx.Options) (*input, error) {
 	in := &input{path: path, name: path}
+	e.files.Read(path)
 	m, err := onnx.ImportFile(path, opt)
 	if err != nil {
 		msg := unwrapPathError(err).Error()

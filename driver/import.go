@@ -30,7 +30,7 @@ func init() {
 				if err != nil {
 					return err
 				}
-				return writeOutput(e, *out, []byte(in.module.String()), args[0])
+				return writeOutput(e, *out, []byte(in.module.String()))
 			}
 		},
 	})

@@ -63,7 +63,7 @@ func init() {
 					if err := rep.WriteTimeline(&b); err != nil {
 						return err
 					}
-					if err := writeOutput(e, *timeline, b.Bytes(), args[0]); err != nil {
+					if err := writeOutput(e, *timeline, b.Bytes()); err != nil {
 						return err
 					}
 				}

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
-	"github.com/kiln-compiler/kiln/outfile"
 	"github.com/kiln-compiler/kiln/passes"
 )
 
@@ -101,6 +101,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		DumpDir:          p.dumpDir,
 		ReproducerDir:    p.reproducerDir,
 		Log:              e.stderr,
+		Files:            e.files,
 	}}
 	runErr := mg.Run(in.module, pipe)
 	if p.timing {
@@ -135,7 +136,7 @@ func init() {
 				if err != nil {
 					return err
 				}
-				return writeOutput(e, *out, []byte(in.module.String()), args[0])
+				return writeOutput(e, *out, []byte(in.module.String()))
 			}
 		},
 	})
@@ -187,14 +188,18 @@ func init() {
 	})
 }
 
-// writeOutput writes data to path ("-" is standard output) atomically,
-// never over any of inputs.
-func writeOutput(e *env, path string, data []byte, inputs ...string) error {
+// writeOutput writes data to path ("-" is standard output), never over
+// an input of the command or another of its outputs.
+func writeOutput(e *env, path string, data []byte) error {
+	return writeOutputMode(e, path, data, 0o644)
+}
+
+func writeOutputMode(e *env, path string, data []byte, mode os.FileMode) error {
 	if path == "-" || path == "" {
 		_, err := e.stdout.Write(data)
 		return err
 	}
-	if err := outfile.Write(path, data, inputs...); err != nil {
+	if err := e.files.Write(path, data, mode); err != nil {
 		return fmt.Errorf("kiln: cannot write %s: %v", path, unwrapPathError(err))
 	}
 	return nil

@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"path/filepath"
 
-	"github.com/kiln-compiler/kiln/outfile"
+	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/plancheck"
 )
 
@@ -20,6 +21,9 @@ func init() {
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
 					return usageError{"want exactly one plan directory"}
+				}
+				for _, name := range cuda.Files {
+					e.files.Read(filepath.Join(args[0], name))
 				}
 				p, f, err := plancheck.Load(args[0])
 				if err != nil {
@@ -39,8 +43,8 @@ func init() {
 					if err != nil {
 						return err
 					}
-					if err := outfile.Write(*tl, data); err != nil {
-						return fmt.Errorf("kiln: cannot write %s: %v", *tl, unwrapPathError(err))
+					if err := writeOutput(e, *tl, data); err != nil {
+						return err
 					}
 				}
 				return nil

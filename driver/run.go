@@ -14,7 +14,6 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
-	"github.com/kiln-compiler/kiln/outfile"
 )
 
 // inputFlags collects repeated --input NAME=FILE.npy flags.
@@ -68,7 +67,7 @@ func init() {
 				if err := checkHostMemory(args[0], f, *backend == "interp", availableMemory()); err != nil {
 					return err
 				}
-				vals, err := argumentValues(f, inputs, *seed)
+				vals, err := argumentValues(e, f, inputs, *seed)
 				if err != nil {
 					return err
 				}
@@ -97,19 +96,18 @@ func init() {
 					return fmt.Errorf("kiln: run failed: %v", err)
 				}
 				// Arguments updated in place (optimizer steps) are written
-				// as updated.<name>.npy.
-				updated := &ir.Func{Name: f.Name}
-				var upd []*interp.Tensor
+				// as updated.<name>.npy, after the results.
+				var names []string
+				for i := range f.Results {
+					names = append(names, f.ResultName(i))
+				}
 				for i, a := range f.Args {
 					if a.Arg.InOut {
-						updated.Results = append(updated.Results, ir.Result{Name: "updated." + a.Name, Value: a})
-						upd = append(upd, final[i])
+						names = append(names, "updated."+a.Name)
+						res = append(res, final[i])
 					}
 				}
-				if err := writeResults(updated, upd, *outDir, args[0]); err != nil {
-					return err
-				}
-				return writeResults(f, res, *outDir, args[0])
+				return writeResults(e, names, res, *outDir)
 			}
 		},
 	})
@@ -131,7 +129,7 @@ func pickFunc(in *input, name string) (*ir.Func, error) {
 
 // argumentValues gives every argument a value: --input files first, then
 // the argument's initial value, then a seeded random draw.
-func argumentValues(f *ir.Func, inputs []string, seed uint64) ([]*interp.Tensor, error) {
+func argumentValues(e *env, f *ir.Func, inputs []string, seed uint64) ([]*interp.Tensor, error) {
 	given := map[string]*interp.Tensor{}
 	for _, spec := range inputs {
 		name, file, ok := strings.Cut(spec, "=")
@@ -154,6 +152,7 @@ func argumentValues(f *ir.Func, inputs []string, seed uint64) ([]*interp.Tensor,
 			}
 			return nil, fmt.Errorf("kiln: --input %s: @%s has no argument %q (it has %s)", spec, f.Name, name, strings.Join(names, ", "))
 		}
+		e.files.Read(file)
 		data, err := os.ReadFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
@@ -193,23 +192,45 @@ func FileName(name string) string {
 	}, name) + ".npy"
 }
 
-func writeResults(f *ir.Func, res []*interp.Tensor, dir string, inputs ...string) error {
+// writeResults writes every tensor as DIR/NAME.npy, all or nothing: two
+// names that map to one file, or a file that is an input of the command,
+// stop it before anything is written; the files are written into a
+// staging folder in DIR and then renamed into place.
+func writeResults(e *env, names []string, res []*interp.Tensor, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("kiln: cannot create %s: %v", dir, unwrapPathError(err))
 	}
 	seen := map[string]string{}
+	data := make([][]byte, len(res))
 	for i, t := range res {
-		name := FileName(f.ResultName(i))
-		if prev, dup := seen[name]; dup {
-			return fmt.Errorf("kiln: results %q and %q both map to file %s", prev, f.ResultName(i), name)
+		file := FileName(names[i])
+		if prev, dup := seen[file]; dup {
+			return fmt.Errorf("kiln: outputs %s and %s would both be written to %s", strconv.Quote(prev), strconv.Quote(names[i]), filepath.Join(dir, file))
 		}
-		seen[name] = f.ResultName(i)
+		seen[file] = names[i]
+		if err := e.files.Check(filepath.Join(dir, file)); err != nil {
+			return fmt.Errorf("kiln: output %s: %v", strconv.Quote(names[i]), err)
+		}
 		var b bytes.Buffer
 		if err := npy.Write(&b, t); err != nil {
-			return fmt.Errorf("kiln: result %s: %v", strconv.Quote(f.ResultName(i)), err)
+			return fmt.Errorf("kiln: output %s: %v", strconv.Quote(names[i]), err)
 		}
-		if err := outfile.Write(filepath.Join(dir, name), b.Bytes(), inputs...); err != nil {
-			return fmt.Errorf("kiln: %v", err)
+		data[i] = b.Bytes()
+	}
+	stage, err := os.MkdirTemp(dir, ".kiln-run-*")
+	if err != nil {
+		return fmt.Errorf("kiln: cannot write to %s: %v", dir, unwrapPathError(err))
+	}
+	defer os.RemoveAll(stage)
+	for i := range res {
+		if err := os.WriteFile(filepath.Join(stage, FileName(names[i])), data[i], 0o644); err != nil {
+			return fmt.Errorf("kiln: cannot write %s: %v", FileName(names[i]), unwrapPathError(err))
+		}
+	}
+	for i := range res {
+		file := FileName(names[i])
+		if err := os.Rename(filepath.Join(stage, file), filepath.Join(dir, file)); err != nil {
+			return fmt.Errorf("kiln: cannot write %s: %v", filepath.Join(dir, file), unwrapPathError(err))
 		}
 	}
 	return nil

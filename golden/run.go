@@ -38,6 +38,8 @@ func Updating() bool { return os.Getenv("KILN_UPDATE") == "1" }
 
 var (
 	numberRE = regexp.MustCompile(`\d+\.\d+(e[-+]?\d+)?`)
+	// reproducerRE matches the unique part of a reproducer's file name.
+	reproducerRE = regexp.MustCompile(`(kiln-reproducer-[A-Za-z0-9_.-]*?)-\d+\.kir`)
 	spacesRE = regexp.MustCompile(` +`)
 )
 
@@ -122,6 +124,7 @@ func runCase(t *testing.T, path, program string, main MainFunc) {
 	normalize := func(s string) string {
 		s = strings.ReplaceAll(s, work, "$WORK")
 		s = strings.ReplaceAll(s, filepath.Join(os.TempDir(), "kiln-reproducer"), "$TMP/kiln-reproducer")
+		s = reproducerRE.ReplaceAllString(s, "$1-N.kir")
 		if bytes.Contains(ar.Comment, []byte("normalize-numbers")) {
 			s = numberRE.ReplaceAllString(s, "N")
 			s = spacesRE.ReplaceAllString(s, " ")

@@ -26,6 +26,9 @@ type Instrumentation struct {
 	DumpDir          string    // one numbered file per pass when set
 	ReproducerDir    string    // where a failing pass leaves its reproducer; default os.TempDir()
 	Log              io.Writer // IR printing goes here (stderr in the CLI)
+	// Files guards the dump files: none replaces an input of the command
+	// or another output (nil: no guard).
+	Files *outfile.Guard
 }
 
 // PassRun records one pass execution.
@@ -75,7 +78,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		if err := os.MkdirAll(in.DumpDir, 0o755); err != nil {
 			return err
 		}
-		if err := writeAtomic(filepath.Join(in.DumpDir, "00-input.kir"), m.String()); err != nil {
+		if err := in.Files.Write(filepath.Join(in.DumpDir, "00-input.kir"), []byte(m.String()), 0o644); err != nil {
 			return err
 		}
 	}
@@ -120,7 +123,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		}
 		if in.DumpDir != "" {
 			file := filepath.Join(in.DumpDir, fmt.Sprintf("%02d-%s.kir", i+1, sanitize(name)))
-			if err := writeAtomic(file, after); err != nil {
+			if err := in.Files.Write(file, []byte(after), 0o644); err != nil {
 				return err
 			}
 		}
@@ -138,19 +141,32 @@ func runGuarded(p *Pass, ctx *Context, m *ir.Module) (err error) {
 	return p.Run(ctx, m)
 }
 
+// writeReproducer leaves the input of a failing pass in a new file of
+// its own (readable by its owner alone: it holds the model's weights),
+// whose run line works from any folder. It returns the file's path, or ""
+// when it could not write one.
 func (mg *Manager) writeReproducer(pass, input string, rest Pipeline) string {
 	dir := mg.Inst.ReproducerDir
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	path := filepath.Join(dir, "kiln-reproducer-"+sanitize(pass)+".kir")
-	text := fmt.Sprintf("// kiln reproducer: pass %s failed on this input.\n// run: kiln opt %s --passes='%s'\n%s",
-		pass, filepath.Base(path), rest.String(), input)
-	if err := writeAtomic(path, text); err != nil {
+	f, err := os.CreateTemp(dir, "kiln-reproducer-"+sanitize(pass)+"-*.kir")
+	if err != nil {
+		return ""
+	}
+	path, _ := filepath.Abs(f.Name())
+	text := fmt.Sprintf("// kiln reproducer: pass %s failed on this input.\n// run: kiln opt %s --passes=%s\n%s",
+		pass, shellQuote(path), shellQuote(rest.String()), input)
+	_, werr := f.WriteString(text)
+	if cerr := f.Close(); werr != nil || cerr != nil {
+		os.Remove(f.Name())
 		return ""
 	}
 	return path
 }
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func sanitize(name string) string {
 	return strings.Map(func(r rune) rune {
@@ -160,8 +176,6 @@ func sanitize(name string) string {
 		return '_'
 	}, name)
 }
-
-func writeAtomic(path, text string) error { return outfile.Write(path, []byte(text)) }
 
 // WriteTiming prints the wall time of each pass as a table, or as JSON when
 // asJSON is set.

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
-	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -178,11 +178,20 @@ func TestFailingPassLeavesReproducer(t *testing.T) {
 	pe, dir := failWith(t, "cse,test-fail,dce")
 	require.Equal(t, "test-fail", pe.Pass)
 	require.Contains(t, pe.Error(), "pass test-fail failed: deliberate failure")
-	require.Equal(t, filepath.Join(dir, "kiln-reproducer-test-fail.kir"), pe.Reproducer)
+	require.Regexp(t, `^`+regexp.QuoteMeta(dir)+`/kiln-reproducer-test-fail-\d+\.kir$`, pe.Reproducer)
+	st, err := os.Stat(pe.Reproducer)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "a reproducer holds the model's weights: its owner's alone")
 	b, err := os.ReadFile(pe.Reproducer)
 	require.NoError(t, err)
 	text := string(b)
-	require.Contains(t, text, "--passes='test-fail,dce'")
+	require.Contains(t, text, "// run: kiln opt '"+pe.Reproducer+"' --passes='test-fail,dce'", "the run line names the file by its absolute path")
+	pipe, err := ParsePipeline("test-fail", nil)
+	require.NoError(t, err)
+	err = (&Manager{Inst: Instrumentation{ReproducerDir: dir}}).Run(parse(t, sample), pipe)
+	var pe2 *PassError
+	require.ErrorAs(t, err, &pe2)
+	require.NotEqual(t, pe.Reproducer, pe2.Reproducer, "every failure gets a file of its own")
 	// The reproducer holds the IR the failing pass saw (after cse), and parses.
 	m, err := parser.Parse("rep.kir", text)
 	require.NoError(t, err)

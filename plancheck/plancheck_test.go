@@ -31,7 +31,7 @@ func plan(t *testing.T, model, pipeline string) string {
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m))
+	require.NoError(t, cuda.Write(dir, out, m, nil))
 	return dir
 }
 

@@ -28,8 +28,10 @@ func (p *Plan) JSON() ([]byte, error) {
 }
 
 // Write puts the plan, its kernels, the header and the module the plan
-// was made from (which plan-check replays) in dir, each file atomically.
-func Write(dir string, out *Output, m *ir.Module) error {
+// was made from (which plan-check replays) in dir, each file atomically,
+// through g: none of them replaces a file the command read. It checks
+// every file before it writes any.
+func Write(dir string, out *Output, m *ir.Module, g *outfile.Guard) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -37,10 +39,14 @@ func Write(dir string, out *Output, m *ir.Module) error {
 	if err != nil {
 		return err
 	}
-	for name, data := range map[string][]byte{
-		"plan.json": plan, "kernels.cu": []byte(out.Kernels), "kiln_cuda.h": []byte(Header), "module.kir": []byte(m.String()),
-	} {
-		if err := outfile.Write(filepath.Join(dir, name), data); err != nil {
+	files := map[string][]byte{"plan.json": plan, "kernels.cu": []byte(out.Kernels), "kiln_cuda.h": []byte(Header), "module.kir": []byte(m.String())}
+	for _, name := range Files {
+		if err := g.Check(filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	for _, name := range Files {
+		if err := g.Write(filepath.Join(dir, name), files[name], 0o644); err != nil {
 			return err
 		}
 	}
