@@ -38,7 +38,11 @@ func ExternalResolver(dir string, timeout time.Duration) Resolver {
 		prog := "kiln-pass-" + plugin
 		path := ""
 		if dir != "" {
-			if p := filepath.Join(dir, prog); isExecutable(p) {
+			p := filepath.Join(dir, prog)
+			if st, err := os.Stat(p); err == nil {
+				if st.IsDir() || st.Mode()&0o111 == 0 {
+					return nil, fmt.Errorf("external pass %s: %s is not an executable file (chmod +x it, or remove it to use one on PATH)", name, p)
+				}
 				path = p
 			}
 		}
@@ -64,13 +68,37 @@ func ExternalResolver(dir string, timeout time.Duration) Resolver {
 	}
 }
 
-func isExecutable(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
-}
-
 // stderrTail is how much of a failing plugin's standard error is shown.
 const stderrTail = 2000
+
+// Output limits of a plugin: its standard output may hold the module
+// several times over (a rewrite may add ops), but not without bound; its
+// standard error is kept to its last part.
+const (
+	stdoutSlack = 64 << 20
+	stderrLimit = 1 << 20
+)
+
+// capped keeps at most limit bytes; past that it records the overflow
+// and calls over (once), which stops the plugin.
+type capped struct {
+	buf      bytes.Buffer
+	limit    int
+	overflow bool
+	over     func()
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.limit - c.buf.Len(); len(p) > room {
+		c.buf.Write(p[:max(room, 0)])
+		if !c.overflow {
+			c.overflow = true
+			c.over()
+		}
+		return len(p), nil
+	}
+	return c.buf.Write(p)
+}
 
 func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Duration) error {
 	var args []string
@@ -82,19 +110,23 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 	for _, k := range keys {
 		args = append(args, "--"+k+"="+ctx.Args()[k])
 	}
-	c := context.Background()
+	c, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	if timeout > 0 {
-		var cancel context.CancelFunc
 		c, cancel = context.WithTimeout(c, timeout)
 		defer cancel()
 	}
+	text := m.String()
 	cmd := exec.CommandContext(c, path, args...)
-	cmd.Stdin = strings.NewReader(m.String())
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Stdin = strings.NewReader(text)
+	stdout := &capped{limit: 4*len(text) + stdoutSlack, over: cancel}
+	stderr := &capped{limit: stderrLimit, over: cancel}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = time.Second
+	ownProcessGroup(cmd)
 	err := cmd.Run()
-	tail := stderr.String()
+	killProcessGroup(cmd) // children a plugin left behind go with it
+	tail := stderr.buf.String()
 	if len(tail) > stderrTail {
 		tail = "..." + tail[len(tail)-stderrTail:]
 	}
@@ -105,7 +137,12 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 		}
 		return errors.New(msg)
 	}
-	if c.Err() == context.DeadlineExceeded {
+	switch {
+	case stdout.overflow:
+		return describe(fmt.Sprintf("printed more than %d bytes (4 times its input and 64 MiB) and was stopped", stdout.limit))
+	case stderr.overflow:
+		return describe(fmt.Sprintf("printed more than %d bytes of standard error and was stopped", stderrLimit))
+	case c.Err() == context.DeadlineExceeded:
 		return describe(fmt.Sprintf("timed out after %s (--plugin-timeout)", timeout))
 	}
 	if err != nil {
@@ -115,12 +152,17 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 		}
 		return describe(fmt.Sprintf("could not run: %v", err))
 	}
-	out, perr := parser.Parse(prog+" output", stdout.String())
+	out, perr := parser.Parse(prog+" output", stdout.buf.String())
 	if perr == nil {
 		perr = ir.Verify(out)
 	}
 	if perr != nil {
 		return describe(fmt.Sprintf("printed invalid IR (exit status 0):\n%v", perr))
+	}
+	for _, f := range m.Funcs {
+		if out.Func(f.Name) == nil {
+			return describe(fmt.Sprintf("printed a module without @%s (exit status 0): a pass returns every function it was given", f.Name))
+		}
 	}
 	*m = *out
 	return nil
