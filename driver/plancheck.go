@@ -25,11 +25,11 @@ func init() {
 				for _, name := range cuda.Files {
 					e.files.Read(filepath.Join(args[0], name))
 				}
-				p, f, err := plancheck.Load(args[0])
+				lp, err := plancheck.LoadDir(args[0])
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
-				r, err := plancheck.Check(p, f, *seed)
+				r, err := plancheck.CheckPlan(lp, *seed)
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}

@@ -40,7 +40,7 @@ var (
 	numberRE = regexp.MustCompile(`\d+\.\d+(e[-+]?\d+)?`)
 	// reproducerRE matches the unique part of a reproducer's file name.
 	reproducerRE = regexp.MustCompile(`(kiln-reproducer-[A-Za-z0-9_.-]*?)-\d+\.kir`)
-	spacesRE = regexp.MustCompile(` +`)
+	spacesRE     = regexp.MustCompile(` +`)
 )
 
 // Run runs every *.txtar case below dir as a subtest named by its path.

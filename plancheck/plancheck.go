@@ -42,39 +42,92 @@ type Span struct {
 	Start, Finish float64
 }
 
-// Load reads a plan directory.
+// Plan is a loaded plan directory: the plan, the function it runs and
+// the kernels kernels.cu defines.
+type Plan struct {
+	*cuda.Plan
+	Func    *ir.Func
+	Kernels map[string]Signature
+}
+
+// Load reads a plan directory: plan.json, which must match the schema
+// (cuda.Schema), module.kir and kernels.cu.
 func Load(dir string) (*cuda.Plan, *ir.Func, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "plan.json"))
+	lp, err := LoadDir(dir)
 	if err != nil {
 		return nil, nil, err
+	}
+	return lp.Plan, lp.Func, nil
+}
+
+// LoadDir is Load keeping the kernels' signatures, which Check compares
+// every launch with.
+func LoadDir(dir string) (*Plan, error) {
+	path := filepath.Join(dir, "plan.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateSchema(raw); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
 	}
 	var p cuda.Plan
 	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, nil, fmt.Errorf("%s: %v", filepath.Join(dir, "plan.json"), err)
+		return nil, fmt.Errorf("%s: %v", path, err)
 	}
+	src, err := os.ReadFile(filepath.Join(dir, "kernels.cu"))
+	if err != nil {
+		return nil, err
+	}
+	kernels, err := signatures(string(src))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", filepath.Join(dir, "kernels.cu"), err)
+	}
+	f, err := loadModule(dir, p.Function)
+	if err != nil {
+		return nil, err
+	}
+	return &Plan{Plan: &p, Func: f, Kernels: kernels}, nil
+}
+
+func loadModule(dir, function string) (*ir.Func, error) {
 	path := filepath.Join(dir, "module.kir")
 	src, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	m, err := parser.Parse(path, string(src))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := ir.Verify(m); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	f := m.Func(p.Function)
+	f := m.Func(function)
 	if f == nil {
-		return nil, nil, fmt.Errorf("plan.json: function @%s is not in module.kir", p.Function)
+		return nil, fmt.Errorf("plan.json: function @%s is not in module.kir", function)
 	}
-	return &p, f, nil
+	return f, nil
 }
 
-// Check replays p against f on random arguments drawn from seed.
+// Check replays p against f on random arguments drawn from seed. Without
+// the kernels' signatures (a plan built in memory) launches are checked
+// against the plan alone.
 func Check(p *cuda.Plan, f *ir.Func, seed uint64) (*Report, error) {
+	return CheckPlan(&Plan{Plan: p, Func: f}, seed)
+}
+
+// CheckPlan replays a loaded plan: the structure against the schema's
+// rules, the module and kernels.cu, then memory, races and the numbers.
+func CheckPlan(lp *Plan, seed uint64) (*Report, error) {
+	p, f := lp.Plan, lp.Func
 	if err := structure(p, f); err != nil {
 		return nil, err
+	}
+	if lp.Kernels != nil {
+		if err := launches(p, f, lp.Kernels); err != nil {
+			return nil, err
+		}
 	}
 	if err := disjoint(p); err != nil {
 		return nil, err
@@ -90,6 +143,15 @@ func Check(p *cuda.Plan, f *ir.Func, seed uint64) (*Report, error) {
 }
 
 func structure(p *cuda.Plan, f *ir.Func) error {
+	values := map[string]*ir.Value{}
+	for _, a := range f.Args {
+		values[a.Name] = a
+	}
+	for _, op := range f.Body {
+		for _, r := range op.Results {
+			values[r.Name] = r
+		}
+	}
 	if p.Format != cuda.Format || p.Version != cuda.Version {
 		return fmt.Errorf("plan.json: format %q version %d, want %q version %d", p.Format, p.Version, cuda.Format, cuda.Version)
 	}
@@ -103,19 +165,48 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 		if len(b.Values) == 0 || b.SizeBytes < 0 {
 			return fmt.Errorf("plan.json: buffer %d names no value or has a negative size", i)
 		}
-		end := b.Offset + b.SizeBytes
+		if err := bufferType(b, values); err != nil {
+			return fmt.Errorf("plan.json: buffer %d (%s): %v", i, b.Values[0], err)
+		}
 		switch b.Space {
 		case "device":
-			if b.Offset < 0 || end > p.Arena.SizeBytes {
-				return fmt.Errorf("plan.json: buffer %d (%s) [%d, %d) is outside the device arena of %d bytes", i, b.Values[0], b.Offset, end, p.Arena.SizeBytes)
+			if !within(b.Offset, b.SizeBytes, p.Arena.SizeBytes) {
+				return fmt.Errorf("plan.json: buffer %d (%s) at %d (%d bytes) is outside the device arena of %d bytes", i, b.Values[0], b.Offset, b.SizeBytes, p.Arena.SizeBytes)
 			}
 		case "host":
-			if b.Offset < 0 || end > p.Host.SizeBytes {
-				return fmt.Errorf("plan.json: buffer %d (%s) [%d, %d) is outside the host arena of %d bytes", i, b.Values[0], b.Offset, end, p.Host.SizeBytes)
+			if !within(b.Offset, b.SizeBytes, p.Host.SizeBytes) {
+				return fmt.Errorf("plan.json: buffer %d (%s) at %d (%d bytes) is outside the host arena of %d bytes", i, b.Values[0], b.Offset, b.SizeBytes, p.Host.SizeBytes)
 			}
 		case "param", "input":
 		default:
 			return fmt.Errorf("plan.json: buffer %d has unknown space %q", i, b.Space)
+		}
+	}
+	for _, bs := range []struct {
+		what     string
+		list     []cuda.Binding
+		space    string
+		expected int
+	}{{"param", p.Params, "param", -1}, {"input", p.Inputs, "input", -1}, {"result", p.Results, "", len(f.Results)}} {
+		if bs.expected >= 0 && len(bs.list) != bs.expected {
+			return fmt.Errorf("plan.json: %d %ss, but @%s has %d", len(bs.list), bs.what, f.Name, bs.expected)
+		}
+		for slot, bd := range bs.list {
+			if bd.Buffer < 0 || bd.Buffer >= len(p.Buffers) {
+				return fmt.Errorf("plan.json: %s %q names unknown buffer %d", bs.what, bd.Name, bd.Buffer)
+			}
+			b := p.Buffers[bd.Buffer]
+			if !contains(b.Values, bd.Name) {
+				return fmt.Errorf("plan.json: %s %q is bound to buffer %d, which holds %v", bs.what, bd.Name, bd.Buffer, b.Values)
+			}
+			if bs.space != "" && (b.Space != bs.space || b.Slot != slot) {
+				return fmt.Errorf("plan.json: %s %q is in %s slot %d, want %s slot %d", bs.what, bd.Name, b.Space, b.Slot, bs.space, slot)
+			}
+		}
+	}
+	for i, r := range p.Results {
+		if r.Name != f.Results[i].Value.Name {
+			return fmt.Errorf("plan.json: result %d is %q, but @%s returns %s", i, r.Name, f.Name, f.Results[i].Value.Ref())
 		}
 	}
 	prev := map[int]int{}
@@ -168,6 +259,34 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			}
 		}
 		prev[n.Stream] = i
+	}
+	return nil
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// bufferType checks a buffer's dtype, shape and size against each other
+// and against the value of the module it holds first (kernel workspace
+// buffers hold no value of the module).
+func bufferType(b cuda.Buffer, values map[string]*ir.Value) error {
+	d, ok := ir.ParseDType(b.DType)
+	if !ok {
+		return fmt.Errorf("unknown dtype %q", b.DType)
+	}
+	t := ir.Type{DType: d, Shape: ir.Shape(b.Shape)}
+	n, ok := t.Bytes()
+	if !ok || n != b.SizeBytes {
+		return fmt.Errorf("%s is not %d bytes", t, b.SizeBytes)
+	}
+	if v := values[b.Values[0]]; v != nil && !v.Type.Equal(t) {
+		return fmt.Errorf("holds %s, but the module's %s is %s", t, v.Ref(), v.Type)
 	}
 	return nil
 }
@@ -440,7 +559,7 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64) error {
 		if (b.Space == "device" || b.Space == "host") && v.Offset >= 0 {
 			off = v.Offset
 		}
-		if off < 0 || off+v.Type.SizeBytes() > int64(len(mem.bytes[spaceKey(b.Space, b.Slot)])) {
+		if !within(off, v.Type.SizeBytes(), int64(len(mem.bytes[spaceKey(b.Space, b.Slot)]))) {
 			return nil, 0, fmt.Errorf("%s at offset %d does not fit %s memory", v.Ref(), off, b.Space)
 		}
 		return b, off, nil
@@ -470,7 +589,7 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64) error {
 		for _, a := range accesses(n) {
 			key := spaceKey(a.Space, a.Slot)
 			o := mem.owner[key]
-			if o == nil || a.Offset < 0 || a.Offset+a.SizeBytes > int64(len(mem.bytes[key])) {
+			if o == nil || !within(a.Offset, a.SizeBytes, int64(len(mem.bytes[key]))) {
 				return fmt.Errorf("node %d (%s): %s [%d, %d) is outside %s memory", i, describe(p, n), p.Buffers[a.Buffer].Values[0], a.Offset, a.Offset+a.SizeBytes, a.Space)
 			}
 			buf := p.Buffers[a.Buffer]

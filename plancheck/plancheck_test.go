@@ -38,7 +38,7 @@ func plan(t *testing.T, model, pipeline string) string {
 func validate(t *testing.T, dir string) {
 	t.Helper()
 	c := jsonschema.NewCompiler()
-	schema, err := c.Compile("../docs/plan.schema.json")
+	schema, err := c.Compile("../codegen/cuda/plan.schema.json")
 	require.NoError(t, err)
 	f, err := os.Open(filepath.Join(dir, "plan.json"))
 	require.NoError(t, err)

@@ -47,6 +47,7 @@ type stageKernel struct {
 	name    string
 	stage   *loops.Stage
 	outer   []*loops.Var
+	extents []int64 // of the outer loops, whose values the scalar arguments carry
 	ptrs    []*pointerArg
 	threads int64
 	source  string
@@ -583,7 +584,26 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	if w.err != nil {
 		return "", fmt.Errorf("kernel %s: %v", k.name, w.err)
 	}
-	return fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
+	// The launch contract plan-check holds every launch to: the threads
+	// the kernel needs, the bytes each pointer may touch, and the extent
+	// of each scalar (an outer loop's index).
+	var bytes, ext, modes []string
+	for _, p := range k.ptrs {
+		bytes = append(bytes, strconv.FormatInt(p.size, 10))
+		mode := "r"
+		switch {
+		case p.read && p.write:
+			mode = "rw"
+		case p.write:
+			mode = "w"
+		}
+		modes = append(modes, mode)
+	}
+	for _, e := range k.extents {
+		ext = append(ext, strconv.FormatInt(e, 10))
+	}
+	contract := fmt.Sprintf("// kiln launch: threads=%d bytes=%s modes=%s outer=%s\n", k.threads, strings.Join(bytes, ","), strings.Join(modes, ","), strings.Join(ext, ","))
+	return contract + fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
 }
 
 // pointers lists the buffers a stage touches (outputs first), in a

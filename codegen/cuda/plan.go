@@ -10,7 +10,7 @@
 // swap_in) run on the stream their op names; kernels on stream 0. Events
 // are inserted wherever a node on one stream touches memory that a node
 // on another stream touched before (read after write, write after read
-// or write), and nowhere else. docs/plan.schema.json is the format.
+// or write), and nowhere else. plan.schema.json (beside this file) is the format.
 package cuda
 
 import (
@@ -275,7 +275,7 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		ws = max(ws, off)
 		first := len(b.raw)
 		c := ir.OpCost(op)
-		if err := b.launches(i, k, k.Steps, nil, nil, temps); err != nil {
+		if err := b.launches(i, k, k.Steps, nil, nil, nil, temps); err != nil {
 			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
 		}
 		launched := b.raw[first:]
@@ -325,12 +325,13 @@ func (b *planner) valueAccess(v *ir.Value, size int64, mode string) (*Access, er
 }
 
 // launches adds one node per stage and iteration of the loops around it.
-func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []*loops.Var, iter []int64, temps map[string]int64) error {
+func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []*loops.Var, extents, iter []int64, temps map[string]int64) error {
 	for _, st := range steps {
 		switch st := st.(type) {
 		case *loops.Loop:
 			for it := int64(0); it < st.Extent; it++ {
-				if err := b.launches(op, k, st.Body, append(outer[:len(outer):len(outer)], st.Var), append(iter[:len(iter):len(iter)], it), temps); err != nil {
+				if err := b.launches(op, k, st.Body, append(outer[:len(outer):len(outer)], st.Var), append(extents[:len(extents):len(extents)], st.Extent),
+					append(iter[:len(iter):len(iter)], it), temps); err != nil {
 					return err
 				}
 			}
@@ -340,7 +341,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 			for _, e := range st.Extents {
 				threads *= e
 			}
-			sk := &stageKernel{name: name, stage: st, outer: outer, ptrs: pointers(st), threads: threads}
+			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st), threads: threads}
 			if !b.kernelSrc[name] {
 				src, err := kernelSource(sk, b.consts)
 				if err != nil {

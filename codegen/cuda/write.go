@@ -15,6 +15,12 @@ import (
 //go:embed kiln_cuda.h
 var Header string
 
+// Schema is the JSON schema of plan.json (format kiln.launch-plan,
+// version 1).
+//
+//go:embed plan.schema.json
+var Schema string
+
 // Files are the names Write creates in the plan directory.
 var Files = []string{"plan.json", "kernels.cu", "kiln_cuda.h", "module.kir"}
 
