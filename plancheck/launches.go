@@ -60,10 +60,10 @@ func validateSchema(raw []byte) error {
 // launch contract (the "// kiln launch:" line above it).
 type Signature struct {
 	Params  []Param
-	Threads int64   // threads the kernel needs (grid × block at least)
+	Threads int64    // threads the kernel needs (grid × block at least)
 	Bytes   []int64  // bytes each pointer parameter may touch
 	Modes   []string // how each pointer parameter is used: read, write or readwrite
-	Outer   []int64 // extent of each scalar parameter (an outer loop index)
+	Outer   []int64  // extent of each scalar parameter (an outer loop index)
 }
 
 // Param is one kernel parameter: a pointer to Elem (Const: read only) or

@@ -203,12 +203,14 @@ func TestPlanMutations(t *testing.T) {
 				}
 			}
 		},
-		"grid 0":                 func(doc map[string]any) { firstKernel(doc)["grid"].([]any)[0] = float64(0) },
-		"block 0":                func(doc map[string]any) { firstKernel(doc)["block"].([]any)[0] = float64(0) },
-		"an unknown kernel":      func(doc map[string]any) { firstKernel(doc)["kernel"] = "k999_nothing" },
-		"arch ../../x":           func(doc map[string]any) { doc["target"].(map[string]any)["arch"] = "../../x" },
-		"a buffer id of 2^32":    func(doc map[string]any) { doc["buffers"].([]any)[0].(map[string]any)["id"] = float64(1 << 32) },
-		"an access id of 2^32":   func(doc map[string]any) { firstKernel(doc)["args"].([]any)[0].(map[string]any)["pointer"].(map[string]any)["buffer"] = float64(1 << 32) },
+		"grid 0":              func(doc map[string]any) { firstKernel(doc)["grid"].([]any)[0] = float64(0) },
+		"block 0":             func(doc map[string]any) { firstKernel(doc)["block"].([]any)[0] = float64(0) },
+		"an unknown kernel":   func(doc map[string]any) { firstKernel(doc)["kernel"] = "k999_nothing" },
+		"arch ../../x":        func(doc map[string]any) { doc["target"].(map[string]any)["arch"] = "../../x" },
+		"a buffer id of 2^32": func(doc map[string]any) { doc["buffers"].([]any)[0].(map[string]any)["id"] = float64(1 << 32) },
+		"an access id of 2^32": func(doc map[string]any) {
+			firstKernel(doc)["args"].([]any)[0].(map[string]any)["pointer"].(map[string]any)["buffer"] = float64(1 << 32)
+		},
 		"a negative size":        func(doc map[string]any) { doc["buffers"].([]any)[0].(map[string]any)["size_bytes"] = float64(-8) },
 		"a scalar for a pointer": func(doc map[string]any) { firstKernel(doc)["args"].([]any)[0].(map[string]any)["kind"] = "scalar" },
 	} {
