@@ -11,6 +11,22 @@ type converter func(im *importer, n *node, in []entry) ([]entry, error)
 
 var converters map[string]converter
 
+// many is an arity without an upper bound.
+const many = 1 << 30
+
+// arity is each ONNX operator's input count [min, max] from the operator
+// specification; the first min inputs are required (not empty). A node
+// outside it is an error that names the node.
+var arity = map[string][2]int{
+	"MatMul": {2, 2}, "GlobalAveragePool": {1, 1}, "Max": {1, many}, "Min": {1, many}, "Sum": {1, many},
+	"Identity": {1, 1}, "Softmax": {1, 1}, "LogSoftmax": {1, 1}, "Conv": {2, 3}, "BatchNormalization": {5, 5},
+	"Gemm": {2, 3}, "MaxPool": {1, 1}, "AveragePool": {1, 1}, "LayerNormalization": {2, 3}, "Dropout": {1, 3},
+	"SoftmaxCrossEntropyLoss": {2, 3}, "Reshape": {2, 2}, "Transpose": {1, 1}, "Flatten": {1, 1}, "Concat": {1, many},
+	"Split": {1, 2}, "Slice": {3, 5}, "Gather": {2, 2}, "Squeeze": {1, 2}, "Unsqueeze": {1, 2}, "Expand": {2, 2},
+	"Pad": {1, 4}, "ReduceSum": {1, 2}, "ReduceMean": {1, 2}, "ReduceMax": {1, 2}, "Cast": {1, 1}, "Constant": {0, 0},
+	"ConstantOfShape": {1, 1}, "Shape": {1, 1}, "Size": {1, 1}, "Range": {3, 3},
+}
+
 // simple maps ONNX ops to Kiln ops with the same operands and no attributes.
 var simple = map[string]string{"MatMul": "matmul", "GlobalAveragePool": "global_avg_pool"}
 
@@ -28,6 +44,7 @@ func init() {
 		if d.ONNX == "" {
 			continue
 		}
+		arity[d.ONNX] = [2]int{d.MinOperands, d.MaxOperands}
 		converters[d.ONNX] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			attrs := ir.Attrs{}
 			for _, spec := range d.Attrs {

@@ -125,6 +125,30 @@ type importer struct {
 	seeds  int64
 }
 
+// checkArity holds a node to its operator's input count, with its
+// required inputs present.
+func (im *importer) checkArity(in []entry) error {
+	a, ok := arity[im.n.OpType]
+	if !ok {
+		return im.errorf("internal error: no arity for %s", im.n.OpType)
+	}
+	if len(in) < a[0] || len(in) > a[1] {
+		switch {
+		case a[0] == a[1]:
+			return im.errorf("takes %d inputs, the node has %d", a[0], len(in))
+		case a[1] == many:
+			return im.errorf("takes at least %d inputs, the node has %d", a[0], len(in))
+		}
+		return im.errorf("takes %d to %d inputs, the node has %d", a[0], a[1], len(in))
+	}
+	for j := 0; j < a[0]; j++ {
+		if in[j].missing() {
+			return im.errorf("input %d is required, but the node leaves it empty", j)
+		}
+	}
+	return nil
+}
+
 func (im *importer) errorf(format string, args ...any) error {
 	return fmt.Errorf("%s: node %s (%s): %s", im.opt.Name, strconv.Quote(im.n.Name), im.n.OpType, fmt.Sprintf(format, args...))
 }
@@ -334,6 +358,9 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			}
 			in[j] = e
 		}
+		if err := im.checkArity(in); err != nil {
+			return nil, err
+		}
 		outs, err := converters[n.OpType](im, n, in)
 		if err != nil {
 			return nil, err
@@ -471,6 +498,15 @@ func (im *importer) emit(kind string, in []entry, attrs ir.Attrs) ([]entry, erro
 
 // fold evaluates an op on constant operands at import time.
 func (im *importer) fold(kind string, tmp []*ir.Value, vals []*interp.Tensor, out []ir.Type, attrs ir.Attrs) ([]entry, error) {
+	if kind == "div" && !vals[1].Type.DType.IsFloat() {
+		// Kiln defines x/0 as 0 for integers; ONNX leaves it undefined,
+		// and in shape arithmetic it means the model is wrong.
+		for _, d := range vals[1].I {
+			if d == 0 {
+				return nil, im.errorf("integer division by zero in values known at import time (shape arithmetic)")
+			}
+		}
+	}
 	op := &ir.Op{Kind: kind, Operands: tmp, Attrs: attrs}
 	for i, t := range out {
 		op.Results = append(op.Results, &ir.Value{Name: "r" + strconv.Itoa(i), Type: t, Def: op, Index: i, Offset: ir.NoOffset})

@@ -299,3 +299,49 @@ func TestRecordMappedOps(t *testing.T) {
 		require.InDelta(t, want, res[0].F[i], 1e-6, "x = %g", v)
 	}
 }
+
+// TestNodesWithoutInputs: every supported operator, given no inputs or an
+// empty first input, is an error that names the node (it used to be a nil
+// pointer dereference for Add, Relu, MatMul, Conv, Reshape, ...).
+func TestNodesWithoutInputs(t *testing.T) {
+	for op := range converters {
+		a := arity[op]
+		for _, inputs := range [][]string{nil, {""}, {"", "x"}} {
+			if a[0] == 0 && len(inputs) == 0 {
+				continue // Constant takes none
+			}
+			model := encModel(tGraph{
+				nodes:   []tNode{{op: op, name: "/bad", inputs: inputs, outputs: []string{"y"}}},
+				inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 3})},
+				outputs: [][]byte{encValueInfo("y", 1, []int64{2, 3})},
+			})
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("%s with inputs %q: panic %v", op, inputs, r)
+					}
+				}()
+				_, err := Import(model, Options{Name: "m.onnx"})
+				require.Error(t, err, "%s with inputs %q", op, inputs)
+				require.Contains(t, err.Error(), `node "/bad" (`+op+`)`, "%s with inputs %q", op, inputs)
+			}()
+		}
+	}
+}
+
+// TestIntegerDivisionByZero: shape arithmetic that divides by zero is an
+// error naming the node, not a silent 0.
+func TestIntegerDivisionByZero(t *testing.T) {
+	model := encModel(tGraph{
+		nodes: []tNode{
+			{op: "Shape", name: "/shape", inputs: []string{"x"}, outputs: []string{"s"}},
+			{op: "Div", name: "/div", inputs: []string{"s", "zero"}, outputs: []string{"q"}},
+			{op: "Reshape", name: "/reshape", inputs: []string{"x", "q"}, outputs: []string{"y"}},
+		},
+		inits:   [][]byte{encTensorI64("zero", []int64{2}, []int64{1, 0})},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 3})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 3})},
+	})
+	_, err := Import(model, Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, `m.onnx: node "/div" (Div): integer division by zero`)
+}
