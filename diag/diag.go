@@ -60,8 +60,33 @@ func (l List) Sort() List {
 	return out
 }
 
+// maxShown is the longest source line Render shows whole; a longer one is
+// cut to a window around the column (a line of hex constants can run to
+// megabytes).
+const maxShown = 200
+
+// window cuts line to at most maxShown bytes around column col (1-based)
+// and returns it with the column in the cut line.
+func window(line string, col int) (string, int) {
+	if len(line) <= maxShown {
+		return line, col
+	}
+	lo := max(0, min(col-1-maxShown/2, len(line)-maxShown))
+	hi := min(len(line), lo+maxShown)
+	cut := line[lo:hi]
+	if lo > 0 {
+		cut = "..." + cut
+		col += 3 - lo
+	}
+	if hi < len(line) {
+		cut += "..."
+	}
+	return cut, col
+}
+
 // Render writes each diagnostic followed, when the source text of its file
-// is known, by the offending line and a caret under the column.
+// is known, by the offending line (a window of it, when it is long) and a
+// caret under the column.
 func Render(l List, sources map[string]string) string {
 	var b strings.Builder
 	for _, d := range l {
@@ -79,12 +104,13 @@ func Render(l List, sources map[string]string) string {
 			continue
 		}
 		line := strings.TrimRight(lines[d.Line-1], "\r")
-		b.WriteString(line)
-		b.WriteByte('\n')
 		col := d.Col
 		if col < 1 {
 			col = 1
 		}
+		line, col = window(line, col)
+		b.WriteString(line)
+		b.WriteByte('\n')
 		// Keep tabs so the caret lines up under tab-indented source.
 		var pad strings.Builder
 		for i := 0; i < col-1 && i < len(line); i++ {

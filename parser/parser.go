@@ -24,6 +24,9 @@ const maxErrors = 20
 // module holds the functions that did parse (so that a caller can verify
 // them too and report all errors at once).
 func Parse(filename, src string) (*ir.Module, error) {
+	if d := checkNesting(filename, src); d != nil {
+		return &ir.Module{}, diag.List{*d}
+	}
 	var errs diag.List
 	m := &ir.Module{}
 	text := src
@@ -550,4 +553,50 @@ func unquoteName(s string) string {
 		return s[1 : len(s)-1]
 	}
 	return s
+}
+
+// MaxNesting is how deep brackets ([ ( {) may nest in a .kir file: far
+// more than any real module (attribute lists, fused locations, regions)
+// needs, and low enough that parsing stays fast and its recursion small.
+const MaxNesting = 1000
+
+// checkNesting reports the first bracket nested deeper than MaxNesting,
+// outside strings and comments.
+func checkNesting(filename, src string) *diag.Diagnostic {
+	depth, line, col := 0, 1, 0
+	for i := 0; i < len(src); i++ {
+		c := src[i]
+		col++
+		switch c {
+		case '\n':
+			line, col = line+1, 0
+		case '"':
+			for i++; i < len(src) && src[i] != '"' && src[i] != '\n'; i++ {
+				col++
+				if src[i] == '\\' {
+					i++
+					col++
+				}
+			}
+			col++
+			if i < len(src) && src[i] == '\n' {
+				line, col = line+1, 0
+			}
+		case '/':
+			if i+1 < len(src) && src[i+1] == '/' {
+				for i < len(src) && src[i] != '\n' {
+					i++
+				}
+				line, col = line+1, 0
+			}
+		case '[', '(', '{':
+			depth++
+			if depth > MaxNesting {
+				return &diag.Diagnostic{File: filename, Line: line, Col: col, Msg: fmt.Sprintf("brackets nested deeper than %d", MaxNesting)}
+			}
+		case ']', ')', '}':
+			depth--
+		}
+	}
+	return nil
 }
