@@ -5,25 +5,8 @@ import (
 	"github.com/alecthomas/participle/v2/lexer"
 )
 
-// The lexer: rules are tried in order at each position.
-var kirLexer = lexer.MustSimple([]lexer.SimpleRule{
-	{Name: "Comment", Pattern: `//[^\n]*`},
-	{Name: "Whitespace", Pattern: `[ \t\r\n]+`},
-	{Name: "Keyword", Pattern: `(?:func|return|yield)\b`},
-	{Name: "ValueRef", Pattern: `%(?:[A-Za-z0-9_.$-]+|"(?:\\.|[^"\\\n])*")`},
-	{Name: "FuncRef", Pattern: `@(?:[A-Za-z0-9_.$-]+|"(?:\\.|[^"\\\n])*")`},
-	{Name: "Hex", Pattern: `0x[0-9a-fA-F]*`},
-	{Name: "Float", Pattern: `[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf\b|nan\b)`},
-	{Name: "Int", Pattern: `[-+]?\d+`},
-	{Name: "String", Pattern: `"(?:\\.|[^"\\\n])*"`},
-	{Name: "Arrow", Pattern: `->`},
-	{Name: "Ident", Pattern: `[A-Za-z_][A-Za-z0-9_.]*`},
-	{Name: "Punct", Pattern: `[(){}\[\],:=<>]`},
-})
-
 var kirParser = participle.MustBuild[fileAST](
 	participle.Lexer(kirLexer),
-	participle.Elide("Comment", "Whitespace"),
 	participle.UseLookahead(2),
 )
 
