@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/kiln-compiler/kiln/interval"
 )
 
 // Buffer is one allocation request, live on [Lower, Upper).
@@ -91,20 +93,19 @@ func Check(p *Problem, s *Solution, capacity int64) error {
 		}
 		return !evs[x].start && evs[y].start // ends before starts at the same time
 	})
-	live := map[int]bool{}
+	// The buffers live at one time are disjoint so far, so a new one
+	// overlaps one of them exactly when it overlaps its neighbour.
+	live := interval.NewSet()
 	for _, e := range evs {
+		b, o := p.Buffers[e.i], s.Offsets[e.i]
 		if !e.start {
-			delete(live, e.i)
+			live.Delete(o)
 			continue
 		}
-		b, o := p.Buffers[e.i], s.Offsets[e.i]
-		for j := range live {
-			c, q := p.Buffers[j], s.Offsets[j]
-			if o < q+c.Size && q < o+b.Size {
-				return fmt.Errorf("buffers %d [%d, %d) and %d [%d, %d) are live together and overlap", b.ID, o, o+b.Size, c.ID, q, q+c.Size)
-			}
+		if c, ok := live.Overlap(o, o+b.Size); ok {
+			return fmt.Errorf("buffers %d [%d, %d) and %d [%d, %d) are live together and overlap", b.ID, o, o+b.Size, p.Buffers[c.ID].ID, c.Lo, c.Hi)
 		}
-		live[e.i] = true
+		live.Insert(interval.Span{Lo: o, Hi: o + b.Size, ID: e.i})
 	}
 	return nil
 }
@@ -173,13 +174,18 @@ func sizeOrder(p *Problem) []int {
 // greedy places buffers in decreasing size; each goes into a gap among the
 // already placed buffers that overlap it in time: the smallest gap that fits
 // (best fit, XLA's GlobalDecreasingSizeBestFit) or the lowest one (first
-// fit, TFLite's greedy by size).
-func greedy(p *Problem, bestFit bool) *Solution {
+// fit, TFLite's greedy by size). Its work grows with the buffers live
+// together (quadratically in the worst case): past lim it gives up and
+// returns nil.
+func greedy(p *Problem, bestFit bool, lim limit) *Solution {
 	a := p.align()
 	offs := make([]int64, len(p.Buffers))
 	var placed []int
 	type span struct{ lo, hi int64 }
 	for _, i := range sizeOrder(p) {
+		if lim.spend(int64(len(placed))) {
+			return nil
+		}
 		b := p.Buffers[i]
 		size := p.alignedSize(i)
 		var busy []span
@@ -187,6 +193,9 @@ func greedy(p *Problem, bestFit bool) *Solution {
 			if overlapsInTime(b, p.Buffers[j]) {
 				busy = append(busy, span{offs[j], offs[j] + p.alignedSize(j)})
 			}
+		}
+		if lim.spend(int64(len(busy)) * 8) {
+			return nil
 		}
 		sort.Slice(busy, func(x, y int) bool { return busy[x].lo < busy[y].lo })
 		best, bestGap := int64(-1), int64(-1)
@@ -216,23 +225,83 @@ func greedy(p *Problem, bestFit bool) *Solution {
 	return finish(p, offs, name)
 }
 
+// limit bounds the work of a heuristic: a count of steps (deterministic)
+// and a wall-clock deadline (zero: none), checked every so often.
+type limit struct {
+	work     *int64
+	budget   int64
+	deadline time.Time
+}
+
+// greedyWork is the work BestDeterministic lets the quadratic heuristics
+// do (about a second): enough for the zoo's full-size steps, not for a
+// 100,000-op step, which gets TimeOrdered.
+const greedyWork = 400_000_000
+
+func newLimit(budget int64, deadline time.Time) limit {
+	return limit{work: new(int64), budget: budget, deadline: deadline}
+}
+
+// spend records n steps and reports whether the limit is passed.
+func (l limit) spend(n int64) bool {
+	before := *l.work
+	*l.work += n
+	if l.budget > 0 && *l.work > l.budget {
+		return true
+	}
+	// The clock is read every 2^20 steps.
+	return !l.deadline.IsZero() && before>>20 != *l.work>>20 && time.Now().After(l.deadline)
+}
+
+// orTimeOrdered returns s, or TimeOrdered's solution named after the
+// heuristic that ran out of time.
+func orTimeOrdered(p *Problem, s *Solution, what string) *Solution {
+	if s != nil {
+		return s
+	}
+	s = TimeOrdered(p)
+	s.Algo = "time-order (" + what + " ran out of time)"
+	return s
+}
+
 // GreedyBestFit is XLA's GlobalDecreasingSizeBestFit.
-func GreedyBestFit(p *Problem) *Solution { return greedy(p, true) }
+func GreedyBestFit(p *Problem) *Solution { return greedy(p, true, newLimit(0, time.Time{})) }
 
 // GreedyFirstFit is TFLite's greedy by size (lowest offset that fits).
-func GreedyFirstFit(p *Problem) *Solution { return greedy(p, false) }
+func GreedyFirstFit(p *Problem) *Solution { return greedy(p, false, newLimit(0, time.Time{})) }
+
+// GreedyWithin runs a greedy heuristic (bestFit: best fit, else first
+// fit) until deadline, and falls back to TimeOrdered when it passes.
+func GreedyWithin(p *Problem, bestFit bool, deadline time.Time) *Solution {
+	name := "greedy-size-lowest"
+	if bestFit {
+		name = "greedy-size"
+	}
+	return orTimeOrdered(p, greedy(p, bestFit, newLimit(0, deadline)), name)
+}
 
 // Coloring groups buffers into shared pools (TVM-style): buffers are
 // taken in decreasing size and join the first pool none of whose members
 // they interfere with; each pool is as large as its largest member and
 // pools are laid out one after another.
-func Coloring(p *Problem) *Solution {
+func Coloring(p *Problem) *Solution { return coloring(p, newLimit(0, time.Time{})) }
+
+// ColoringWithin runs Coloring until deadline, and falls back to
+// TimeOrdered when it passes.
+func ColoringWithin(p *Problem, deadline time.Time) *Solution {
+	return orTimeOrdered(p, coloring(p, newLimit(0, deadline)), "coloring")
+}
+
+func coloring(p *Problem, lim limit) *Solution {
 	var pools [][]int
 	var poolSize []int64
 	color := make([]int, len(p.Buffers))
 	for _, i := range sizeOrder(p) {
 		chosen := -1
 		for c, members := range pools {
+			if lim.spend(int64(len(members))) {
+				return nil
+			}
 			ok := true
 			for _, j := range members {
 				if overlapsInTime(p.Buffers[i], p.Buffers[j]) {
@@ -272,8 +341,14 @@ const BestNodes = 200000
 // fixed node budget, and returns the smallest solution; the same problem
 // always gives the same solution.
 func BestDeterministic(p *Problem) *Solution {
-	best := GreedyBestFit(p)
-	if s := GreedyFirstFit(p); s.Size < best.Size {
+	lim := newLimit(greedyWork, time.Time{})
+	g := greedy(p, true, lim)
+	if g == nil {
+		// Too large for the greedy heuristics is too large for the search.
+		return orTimeOrdered(p, nil, "greedy-size")
+	}
+	best := g
+	if s := greedy(p, false, lim); s != nil && s.Size < best.Size {
 		best = s
 	}
 	nodes := int64(BestNodes)
@@ -289,12 +364,17 @@ func BestDeterministic(p *Problem) *Solution {
 // Best runs the greedy heuristics, then the search within budget (started
 // from the best greedy solution), and returns the smallest solution.
 func Best(p *Problem, budget time.Duration) *Solution {
-	best := GreedyBestFit(p)
-	if s := GreedyFirstFit(p); s.Size < best.Size {
+	var deadline time.Time
+	if budget > 0 {
+		deadline = time.Now().Add(budget)
+	}
+	lim := newLimit(0, deadline)
+	best := orTimeOrdered(p, greedy(p, true, lim), "greedy-size")
+	if s := greedy(p, false, lim); s != nil && s.Size < best.Size {
 		best = s
 	}
-	if budget > 0 {
-		if s := Search(p, SearchOptions{Timeout: budget, Initial: best}); s.Size <= best.Size {
+	if budget > 0 && time.Until(deadline) > 0 {
+		if s := Search(p, SearchOptions{Timeout: time.Until(deadline), Initial: best}); s.Size <= best.Size {
 			if s.Size < best.Size || s.Optimal {
 				best = s
 			}

@@ -205,3 +205,19 @@ func BenchmarkZeroSlack(b *testing.B) {
 		b.Logf("%d buffers: %d/%d solved within capacity, %.2fs total, slowest solved %.2fs", n, solved, instances, total.Seconds(), worst.Seconds())
 	}
 }
+
+// TestTimeOrderedIsValid: the time-ordered allocator's solutions pass the
+// checker on random problems, and never need less than the max-live bound.
+func TestTimeOrderedIsValid(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for k := 0; k < 200; k++ {
+		p := &Problem{Alignment: int64(1 + rng.IntN(3)*32)}
+		for i := 0; i < 1+rng.IntN(60); i++ {
+			lo := int64(rng.IntN(40))
+			p.Buffers = append(p.Buffers, Buffer{ID: i, Lower: lo, Upper: lo + int64(rng.IntN(15)), Size: int64(rng.IntN(300))})
+		}
+		s := TimeOrdered(p)
+		require.NoError(t, Check(p, s, 0))
+		require.GreaterOrEqual(t, s.Size, MaxLive(p))
+	}
+}

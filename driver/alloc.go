@@ -58,12 +58,13 @@ func init() {
 				}
 				var sol *alloc.Solution
 				if *capacity > 0 {
-					sol = alloc.GreedyBestFit(p)
-					if f := alloc.GreedyFirstFit(p); f.Size < sol.Size {
+					deadline := time.Now().Add(time.Duration(timeout))
+					sol = alloc.GreedyWithin(p, true, deadline)
+					if f := alloc.GreedyWithin(p, false, deadline); f.Size < sol.Size {
 						sol = f
 					}
-					if sol.Size > *capacity {
-						sol = alloc.Search(p, alloc.SearchOptions{Capacity: *capacity, Timeout: time.Duration(timeout), Initial: sol})
+					if sol.Size > *capacity && time.Until(deadline) > 0 {
+						sol = alloc.Search(p, alloc.SearchOptions{Capacity: *capacity, Timeout: time.Until(deadline), Initial: sol})
 					}
 					if sol.Size < 0 && sol.Optimal {
 						return fmt.Errorf("kiln: no packing within capacity %d exists (the search was exhaustive; the max-live lower bound is %d)", *capacity, alloc.MaxLive(p))

@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/kiln-compiler/kiln/interval"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
@@ -180,25 +181,41 @@ type span struct {
 	lo, hi     int64
 }
 
-// disjoint reports two spans live together whose bytes overlap.
+// disjoint reports two spans live together whose bytes overlap, sweeping
+// over the schedule: the spans live at one op are disjoint so far, so a
+// new one overlaps one of them exactly when it overlaps its neighbour.
 func disjoint(f *ir.Func, spans []*span) error {
-	sort.SliceStable(spans, func(a, b int) bool { return spans[a].start < spans[b].start })
-	var active []*span
+	type event struct {
+		t     int
+		start bool
+		s     *span
+	}
+	var evs []event
 	for _, s := range spans {
-		kept := active[:0]
-		for _, a := range active {
-			if a.end >= s.start {
-				kept = append(kept, a)
-			}
+		if s.lo != s.hi {
+			evs = append(evs, event{s.start, true, s}, event{s.end + 1, false, s})
 		}
-		active = kept
-		for _, a := range active {
-			if s.lo < a.hi && a.lo < s.hi && s.lo != s.hi && a.lo != a.hi {
-				return fmt.Errorf("@%s: %s [%d, %d) and %s [%d, %d) are live together (ops %d-%d and %d-%d) and overlap",
-					f.Name, a.root.Ref(), a.lo, a.hi, s.root.Ref(), s.lo, s.hi, a.start, a.end, s.start, s.end)
-			}
+	}
+	sort.SliceStable(evs, func(a, b int) bool {
+		if evs[a].t != evs[b].t {
+			return evs[a].t < evs[b].t
 		}
-		active = append(active, s)
+		return !evs[a].start && evs[b].start
+	})
+	live := interval.NewSet()
+	byIndex := make([]*span, 0, len(spans))
+	for _, e := range evs {
+		if !e.start {
+			live.Delete(e.s.lo)
+			continue
+		}
+		if c, ok := live.Overlap(e.s.lo, e.s.hi); ok {
+			a, s := byIndex[c.ID], e.s
+			return fmt.Errorf("@%s: %s [%d, %d) and %s [%d, %d) are live together (ops %d-%d and %d-%d) and overlap",
+				f.Name, a.root.Ref(), a.lo, a.hi, s.root.Ref(), s.lo, s.hi, a.start, a.end, s.start, s.end)
+		}
+		live.Insert(interval.Span{Lo: e.s.lo, Hi: e.s.hi, ID: len(byIndex)})
+		byIndex = append(byIndex, e.s)
 	}
 	return nil
 }

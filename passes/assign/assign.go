@@ -39,9 +39,9 @@ func init() {
 
 // Options are the assign pass's options.
 type Options struct {
-	Algo      string        `opt:"algo" enum:"best|greedy-size|greedy-size-lowest|coloring|search" default:"best" doc:"greedy-size: decreasing size, best fit; greedy-size-lowest: lowest offset; coloring: shared pools; search: branch and bound; best: greedy then a bounded search"`
+	Algo      string        `opt:"algo" enum:"best|greedy-size|greedy-size-lowest|coloring|time-order|search" default:"best" doc:"greedy-size: decreasing size, best fit; greedy-size-lowest: lowest offset; coloring: shared pools; time-order: schedule order, best-fit free blocks (O(n log n)); search: branch and bound; best: greedy then a bounded search (time-order where the greedy would take too long)"`
 	Alignment int64         `opt:"alignment" default:"64" range:"[1,1073741824]" doc:"offsets are multiples of this many bytes (at most 1 GiB)"`
-	Timeout   time.Duration `opt:"timeout" default:"10s" doc:"time limit of algo=search (best uses a fixed node budget, so its output is deterministic)"`
+	Timeout   time.Duration `opt:"timeout" default:"10s" doc:"time limit of the other algorithms: search stops at it, greedy and coloring fall back to time-order (best bounds its work instead, so its output is deterministic)"`
 }
 
 // Problem builds the allocation problem of f's schedule: one request per
@@ -56,15 +56,20 @@ func Problem(info *liveness.Info, align int64) (*alloc.Problem, []*liveness.Buff
 	return p, bufs
 }
 
-// Solve runs the named algorithm on a problem.
+// Solve runs the named algorithm on a problem within timeout: the search
+// stops at it, and a heuristic that passes it falls back to
+// alloc.TimeOrdered. best is deterministic: it bounds its work instead.
 func Solve(p *alloc.Problem, algo string, timeout time.Duration) *alloc.Solution {
+	deadline := time.Now().Add(timeout)
 	switch algo {
 	case "greedy-size":
-		return alloc.GreedyBestFit(p)
+		return alloc.GreedyWithin(p, true, deadline)
 	case "greedy-size-lowest":
-		return alloc.GreedyFirstFit(p)
+		return alloc.GreedyWithin(p, false, deadline)
 	case "coloring":
-		return alloc.Coloring(p)
+		return alloc.ColoringWithin(p, deadline)
+	case "time-order":
+		return alloc.TimeOrdered(p)
 	case "search":
 		return alloc.Search(p, alloc.SearchOptions{Timeout: timeout})
 	}
