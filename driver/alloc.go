@@ -52,7 +52,7 @@ func init() {
 				if name == "-" {
 					name = "<stdin>"
 				}
-				p, header, err := readAllocCSV(name, data)
+				p, header, records, err := readAllocCSV(name, data)
 				if err != nil {
 					return err
 				}
@@ -81,8 +81,8 @@ func init() {
 				var b bytes.Buffer
 				w := csv.NewWriter(&b)
 				w.Write(append(header, "offset"))
-				for i, buf := range p.Buffers {
-					w.Write([]string{strconv.Itoa(buf.ID), strconv.FormatInt(buf.Lower, 10), strconv.FormatInt(buf.Upper, 10), strconv.FormatInt(buf.Size, 10), strconv.FormatInt(sol.Offsets[i], 10)})
+				for i, rec := range records {
+					w.Write(append(rec, strconv.FormatInt(sol.Offsets[i], 10)))
 				}
 				w.Flush()
 				optimal := ""
@@ -122,24 +122,48 @@ func (s *secondsFlag) Set(v string) error {
 // plus size (nor an alignment rounding) overflows int64.
 const maxArenaBytes = 1 << 62
 
-// readAllocCSV reads id,lower,upper,size rows after a header row. Each
-// buffer is live on [lower, upper). Errors name the line.
-func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, error) {
+// allocColumns are the columns kiln alloc reads, found by their names in
+// the header row.
+var allocColumns = []string{"id", "lower", "upper", "size"}
+
+// readAllocCSV reads buffers from a CSV file whose header row names the
+// columns id, lower, upper and size (in any order; no other column), and
+// returns them with the header and rows as read (the output repeats
+// them). Each buffer is live on [lower, upper). Errors name the line.
+func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, [][]string, error) {
 	r := csv.NewReader(bytes.NewReader(data))
 	r.FieldsPerRecord = -1
 	r.TrimLeadingSpace = true
 	header, err := r.Read()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s:1: error: no header row (want id,lower,upper,size)", name)
+		return nil, nil, nil, fmt.Errorf("%s:1: error: no header row (want id,lower,upper,size)", name)
 	}
+	col := map[string]int{}
 	for i := range header {
 		header[i] = strings.TrimSpace(header[i])
+		h := strings.ToLower(header[i])
+		if _, dup := col[h]; dup {
+			return nil, nil, nil, fmt.Errorf("%s:1: error: column %q appears twice in the header", name, header[i])
+		}
+		known := false
+		for _, c := range allocColumns {
+			known = known || c == h
+		}
+		if !known {
+			if _, err := strconv.ParseInt(h, 10, 64); err == nil {
+				return nil, nil, nil, fmt.Errorf("%s:1: error: the first row is data, not a header: kiln alloc needs a header naming id,lower,upper,size", name)
+			}
+			return nil, nil, nil, fmt.Errorf("%s:1: error: unknown column %q (the columns are id,lower,upper,size)", name, header[i])
+		}
+		col[h] = i
 	}
-	if len(header) < 4 {
-		return nil, nil, fmt.Errorf("%s:1: error: the header must name id,lower,upper,size", name)
+	for _, c := range allocColumns {
+		if _, ok := col[c]; !ok {
+			return nil, nil, nil, fmt.Errorf("%s:1: error: the header has no column %q (want id,lower,upper,size)", name, c)
+		}
 	}
-	header = header[:4]
 	p := &alloc.Problem{}
+	var records [][]string
 	seen := map[int]int{}
 	total := int64(0)
 	for {
@@ -149,36 +173,40 @@ func readAllocCSV(name string, data []byte) (*alloc.Problem, []string, error) {
 			break
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: error: %v", name, err)
+			return nil, nil, nil, fmt.Errorf("%s: error: %v", name, err)
 		}
 		line, _ = r.FieldPos(0)
 		if len(rec) == 1 && strings.TrimSpace(rec[0]) == "" {
 			continue
 		}
-		if len(rec) < 4 {
-			return nil, nil, fmt.Errorf("%s:%d: error: want 4 fields (id,lower,upper,size), got %d", name, line, len(rec))
+		if len(rec) != len(header) {
+			return nil, nil, nil, fmt.Errorf("%s:%d: error: want %d fields (as the header), got %d", name, line, len(header), len(rec))
 		}
 		var v [4]int64
-		for i := 0; i < 4; i++ {
-			v[i], err = strconv.ParseInt(strings.TrimSpace(rec[i]), 10, 64)
+		for i, c := range allocColumns {
+			v[i], err = strconv.ParseInt(strings.TrimSpace(rec[col[c]]), 10, 64)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s:%d: error: %s %q is not an integer", name, line, header[i], rec[i])
+				return nil, nil, nil, fmt.Errorf("%s:%d: error: %s %q is not an integer", name, line, c, rec[col[c]])
 			}
 		}
 		switch {
 		case v[3] < 0:
-			return nil, nil, fmt.Errorf("%s:%d: error: size %d is negative", name, line, v[3])
+			return nil, nil, nil, fmt.Errorf("%s:%d: error: size %d is negative", name, line, v[3])
 		case v[2] <= v[1]:
-			return nil, nil, fmt.Errorf("%s:%d: error: upper %d must be greater than lower %d", name, line, v[2], v[1])
+			return nil, nil, nil, fmt.Errorf("%s:%d: error: upper %d must be greater than lower %d", name, line, v[2], v[1])
 		}
 		if prev, dup := seen[int(v[0])]; dup {
-			return nil, nil, fmt.Errorf("%s:%d: error: id %d repeats the id on line %d", name, line, v[0], prev)
+			return nil, nil, nil, fmt.Errorf("%s:%d: error: id %d repeats the id on line %d", name, line, v[0], prev)
 		}
 		seen[int(v[0])] = line
 		if total += v[3]; total > maxArenaBytes || total < 0 {
-			return nil, nil, fmt.Errorf("%s:%d: error: the sizes add up to more than %d bytes, the largest arena kiln alloc packs", name, line, int64(maxArenaBytes))
+			return nil, nil, nil, fmt.Errorf("%s:%d: error: the sizes add up to more than %d bytes, the largest arena kiln alloc packs", name, line, int64(maxArenaBytes))
 		}
 		p.Buffers = append(p.Buffers, alloc.Buffer{ID: int(v[0]), Lower: v[1], Upper: v[2], Size: v[3]})
+		for j := range rec {
+			rec[j] = strings.TrimSpace(rec[j])
+		}
+		records = append(records, rec)
 	}
-	return p, header, nil
+	return p, header, records, nil
 }

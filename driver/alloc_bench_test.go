@@ -36,7 +36,7 @@ func BenchmarkPublishedAllocation(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			p, _, err := readAllocCSV(file, data)
+			p, _, _, err := readAllocCSV(file, data)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -157,7 +157,7 @@ func argumentValues(e *env, f *ir.Func, inputs []string, seed uint64) ([]*interp
 		if err != nil {
 			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
 		}
-		t, err := npy.Read(bytes.NewReader(data))
+		t, err := npy.ReadAs(bytes.NewReader(data), arg.Type.DType)
 		if err != nil {
 			return nil, fmt.Errorf("kiln: --input %s: %s: %v", name, file, err)
 		}

@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -86,15 +85,13 @@ func Write(w io.Writer, t *interp.Tensor) error {
 	return err
 }
 
-var (
-	descrRE = regexp.MustCompile(`'descr'\s*:\s*'([^']*)'`)
-	orderRE = regexp.MustCompile(`'fortran_order'\s*:\s*(True|False)`)
-	shapeRE = regexp.MustCompile(`'shape'\s*:\s*\(([^)]*)\)`)
-)
-
 // Read decodes a .npy file. The dtype comes from the file: <f8 f64, <f4
 // f32, <f2 f16, <u2 bf16 bits, <i8 i64, <i4 i32, |i1 i8, |b1 bool.
-func Read(r io.Reader) (*interp.Tensor, error) {
+func Read(r io.Reader) (*interp.Tensor, error) { return ReadAs(r, ir.Invalid) }
+
+// ReadAs is Read for a tensor expected to have dtype want: |u1 holds raw
+// fp8 bits, which only the fp8 dtype wanted says how to read.
+func ReadAs(r io.Reader, want ir.DType) (*interp.Tensor, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, err
@@ -117,14 +114,13 @@ func Read(r io.Reader) (*interp.Tensor, error) {
 	if off+hlen > len(data) {
 		return nil, fmt.Errorf("truncated .npy header")
 	}
-	header := string(data[off : off+hlen])
-	body := data[off+hlen:]
-	m := descrRE.FindStringSubmatch(header)
-	if m == nil {
-		return nil, fmt.Errorf(".npy header has no descr")
+	h, err := parseHeader(string(data[off : off+hlen]))
+	if err != nil {
+		return nil, fmt.Errorf(".npy header: %v", err)
 	}
+	body := data[off+hlen:]
 	var dt ir.DType
-	switch m[1] {
+	switch h.descr {
 	case "<f8":
 		dt = ir.F64
 	case "<f4":
@@ -141,32 +137,21 @@ func Read(r io.Reader) (*interp.Tensor, error) {
 		dt = ir.I8
 	case "|b1", "<b1":
 		dt = ir.Bool
+	case "|u1", "<u1":
+		if want != ir.F8E4M3 && want != ir.F8E5M2 {
+			return nil, fmt.Errorf(".npy dtype %q holds raw fp8 bits: it reads into an f8e4m3 or f8e5m2 tensor", h.descr)
+		}
+		dt = want
 	default:
-		return nil, fmt.Errorf(".npy dtype %q is not supported (want <f8, <f4, <f2, <u2 for bf16, <i8, <i4, |i1 or |b1)", m[1])
+		return nil, fmt.Errorf(".npy dtype %q is not supported (want <f8, <f4, <f2, <u2 for bf16, <i8, <i4, |i1, |b1, or |u1 for fp8)", h.descr)
 	}
-	if o := orderRE.FindStringSubmatch(header); o != nil && o[1] == "True" {
+	if h.fortran {
 		return nil, fmt.Errorf("Fortran-order .npy files are not supported")
 	}
-	sm := shapeRE.FindStringSubmatch(header)
-	if sm == nil {
-		return nil, fmt.Errorf(".npy header has no shape")
-	}
-	shape := ir.Shape{}
-	for _, p := range strings.Split(sm[1], ",") {
-		p = strings.TrimSpace(p)
-		if p == "" {
-			continue
-		}
-		n, err := strconv.ParseInt(p, 10, 64)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf(".npy shape %q is not valid", sm[1])
-		}
-		shape = append(shape, n)
-	}
-	t := ir.Type{DType: dt, Shape: shape}
+	t := ir.Type{DType: dt, Shape: h.shape}
 	size, ok := t.Bytes()
 	if !ok || size != int64(len(body)) {
-		return nil, fmt.Errorf(".npy data has %d bytes, shape %s of %s needs %d", len(body), shape, m[1], size)
+		return nil, fmt.Errorf(".npy data has %d bytes, shape %s of %s needs %d", len(body), h.shape, h.descr, size)
 	}
 	d, err := ir.DenseFromRaw(t, body)
 	if err != nil {
@@ -176,4 +161,163 @@ func Read(r io.Reader) (*interp.Tensor, error) {
 	copy(x.F, d.Floats)
 	copy(x.I, d.Ints)
 	return x, nil
+}
+
+// header is a parsed .npy header dictionary.
+type header struct {
+	descr   string
+	fortran bool
+	shape   ir.Shape
+}
+
+// parseHeader reads the header as the Python literal it is: a dict with
+// exactly the keys descr (a string), fortran_order (True or False) and
+// shape (a tuple of non-negative ints), each once, trailing commas
+// allowed, padded with spaces and a newline.
+func parseHeader(s string) (header, error) {
+	var h header
+	p := &literal{s: s}
+	p.space()
+	if !p.eat('{') {
+		return h, fmt.Errorf("not a dict")
+	}
+	seen := map[string]bool{}
+	for {
+		p.space()
+		if p.eat('}') {
+			break
+		}
+		key, err := p.str()
+		if err != nil {
+			return h, err
+		}
+		if seen[key] {
+			return h, fmt.Errorf("key %q appears twice", key)
+		}
+		seen[key] = true
+		p.space()
+		if !p.eat(':') {
+			return h, fmt.Errorf("want ':' after %q", key)
+		}
+		p.space()
+		switch key {
+		case "descr":
+			if h.descr, err = p.str(); err != nil {
+				return h, err
+			}
+		case "fortran_order":
+			switch {
+			case p.word("True"):
+				h.fortran = true
+			case p.word("False"):
+			default:
+				return h, fmt.Errorf("fortran_order must be True or False")
+			}
+		case "shape":
+			if h.shape, err = p.tuple(); err != nil {
+				return h, err
+			}
+		default:
+			return h, fmt.Errorf("unknown key %q", key)
+		}
+		p.space()
+		if p.eat('}') {
+			break
+		}
+		if !p.eat(',') {
+			return h, fmt.Errorf("want ',' or '}' after the value of %q", key)
+		}
+	}
+	p.space()
+	if p.i != len(s) {
+		return h, fmt.Errorf("text after the dict")
+	}
+	for _, k := range []string{"descr", "fortran_order", "shape"} {
+		if !seen[k] {
+			return h, fmt.Errorf("no %s", k)
+		}
+	}
+	return h, nil
+}
+
+// literal scans a Python literal.
+type literal struct {
+	s string
+	i int
+}
+
+func (p *literal) space() {
+	for p.i < len(p.s) && (p.s[p.i] == ' ' || p.s[p.i] == '\n' || p.s[p.i] == '\t') {
+		p.i++
+	}
+}
+
+func (p *literal) eat(c byte) bool {
+	if p.i < len(p.s) && p.s[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+func (p *literal) word(w string) bool {
+	if strings.HasPrefix(p.s[p.i:], w) {
+		p.i += len(w)
+		return true
+	}
+	return false
+}
+
+// str reads a quoted string without escapes (all a header holds).
+func (p *literal) str() (string, error) {
+	if p.i >= len(p.s) || p.s[p.i] != '\'' && p.s[p.i] != '"' {
+		return "", fmt.Errorf("want a quoted string at byte %d", p.i)
+	}
+	q := p.s[p.i]
+	end := strings.IndexByte(p.s[p.i+1:], q)
+	if end < 0 {
+		return "", fmt.Errorf("unterminated string")
+	}
+	v := p.s[p.i+1 : p.i+1+end]
+	if strings.ContainsAny(v, "\\\n") {
+		return "", fmt.Errorf("string %q has escapes", v)
+	}
+	p.i += end + 2
+	return v, nil
+}
+
+// tuple reads (), (n,) or (n, m, ...) of non-negative ints.
+func (p *literal) tuple() (ir.Shape, error) {
+	if !p.eat('(') {
+		return nil, fmt.Errorf("shape must be a tuple")
+	}
+	shape := ir.Shape{}
+	for {
+		p.space()
+		if p.eat(')') {
+			if len(shape) == 1 && !strings.HasSuffix(strings.TrimSpace(p.s[:p.i-1]), ",") {
+				return nil, fmt.Errorf("shape (%d) is an int, not a tuple (write (%d,))", shape[0], shape[0])
+			}
+			return shape, nil
+		}
+		j := p.i
+		for p.i < len(p.s) && p.s[p.i] >= '0' && p.s[p.i] <= '9' {
+			p.i++
+		}
+		n, err := strconv.ParseInt(p.s[j:p.i], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("shape entry at byte %d is not a non-negative int", j)
+		}
+		shape = append(shape, n)
+		p.space()
+		if p.eat(')') {
+			if len(shape) == 1 {
+				return nil, fmt.Errorf("shape (%d) is an int, not a tuple (write (%d,))", n, n)
+			}
+			return shape, nil
+		}
+		if !p.eat(',') {
+			return nil, fmt.Errorf("want ',' or ')' in the shape at byte %d", p.i)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package npy
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,4 +49,47 @@ func TestMalformedFiles(t *testing.T) {
 	short := "\x93NUMPY\x01\x00" + string(rune(len(hdr))) + "\x00" + hdr + "abcd"
 	_, err := Read(bytes.NewReader([]byte(short)))
 	require.ErrorContains(t, err, "needs 16")
+}
+
+// TestHeaderIsAPythonLiteral: the header dictionary is parsed, not
+// matched: duplicate keys, a missing key, an unknown key, a malformed
+// shape or a shape that is an int are errors.
+func TestHeaderIsAPythonLiteral(t *testing.T) {
+	body := func(h string) []byte {
+		total := 10 + len(h) + 1
+		h += strings.Repeat(" ", (64-total%64)%64) + "\n"
+		b := append([]byte("\x93NUMPY\x01\x00"), byte(len(h)), byte(len(h)>>8))
+		return append(append(b, h...), make([]byte, 16)...)
+	}
+	ok := "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }"
+	x, err := Read(bytes.NewReader(body(ok)))
+	require.NoError(t, err)
+	require.Equal(t, "f32[4]", x.Type.String())
+	for h, want := range map[string]string{
+		"{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (4,), }": "appears twice",
+		"{'descr': '<f4', 'shape': (4,), }":                                          "no fortran_order",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,,,16), }":              "shape entry",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4), }":                   "not a tuple",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': 1}":            "unknown key",
+		"{'descr': '<f4', 'fortran_order': Maybe, 'shape': (4,), }":                  "True or False",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,) } extra":             "text after",
+	} {
+		_, err := Read(bytes.NewReader(body(h)))
+		require.ErrorContains(t, err, want, h)
+	}
+}
+
+// TestFP8RoundTrip: fp8 tensors are written as |u1 raw bits and read back
+// into an fp8 tensor (they could not be read before).
+func TestFP8RoundTrip(t *testing.T) {
+	for _, d := range []ir.DType{ir.F8E4M3, ir.F8E5M2} {
+		x := interp.FromFloats(ir.TensorOf(d, 4), []float64{1, -2, 0.5, 448})
+		var b bytes.Buffer
+		require.NoError(t, Write(&b, x))
+		y, err := ReadAs(bytes.NewReader(b.Bytes()), d)
+		require.NoError(t, err)
+		require.Equal(t, x.F, y.F)
+		_, err = Read(bytes.NewReader(b.Bytes()))
+		require.ErrorContains(t, err, "raw fp8 bits")
+	}
 }

@@ -179,6 +179,67 @@ func dtypeOf(t int64) (ir.DType, bool) {
 	return ir.Invalid, false
 }
 
+// externalData reads a tensor's bytes from an external data file: a
+// relative location that resolves, symbolic links followed, inside the
+// model's folder, with an offset and length (default: the tensor's size)
+// that are integers within the file.
+func (im *importer) externalData(name string, ext map[string]string, size int64) ([]byte, error) {
+	loc := ext["location"]
+	if loc == "" || filepath.IsAbs(loc) {
+		return nil, fmt.Errorf("tensor %q has an invalid external data location %q", name, loc)
+	}
+	dir, err := filepath.EvalSymlinks(im.opt.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %q: external data: %v", name, err)
+	}
+	path, err := filepath.EvalSymlinks(filepath.Join(dir, loc))
+	if err != nil {
+		return nil, fmt.Errorf("tensor %q: external data: %v", name, err)
+	}
+	if rel, err := filepath.Rel(dir, path); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return nil, fmt.Errorf("tensor %q: external data location %q resolves outside the model's folder", name, loc)
+	}
+	num := func(key string, def int64) (int64, error) {
+		v, ok := ext[key]
+		if !ok {
+			return def, nil
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("tensor %q: external data %s %q is not a non-negative integer", name, key, v)
+		}
+		return n, nil
+	}
+	off, err := num("offset", 0)
+	if err != nil {
+		return nil, err
+	}
+	length, err := num("length", size)
+	if err != nil {
+		return nil, err
+	}
+	if length != size {
+		return nil, fmt.Errorf("tensor %q: external data length %d, but the tensor has %d bytes", name, length, size)
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %q: external data: %v", name, err)
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("tensor %q: external data %s is not a regular file", name, loc)
+	}
+	if off > st.Size() || length > st.Size()-off {
+		return nil, fmt.Errorf("tensor %q: external data range [%d, %d+%d) is outside %s (%d bytes)", name, off, off, length, loc, st.Size())
+	}
+	raw := make([]byte, length)
+	if _, err := fh.ReadAt(raw, off); err != nil {
+		return nil, fmt.Errorf("tensor %q: external data: %v", name, err)
+	}
+	return raw, nil
+}
+
 // decodeTensor reads a TensorProto's values (raw, typed or external).
 func (im *importer) decodeTensor(t *tensor) (*interp.Tensor, error) {
 	dt, ok := dtypeOf(t.DataType)
@@ -198,23 +259,10 @@ func (im *importer) decodeTensor(t *tensor) (*interp.Tensor, error) {
 	}
 	raw := t.RawData
 	if t.DataLocation == 1 {
-		loc := t.External["location"]
-		if loc == "" || strings.Contains(loc, "..") || filepath.IsAbs(loc) {
-			return nil, fmt.Errorf("tensor %q has an invalid external data location %q", t.Name, loc)
+		var err error
+		if raw, err = im.externalData(t.Name, t.External, size); err != nil {
+			return nil, err
 		}
-		data, err := os.ReadFile(filepath.Join(im.opt.Dir, loc))
-		if err != nil {
-			return nil, fmt.Errorf("tensor %q: external data: %v", t.Name, err)
-		}
-		off, _ := strconv.ParseInt(t.External["offset"], 10, 64)
-		length := size
-		if l, ok := t.External["length"]; ok {
-			length, _ = strconv.ParseInt(l, 10, 64)
-		}
-		if off < 0 || length < 0 || off+length > int64(len(data)) {
-			return nil, fmt.Errorf("tensor %q: external data range [%d, %d) is outside %s", t.Name, off, off+length, loc)
-		}
-		raw = data[off : off+length]
 	} else if !t.HasRaw {
 		// Typed fields.
 		var d ir.Dense

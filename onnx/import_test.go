@@ -257,6 +257,15 @@ func TestExternalData(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "weights.bin"), raw[:8], 0o644))
 	_, err = ImportFile(path, Options{})
 	require.ErrorContains(t, err, "external data range")
+
+	// A symbolic link that leads out of the model's folder is refused
+	// (one read /etc/passwd into the weights).
+	outside := filepath.Join(t.TempDir(), "secret.bin")
+	require.NoError(t, os.WriteFile(outside, append([]byte("pad!"), raw...), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(dir, "weights.bin")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "weights.bin")))
+	_, err = ImportFile(path, Options{})
+	require.ErrorContains(t, err, "resolves outside the model's folder")
 }
 
 // TestRecordMappedOps: ops whose record names an ONNX operator import

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
+	kir "github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
 )
 
@@ -78,7 +79,7 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 		}
 	}
 	for i := range f.Results {
-		t, err := readNpy(filepath.Join(out, FileName(resultName(f, i))+".npy"))
+		t, err := readNpy(filepath.Join(out, FileName(resultName(f, i))+".npy"), f.Results[i].Value.Type.DType)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -87,7 +88,7 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 	for i, a := range f.Args {
 		t := args[i]
 		if a.Arg != nil && a.Arg.InOut {
-			if t, err = readNpy(filepath.Join(out, FileName("updated."+a.Name)+".npy")); err != nil {
+			if t, err = readNpy(filepath.Join(out, FileName("updated."+a.Name)+".npy"), a.Type.DType); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -108,11 +109,11 @@ func writeNpy(path string, t *interp.Tensor) error {
 	return werr
 }
 
-func readNpy(path string) (*interp.Tensor, error) {
+func readNpy(path string, want kir.DType) (*interp.Tensor, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer fh.Close()
-	return npy.Read(fh)
+	return npy.ReadAs(fh, want)
 }
