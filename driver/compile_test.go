@@ -66,9 +66,9 @@ func TestCompileEmitsEveryKind(t *testing.T) {
 	}
 	ll, _ := os.ReadFile(filepath.Join(dir, "mlp.ll"))
 	require.Contains(t, string(ll), "target triple = \""+llvm.Triple()+"\"")
-	require.Contains(t, string(ll), "define void @kiln_mlp(i8* %arena, i8** %params, i8** %inputs, i8** %outputs)")
+	require.Contains(t, string(ll), "define i32 @kiln_mlp(i8* %arena, i8** %params, i8** %inputs, i8** %outputs)")
 	h, _ := os.ReadFile(filepath.Join(dir, "mlp.header"))
-	require.Contains(t, string(h), "void kiln_mlp(void *arena, void **params, void **inputs, void **outputs);")
+	require.Contains(t, string(h), "int kiln_mlp(void *arena, void **params, void **inputs, void **outputs);")
 
 	// The executable reads the arguments kiln run would use.
 	ref := t.TempDir()

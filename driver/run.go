@@ -2,6 +2,7 @@ package driver
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -91,6 +92,10 @@ func init() {
 				}
 				if *repeat > 1 && err == nil {
 					fmt.Fprintf(e.stderr, "kiln: %s backend: %d runs, %.6f seconds per run\n", *backend, *repeat, seconds)
+				}
+				var opErr *interp.OpError
+				if errors.As(err, &opErr) && opErr.Op.Pos.IsValid() && len(opErr.Op.Results) > 0 {
+					return fmt.Errorf("%s: error: %s %s: %v", opErr.Op.Pos, opErr.Op.Kind, opErr.Op.Results[0].Ref(), opErr.Err)
 				}
 				if err != nil {
 					return fmt.Errorf("kiln: run failed: %v", err)

@@ -3,6 +3,7 @@ package driver
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -96,4 +97,27 @@ func parseType(t *testing.T, s string) ir.Type {
 	m, err := parser.Parse("t", "func @f(%x: "+s+") -> () {\n  return\n}\n")
 	require.NoError(t, err)
 	return m.Funcs[0].Args[0].Type
+}
+
+// TestRunIndexOutOfRange: an embedding index outside the table is an
+// error on both backends, located at the op by the interpreter, and no
+// result is written.
+func TestRunIndexOutOfRange(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "g.kir")
+	require.NoError(t, os.WriteFile(src, []byte("func @f(%e: f32[5,3] {param}, %i: i64[4]) -> (f32[4,3]) {\n  %g = gather(%e, %i) {axis = 0} : f32[4,3]\n  return %g\n}\n"), 0o644))
+	var b bytes.Buffer
+	require.NoError(t, npy.Write(&b, interp.FromInts(parseType(t, "i64[4]"), []int64{0, 7, 1, 2})))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "i.npy"), b.Bytes(), 0o644))
+	out := filepath.Join(dir, "out")
+	_, stderr, code := kiln(t, "run", src, "--input", "i="+filepath.Join(dir, "i.npy"), "--output-dir", out)
+	require.Equal(t, 1, code)
+	require.Equal(t, src+":2:3: error: gather %g: gather index 7 is out of range for dimension 0 of size 5\n", stderr)
+	if _, err := exec.LookPath("clang-14"); err == nil {
+		_, stderr, code = kiln(t, "run", src, "--backend", "llvm", "--input", "i="+filepath.Join(dir, "i.npy"), "--output-dir", out)
+		require.Equal(t, 1, code)
+		require.Contains(t, stderr, "index out of range")
+	}
+	_, err := os.Stat(out)
+	require.True(t, os.IsNotExist(err), "no results are written")
 }

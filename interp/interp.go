@@ -1,6 +1,7 @@
 package interp
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -114,7 +115,11 @@ func exec(op *ir.Op, env map[*ir.Value]*Tensor, rt *runtime) error {
 		res, err = k(op, in, out, rt)
 	}
 	if err != nil {
-		return fmt.Errorf("%s: %v", describe(op), err)
+		var inner *OpError
+		if errors.As(err, &inner) {
+			return err // the op inside a fused region says more
+		}
+		return &OpError{Op: op, Err: err}
 	}
 	for i, r := range op.Results {
 		t := res[i]
@@ -146,6 +151,16 @@ func execRegion(r *ir.Region, in []*Tensor, rt *runtime) ([]*Tensor, error) {
 	}
 	return out, nil
 }
+
+// OpError is an input the interpreter cannot run: Op (the innermost, in
+// fused regions) failed with Err, for instance on an index out of range.
+type OpError struct {
+	Op  *ir.Op
+	Err error
+}
+
+func (e *OpError) Error() string { return describe(e.Op) + ": " + e.Err.Error() }
+func (e *OpError) Unwrap() error { return e.Err }
 
 func describe(op *ir.Op) string {
 	s := "op " + op.Kind

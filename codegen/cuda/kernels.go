@@ -232,6 +232,9 @@ func (w *cw) emit(x loops.Expr) string {
 		return w.def(x.To, convert(w.expr(x.X), x.X.Kind(), x.To))
 	case *loops.Mix:
 		return w.def(loops.I64, "kiln_mix("+w.expr(x.X)+")")
+	case *loops.Checked:
+		w.line("if (!(%s)) kiln_status = %d;", w.expr(x.Cond), loops.StatusIndexOutOfRange)
+		return w.expr(x.X)
 	case *loops.Guarded:
 		c := w.expr(x.Cond)
 		t := w.tmp()
@@ -667,6 +670,9 @@ func pointers(s *loops.Stage) []*pointerArg {
 		case *loops.Mix:
 			walk(x.X)
 		case *loops.Guarded:
+			walk(x.Cond)
+			walk(x.X)
+		case *loops.Checked:
 			walk(x.Cond)
 			walk(x.X)
 		case *loops.Reduce:

@@ -56,6 +56,12 @@ __device__ unsigned long long atomicAdd(unsigned long long *, unsigned long long
 __device__ unsigned int atomicCAS(unsigned int *, unsigned int, unsigned int);
 #endif
 
+// kiln_status is 0 until a kernel meets a gather index or a cross-entropy
+// label outside its dimension; it then becomes 1 (the index is clamped, so
+// no access leaves its buffer). The runtime reads it after the last launch
+// (cudaMemcpyFromSymbol) and treats a nonzero status as a failed step.
+__device__ int kiln_status;
+
 // The bits of a float, and back.
 __device__ static inline unsigned int kiln_bits(float f) {
   union { float f; unsigned int u; } c;

@@ -49,9 +49,11 @@ func Header(p *loops.Program) string {
 	for i, r := range p.Func.Results {
 		fmt.Fprintf(&b, " *   outputs[%d] = %s: %s (points into the arena or at an argument)\n", i, loops.CComment(resultName(p.Func, i)), r.Value.Type)
 	}
+	fmt.Fprintf(&b, " * Returns 0, or %d when a gather index or a cross-entropy label was\n", loops.StatusIndexOutOfRange)
+	b.WriteString(" * outside its dimension (the outputs must then not be used).\n")
 	b.WriteString(" */\n")
 	b.WriteString("/* Link with -lm -lpthread. */\n")
-	fmt.Fprintf(&b, "void %s(void *arena, void **params, void **inputs, void **outputs);\n\n", EntryName(p.Func))
+	fmt.Fprintf(&b, "int %s(void *arena, void **params, void **inputs, void **outputs);\n\n", EntryName(p.Func))
 	fmt.Fprintf(&b, "#ifdef __cplusplus\n}\n#endif\n\n#endif\n")
 	return b.String()
 }
@@ -131,8 +133,9 @@ func Driver(p *loops.Program) (string, error) {
 		Entry                   string
 		MaxRank                 int
 		ArenaBytes              int64
+		StatusIndexOutOfRange   int
 		Params, Inputs, Results []cTensor
-	}{Entry: EntryName(p.Func), MaxRank: 1, ArenaBytes: p.ArenaBytes}
+	}{Entry: EntryName(p.Func), MaxRank: 1, ArenaBytes: p.ArenaBytes, StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
 	add := func(list *[]cTensor, name, file string, t kir.Type, inout bool) error {
 		c, err := describeTensor(name, file, t, inout)
 		*list = append(*list, c)

@@ -4,11 +4,14 @@
 //
 // The entry point is
 //
-//	void kiln_<func>(void *arena, void **params, void **inputs, void **outputs)
+//	int kiln_<func>(void *arena, void **params, void **inputs, void **outputs)
 //
 // params holds the param and state arguments in declaration order, inputs
 // the data arguments; outputs receives a pointer to each result, which
 // lives in the arena (or is an argument the function returns unchanged).
+// It returns 0, or loops.StatusIndexOutOfRange when a gather index or a
+// cross-entropy label was outside its dimension (the results are then
+// computed with that index clamped and must not be used).
 package llvm
 
 import (
@@ -61,6 +64,7 @@ type module struct {
 	parallel *ir.Func // kiln_parallel_for, emitted on first use
 	ipow     *ir.Func // kiln_ipow, emitted on first use
 	host     *ir.Global
+	status   *ir.Global // kiln_status, emitted on first use
 	outlined int
 	// The largest kernel workspace before its panels, and the largest
 	// panel of one thread (workspace.go).
@@ -90,9 +94,12 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		kernels = append(kernels, f)
 	}
 	arena, params, inputs, outputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp), ir.NewParam("outputs", i8pp)
-	entry := md.m.NewFunc(EntryName(p.Func), types.Void, arena, params, inputs, outputs)
+	entry := md.m.NewFunc(EntryName(p.Func), types.I32, arena, params, inputs, outputs)
 	blk := entry.NewBlock("")
 	fe := &fn{md: md, f: entry, entry: blk, cur: blk, arena: arena, params: params, inputs: inputs, bases: map[baseKey]value.Value{}}
+	if md.status != nil {
+		blk.NewStore(constant.NewInt(types.I32, 0), md.status)
+	}
 	ws, free := fe.allocWorkspace()
 	for _, k := range kernels {
 		fe.cur.NewCall(k, arena, params, inputs, ws)
@@ -104,7 +111,11 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		slot := blk.NewGetElementPtr(i8p, outputs, constant.NewInt(types.I64, int64(i)))
 		blk.NewStore(ptr, slot)
 	}
-	blk.NewRet(nil)
+	if md.status == nil {
+		blk.NewRet(constant.NewInt(types.I32, 0))
+	} else {
+		blk.NewRet(blk.NewLoad(types.I32, md.status))
+	}
 	return md.m, nil
 }
 
@@ -502,6 +513,8 @@ func (e *fn) emit(x loops.Expr) value.Value {
 		return x.v
 	case *loops.Guarded:
 		return e.guarded(x)
+	case *loops.Checked:
+		return e.checked(x)
 	case *loops.Mix:
 		z := e.expr(x.X)
 		c = e.cur
@@ -568,6 +581,24 @@ func (e *fn) guarded(g *loops.Guarded) value.Value {
 		other = i64(int64(g.Else))
 	}
 	return done.NewPhi(ir.NewIncoming(v, thenEnd), ir.NewIncoming(other, from))
+}
+
+// checked evaluates c.X and, in a branch taken only where c.Cond fails,
+// records the failure in kiln_status (an atomic store: parallel loops
+// may fail together).
+func (e *fn) checked(c *loops.Checked) value.Value {
+	if e.md.status == nil {
+		e.md.status = e.md.m.NewGlobalDef("kiln_status", constant.NewInt(types.I32, 0))
+		e.md.status.Linkage = enum.LinkageInternal
+	}
+	ok := e.expr(c.Cond)
+	fail, done := e.f.NewBlock(""), e.f.NewBlock("")
+	e.cur.NewCondBr(ok, done, fail)
+	st := fail.NewStore(constant.NewInt(types.I32, loops.StatusIndexOutOfRange), e.md.status)
+	st.Atomic, st.Ordering, st.Align = true, enum.AtomicOrderingMonotonic, 4
+	fail.NewBr(done)
+	e.cur = done
+	return e.expr(c.X)
 }
 
 func (e *fn) libm(name string, k loops.Kind, args ...value.Value) value.Value {

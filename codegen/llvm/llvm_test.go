@@ -198,3 +198,46 @@ func TestSoftmaxLargeLogits(t *testing.T) {
 		require.InDelta(t, 1, sum, 4*0x1p-23, "row %d sums to %g", row, sum)
 	}
 }
+
+// TestIndexOutOfRangeIsAnError: an embedding index or a label outside its
+// dimension is an error of the compiled program, as it is of the
+// interpreter, and never a read outside a buffer. In-range indices
+// (negative ones count from the end) run normally.
+func TestIndexOutOfRangeIsAnError(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("in.kir", `func @f(%e: f32[5,3] {param}, %i: i64[4], %x: f32[4,6], %y: i64[4]) -> (f32[]) {
+  %g = gather(%e, %i) {axis = 0} : f32[4,3]
+  %s = reduce_sum(%g) : f32[]
+  %l = softmax_cross_entropy(%x, %y) : f32[]
+  %t = add(%s, %l) : f32[]
+  return %t
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "autodiff,fuse,assign")
+	f := m.Funcs[0]
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	e := interp.FromFloats(ir.TensorOf(ir.F32, 5, 3), []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	x := interp.FromFloats(ir.TensorOf(ir.F32, 4, 6), make([]float64, 24))
+	ints := func(v ...int64) *interp.Tensor {
+		return interp.FromInts(ir.TensorOf(ir.I64, int64(len(v))), v)
+	}
+	good := []*interp.Tensor{e, ints(0, 4, -1, 2), x, ints(0, 5, 3, 1)}
+	want, err := interp.Run(f, good, interp.Options{})
+	require.NoError(t, err)
+	got, _, err := llvm.Run(p, good)
+	require.NoError(t, err)
+	require.InDelta(t, want[0].F[0], got[0].F[0], 1e-4)
+	for _, bad := range [][]*interp.Tensor{
+		{e, ints(0, 5, 1, 2), x, ints(0, 1, 2, 3)},
+		{e, ints(0, -6, 1, 2), x, ints(0, 1, 2, 3)},
+		{e, ints(0, 1, 1, 2), x, ints(0, 6, 2, 3)},
+		{e, ints(0, 1, 1, 2), x, ints(0, -1, 2, 3)},
+	} {
+		_, err := interp.Run(f, bad, interp.Options{})
+		require.Error(t, err)
+		_, _, err = llvm.Run(p, bad)
+		require.ErrorContains(t, err, "index out of range")
+	}
+}

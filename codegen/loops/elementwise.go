@@ -279,7 +279,7 @@ func init() {
 		d := data.Type.Shape[ax]
 		return []accessor{func(idx []Expr) Expr {
 			j := conv(ind.At(idx[ax:ax+ir_]), I64)
-			j = clamp(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
 			src := append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+ir_:]...)
 			return data.At(src)
 		}}, nil

@@ -123,6 +123,18 @@ type Guarded struct {
 // Mix is the SplitMix64 finaliser on an i64 (dropout's counter-based RNG).
 type Mix struct{ X Expr }
 
+// Checked is X, and where Cond is false a record that the run went wrong:
+// the program's status becomes StatusIndexOutOfRange (the interpreter
+// reports the same input as an error). X must be safe to evaluate
+// anyway (a clamped index).
+type Checked struct {
+	Cond, X Expr
+}
+
+// StatusIndexOutOfRange is the status a compiled run returns when a
+// gather index or a cross-entropy label was outside its dimension.
+const StatusIndexOutOfRange = 1
+
 func (*Var) Kind() Kind       { return I64 }
 func (Int) Kind() Kind        { return I64 }
 func (f Float) Kind() Kind    { return f.K }
@@ -136,6 +148,7 @@ func (c *Convert) Kind() Kind { return c.To }
 func (r *Reduce) Kind() Kind  { return r.Acc }
 func (*Mix) Kind() Kind       { return I64 }
 func (g *Guarded) Kind() Kind { return g.X.Kind() }
+func (c *Checked) Kind() Kind { return c.X.Kind() }
 
 // Storage says where a buffer lives.
 type Storage uint8

@@ -173,6 +173,12 @@ func clamp(i Expr, n int64) Expr {
 	return minE(maxE(i, Int{0}), Int{n - 1})
 }
 
+// checkedIndex is i clamped into [0, n-1], recording a run error where
+// it was outside.
+func checkedIndex(i Expr, n int64) Expr {
+	return &Checked{Cond: inRange(i, n), X: clamp(i, n)}
+}
+
 // inRange is 0 <= i < n.
 func inRange(i Expr, n int64) Expr {
 	return and(cmp(scalar.Ge, i, Int{0}), cmp(scalar.Lt, i, Int{n}))

@@ -279,7 +279,7 @@ func lowerSoftmaxGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 
 // label reads the class of sample position (o, i), wrapped into range.
 func label(labels Tensor, o, i Expr, inner, k int64) Expr {
-	return clamp(conv(view(labels, ir.Shape{numElements(labels.Type.Shape) / inner, inner}).At([]Expr{o, i}), I64), k)
+	return checkedIndex(conv(view(labels, ir.Shape{numElements(labels.Type.Shape) / inner, inner}).At([]Expr{o, i}), I64), k)
 }
 
 func lowerCrossEntropy(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {

@@ -452,7 +452,7 @@ func lowerGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	b.scatter(out[0], dy.Type.Shape.Clone(),
 		func(idx []Expr) []Expr {
 			j := conv(ind.At(idx[ax:ax+r]), I64)
-			j = clamp(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
 			return append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+r:]...)
 		},
 		nil,
