@@ -104,7 +104,7 @@ func (s *secondsFlag) String() string { return time.Duration(*s).String() }
 
 func (s *secondsFlag) Set(v string) error {
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		if f <= 0 || f > 1e9 {
+		if !(f > 0 && f <= 1e9) { // NaN too
 			return fmt.Errorf("%s seconds is out of range", v)
 		}
 		*s = secondsFlag(f * float64(time.Second))

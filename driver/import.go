@@ -2,6 +2,7 @@ package driver
 
 import (
 	"flag"
+	"fmt"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/onnx"
@@ -19,6 +20,9 @@ func init() {
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
 					return usageError{"want exactly one .onnx file"}
+				}
+				if *batch < 0 {
+					return usageError{fmt.Sprintf("--batch must be positive (0 keeps the model's), not %d", *batch)}
 				}
 				opt := onnx.Options{Batch: *batch}
 				for _, d := range strings.Split(*dataInputs, ",") {

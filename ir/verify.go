@@ -84,7 +84,13 @@ func verifyFunc(f *Func) diag.List {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("result %s is in host memory (swap it in first)", r.Value.Ref())))
 		}
 	}
+	resultNames := map[string]int{}
 	for i, r := range f.Results {
+		name := f.ResultName(i)
+		if j, dup := resultNames[name]; dup {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("results %d and %d are both named %q (results are written and looked up by name)", j, i, name)))
+		}
+		resultNames[name] = i
 		if err := checkResultAttrs(f, r); err != nil {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("result %d: %v", i, err)))
 		}
