@@ -23,7 +23,7 @@ import (
 )
 
 // plan compiles a model with pipeline into a plan directory.
-func plan(t *testing.T, model, pipeline string) string {
+func plan(t testing.TB, model, pipeline string) string {
 	t.Helper()
 	m, err := onnx.ImportFile(model, onnx.Options{})
 	require.NoError(t, err)
