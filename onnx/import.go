@@ -420,7 +420,12 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			im.vals[name] = outs[j]
 		}
 	}
+	listed := map[string]bool{}
 	for _, vi := range g.Outputs {
+		if listed[vi.Name] {
+			return nil, fmt.Errorf("%s: graph output %q is listed twice", im.opt.Name, vi.Name)
+		}
+		listed[vi.Name] = true
 		e, ok := im.vals[vi.Name]
 		if !ok {
 			return nil, fmt.Errorf("%s: graph output %q is never computed", im.opt.Name, vi.Name)

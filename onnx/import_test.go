@@ -354,3 +354,15 @@ func TestIntegerDivisionByZero(t *testing.T) {
 	_, err := Import(model, Options{Name: "m.onnx"})
 	require.ErrorContains(t, err, `m.onnx: node "/div" (Div): integer division by zero`)
 }
+
+// TestDuplicateGraphOutputs: an output listed twice is an error naming it
+// (the last one used to win).
+func TestDuplicateGraphOutputs(t *testing.T) {
+	model := encModel(tGraph{
+		nodes:   []tNode{{op: "Relu", name: "/relu", inputs: []string{"x"}, outputs: []string{"y"}}},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2}), encValueInfo("y", 1, []int64{2})},
+	})
+	_, err := Import(model, Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, `m.onnx: graph output "y" is listed twice`)
+}
