@@ -67,12 +67,12 @@ func TestHeaderIsAPythonLiteral(t *testing.T) {
 	require.Equal(t, "f32[4]", x.Type.String())
 	for h, want := range map[string]string{
 		"{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (4,), }": "appears twice",
-		"{'descr': '<f4', 'shape': (4,), }":                                          "no fortran_order",
-		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,,,16), }":              "shape entry",
-		"{'descr': '<f4', 'fortran_order': False, 'shape': (4), }":                   "not a tuple",
-		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': 1}":            "unknown key",
-		"{'descr': '<f4', 'fortran_order': Maybe, 'shape': (4,), }":                  "True or False",
-		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,) } extra":             "text after",
+		"{'descr': '<f4', 'shape': (4,), }":                                         "no fortran_order",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,,,16), }":             "shape entry",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4), }":                  "not a tuple",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': 1}":           "unknown key",
+		"{'descr': '<f4', 'fortran_order': Maybe, 'shape': (4,), }":                 "True or False",
+		"{'descr': '<f4', 'fortran_order': False, 'shape': (4,) } extra":            "text after",
 	} {
 		_, err := Read(bytes.NewReader(body(h)))
 		require.ErrorContains(t, err, want, h)
