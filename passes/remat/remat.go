@@ -227,9 +227,9 @@ func greedy(f *ir.Func, budget int64, mode stepping) int64 {
 	if mode.chunks {
 		chunk = 2
 	}
-	info := liveness.Analyze(f)
+	info := rw.live()
 	for iter := 0; iter < 100000; iter++ {
-		if info.Peak <= budget {
+		if info.Peak <= budget || rw.tired() {
 			return rw.flops
 		}
 		if mode.bound > 0 && rw.flops > mode.bound {
@@ -237,7 +237,7 @@ func greedy(f *ir.Func, budget int64, mode stepping) int64 {
 		}
 		p := info.PeakAt
 		peakOp, peakLive := f.Body[p], info.Live[p]
-		s := analyse(f)
+		s := rw.sched()
 		cands := greedyCandidates(rw, s, info, p)
 		if chunk > 1 {
 			// A prefix of the best, no more than the excess needs.
@@ -249,7 +249,7 @@ func greedy(f *ir.Func, budget int64, mode stepping) int64 {
 			if n > 1 {
 				rw.begin()
 				rw.recomputeAll(s, cands[:n])
-				if after := liveness.Analyze(f); after.Peak < info.Peak {
+				if after := rw.live(); after.Peak < info.Peak {
 					flat, info = 0, after
 					chunk *= 2
 					continue
@@ -271,7 +271,7 @@ func greedy(f *ir.Func, budget int64, mode stepping) int64 {
 			}
 			// Keep the change when the peak drops, or stays and the bytes
 			// live at the old peak point drop (peaks can be plateaus).
-			after := liveness.Analyze(f)
+			after := rw.live()
 			if after.Peak < info.Peak {
 				progress, flat, info = true, 0, after
 				break
@@ -362,8 +362,11 @@ func (rw *rewriter) recomputeAll(s *schedule, cands []candidate) bool {
 	slices.SortStableFunc(sites, func(a, b site) int { return cmp.Compare(s.pos[b.use], s.pos[a.use]) })
 	all := true
 	for n, st := range sites {
+		if rw.tired() {
+			return false
+		}
 		if n > 0 && rw.moved {
-			s = analyse(rw.f) // updates moved: positions before the last site changed
+			s = rw.sched() // updates moved: positions before the last site changed
 		}
 		// Insertions after it leave the position of an earlier use as it was.
 		at := s.pos[st.use]
@@ -432,26 +435,80 @@ func forwardOps(f *ir.Func) map[*ir.Op]bool {
 // sqrtCheckpoints is Chen et al.'s segment checkpointing: the forward ops
 // are cut into about sqrt(n) segments; the values at segment ends are kept
 // and every other value the backward needs is recomputed from them.
+//
+// Values are taken in reverse forward order, each recomputed before its
+// first backward use. All of it is planned on one analysis of the
+// schedule, in the positions of the original body, and the copies are
+// inserted in one pass at the end: the step is linear in the ops (100k-op
+// steps take seconds; analysing again after each copy took hours). The
+// result is the one a copy-at-a-time rewrite gives: copies planned
+// later at the same position go before earlier ones, their reads count
+// as uses at that position, and a copy replaces its value in every op
+// after it. A value whose copies would read an argument already
+// overwritten by an update is kept (moving updates needs the body as it
+// is after each copy).
 func sqrtCheckpoints(f *ir.Func) int64 {
 	fwd, order, keep := sqrtSegments(f)
 	rw := &rewriter{f: f, keep: keep}
-	// Recompute, in reverse forward order, every non-kept forward value
-	// used by a backward op.
-	var s *schedule // analysed again only after a change
+	s := analyse(f)
+	type copies struct {
+		at       int      // inserted just before f.Body[at]
+		inserted []*ir.Op // in dependence order, v's copy last
+		v        *ir.Value
+	}
+	var planned []copies
+	backward := func(u int) bool { return !fwd[f.Body[u]] }
 	for i := len(order) - 1; i >= 0; i-- {
-		op := order[i]
-		for _, v := range op.Results {
-			if rw.keep[v] || f.IsResult(v) {
+		for _, v := range order[i].Results {
+			if keep[v] || f.IsResult(v) {
 				continue
 			}
-			if s == nil {
-				s = analyse(f)
+			t := firstUse(s, v, backward)
+			if t < 0 {
+				continue
 			}
-			if first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] }); first >= 0 && rw.recompute(s, v, first) {
-				s = nil
+			ops, inserted, ok := rw.clones(s, v, t)
+			if !ok || len(delayed(s, f.Body, ops, t)) > 0 {
+				continue
+			}
+			planned = append(planned, copies{at: t, inserted: inserted, v: v})
+			rw.flops += rw.cost(inserted)
+			s.forget(v, t)
+			for _, c := range inserted {
+				for _, u := range c.Operands {
+					if u.Def == nil || !slices.Contains(inserted, u.Def) {
+						s.useAt(u, t)
+					}
+				}
 			}
 		}
 	}
+	at := map[int][]int{}
+	for k, c := range planned {
+		at[c.at] = append(at[c.at], k)
+	}
+	body := make([]*ir.Op, 0, len(f.Body))
+	replace := map[*ir.Value]*ir.Value{}
+	emit := func(op *ir.Op) {
+		for j, u := range op.Operands {
+			if c, ok := replace[u]; ok {
+				op.Operands[j] = c
+			}
+		}
+		body = append(body, op)
+	}
+	for i, op := range f.Body {
+		ks := at[i]
+		for k := len(ks) - 1; k >= 0; k-- {
+			c := planned[ks[k]]
+			for _, x := range c.inserted {
+				emit(x)
+			}
+			replace[c.v] = c.inserted[len(c.inserted)-1].Results[c.v.Index]
+		}
+		emit(op)
+	}
+	f.Body = body
 	return rw.flops
 }
 
@@ -622,13 +679,13 @@ func cheapAtPeak(f *ir.Func, budget int64) int64 {
 		}
 	}
 	flat := 0 // level steps since the peak last dropped
-	for round := 0; round < 1000; round++ {
-		info := liveness.Analyze(f)
+	for round := 0; round < 1000 && !rw.tired(); round++ {
+		info := rw.live()
 		if info.Peak <= budget {
 			break
 		}
 		p := info.PeakAt
-		s := analyse(f)
+		s := rw.sched()
 		var cands []candidate
 		for _, b := range info.LiveAt(p) {
 			vals, ok := heldAt(s, b, p)
@@ -653,19 +710,22 @@ func cheapAtPeak(f *ir.Func, budget int64) int64 {
 		if len(cands) > 1 {
 			rw.begin()
 			rw.recomputeAll(s, cands)
-			if after := liveness.Analyze(f); after.Peak < info.Peak {
+			if after := rw.live(); after.Peak < info.Peak {
 				continue
 			}
 			rw.undo()
 		}
 		progress := false
 		for _, c := range cands {
-			s := analyse(f)
+			if rw.tired() {
+				break
+			}
+			s := rw.sched()
 			rw.begin()
 			if !rw.recompute(s, c.vals[0], s.pos[c.use[0]]) {
 				continue
 			}
-			if after := liveness.Analyze(f); after.Peak < info.Peak {
+			if after := rw.live(); after.Peak < info.Peak {
 				progress, flat = true, 0
 				break
 			} else if after.Peak == info.Peak && flat < maxFlatSteps {
@@ -699,7 +759,7 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 		flops int64
 	}
 	var cands []cand
-	s := analyse(f)
+	s := rw.sched()
 	for _, v := range saved {
 		if rw.keep[v] {
 			continue
@@ -723,12 +783,12 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 			byName[r.Name] = r
 		}
 	})
-	peak := liveness.Analyze(f).Peak
+	peak := rw.live().Peak
 	// one recomputes a candidate before its first backward use, kept when
 	// the peak does not rise.
 	one := func(c cand) {
 		v := byName[c.name]
-		s := analyse(f)
+		s := rw.sched()
 		first := firstUse(s, v, func(u int) bool { return !fwd[f.Body[u]] })
 		if first < 0 || !rw.stillCheap(s, v, first, c.flops) {
 			return
@@ -737,7 +797,7 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 		if !rw.recompute(s, v, first) {
 			return
 		}
-		if p := liveness.Analyze(f).Peak; p <= peak {
+		if p := rw.live().Peak; p <= peak {
 			peak = p
 		} else {
 			rw.undo()
@@ -749,7 +809,7 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 	// single candidates. This keeps the pass fast on steps of thousands of
 	// ops while adding what one-at-a-time would add.
 	chunk := 1
-	for i := 0; i < len(cands) && peak > budget; {
+	for i := 0; i < len(cands) && peak > budget && !rw.tired(); {
 		batch := cands[i:min(i+chunk, len(cands))]
 		if len(batch) == 1 {
 			one(batch[0])
@@ -758,7 +818,7 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 			continue
 		}
 		rw.begin()
-		s := analyse(f)
+		s := rw.sched()
 		type site struct {
 			v     *ir.Value
 			first int
@@ -774,17 +834,20 @@ func cheapPhase(f *ir.Func, budget int64) int64 {
 		// Latest first, so the positions of the others stay valid.
 		sort.SliceStable(sites, func(a, b int) bool { return sites[a].first > sites[b].first })
 		for _, st := range sites {
+			if rw.tired() {
+				break
+			}
 			first := firstUse(s, st.v, func(u int) bool { return !fwd[f.Body[u]] })
 			if first < 0 || !rw.stillCheap(s, st.v, first, st.flops) || !rw.recompute(s, st.v, first) {
 				continue
 			}
 			if rw.moved {
-				s = analyse(f) // updates moved: positions before first changed
+				s = rw.sched() // updates moved: positions before first changed
 			} else {
 				s.forget(st.v, first)
 			}
 		}
-		if p := liveness.Analyze(f).Peak; p <= peak && p > budget {
+		if p := rw.live().Peak; p <= peak && p > budget {
 			peak = p
 			i += len(batch)
 			chunk *= 2

@@ -1,7 +1,11 @@
 package remat
 
 import (
+	"slices"
+	"sort"
+
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
 )
 
 // rewriter recomputes values of a function and can undo its changes.
@@ -18,6 +22,32 @@ type rewriter struct {
 	moved    bool     // it moved updates, so earlier positions changed
 
 	flopsOf map[*ir.Op]int64 // FLOPs of ops priced so far
+
+	// work counts the ops visited by analyses and rewrites: the iterative
+	// solvers stop improving once it passes solverWork.
+	work int64
+}
+
+// solverWork bounds the op visits of one iterative solver (an analysis of
+// the schedule or one recomputation visits every op): about a second or
+// two. Solvers stop where they are when it runs out, so a 100k-op step
+// gets a plan in seconds and the quadratic searches still run in full on
+// steps of a few thousand ops. Deterministic, unlike a deadline.
+const solverWork = 2_000_000
+
+// tired reports whether the solver has spent its work.
+func (rw *rewriter) tired() bool { return rw.work > solverWork }
+
+// live is liveness.Analyze of the function, counted as work.
+func (rw *rewriter) live() *liveness.Info {
+	rw.work += int64(len(rw.f.Body))
+	return liveness.Analyze(rw.f)
+}
+
+// sched is analyse of the function, counted as work.
+func (rw *rewriter) sched() *schedule {
+	rw.work += int64(len(rw.f.Body))
+	return analyse(rw.f)
 }
 
 type replacement struct {
@@ -79,6 +109,17 @@ func (s *schedule) forget(v *ir.Value, t int) {
 	} else if v.Def != nil {
 		s.lastUse[v] = s.pos[v.Def]
 	}
+}
+
+// useAt records a use of v at position t, for plans at positions up to
+// t: a copy inserted there reads v.
+func (s *schedule) useAt(v *ir.Value, t int) {
+	uses := s.uses[v]
+	k := sort.SearchInts(uses, t)
+	if k == len(uses) || uses[k] != t {
+		s.uses[v] = slices.Insert(uses, k, t)
+	}
+	s.lastUse[v] = max(s.lastUse[v], t)
 }
 
 // recomputable reports whether op may be cloned: pure, known, not marked
@@ -211,39 +252,14 @@ func (rw *rewriter) undo() {
 // alive there as well. It reports false (and changes nothing) when v
 // cannot be recomputed.
 func (rw *rewriter) recompute(s *schedule, v *ir.Value, t int) bool {
-	var ops []*ir.Op
-	memo := map[*ir.Value]bool{}
-	// v itself is recomputed even though it is alive at t.
-	op := v.Def
-	if op == nil || !recomputable(op) || rw.keep[v] {
+	ops, inserted, ok := rw.clones(s, v, t)
+	if !ok {
 		return false
 	}
-	for _, u := range op.Operands {
-		if !rw.plan(s, u, t, memo, &ops) {
-			return false
-		}
-	}
-	ops = append(ops, op)
-	clone := map[*ir.Value]*ir.Value{}
-	var inserted []*ir.Op
-	for _, orig := range ops {
-		operands := make([]*ir.Value, len(orig.Operands))
-		for i, u := range orig.Operands {
-			if c, ok := clone[u]; ok {
-				operands[i] = c
-			} else {
-				operands[i] = u
-			}
-		}
-		c := cloneOp(rw.f, orig, operands)
-		for i, r := range orig.Results {
-			clone[r] = c.Results[i]
-		}
-		inserted = append(inserted, c)
-	}
+	copyOfV := inserted[len(inserted)-1].Results[v.Index]
+	rw.work += int64(len(rw.f.Body))
 	// Redirect the late uses of v (and of recomputed values, which are
 	// not alive at t by construction).
-	copyOfV := clone[v]
 	for i := t; i < len(rw.f.Body); i++ {
 		use := rw.f.Body[i]
 		for j, u := range use.Operands {
@@ -274,6 +290,42 @@ func (rw *rewriter) recompute(s *schedule, v *ir.Value, t int) bool {
 	rw.flops += c
 	rw.added += c
 	return true
+}
+
+// clones plans v's recomputation at position t and makes the copies:
+// ops are the originals cloned (v's own op last) and inserted their
+// clones, reading each other and values alive at t. Nothing in the
+// function changes. ok is false when v cannot be recomputed.
+func (rw *rewriter) clones(s *schedule, v *ir.Value, t int) (ops, inserted []*ir.Op, ok bool) {
+	memo := map[*ir.Value]bool{}
+	// v itself is recomputed even though it is alive at t.
+	op := v.Def
+	if op == nil || !recomputable(op) || rw.keep[v] {
+		return nil, nil, false
+	}
+	for _, u := range op.Operands {
+		if !rw.plan(s, u, t, memo, &ops) {
+			return nil, nil, false
+		}
+	}
+	ops = append(ops, op)
+	clone := map[*ir.Value]*ir.Value{}
+	for _, orig := range ops {
+		operands := make([]*ir.Value, len(orig.Operands))
+		for i, u := range orig.Operands {
+			if c, ok := clone[u]; ok {
+				operands[i] = c
+			} else {
+				operands[i] = u
+			}
+		}
+		c := cloneOp(rw.f, orig, operands)
+		for i, r := range orig.Results {
+			clone[r] = c.Results[i]
+		}
+		inserted = append(inserted, c)
+	}
+	return ops, inserted, true
 }
 
 // cloneOp copies op with new operands, marking it recomputed; regions are

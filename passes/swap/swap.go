@@ -93,7 +93,7 @@ func ArenaBytes(f *ir.Func) int64 {
 // error naming what is live at the lowest peak it reached.
 func Swap(f *ir.Func, budget int64, opt Options) (Result, error) {
 	res, err := fit(f, budget, opt)
-	if err != nil && opt.Recompute {
+	if _, tired := err.(workLimitError); err != nil && opt.Recompute && !tired {
 		// Greedy choices can corner the search: swaps alone may still fit.
 		opt.Recompute = false
 		if r2, err2 := fit(f, budget, opt); err2 == nil {
@@ -149,6 +149,7 @@ type swapper struct {
 	recompute  bool
 	rc         *remat.Recomputer
 	recomputed int
+	work       int64 // op visits of analyses, simulations and rewrites (see swapWork)
 	// undo log of a swap attempt
 	body     []*ir.Op
 	replaced []replacement
@@ -184,13 +185,18 @@ func arenaLive(info *liveness.Info) ([]int64, int) {
 func (s *swapper) lower(target int64) error {
 	failed := map[candidateKey]bool{}
 	for {
-		info := liveness.Analyze(s.f)
+		info := s.analyze()
 		live, p := arenaLive(info)
 		if p < 0 || live[p] <= target {
 			return nil
 		}
+		if s.work > swapWork {
+			return workLimitError(fmt.Sprintf("@%s: swapping stopped at its work limit (%d op visits, seconds) with %s (%d bytes) live at op %d (%s), above the device budget of %s (%d bytes)",
+				s.f.Name, int64(swapWork), memreport.Human(live[p]), live[p], p, s.f.Body[p].Kind, memreport.Human(target), target))
+		}
 		peakOp, oldPeak := s.f.Body[p], live[p]
 		uses := usePositions(s.f)
+		s.work += 2 * int64(len(s.f.Body))
 		prefix := make([]float64, len(s.f.Body)+1)
 		for i, op := range s.f.Body {
 			prefix[i+1] = prefix[i] + s.dev.OpSeconds(op)
@@ -250,7 +256,7 @@ func (s *swapper) lower(target int64) error {
 		// stream: the best few of each kind are timed on the whole
 		// schedule.
 		byRatio(cands)
-		now := s.dev.Simulate(s.f).Seconds
+		now := s.simulate()
 		timed := map[bool]int{}
 		for i := range cands {
 			c := &cands[i]
@@ -261,7 +267,7 @@ func (s *swapper) lower(target int64) error {
 			timed[c.swap]++
 			s.begin()
 			if s.apply(*c) {
-				c.seconds = max(0, s.dev.Simulate(s.f).Seconds-now)
+				c.seconds = max(0, s.simulate()-now)
 			}
 			s.undo()
 		}
@@ -270,7 +276,7 @@ func (s *swapper) lower(target int64) error {
 		for _, c := range cands {
 			s.begin()
 			if s.apply(c) {
-				after := liveness.Analyze(s.f)
+				after := s.analyze()
 				live2, p2 := arenaLive(after)
 				// The peak, then the number of ops at the peak, strictly
 				// drops: rounds cannot cycle.
@@ -320,7 +326,31 @@ type candidate struct {
 	early, late, peak int
 }
 
+// swapWork bounds the op visits of one lower: each round analyses,
+// simulates and rewrites the whole schedule about twenty times, so rounds
+// cost in proportion to the ops and a 100k-op step could take hours. At
+// the limit lower stops with an error (deterministic, unlike a deadline).
+const swapWork = 20_000_000
+
+// workLimitError is lower stopping at swapWork.
+type workLimitError string
+
+func (e workLimitError) Error() string { return string(e) }
+
+// analyze is liveness.Analyze of the function, counted as work.
+func (s *swapper) analyze() *liveness.Info {
+	s.work += int64(len(s.f.Body))
+	return liveness.Analyze(s.f)
+}
+
+// simulate is the simulated seconds of the function, counted as work.
+func (s *swapper) simulate() float64 {
+	s.work += int64(len(s.f.Body))
+	return s.dev.Simulate(s.f).Seconds
+}
+
 func (s *swapper) apply(c candidate) bool {
+	s.work += int64(len(s.f.Body))
 	if c.swap {
 		return s.swap(c.v, c.early, c.late, c.peak)
 	}

@@ -1,0 +1,89 @@
+package driver
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// largeForward writes a residual chain of layers (matmul, tanh, add,
+// square: four ops a layer) and returns its path.
+func largeForward(b *testing.B, dir string, layers int) string {
+	var s strings.Builder
+	s.WriteString("func @big(%x: f32[4,8]")
+	for i := 0; i < layers; i++ {
+		fmt.Fprintf(&s, ", %%w%d: f32[8,8] {param}", i)
+	}
+	s.WriteString(") -> (f32[4,8]) {\n")
+	prev := "%x"
+	for i := 0; i < layers; i++ {
+		fmt.Fprintf(&s, "  %%m%d = matmul(%s, %%w%d) : f32[4,8]\n  %%t%d = tanh(%%m%d) : f32[4,8]\n", i, prev, i, i, i)
+		fmt.Fprintf(&s, "  %%r%d = add(%%t%d, %s) : f32[4,8]\n  %%s%d = mul(%%r%d, %%r%d) : f32[4,8]\n", i, i, prev, i, i, i)
+		prev = fmt.Sprintf("%%s%d", i)
+	}
+	fmt.Fprintf(&s, "  return %s\n}\n", prev)
+	path := filepath.Join(dir, "fwd.kir")
+	if err := os.WriteFile(path, []byte(s.String()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return path
+}
+
+// BenchmarkLargeStep times every command on a training step of about
+// 100k ops (8,300 layers: 33k forward ops, their gradients and the
+// optimizer): each must finish in seconds. Run with -benchtime 1x.
+func BenchmarkLargeStep(b *testing.B) {
+	dir := b.TempDir()
+	fwd := largeForward(b, dir, 8300)
+	step := filepath.Join(dir, "step.kir")
+	if _, stderr, code := runKiln("opt", fwd, "--passes", "autodiff,optimizer", "-o", step); code != 0 {
+		b.Fatal(stderr)
+	}
+	csv := filepath.Join(dir, "buffers.csv")
+	var rows strings.Builder
+	rows.WriteString("id,lower,upper,size\n")
+	for i := 0; i < 100_000; i++ {
+		fmt.Fprintf(&rows, "%d,%d,%d,%d\n", i, i, i+1+(i*7919)%50, 64*(1+(i*104729)%16))
+	}
+	if err := os.WriteFile(csv, []byte(rows.String()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"parse-verify", []string{"opt", step}},
+		{"autodiff", []string{"opt", fwd, "--passes", "autodiff"}},
+		{"dce-cse-canonicalize", []string{"opt", step, "--passes", "dce,cse,canonicalize"}},
+		{"fuse", []string{"opt", step, "--passes", "fuse"}},
+		{"reorder", []string{"opt", step, "--passes", "reorder"}},
+		{"remat", []string{"opt", step, "--passes", "remat{budget=0.9}"}},
+		{"swap", []string{"opt", step, "--passes", "swap{device-budget=0.9}"}},
+		{"precision", []string{"opt", step, "--passes", "precision"}},
+		{"assign", []string{"opt", step, "--passes", "assign"}},
+		{"mem", []string{"mem", step}},
+		{"compile-llvm", []string{"compile", step, "--target", "llvm", "--passes", "fuse,assign", "-o", filepath.Join(dir, "step.ll")}},
+		{"compile-cuda", []string{"compile", step, "--target", "cuda", "--passes", "fuse,assign", "-o", filepath.Join(dir, "plan")}},
+		{"alloc-100k", []string{"alloc", "--capacity", "0", csv, "-o", filepath.Join(dir, "out.csv")}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				if _, stderr, code := runKiln(c.args...); code != 0 {
+					b.Fatalf("exit %d: %s", code, stderr)
+				}
+				b.ReportMetric(time.Since(start).Seconds(), "s/run")
+			}
+		})
+	}
+}
+
+func runKiln(args ...string) (string, string, int) {
+	var errb strings.Builder
+	code := Main(args, strings.NewReader(""), io.Discard, &errb)
+	return "", errb.String(), code
+}
