@@ -271,8 +271,13 @@ func QuoteKey(name string) string {
 }
 
 func isIdent(s string) bool {
-	switch s {
-	case "", "func", "return", "yield":
+	for _, kw := range []string{"func", "return", "yield"} {
+		// A keyword ends at a '.', so "func.x" would not read back bare.
+		if s == kw || strings.HasPrefix(s, kw+".") {
+			return false
+		}
+	}
+	if s == "" {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

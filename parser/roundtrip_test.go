@@ -172,8 +172,14 @@ func randomModule(r *rand.Rand) *ir.Module {
 			f.Body = append(f.Body, op)
 			vals = append(vals, op.Results...)
 		}
+		named := map[string]bool{}
 		for ri := 0; ri < 1+r.Intn(2); ri++ {
-			f.Results = append(f.Results, ir.Result{Name: pick(r, "", "loss", "grad.w", "out put"), Value: vals[r.Intn(len(vals))]})
+			name := pick(r, "", "loss", "grad.w", "out put")
+			if named[name] {
+				name = "" // two results may not share a name
+			}
+			named[name] = name != ""
+			f.Results = append(f.Results, ir.Result{Name: name, Value: vals[r.Intn(len(vals))]})
 		}
 		if r.Intn(2) == 0 {
 			f.Attrs = ir.Attrs{"arena": ir.IntAttr(4096), "alignment": ir.IntAttr(64)}
@@ -196,5 +202,51 @@ func TestRandomRoundTrip(t *testing.T) {
 		require.NoError(t, err, text)
 		require.Empty(t, ir.Diff(m, m2), text)
 		require.Equal(t, text, m2.String())
+	}
+}
+
+// TestAnyNameRoundTrips: every name an imported model can carry (ONNX
+// names are arbitrary strings: "3", "onnx::Add_12", "a-b", "$x", quotes,
+// newlines, non-UTF-8 bytes) prints in a form the parser reads back to the
+// same name, for functions, arguments, values and named results.
+func TestAnyNameRoundTrips(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	alphabet := []string{"a", "Z", "_", "0", "9", ".", "-", "$", ":", "/", " ", "\"", "\\", "\n", "\t", "%", "@", "{", "}", "*/", "??/", "é", "\xff", "\x00", "func", "return"}
+	name := func() string {
+		var b strings.Builder
+		for n := 1 + rng.Intn(6); n > 0; n-- {
+			b.WriteString(alphabet[rng.Intn(len(alphabet))])
+		}
+		return b.String()
+	}
+	fixed := []string{"3", "978", "onnx::Add_12", "a-b", "$x", "-1", ".5", "1e3", "func", "return", "yield"}
+	for i := 0; i < 2000; i++ {
+		names := make([]string, 4)
+		for j := range names {
+			names[j] = name()
+			if i < len(fixed) {
+				names[j] = fixed[i] + names[j][:0]
+			}
+		}
+		if names[1] == names[2] {
+			names[2] += "b"
+		}
+		f := &ir.Func{Name: names[0]}
+		x := &ir.Value{Name: names[1], Type: ir.TensorOf(ir.F32, 2), Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
+		f.Args = []*ir.Value{x}
+		op, err := f.NewOp("relu", []*ir.Value{x}, nil, ir.Location{}, names[2])
+		require.NoError(t, err)
+		f.Body = []*ir.Op{op}
+		f.Results = []ir.Result{{Name: names[3], Value: op.Results[0]}}
+		m := &ir.Module{Funcs: []*ir.Func{f}}
+		text := m.String()
+		back, err := Parse("names.kir", text)
+		require.NoError(t, err, "names %q print as:\n%s", names, text)
+		g := back.Funcs[0]
+		require.Equal(t, names[0], g.Name, text)
+		require.Equal(t, names[1], g.Args[0].Name, text)
+		require.Equal(t, op.Results[0].Name, g.Body[0].Results[0].Name, text)
+		require.Equal(t, names[3], g.Results[0].Name, text)
+		require.Equal(t, text, back.String())
 	}
 }

@@ -133,8 +133,12 @@ func Fuse(f *ir.Func, opt Options) Stats {
 	groups := fu.groups()
 	stats := Stats{}
 	// Materialise, then back out kernels while the peak is higher than
-	// before fusing, starting with those live at the peak.
+	// before fusing, starting with those live at the peak. Each round
+	// that still misses backs out twice as many as the last, so a step
+	// whose fusion raises the peak everywhere takes O(log kernels)
+	// rounds of O(ops), not one round per kernel.
 	body := append([]*ir.Op(nil), f.Body...)
+	batch := 1
 	for {
 		f.Body = append([]*ir.Op(nil), body...)
 		relinkAll(f.Body)
@@ -144,7 +148,8 @@ func Fuse(f *ir.Func, opt Options) Stats {
 			st.BackedOut = stats.BackedOut
 			return st
 		}
-		// Drop the kernel at the peak, or else the last one before it.
+		// Drop the kernel at the peak, then the nearest ones before it,
+		// then those after it.
 		peakOp := f.Body[after.PeakAt]
 		at := after.PeakAt
 		for k, o := range body {
@@ -152,18 +157,35 @@ func Fuse(f *ir.Func, opt Options) Stats {
 				at = k
 			}
 		}
-		drop := 0
+		order := make([]int, 0, len(groups))
 		for gi, g := range groups {
 			if g.kernel == peakOp {
-				drop = gi
-				break
-			}
-			if g.lastPos <= at {
-				drop = gi
+				order = append(order, gi)
 			}
 		}
-		groups = append(groups[:drop], groups[drop+1:]...)
-		stats.BackedOut++
+		for gi := len(groups) - 1; gi >= 0; gi-- {
+			if groups[gi].kernel != peakOp && groups[gi].lastPos <= at {
+				order = append(order, gi)
+			}
+		}
+		for gi, g := range groups {
+			if g.kernel != peakOp && g.lastPos > at {
+				order = append(order, gi)
+			}
+		}
+		drop := map[int]bool{}
+		for _, gi := range order[:min(batch, len(order))] {
+			drop[gi] = true
+		}
+		kept := groups[:0]
+		for gi, g := range groups {
+			if !drop[gi] {
+				kept = append(kept, g)
+			}
+		}
+		groups = kept
+		stats.BackedOut += len(drop)
+		batch *= 2
 	}
 }
 
