@@ -68,6 +68,13 @@ func init() {
 			deriv: &Deriv{Expr: derivOf(scalar.If(x0.Lt(num(-3)), num(0), scalar.If(x0.Gt(num(3)), num(1), num(2).Mul(x0).Add(num(3)).Div(num(6)))))}},
 		{name: "sign", summary: "-1, 0 or 1 (NaN and -0 stay)", onnx: "Sign", ints: true,
 			f: scalar.If(x0.Gt(num(0)), num(1), scalar.If(x0.Lt(num(0)), num(-1), x0)), grad: GradZero},
+		{name: "floor", summary: "round toward -inf", onnx: "Floor", f: un(scalar.Floor, x0), grad: GradZero},
+		{name: "ceil", summary: "round toward +inf", onnx: "Ceil", f: un(scalar.Ceil, x0), grad: GradZero},
+		{name: "round", summary: "round half to even", onnx: "Round", f: un(scalar.Round, x0), grad: GradZero},
+		{name: "sin", summary: "sine", onnx: "Sin", f: un(scalar.Sin, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Cos, x0))}},
+		{name: "cos", summary: "cosine", onnx: "Cos", f: un(scalar.Cos, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Neg, un(scalar.Sin, x0)))}},
+		{name: "softsign", summary: "x / (1 + |x|)", onnx: "Softsign", f: x0.Div(num(1).Add(un(scalar.Abs, x0))),
+			deriv: &Deriv{Expr: derivOf(num(1).Div(num(1).Add(un(scalar.Abs, x0))).Mul(num(1).Div(num(1).Add(un(scalar.Abs, x0)))))}},
 		// softplus is log(1 + e^x), written as max(x, 0) + log1p(e^-|x|)
 		// so that it neither overflows nor loses the small tail.
 		{name: "softplus", summary: "log(1 + e^x)", onnx: "Softplus",
@@ -120,6 +127,71 @@ func init() {
 			return scalar.If(x0.Gt(num(0)), num(1), num(a.Float("alpha")).Mul(un(scalar.Exp, x0)))
 		}},
 	}, false)
+
+	registerUnary(&OpDef{
+		Name: "leaky_relu", Summary: "x for x >= 0, alpha * x otherwise; NaN stays NaN", ONNX: "LeakyRelu",
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(0.01)}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			return scalar.If(x0.Lt(num(0)), num(a.Float("alpha")).Mul(x0), x0)
+		},
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			return scalar.If(x0.Gt(num(0)), num(1), num(a.Float("alpha")))
+		}},
+	}, false)
+	registerUnary(&OpDef{
+		Name: "selu", Summary: "gamma * (x for x > 0, alpha * (e^x - 1) otherwise)", ONNX: "Selu",
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(1.67326319217681884765625)},
+			{Name: "gamma", Kind: AttrFloat, Default: FloatAttr(1.05070102214813232421875)}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			return num(a.Float("gamma")).Mul(scalar.If(x0.Gt(num(0)), x0, num(a.Float("alpha")).Mul(un(scalar.Expm1, x0))))
+		},
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			return num(a.Float("gamma")).Mul(scalar.If(x0.Gt(num(0)), num(1), num(a.Float("alpha")).Mul(un(scalar.Exp, x0))))
+		}},
+	}, false)
+	// mod: fmod = true is C's fmod (the sign of a); false is Python's
+	// remainder (the sign of b), which ONNX allows for integers only.
+	registerBinary(&OpDef{
+		Name: "mod", Summary: "remainder: fmod (sign of a) or, with fmod = false, floored (sign of b; integers)", ONNX: "Mod",
+		Attrs: []AttrSpec{{Name: "fmod", Kind: AttrBool}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			r := scalar.Bin(scalar.Rem, x0, x1)
+			if a.Bool("fmod") {
+				return r
+			}
+			differ := scalar.Bin(scalar.Or, r.Lt(num(0)).And(x1.Gt(num(0))), r.Gt(num(0)).And(x1.Lt(num(0))))
+			return scalar.If(differ, r.Add(x1), r)
+		},
+		Grad: NoGrad,
+	})
+	for _, l := range []struct {
+		name, onnx string
+		p          scalar.Prim
+	}{{"and", "And", scalar.And}, {"or", "Or", scalar.Or}, {"xor", "Xor", scalar.Ne}} {
+		Register(&OpDef{
+			Name: l.name, Summary: "logical " + l.name + " of bools, broadcasting", MinOperands: 2, MaxOperands: 2, ONNX: l.onnx,
+			Infer: func(in []Type, _ AttrValues) ([]Type, error) {
+				if in[0].DType != Bool || in[1].DType != Bool {
+					return nil, fmt.Errorf("%s needs bool operands, got %s and %s", l.name, in[0], in[1])
+				}
+				s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
+				return []Type{{DType: Bool, Shape: s}}, err
+			},
+			Fusion: Broadcast, Commutative: true, Grad: NoGrad,
+			Scalar: same(scalar.Bin(l.p, x0, x1)),
+		})
+	}
+	Register(&OpDef{
+		Name: "not", Summary: "logical not of a bool", MinOperands: 1, MaxOperands: 1, ONNX: "Not",
+		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
+			if in[0].DType != Bool {
+				return nil, fmt.Errorf("not needs a bool operand, got %s", in[0])
+			}
+			return []Type{in[0]}, nil
+		},
+		Fusion: Elementwise, InPlace: true, Grad: NoGrad,
+		Scalar: same(un(scalar.Not, x0)),
+	})
 
 	for _, b := range []struct {
 		name, summary, onnx string

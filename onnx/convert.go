@@ -1,6 +1,9 @@
 package onnx
 
 import (
+	"math"
+	"math/big"
+
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
@@ -9,7 +12,7 @@ import (
 // and returns an entry for each of the node's outputs.
 type converter func(im *importer, n *node, in []entry) ([]entry, error)
 
-var converters map[string]converter
+var converters = map[string]converter{}
 
 // many is an arity without an upper bound.
 const many = 1 << 30
@@ -25,13 +28,26 @@ var arity = map[string][2]int{
 	"Split": {1, 2}, "Slice": {3, 5}, "Gather": {2, 2}, "Squeeze": {1, 2}, "Unsqueeze": {1, 2}, "Expand": {2, 2},
 	"Pad": {1, 4}, "ReduceSum": {1, 2}, "ReduceMean": {1, 2}, "ReduceMax": {1, 2}, "Cast": {1, 1}, "Constant": {0, 0},
 	"ConstantOfShape": {1, 1}, "Shape": {1, 1}, "Size": {1, 1}, "Range": {3, 3},
+	"PRelu": {2, 2}, "Clip": {1, 3}, "Shrink": {1, 1}, "Tile": {2, 2}, "InstanceNormalization": {3, 3},
+	"ReduceMin": {1, 2}, "ReduceL1": {1, 2}, "ReduceL2": {1, 2}, "ReduceSumSquare": {1, 2}, "ReduceLogSum": {1, 2},
+	"ReduceLogSumExp": {1, 2}, "ConvTranspose": {2, 3},
+}
+
+// legacyArity is the input count of operators whose inputs were
+// attributes before an opset.
+var legacyArity = map[string]struct {
+	before int64
+	arity  [2]int
+}{
+	"Slice": {10, [2]int{1, 1}}, "Pad": {11, [2]int{1, 1}}, "Clip": {11, [2]int{1, 1}},
+	"Squeeze": {13, [2]int{1, 1}}, "Unsqueeze": {13, [2]int{1, 1}}, "Split": {13, [2]int{1, 1}},
+	"Dropout": {12, [2]int{1, 1}},
 }
 
 // simple maps ONNX ops to Kiln ops with the same operands and no attributes.
 var simple = map[string]string{"MatMul": "matmul", "GlobalAveragePool": "global_avg_pool"}
 
 func init() {
-	converters = map[string]converter{}
 	for onnxName, kind := range simple {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			return im.emit(kind, in, nil)
@@ -57,6 +73,8 @@ func init() {
 					attrs[spec.Name] = ir.FloatAttr(f32(float64(a.F)))
 				case ir.AttrInt:
 					attrs[spec.Name] = ir.IntAttr(a.I)
+				case ir.AttrBool:
+					attrs[spec.Name] = ir.BoolAttr(a.I != 0)
 				case ir.AttrString:
 					attrs[spec.Name] = ir.StringAttr(string(a.S))
 				case ir.AttrList:
@@ -64,6 +82,13 @@ func init() {
 				default:
 					return nil, im.errorf("attribute %s of %s cannot be imported", spec.Name, n.OpType)
 				}
+			}
+			if im.opset < 7 && attrInt(n, "broadcast", 0) == 1 {
+				b, err := im.legacyBroadcast(n, in[0], in[1])
+				if err != nil {
+					return nil, err
+				}
+				in = []entry{in[0], b}
 			}
 			return im.emit(kind, in, attrs)
 		}
@@ -83,30 +108,34 @@ func init() {
 	converters["Identity"] = func(im *importer, n *node, in []entry) ([]entry, error) { return in, nil }
 	for onnxName, kind := range map[string]string{"Softmax": "softmax", "LogSoftmax": "log_softmax"} {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
-			return im.emit(kind, in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", -1))})
+			if im.opset >= 13 {
+				return im.emit(kind, in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", -1))})
+			}
+			// Before opset 13 the input is coerced to 2-D at axis (default
+			// 1) and normalised over the second dimension.
+			s := in[0].typ().Shape
+			ax, err := ir.NormalizeAxis(attrInt(n, "axis", 1), len(s))
+			if err != nil {
+				return nil, im.errorf("%v", err)
+			}
+			outer, inner := int64(1), int64(1)
+			for i, d := range s {
+				if i < ax {
+					outer *= d
+				} else {
+					inner *= d
+				}
+			}
+			x, err := im.reshapeTo(in[0], ir.Shape{outer, inner})
+			if err != nil {
+				return nil, err
+			}
+			if x, err = im.one(kind, ir.Attrs{"axis": ir.IntAttr(1)}, x); err != nil {
+				return nil, err
+			}
+			x, err = im.reshapeTo(x, s)
+			return []entry{x}, err
 		}
-	}
-	converters["Conv"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
-			return nil, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
-		}
-		if in[0].typ().Rank() != 4 {
-			return nil, im.errorf("only 2-D convolution is supported, input is %s", in[0].typ())
-		}
-		a := ir.Attrs{}
-		if v := attrInts(n, "strides"); v != nil {
-			a["strides"] = ir.IntsAttr(v...)
-		}
-		if v := attrInts(n, "pads"); v != nil {
-			a["pads"] = ir.IntsAttr(v...)
-		}
-		if v := attrInts(n, "dilations"); v != nil {
-			a["dilations"] = ir.IntsAttr(v...)
-		}
-		if g := attrInt(n, "group", 1); g != 1 {
-			a["groups"] = ir.IntAttr(g)
-		}
-		return im.emit("conv2d", present(in), a)
 	}
 	converters["BatchNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		eps := ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))
@@ -130,35 +159,6 @@ func init() {
 			a["trans_b"] = ir.BoolAttr(true)
 		}
 		return im.emit("gemm", present(in), a)
-	}
-	for onnxName, kind := range map[string]string{"MaxPool": "max_pool2d", "AveragePool": "avg_pool2d"} {
-		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
-			if len(n.Outputs) > 1 && n.Outputs[1] != "" {
-				return nil, im.errorf("the indices output of MaxPool is not supported")
-			}
-			if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
-				return nil, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
-			}
-			a := ir.Attrs{"kernel": ir.IntsAttr(attrInts(n, "kernel_shape")...)}
-			if v := attrInts(n, "strides"); v != nil {
-				a["strides"] = ir.IntsAttr(v...)
-			} else {
-				a["strides"] = ir.IntsAttr(1, 1)
-			}
-			if v := attrInts(n, "pads"); v != nil {
-				a["pads"] = ir.IntsAttr(v...)
-			}
-			if v := attrInts(n, "dilations"); v != nil {
-				a["dilations"] = ir.IntsAttr(v...)
-			}
-			if attrInt(n, "ceil_mode", 0) == 1 {
-				a["ceil_mode"] = ir.BoolAttr(true)
-			}
-			if kind == "avg_pool2d" && attrInt(n, "count_include_pad", 0) == 1 {
-				a["count_include_pad"] = ir.BoolAttr(true)
-			}
-			return im.emit(kind, in[:1], a)
-		}
 	}
 	converters["LayerNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		return im.emit("layer_norm", present(in), ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", -1)), "epsilon": ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))})
@@ -273,6 +273,14 @@ func init() {
 	}
 	converters["Slice"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		a := ir.Attrs{}
+		if im.opset < 10 {
+			for _, name := range []string{"starts", "ends", "axes"} {
+				if v := attrInts(n, name); v != nil {
+					a[name] = ir.IntsAttr(v...)
+				}
+			}
+			return im.emit("slice", in, a)
+		}
 		for i, name := range []string{"starts", "ends", "axes", "steps"} {
 			v, err := im.constInts(in, i+1, name)
 			if err != nil {
@@ -292,6 +300,9 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
+		if im.opset < 13 {
+			axes = attrInts(n, "axes")
+		}
 		a := ir.Attrs{}
 		if axes != nil {
 			a["axes"] = ir.IntsAttr(axes...)
@@ -303,6 +314,9 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
+		if im.opset < 13 {
+			axes = attrInts(n, "axes")
+		}
 		return im.emit("unsqueeze", in[:1], ir.Attrs{"axes": ir.IntsAttr(axes...)})
 	}
 	converters["Expand"] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -312,56 +326,9 @@ func init() {
 		}
 		return im.emit("expand", in[:1], ir.Attrs{"shape": ir.IntsAttr(shape...)})
 	}
-	converters["Pad"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		if m := attrString(n, "mode", "constant"); m != "constant" {
-			return nil, im.errorf("mode=%s is not supported (constant only)", m)
-		}
-		pads, err := im.constInts(in, 1, "the pads")
-		if err != nil {
-			return nil, err
-		}
-		value, err := im.constFloat(in, 2, 0, "the padding value")
-		if err != nil {
-			return nil, err
-		}
-		axes, err := im.constInts(in, 3, "the axes")
-		if err != nil {
-			return nil, err
-		}
-		if axes != nil {
-			r := in[0].typ().Rank()
-			full := make([]int64, 2*r)
-			for i, ax := range axes {
-				a, err := ir.NormalizeAxis(ax, r)
-				if err != nil {
-					return nil, im.errorf("%v", err)
-				}
-				full[a], full[a+r] = pads[i], pads[i+len(axes)]
-			}
-			pads = full
-		}
-		a := ir.Attrs{"pads": ir.IntsAttr(pads...)}
-		if value != 0 {
-			a["value"] = ir.FloatAttr(value)
-		}
-		return im.emit("pad", in[:1], a)
-	}
 	for onnxName, kind := range map[string]string{"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max"} {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
-			axes := attrInts(n, "axes")
-			if len(in) > 1 {
-				var err error
-				if axes, err = im.constInts(in, 1, "the axes"); err != nil {
-					return nil, err
-				}
-			}
-			a := ir.Attrs{"keepdims": ir.BoolAttr(attrInt(n, "keepdims", 1) == 1)}
-			if len(axes) > 0 {
-				a["axes"] = ir.IntsAttr(axes...)
-			} else if attrInt(n, "noop_with_empty_axes", 0) == 1 {
-				return in[:1], nil
-			}
-			return im.emit(kind, in[:1], a)
+			return im.reduce(n, kind, in, attrInt(n, "keepdims", 1) == 1)
 		}
 	}
 	converters["Cast"] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -452,34 +419,69 @@ func init() {
 				return nil, im.errorf("Range needs constant scalar start, limit and delta")
 			}
 		}
+		t := ir.Type{DType: in[0].k.Type.DType, Shape: ir.Shape{0}}
+		if !t.DType.IsFloat() {
+			// Integers exactly: ceil((limit - start) / delta) elements.
+			start, limit, delta := in[0].k.I[0], in[1].k.I[0], in[2].k.I[0]
+			if delta == 0 {
+				return nil, im.errorf("Range delta is 0")
+			}
+			count := int64(0)
+			if span := new(big.Int).Sub(big.NewInt(limit), big.NewInt(start)); span.Sign() == big.NewInt(delta).Sign() && span.Sign() != 0 {
+				q, r := new(big.Int).QuoRem(span, big.NewInt(delta), new(big.Int))
+				if r.Sign() != 0 {
+					q.Add(q, big.NewInt(1))
+				}
+				if !q.IsInt64() || q.Int64() > foldLimit {
+					return nil, im.errorf("Range of %s elements is too large to fold", q)
+				}
+				count = q.Int64()
+			}
+			vals := make([]int64, count)
+			for i := range vals {
+				vals[i] = start + int64(i)*delta
+			}
+			t.Shape[0] = count
+			return []entry{{k: interp.FromInts(t, vals)}}, nil
+		}
 		start, limit, delta := in[0].k.At(0), in[1].k.At(0), in[2].k.At(0)
 		if delta == 0 {
 			return nil, im.errorf("Range delta is 0")
 		}
 		count := int64(0)
-		if c := (limit - start) / delta; c > 0 {
-			count = int64(c)
-			if float64(count) < c {
-				count++
+		if c := math.Ceil((limit - start) / delta); c > 0 {
+			if c > foldLimit {
+				return nil, im.errorf("Range of %g elements is too large to fold", c)
 			}
-		}
-		if count > foldLimit {
-			return nil, im.errorf("Range of %d elements is too large to fold", count)
+			count = int64(c)
 		}
 		vals := make([]float64, count)
 		for i := range vals {
 			vals[i] = start + float64(i)*delta
 		}
-		t := ir.Type{DType: in[0].k.Type.DType, Shape: ir.Shape{count}}
-		if t.DType.IsFloat() {
-			return []entry{{k: interp.FromFloats(t, vals)}}, nil
-		}
-		ints := make([]int64, count)
-		for i, v := range vals {
-			ints[i] = int64(v)
-		}
-		return []entry{{k: interp.FromInts(t, ints)}}, nil
+		t.Shape[0] = count
+		return []entry{{k: interp.FromFloats(t, vals)}}, nil
 	}
+}
+
+// reduce applies a Kiln reduction with the node's axes: an attribute
+// (ReduceSum before opset 13, the others before 18) or the second input.
+// No axes means all of them, or nothing with noop_with_empty_axes.
+func (im *importer) reduce(n *node, kind string, in []entry, keepdims bool) ([]entry, error) {
+	axes := attrInts(n, "axes")
+	if len(in) > 1 {
+		var err error
+		if axes, err = im.constInts(in, 1, "the axes"); err != nil {
+			return nil, err
+		}
+	}
+	a := ir.Attrs{"keepdims": ir.BoolAttr(keepdims)}
+	if len(axes) > 0 {
+		a["axes"] = ir.IntsAttr(axes...)
+	} else if attrInt(n, "noop_with_empty_axes", 0) == 1 {
+		return in[:1], nil
+	}
+	return im.emit(kind, in[:1], a)
 }
 
 // present drops trailing missing optional inputs.

@@ -119,6 +119,8 @@ type tGraph struct {
 	inputs  [][]byte
 	outputs [][]byte
 	opset   int64
+	info    [][]byte         // value_info
+	domains map[string]int64 // other opset imports
 }
 
 func encModel(g tGraph) []byte {
@@ -136,6 +138,9 @@ func encModel(g tGraph) []byte {
 	for _, out := range g.outputs {
 		gb = appendMsg(gb, 12, out)
 	}
+	for _, vi := range g.info {
+		gb = appendMsg(gb, 13, vi)
+	}
 	var m []byte
 	m = appendVarint(m, 1, 8)
 	op := g.opset
@@ -143,6 +148,9 @@ func encModel(g tGraph) []byte {
 		op = 17
 	}
 	m = appendMsg(m, 8, appendVarint(appendString(nil, 1, ""), 2, op))
+	for d, v := range g.domains {
+		m = appendMsg(m, 8, appendVarint(appendString(nil, 1, d), 2, v))
+	}
 	m = appendMsg(m, 7, gb)
 	return m
 }

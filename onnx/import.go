@@ -13,6 +13,13 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 )
 
+// The default-domain opsets Kiln reads; each op is read with the
+// semantics of the model's opset (see opsetOf in convert.go).
+const (
+	minOpset = 6
+	maxOpset = 21
+)
+
 // Options control an import.
 type Options struct {
 	// Name is the model's file name, used in locations and messages.
@@ -52,17 +59,23 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 	}
 	version := int64(-1)
 	for _, o := range m.Opsets {
-		if o.Domain == "" || o.Domain == "ai.onnx" {
+		switch o.Domain {
+		case "", "ai.onnx":
 			version = o.Version
+		case "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft":
+			// Imported domains a model may declare without using; a node
+			// in one is reported by checkSupported.
+		default:
+			return nil, fmt.Errorf("%s: operator domain %q (version %d) is not supported; Kiln reads the default ONNX domain", opt.Name, o.Domain, o.Version)
 		}
 	}
-	if version < 13 || version > 17 {
-		return nil, fmt.Errorf("%s: default-domain opset %d is not supported (Kiln reads opsets 13 to 17)", opt.Name, version)
+	if version < minOpset || version > maxOpset {
+		return nil, fmt.Errorf("%s: default-domain opset %d is not supported (Kiln reads opsets %d to %d)", opt.Name, version, minOpset, maxOpset)
 	}
 	if err := checkSupported(m.Graph, opt.Name); err != nil {
 		return nil, err
 	}
-	im := &importer{opt: opt, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}}
+	im := &importer{opt: opt, opset: version, producer: map[string]*node{}, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}}
 	f, err := im.run(m.Graph)
 	if err != nil {
 		return nil, err
@@ -70,10 +83,29 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 	return &ir.Module{Funcs: []*ir.Func{f}}, nil
 }
 
+// unreadable names the operators whose results Kiln cannot represent.
+var unreadable = map[string]string{
+	"NonZero": "its result's shape depends on the data", "Unique": "its result's shape depends on the data",
+	"Compress": "its result's shape depends on the data", "NonMaxSuppression": "its result's shape depends on the data",
+	"StringNormalizer": "it works on strings", "RegexFullMatch": "it works on strings", "StringConcat": "it works on strings",
+	"StringSplit":       "it works on strings",
+	"SequenceConstruct": "it works on sequences", "SequenceAt": "it works on sequences", "SequenceEmpty": "it works on sequences",
+	"SequenceInsert": "it works on sequences", "SequenceErase": "it works on sequences", "SequenceLength": "it works on sequences",
+	"SplitToSequence": "it works on sequences", "ConcatFromSequence": "it works on sequences",
+	"Loop": "its trip count and results' shapes are known only at run time", "If": "its branch is chosen at run time",
+}
+
 // checkSupported lists every op type Kiln cannot import, with counts.
 func checkSupported(g *graph, name string) error {
 	bad := map[string]int{}
 	for _, n := range g.Nodes {
+		if why, ok := unreadable[n.OpType]; ok && (n.Domain == "" || n.Domain == "ai.onnx") {
+			nm := n.Name
+			if nm == "" {
+				nm = n.OpType
+			}
+			return fmt.Errorf("%s: node %q (%s): %s; Kiln plans static shapes and tensors of numbers", name, nm, n.OpType, why)
+		}
 		key := n.OpType
 		if n.Domain != "" && n.Domain != "ai.onnx" {
 			key = n.Domain + "." + n.OpType
@@ -117,18 +149,26 @@ func (e entry) typ() ir.Type {
 func (e entry) missing() bool { return e.v == nil && e.k == nil }
 
 type importer struct {
-	opt    Options
-	f      *ir.Func
-	vals   map[string]entry
-	consts map[*interp.Tensor]*ir.Value
-	n      *node
-	seeds  int64
+	opt      Options
+	opset    int64
+	producer map[string]*node // the node computing each value
+	// declaredBatch is the first dimension the first data input was
+	// exported with (-1: symbolic), which --batch replaces.
+	declaredBatch int64
+	f             *ir.Func
+	vals          map[string]entry
+	consts        map[*interp.Tensor]*ir.Value
+	n             *node
+	seeds         int64
 }
 
 // checkArity holds a node to its operator's input count, with its
 // required inputs present.
 func (im *importer) checkArity(in []entry) error {
 	a, ok := arity[im.n.OpType]
+	if l, old := legacyArity[im.n.OpType]; old && im.opset < l.before {
+		a = l.arity
+	}
 	if !ok {
 		return im.errorf("internal error: no arity for %s", im.n.OpType)
 	}
@@ -363,6 +403,12 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			return nil, fmt.Errorf("%s: input %q has no shape", im.opt.Name, vi.Name)
 		}
 		if im.opt.Batch > 0 && data[vi.Name] && len(shape) > 0 {
+			if im.declaredBatch == 0 {
+				im.declaredBatch = -1
+				if vi.DimNames[0] == "" {
+					im.declaredBatch = vi.Dims[0]
+				}
+			}
 			shape[0] = im.opt.Batch
 		}
 		kind := ir.ArgParam
@@ -418,6 +464,7 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 				continue
 			}
 			im.vals[name] = outs[j]
+			im.producer[name] = n
 		}
 	}
 	listed := map[string]bool{}
@@ -436,7 +483,62 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 		}
 		im.f.Results = append(im.f.Results, ir.Result{Name: vi.Name, Value: v})
 	}
+	for _, vi := range append(append([]*valueInfo{}, g.Outputs...), g.ValueInfo...) {
+		if err := im.checkDeclared(vi); err != nil {
+			return nil, err
+		}
+	}
 	return im.f, nil
+}
+
+// checkDeclared compares the shape and element type a model declares for
+// a value with the ones Kiln computed: a mismatch means Kiln read the
+// model differently from its exporter, and is an error naming the node
+// that computes the value. Symbolic dimensions match the batch given by
+// --batch when it replaced them, and anything otherwise.
+func (im *importer) checkDeclared(vi *valueInfo) error {
+	e, ok := im.vals[vi.Name]
+	if !ok || e.missing() {
+		return nil // a value_info for a value no node computes is ignored
+	}
+	t := e.typ()
+	where := fmt.Sprintf("%s: value %q", im.opt.Name, vi.Name)
+	if n := im.producer[vi.Name]; n != nil {
+		where = fmt.Sprintf("%s: node %s (%s), output %q", im.opt.Name, strconv.Quote(n.Name), n.OpType, vi.Name)
+	}
+	if dt, ok := dtypeOf(vi.ElemType); ok && vi.ElemType != 0 && dt != t.DType {
+		return fmt.Errorf("%s: the model declares element type %s, Kiln computes %s", where, dt, t.DType)
+	}
+	if !vi.HasShape {
+		return nil
+	}
+	if len(vi.Dims) != t.Rank() {
+		return fmt.Errorf("%s: the model declares shape %s, Kiln computes %s", where, declaredShape(vi), t.Shape)
+	}
+	for i, d := range vi.Dims {
+		if im.opt.Batch > 0 && d == im.declaredBatch {
+			continue // --batch replaced the batch the model was exported with
+		}
+		if d >= 0 && vi.DimNames[i] == "" && d != t.Shape[i] {
+			return fmt.Errorf("%s: the model declares shape %s, Kiln computes %s", where, declaredShape(vi), t.Shape)
+		}
+	}
+	return nil
+}
+
+func declaredShape(vi *valueInfo) string {
+	parts := make([]string, len(vi.Dims))
+	for i, d := range vi.Dims {
+		switch {
+		case vi.DimNames[i] != "":
+			parts[i] = vi.DimNames[i]
+		case d < 0:
+			parts[i] = "?"
+		default:
+			parts[i] = strconv.FormatInt(d, 10)
+		}
+	}
+	return "[" + strings.Join(parts, ",") + "]"
 }
 
 func (im *importer) addArg(name string, t ir.Type, kind ir.ArgKind, init *ir.Dense) {
@@ -584,6 +686,9 @@ func (im *importer) constInts(in []entry, i int, what string) ([]int64, error) {
 		return nil, im.errorf("%s must be a constant (computable from static shapes); Kiln needs static shapes", what)
 	}
 	k := in[i].k
+	if !k.Type.DType.IsFloat() {
+		return append([]int64(nil), k.I...), nil // exact: INT64_MAX stays
+	}
 	out := make([]int64, k.Len())
 	for j := range out {
 		out[j] = int64(k.At(j))

@@ -85,8 +85,17 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
 	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Frobnicate (2), LSTM (1)")
-	_, err = Import(encModel(tGraph{opset: 9, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
-	require.ErrorContains(t, err, "opset 9 is not supported")
+	_, err = Import(encModel(tGraph{opset: 5, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, "m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 21)")
+	_, err = Import(encModel(tGraph{opset: 22, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, "m.onnx: default-domain opset 22 is not supported (Kiln reads opsets 6 to 21)")
+	data = encModel(tGraph{
+		nodes:   []tNode{{op: "NonZero", name: "/nz", inputs: []string{"x"}, outputs: []string{"d"}}},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
+		outputs: [][]byte{encValueInfo("d", 7, []int64{1, 2})},
+	})
+	_, err = Import(data, Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/nz" (NonZero): its result's shape depends on the data; Kiln plans static shapes and tensors of numbers`)
 }
 
 func TestNodeErrorsNameTheNode(t *testing.T) {
@@ -365,4 +374,39 @@ func TestDuplicateGraphOutputs(t *testing.T) {
 	})
 	_, err := Import(model, Options{Name: "m.onnx"})
 	require.ErrorContains(t, err, `m.onnx: graph output "y" is listed twice`)
+}
+
+// TestModelDeclarationsAreChecked: an unknown operator domain is an error
+// naming it; a shape or element type that Kiln computes differently from
+// what the model declares (for an output or a value_info) is an error
+// naming the node.
+func TestModelDeclarationsAreChecked(t *testing.T) {
+	x := [][]byte{encValueInfo("x", 1, []int64{2, 3})}
+	relu := []tNode{{op: "Relu", name: "/r", inputs: []string{"x"}, outputs: []string{"y"}}, {op: "Relu", name: "/s", inputs: []string{"y"}, outputs: []string{"z"}}}
+	_, err := Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 1, []int64{2, 3})}, domains: map[string]int64{"com.example.custom": 1}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: operator domain "com.example.custom" (version 1) is not supported; Kiln reads the default ONNX domain`)
+	_, err = Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 1, []int64{2, 4})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/s" (Relu), output "z": the model declares shape [2,4], Kiln computes [2,3]`)
+	_, err = Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 1, []int64{2, 3})}, info: [][]byte{encValueInfo("y", 1, []int64{3, 2})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/r" (Relu), output "y": the model declares shape [3,2], Kiln computes [2,3]`)
+	_, err = Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 11, []int64{2, 3})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/s" (Relu), output "z": the model declares element type f64, Kiln computes f32`)
+	// A dimension left unknown matches anything.
+	_, err = Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 1, []int64{-1, 3})}}), Options{Name: "m.onnx"})
+	require.NoError(t, err)
+}
+
+// TestSliceEndsKeepInt64: PyTorch writes x[:, 1:] as ends = INT64_MAX; it
+// must stay INT64_MAX (not pass through a float64 and wrap to INT64_MIN).
+func TestSliceEndsKeepInt64(t *testing.T) {
+	data := encModel(tGraph{
+		nodes: []tNode{{op: "Slice", name: "/s", inputs: []string{"x", "st", "en", "ax"}, outputs: []string{"y"}}},
+		inits: [][]byte{encTensorI64("st", []int64{1}, []int64{1}), encTensorI64("en", []int64{1}, []int64{math.MaxInt64}), encTensorI64("ax", []int64{1}, []int64{1})},
+		inputs: [][]byte{encValueInfo("x", 1, []int64{2, 6}), encValueInfo("st", 7, []int64{1}), encValueInfo("en", 7, []int64{1}), encValueInfo("ax", 7, []int64{1})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 5})},
+	})
+	m, err := Import(data, Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	require.Equal(t, "f32[2,5]", m.Funcs[0].Results[0].Value.Type.String())
+	require.Contains(t, m.String(), "ends = [9223372036854775807]")
 }

@@ -27,6 +27,7 @@ type graph struct {
 	Initializer []*tensor
 	Inputs      []*valueInfo
 	Outputs     []*valueInfo
+	ValueInfo   []*valueInfo // declared types of intermediate values
 }
 
 type node struct {
@@ -206,7 +207,7 @@ func parseModel(b []byte) (*model, error) {
 func parseGraph(b []byte) (*graph, error) {
 	g := &graph{}
 	err := fields(b, func(num protowire.Number, typ protowire.Type, v uint64, data []byte) error {
-		if typ != protowire.BytesType && (num == 1 || num == 2 || num == 5 || num == 11 || num == 12) {
+		if typ != protowire.BytesType && (num == 1 || num == 2 || num == 5 || num == 11 || num == 12 || num == 13) {
 			return errTruncated
 		}
 		switch num {
@@ -220,12 +221,15 @@ func parseGraph(b []byte) (*graph, error) {
 			t, err := parseTensor(data)
 			g.Initializer = append(g.Initializer, t)
 			return err
-		case 11, 12:
+		case 11, 12, 13:
 			vi, err := parseValueInfo(data)
-			if num == 11 {
+			switch num {
+			case 11:
 				g.Inputs = append(g.Inputs, vi)
-			} else {
+			case 12:
 				g.Outputs = append(g.Outputs, vi)
+			default:
+				g.ValueInfo = append(g.ValueInfo, vi)
 			}
 			return err
 		}

@@ -193,6 +193,14 @@ func analyze(t *scalar.Typed, xs []float64, p precision) bound {
 	case scalar.Tanh:
 		b.v = math.Tanh(x.v)
 		b.e = x.e + p.libm*p.u*math.Abs(b.v)
+	case scalar.Sin, scalar.Cos:
+		// |sin'| and |cos'| are at most 1; libm's error is a few ulps of
+		// the result's scale, 1, even near a root.
+		b.v = math.Sin(x.v)
+		if t.Prim == scalar.Cos {
+			b.v = math.Cos(x.v)
+		}
+		b.e = x.e + p.libm*p.u
 	case scalar.Erf:
 		b.v = math.Erf(x.v)
 		b.e = 2/math.SqrtPi*x.e + p.libm*p.u*math.Abs(b.v)

@@ -115,7 +115,7 @@ func scalarInstances() []instance {
 			}
 			continue
 		}
-		for _, dt := range []string{"f32", "f64", "i64", "i32"} {
+		for _, dt := range []string{"f32", "f64", "i64", "i32", "bool"} {
 			var in []ir.Type
 			switch d.MinOperands {
 			case 1:
@@ -134,8 +134,12 @@ func scalarInstances() []instance {
 				attrVariants = append(attrVariants, ir.Attrs{"approximate": ir.StringAttr("tanh")})
 			case "hard_sigmoid":
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.3), "beta": ir.FloatAttr(0.4)})
-			case "elu":
+			case "elu", "leaky_relu":
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.5)})
+			case "selu":
+				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.5), "gamma": ir.FloatAttr(2)})
+			case "mod":
+				attrVariants = append(attrVariants, ir.Attrs{"fmod": ir.BoolAttr(true)})
 			}
 			for _, a := range attrVariants {
 				if _, err := d.InferTypes(in, a); err != nil {

@@ -1,0 +1,424 @@
+package onnx
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Converters for ONNX operators that Kiln writes as several of its own
+// ops: each is exact (the same arithmetic the operator specifies) and
+// differentiable through its parts.
+
+// one emits a single-result op.
+func (im *importer) one(kind string, attrs ir.Attrs, in ...entry) (entry, error) {
+	out, err := im.emit(kind, in, attrs)
+	if err != nil {
+		return entry{}, err
+	}
+	return out[0], nil
+}
+
+// scalarConst is a rank-0 import-time constant of dtype dt.
+func scalarConst(dt ir.DType, v float64) entry {
+	t := ir.TensorOf(dt)
+	if dt.IsFloat() {
+		return entry{k: interp.FromFloats(t, []float64{v})}
+	}
+	return entry{k: interp.FromInts(t, []int64{int64(v)})}
+}
+
+// reshapeTo reshapes e to shape (no-op when it already has it).
+func (im *importer) reshapeTo(e entry, shape ir.Shape) (entry, error) {
+	if e.typ().Shape.Equal(shape) {
+		return e, nil
+	}
+	return im.one("reshape", ir.Attrs{"shape": ir.IntsAttr(shape...)}, e)
+}
+
+// sliceAxis is x[start:end:step] along axis.
+func (im *importer) sliceAxis(x entry, axis int, start, end, step int64) (entry, error) {
+	return im.one("slice", ir.Attrs{"axes": ir.IntsAttr(int64(axis)), "starts": ir.IntsAttr(start), "ends": ir.IntsAttr(end), "steps": ir.IntsAttr(step)}, x)
+}
+
+func init() {
+	converters["Pad"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		var pads []int64
+		value := 0.0
+		if im.opset < 11 {
+			pads = attrInts(n, "pads")
+			if pads == nil {
+				pads = attrInts(n, "paddings")
+			}
+			value = attrFloat(n, "value", 0)
+		} else {
+			var err error
+			if pads, err = im.constInts(in, 1, "the pads"); err != nil {
+				return nil, err
+			}
+			if value, err = im.constFloat(in, 2, 0, "the padding value"); err != nil {
+				return nil, err
+			}
+			axes, err := im.constInts(in, 3, "the axes")
+			if err != nil {
+				return nil, err
+			}
+			if axes != nil {
+				if len(pads) != 2*len(axes) {
+					return nil, im.errorf("%d pads for %d axes", len(pads), len(axes))
+				}
+				r := in[0].typ().Rank()
+				full := make([]int64, 2*r)
+				for i, ax := range axes {
+					a, err := ir.NormalizeAxis(ax, r)
+					if err != nil {
+						return nil, im.errorf("%v", err)
+					}
+					full[a], full[a+r] = pads[i], pads[i+len(axes)]
+				}
+				pads = full
+			}
+		}
+		r := in[0].typ().Rank()
+		if len(pads) != 2*r {
+			return nil, im.errorf("%d pads for an input of rank %d", len(pads), r)
+		}
+		switch mode := attrString(n, "mode", "constant"); mode {
+		case "constant":
+			a := ir.Attrs{"pads": ir.IntsAttr(pads...)}
+			if value != 0 {
+				a["value"] = ir.FloatAttr(value)
+			}
+			return im.emit("pad", in[:1], a)
+		case "reflect", "edge", "wrap":
+			x := in[0]
+			for ax := 0; ax < r; ax++ {
+				var err error
+				if x, err = im.padAxis(x, ax, pads[ax], pads[ax+r], mode); err != nil {
+					return nil, err
+				}
+			}
+			return []entry{x}, nil
+		default:
+			return nil, im.errorf("mode=%q is not an ONNX padding mode", mode)
+		}
+	}
+	converters["PRelu"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x, slope := in[0], in[1]
+		xs, ss := x.typ().Shape, slope.typ().Shape
+		// Before opset 7 a slope of one axis is per channel (axis 1).
+		if im.opset < 7 && len(ss) == 1 && len(xs) > 2 && ss[0] == xs[1] && ss[0] != xs[len(xs)-1] {
+			shape := ir.Shape{ss[0]}
+			for range xs[2:] {
+				shape = append(shape, 1)
+			}
+			var err error
+			if slope, err = im.reshapeTo(slope, shape); err != nil {
+				return nil, err
+			}
+		}
+		neg, err := im.one("mul", nil, x, slope)
+		if err != nil {
+			return nil, err
+		}
+		pos, err := im.one("gt", nil, x, scalarConst(x.typ().DType, 0))
+		if err != nil {
+			return nil, err
+		}
+		y, err := im.one("where", nil, pos, x, neg)
+		if err != nil {
+			return nil, err
+		}
+		if !y.typ().Shape.Equal(xs) {
+			return nil, im.errorf("slope %s does not broadcast to the input %s", slope.typ(), x.typ())
+		}
+		return []entry{y}, nil
+	}
+	converters["Clip"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		dt := x.typ().DType
+		var bounds [2]*entry
+		if im.opset < 11 {
+			lo, hi := scalarConst(dt, attrFloat(n, "min", math.Inf(-1))), scalarConst(dt, attrFloat(n, "max", math.Inf(1)))
+			if attr(n, "min") != nil {
+				bounds[0] = &lo
+			}
+			if attr(n, "max") != nil {
+				bounds[1] = &hi
+			}
+		} else {
+			for i := 1; i < len(in) && i < 3; i++ {
+				if !in[i].missing() {
+					if in[i].typ().Rank() != 0 && in[i].typ().NumElements() != 1 {
+						return nil, im.errorf("min and max must be scalars, got %s", in[i].typ())
+					}
+					b := in[i]
+					bounds[i-1] = &b
+				}
+			}
+		}
+		var err error
+		for i, kind := range []string{"max", "min"} { // max(x, lo), then min(., hi)
+			if bounds[i] == nil {
+				continue
+			}
+			b, err := im.reshapeTo(*bounds[i], ir.Shape{})
+			if err != nil {
+				return nil, err
+			}
+			if x, err = im.one(kind, nil, x, b); err != nil {
+				return nil, err
+			}
+		}
+		return []entry{x}, err
+	}
+	converters["Shrink"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		dt := x.typ().DType
+		l, bias := attrFloat(n, "lambd", 0.5), attrFloat(n, "bias", 0)
+		below, err := im.one("lt", nil, x, scalarConst(dt, -l))
+		if err != nil {
+			return nil, err
+		}
+		above, err := im.one("gt", nil, x, scalarConst(dt, l))
+		if err != nil {
+			return nil, err
+		}
+		plus, err := im.one("add", nil, x, scalarConst(dt, bias))
+		if err != nil {
+			return nil, err
+		}
+		minus, err := im.one("sub", nil, x, scalarConst(dt, bias))
+		if err != nil {
+			return nil, err
+		}
+		inner, err := im.one("where", nil, above, minus, scalarConst(dt, 0))
+		if err != nil {
+			return nil, err
+		}
+		y, err := im.one("where", nil, below, plus, inner)
+		return []entry{y}, err
+	}
+	// Tile: x[d0,...] -> reshape [1,d0,1,d1,...] -> expand [r0,d0,r1,d1,...]
+	// -> reshape [r0*d0, r1*d1, ...]; the copies are the outer index.
+	converters["Tile"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		reps, err := im.constInts(in, 1, "the repeats")
+		if err != nil {
+			return nil, err
+		}
+		s := in[0].typ().Shape
+		if len(reps) != len(s) {
+			return nil, im.errorf("%d repeats for an input of rank %d", len(reps), len(s))
+		}
+		var inter, wide, out ir.Shape
+		for i, d := range s {
+			if reps[i] < 0 {
+				return nil, im.errorf("repeat %d is negative", reps[i])
+			}
+			inter = append(inter, 1, d)
+			wide = append(wide, reps[i], d)
+			out = append(out, reps[i]*d)
+		}
+		x, err := im.reshapeTo(in[0], inter)
+		if err != nil {
+			return nil, err
+		}
+		if x, err = im.one("expand", ir.Attrs{"shape": ir.IntsAttr(wide...)}, x); err != nil {
+			return nil, err
+		}
+		x, err = im.reshapeTo(x, out)
+		return []entry{x}, err
+	}
+	converters["InstanceNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x, scale, bias := in[0], in[1], in[2]
+		xt := x.typ()
+		if xt.Rank() < 3 {
+			return nil, im.errorf("input %s needs a batch, a channel and spatial axes", xt)
+		}
+		c := xt.Shape[1]
+		ones := interp.New(ir.Type{DType: xt.DType, Shape: xt.Shape[2:]})
+		for i := range ones.F {
+			ones.F[i] = 1
+		}
+		y, err := im.one("layer_norm", ir.Attrs{"axis": ir.IntAttr(2), "epsilon": ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))}, x, entry{k: ones})
+		if err != nil {
+			return nil, err
+		}
+		perChannel := ir.Shape{c}
+		for range xt.Shape[2:] {
+			perChannel = append(perChannel, 1)
+		}
+		for _, p := range []struct {
+			kind string
+			e    entry
+		}{{"mul", scale}, {"add", bias}} {
+			if p.e.typ().NumElements() != c {
+				return nil, im.errorf("scale and bias need %d values, got %s", c, p.e.typ())
+			}
+			b, err := im.reshapeTo(p.e, perChannel)
+			if err != nil {
+				return nil, err
+			}
+			if y, err = im.one(p.kind, nil, y, b); err != nil {
+				return nil, err
+			}
+		}
+		return []entry{y}, nil
+	}
+	for onnxName, r := range map[string]struct {
+		pre, reduce, post string
+	}{
+		"ReduceMin":       {"neg", "reduce_max", "neg"},
+		"ReduceL1":        {"abs", "reduce_sum", ""},
+		"ReduceL2":        {"square", "reduce_sum", "sqrt"},
+		"ReduceSumSquare": {"square", "reduce_sum", ""},
+		"ReduceLogSum":    {"", "reduce_sum", "log"},
+	} {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			x := in[0]
+			var err error
+			switch r.pre {
+			case "square":
+				x, err = im.one("mul", nil, x, x)
+			case "":
+			default:
+				x, err = im.one(r.pre, nil, x)
+			}
+			if err != nil {
+				return nil, err
+			}
+			out, err := im.reduce(n, r.reduce, append([]entry{x}, in[1:]...), attrInt(n, "keepdims", 1) == 1)
+			if err != nil || r.post == "" {
+				return out, err
+			}
+			y, err := im.one(r.post, nil, out[0])
+			return []entry{y}, err
+		}
+	}
+	// ReduceLogSumExp: m + log(sum(exp(x - m))), m the (kept) maximum, so
+	// that large inputs do not overflow.
+	converters["ReduceLogSumExp"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		m, err := im.reduce(n, "reduce_max", in, true)
+		if err != nil {
+			return nil, err
+		}
+		shifted, err := im.one("sub", nil, in[0], m[0])
+		if err != nil {
+			return nil, err
+		}
+		e, err := im.one("exp", nil, shifted)
+		if err != nil {
+			return nil, err
+		}
+		s, err := im.reduce(n, "reduce_sum", append([]entry{e}, in[1:]...), attrInt(n, "keepdims", 1) == 1)
+		if err != nil {
+			return nil, err
+		}
+		l, err := im.one("log", nil, s[0])
+		if err != nil {
+			return nil, err
+		}
+		mm, err := im.reshapeTo(m[0], l.typ().Shape)
+		if err != nil {
+			return nil, err
+		}
+		y, err := im.one("add", nil, l, mm)
+		return []entry{y}, err
+	}
+}
+
+// padAxis pads x along axis with before and after elements copied from x
+// itself: "edge" repeats the border element, "reflect" mirrors the
+// elements next to the border (excluding it), "wrap" continues from the
+// other end. It is written as slices and one concat, so its gradient is
+// the sum of the copies' gradients.
+func (im *importer) padAxis(x entry, axis int, before, after int64, mode string) (entry, error) {
+	if before == 0 && after == 0 {
+		return x, nil
+	}
+	d := x.typ().Shape[axis]
+	if before < 0 || after < 0 {
+		return entry{}, im.errorf("negative pads are only allowed with mode=constant")
+	}
+	limit := d
+	if mode == "reflect" {
+		limit = d - 1
+	}
+	if d == 0 || before > limit || after > limit {
+		return entry{}, im.errorf("pads %d and %d are too large for mode=%s on a dimension of %d", before, after, mode, d)
+	}
+	part := func(start, end, step, count int64) (entry, error) {
+		if mode == "edge" {
+			e, err := im.sliceAxis(x, axis, start, start+1, 1)
+			if err != nil {
+				return entry{}, err
+			}
+			shape := x.typ().Shape.Clone()
+			shape[axis] = count
+			return im.one("expand", ir.Attrs{"shape": ir.IntsAttr(shape...)}, e)
+		}
+		if end < 0 {
+			end = -d - 1 // before index 0 for a negative step
+		}
+		return im.sliceAxis(x, axis, start, end, step)
+	}
+	var parts []entry
+	if before > 0 {
+		var p entry
+		var err error
+		switch mode {
+		case "edge":
+			p, err = part(0, 0, 1, before)
+		case "reflect":
+			p, err = part(before, 0, -1, before)
+		default: // wrap
+			p, err = part(d-before, d, 1, before)
+		}
+		if err != nil {
+			return entry{}, err
+		}
+		parts = append(parts, p)
+	}
+	parts = append(parts, x)
+	if after > 0 {
+		var p entry
+		var err error
+		switch mode {
+		case "edge":
+			p, err = part(d-1, d, 1, after)
+		case "reflect":
+			p, err = part(d-2, d-2-after, -1, after)
+		default:
+			p, err = part(0, after, 1, after)
+		}
+		if err != nil {
+			return entry{}, err
+		}
+		parts = append(parts, p)
+	}
+	return im.one("concat", ir.Attrs{"axis": ir.IntAttr(int64(axis))}, parts...)
+}
+
+// legacyBroadcast reshapes b for the broadcast attribute of opsets
+// before 7: b's shape matches a contiguous run of a's axes starting at
+// axis (default: the trailing axes).
+func (im *importer) legacyBroadcast(n *node, a, b entry) (entry, error) {
+	as, bs := a.typ().Shape, b.typ().Shape
+	axis := int64(len(as) - len(bs))
+	if at := attr(n, "axis"); at != nil {
+		axis = at.I
+		if axis < 0 {
+			axis += int64(len(as))
+		}
+	}
+	if axis < 0 || int(axis)+len(bs) > len(as) {
+		return entry{}, im.errorf("broadcast of %s at axis %d into %s is out of range", b.typ(), axis, a.typ())
+	}
+	shape := make(ir.Shape, len(as))
+	for i := range shape {
+		shape[i] = 1
+	}
+	copy(shape[axis:], bs)
+	return im.reshapeTo(b, shape)
+}

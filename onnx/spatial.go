@@ -1,0 +1,309 @@
+package onnx
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Convolution and pooling over 1, 2 or 3 spatial axes. Kiln's ops are
+// 2-D; a 1-D node runs as 2-D with a height of 1, and a 3-D node as one
+// 2-D op per kernel depth over depth slices folded into the batch,
+// combined by a sum (convolution, average) or a maximum. Each form is
+// exact and differentiable through its parts.
+
+// window is a node's per-axis geometry over its spatial axes.
+type window struct {
+	kernel, strides, dilations []int64
+	pads                       []int64 // begins, then ends
+}
+
+// readWindow reads kernel_shape (or kernel, the weight's spatial dims),
+// strides, dilations and pads with ONNX's defaults.
+func (im *importer) readWindow(n *node, spatial int, kernel []int64) (window, error) {
+	w := window{kernel: kernel}
+	if k := attrInts(n, "kernel_shape"); k != nil {
+		w.kernel = k
+	}
+	fill := func(name string, v int64, count int) []int64 {
+		if a := attrInts(n, name); a != nil {
+			return a
+		}
+		out := make([]int64, count)
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	}
+	w.strides, w.dilations, w.pads = fill("strides", 1, spatial), fill("dilations", 1, spatial), fill("pads", 0, 2*spatial)
+	if len(w.kernel) != spatial || len(w.strides) != spatial || len(w.dilations) != spatial || len(w.pads) != 2*spatial {
+		return w, im.errorf("kernel_shape, strides, dilations and pads must have %d, %d, %d and %d entries for %d spatial axes", spatial, spatial, spatial, 2*spatial, spatial)
+	}
+	if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
+		return w, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
+	}
+	return w, nil
+}
+
+// attrs2d is the 2-D op's attributes for spatial axes i and j (i = -1:
+// a height of 1).
+func (w window) attrs2d(i, j int) ir.Attrs {
+	sp := len(w.strides)
+	pick := func(v []int64, k int, def int64) int64 {
+		if k < 0 {
+			return def
+		}
+		return v[k]
+	}
+	return ir.Attrs{
+		"strides":   ir.IntsAttr(pick(w.strides, i, 1), w.strides[j]),
+		"dilations": ir.IntsAttr(pick(w.dilations, i, 1), w.dilations[j]),
+		"pads":      ir.IntsAttr(pick(w.pads, i, 0), w.pads[j], pick(w.pads[sp:], i, 0), w.pads[sp+j]),
+	}
+}
+
+func init() {
+	converters["Conv"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		in = present(in)
+		x, wt := in[0], in[1]
+		spatial := x.typ().Rank() - 2
+		if spatial < 1 || spatial > 3 || wt.typ().Rank() != spatial+2 {
+			return nil, im.errorf("convolution of %s with weight %s: Kiln reads 1-, 2- and 3-D convolutions", x.typ(), wt.typ())
+		}
+		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]))
+		if err != nil {
+			return nil, err
+		}
+		groups := attrInt(n, "group", 1)
+		switch spatial {
+		case 1:
+			a := w.attrs2d(-1, 0)
+			a["groups"] = ir.IntAttr(groups)
+			return im.as2d(in, []int{0, 1}, "conv2d", a)
+		case 2:
+			a := w.attrs2d(0, 1)
+			a["groups"] = ir.IntAttr(groups)
+			return im.emit("conv2d", in, a)
+		}
+		return im.over3d(n, in, w, "conv2d", groups)
+	}
+	for onnxName, kind := range map[string]string{"MaxPool": "max_pool2d", "AveragePool": "avg_pool2d"} {
+		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			if len(n.Outputs) > 1 && n.Outputs[1] != "" {
+				return nil, im.errorf("the indices output of MaxPool is not supported")
+			}
+			if attrInt(n, "storage_order", 0) != 0 {
+				return nil, im.errorf("storage_order=1 is not supported")
+			}
+			x := in[0]
+			spatial := x.typ().Rank() - 2
+			if spatial < 1 || spatial > 3 {
+				return nil, im.errorf("pooling of %s: Kiln reads 1-, 2- and 3-D pooling", x.typ())
+			}
+			w, err := im.readWindow(n, spatial, nil)
+			if err != nil {
+				return nil, err
+			}
+			ceil := attrInt(n, "ceil_mode", 0) == 1
+			include := kind == "avg_pool2d" && attrInt(n, "count_include_pad", 0) == 1
+			flags := func(a ir.Attrs, kernel ...int64) ir.Attrs {
+				a["kernel"] = ir.IntsAttr(kernel...)
+				if ceil {
+					a["ceil_mode"] = ir.BoolAttr(true)
+				}
+				if include {
+					a["count_include_pad"] = ir.BoolAttr(true)
+				}
+				return a
+			}
+			switch spatial {
+			case 1:
+				return im.as2d(in[:1], []int{0}, kind, flags(w.attrs2d(-1, 0), 1, w.kernel[0]))
+			case 2:
+				return im.emit(kind, in[:1], flags(w.attrs2d(0, 1), w.kernel...))
+			}
+			if ceil {
+				return nil, im.errorf("ceil_mode=1 is not supported for 3-D pooling")
+			}
+			if kind == "avg_pool2d" && !include && (w.pads[0] != 0 || w.pads[3] != 0) {
+				return nil, im.errorf("3-D average pooling with depth padding needs count_include_pad=1")
+			}
+			return im.over3d(n, in[:1], w, kind, 0)
+		}
+	}
+	converters["ConvTranspose"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		in = present(in)
+		x, wt := in[0], in[1]
+		spatial := x.typ().Rank() - 2
+		if spatial < 1 || spatial > 2 || wt.typ().Rank() != spatial+2 {
+			return nil, im.errorf("transposed convolution of %s with weight %s: Kiln reads 1- and 2-D ones", x.typ(), wt.typ())
+		}
+		if attr(n, "output_shape") != nil {
+			return nil, im.errorf("output_shape is not supported; export with explicit pads")
+		}
+		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]))
+		if err != nil {
+			return nil, err
+		}
+		groups := attrInt(n, "group", 1)
+		outPad := attrInts(n, "output_padding")
+		if outPad == nil {
+			outPad = make([]int64, spatial)
+		}
+		if len(outPad) != spatial {
+			return nil, im.errorf("output_padding needs %d entries", spatial)
+		}
+		xs := x.typ().Shape
+		out := ir.Shape{xs[0], wt.typ().Shape[1] * groups}
+		for i := 0; i < spatial; i++ {
+			d := w.strides[i]*(xs[2+i]-1) + outPad[i] + w.dilations[i]*(w.kernel[i]-1) + 1 - w.pads[i] - w.pads[spatial+i]
+			if outPad[i] < 0 || outPad[i] >= max(w.strides[i], w.dilations[i]) || d < 1 {
+				return nil, im.errorf("output_padding %v with strides %v gives an invalid output", outPad, w.strides)
+			}
+			out = append(out, d)
+		}
+		a := w.attrs2d(0, 1)
+		if spatial == 1 {
+			a = w.attrs2d(-1, 0)
+			out = ir.Shape{out[0], out[1], 1, out[2]}
+		}
+		a["groups"] = ir.IntAttr(groups)
+		a["input_shape"] = ir.IntsAttr(out...)
+		var y []entry
+		if spatial == 1 {
+			y, err = im.as2d(in[:2], []int{0, 1}, "conv2d_grad_input", a)
+		} else {
+			y, err = im.emit("conv2d_grad_input", in[:2], a)
+		}
+		if err != nil || len(in) < 3 {
+			return y, err
+		}
+		return im.addChannelBias(y[0], in[2])
+	}
+}
+
+// addChannelBias adds b[C] along axis 1 of y.
+func (im *importer) addChannelBias(y, b entry) ([]entry, error) {
+	ys := y.typ().Shape
+	if b.typ().NumElements() != ys[1] {
+		return nil, im.errorf("bias %s does not match %d channels", b.typ(), ys[1])
+	}
+	shape := ir.Shape{ys[1]}
+	for range ys[2:] {
+		shape = append(shape, 1)
+	}
+	b, err := im.reshapeTo(b, shape)
+	if err != nil {
+		return nil, err
+	}
+	out, err := im.one("add", nil, y, b)
+	return []entry{out}, err
+}
+
+// as2d runs a 2-D op on 1-D operands: the operands listed get a height
+// of 1 (axis 2), and the result loses it.
+func (im *importer) as2d(in []entry, lift []int, kind string, a ir.Attrs) ([]entry, error) {
+	in = append([]entry{}, in...)
+	for _, i := range lift {
+		var err error
+		if in[i], err = im.one("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(2)}, in[i]); err != nil {
+			return nil, err
+		}
+	}
+	y, err := im.one(kind, a, in...)
+	if err != nil {
+		return nil, err
+	}
+	y, err = im.one("squeeze", ir.Attrs{"axes": ir.IntsAttr(2)}, y)
+	return []entry{y}, err
+}
+
+// over3d computes a 3-D convolution or pooling as 2-D ops, one per
+// kernel depth kd: the depth slice kd*dilation, +stride, ... of the
+// (depth-padded) input, with depth folded into the batch, through the
+// 2-D op over height and width; the slices' results are summed
+// (convolution, then the bias once), maximised, or averaged.
+func (im *importer) over3d(n *node, in []entry, w window, kind string, groups int64) ([]entry, error) {
+	x := in[0]
+	xs := x.typ().Shape
+	if w.pads[0] != 0 || w.pads[3] != 0 {
+		value := 0.0
+		if kind == "max_pool2d" {
+			value = math.Inf(-1)
+		}
+		var err error
+		if x, err = im.one("pad", ir.Attrs{"pads": ir.IntsAttr(0, 0, w.pads[0], 0, 0, 0, 0, w.pads[3], 0, 0), "value": ir.FloatAttr(value)}, x); err != nil {
+			return nil, err
+		}
+	}
+	depth := x.typ().Shape[2]
+	kd, sd, dd := w.kernel[0], w.strides[0], w.dilations[0]
+	span := dd*(kd-1) + 1
+	if kd < 1 || sd < 1 || dd < 1 || depth < span {
+		return nil, im.errorf("the depth window (kernel %d, dilation %d) does not fit a depth of %d", kd, dd, depth)
+	}
+	outDepth := (depth-span)/sd + 1
+	xt, err := im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(0, 2, 1, 3, 4)}, x)
+	if err != nil {
+		return nil, err
+	}
+	a := w.attrs2d(1, 2)
+	combine := "add"
+	switch kind {
+	case "conv2d":
+		a["groups"] = ir.IntAttr(groups)
+	case "max_pool2d":
+		a["kernel"] = ir.IntsAttr(w.kernel[1:]...)
+		combine = "max"
+	default:
+		a["kernel"] = ir.IntsAttr(w.kernel[1:]...)
+		if attrInt(n, "count_include_pad", 0) == 1 {
+			a["count_include_pad"] = ir.BoolAttr(true)
+		}
+	}
+	var acc entry
+	for k := int64(0); k < kd; k++ {
+		s, err := im.sliceAxis(xt, 1, k*dd, k*dd+(outDepth-1)*sd+1, sd)
+		if err != nil {
+			return nil, err
+		}
+		if s, err = im.reshapeTo(s, ir.Shape{xs[0] * outDepth, xs[1], xs[3], xs[4]}); err != nil {
+			return nil, err
+		}
+		operands := []entry{s}
+		if kind == "conv2d" {
+			ws := in[1].typ().Shape
+			wk, err := im.sliceAxis(in[1], 2, k, k+1, 1)
+			if err != nil {
+				return nil, err
+			}
+			if wk, err = im.reshapeTo(wk, ir.Shape{ws[0], ws[1], ws[3], ws[4]}); err != nil {
+				return nil, err
+			}
+			operands = append(operands, wk)
+			if k == 0 && len(in) > 2 {
+				operands = append(operands, in[2])
+			}
+		}
+		y, err := im.one(kind, a, operands...)
+		if err != nil {
+			return nil, err
+		}
+		if k == 0 {
+			acc = y
+		} else if acc, err = im.one(combine, nil, acc, y); err != nil {
+			return nil, err
+		}
+	}
+	if kind == "avg_pool2d" && kd > 1 {
+		if acc, err = im.one("div", nil, acc, scalarConst(acc.typ().DType, float64(kd))); err != nil {
+			return nil, err
+		}
+	}
+	ys := acc.typ().Shape
+	if acc, err = im.reshapeTo(acc, ir.Shape{xs[0], outDepth, ys[1], ys[2], ys[3]}); err != nil {
+		return nil, err
+	}
+	y, err := im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(0, 2, 1, 3, 4)}, acc)
+	return []entry{y}, err
+}
