@@ -400,9 +400,9 @@ func TestModelDeclarationsAreChecked(t *testing.T) {
 // must stay INT64_MAX (not pass through a float64 and wrap to INT64_MIN).
 func TestSliceEndsKeepInt64(t *testing.T) {
 	data := encModel(tGraph{
-		nodes: []tNode{{op: "Slice", name: "/s", inputs: []string{"x", "st", "en", "ax"}, outputs: []string{"y"}}},
-		inits: [][]byte{encTensorI64("st", []int64{1}, []int64{1}), encTensorI64("en", []int64{1}, []int64{math.MaxInt64}), encTensorI64("ax", []int64{1}, []int64{1})},
-		inputs: [][]byte{encValueInfo("x", 1, []int64{2, 6}), encValueInfo("st", 7, []int64{1}), encValueInfo("en", 7, []int64{1}), encValueInfo("ax", 7, []int64{1})},
+		nodes:   []tNode{{op: "Slice", name: "/s", inputs: []string{"x", "st", "en", "ax"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorI64("st", []int64{1}, []int64{1}), encTensorI64("en", []int64{1}, []int64{math.MaxInt64}), encTensorI64("ax", []int64{1}, []int64{1})},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 6}), encValueInfo("st", 7, []int64{1}), encValueInfo("en", 7, []int64{1}), encValueInfo("ax", 7, []int64{1})},
 		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 5})},
 	})
 	m, err := Import(data, Options{Name: "m.onnx"})
