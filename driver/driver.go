@@ -16,6 +16,7 @@ import (
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/outfile"
 	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
 )
 
 // Version is the kiln release.
@@ -279,6 +280,13 @@ func importModule(e *env, path string, opt onnx.Options) (*input, error) {
 		}
 		fmt.Fprintf(e.stderr, "%s\n", msg)
 		return nil, exitError{1}
+	}
+	for _, f := range m.Funcs {
+		// Exporters write some ops as chains; the ops save less for the
+		// backward pass (docs/onnx.md).
+		if passes.RecognizeComposites(f) > 0 {
+			passes.RemoveDeadOps(f)
+		}
 	}
 	if err := ir.Verify(m); err != nil {
 		fmt.Fprintf(e.stderr, "%s: error: the imported module does not verify:\n%v\n", path, err)

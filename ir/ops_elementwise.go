@@ -33,6 +33,16 @@ const (
 	geluCubic   = 0.044715
 )
 
+func softplusOf(x *scalar.Expr) *scalar.Expr {
+	return x.Max(num(0)).Add(un(scalar.Log1p, un(scalar.Exp, un(scalar.Neg, un(scalar.Abs, x)))))
+}
+
+// mishDeriv is tanh(sp) + x * sigmoid(x) * (1 - tanh(sp)^2), sp = softplus(x).
+func mishDeriv(x *scalar.Expr) *scalar.Expr {
+	t := un(scalar.Tanh, softplusOf(x))
+	return t.Add(x.Mul(scalar.Sigmoid(x)).Mul(num(1).Sub(t.Mul(t))))
+}
+
 func geluTanhArg(x *scalar.Expr) *scalar.Expr {
 	return num(sqrt2OverPi).Mul(x.Add(num(geluCubic).Mul(x.Mul(x.Mul(x)))))
 }
@@ -75,10 +85,13 @@ func init() {
 		{name: "cos", summary: "cosine", onnx: "Cos", f: un(scalar.Cos, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Neg, un(scalar.Sin, x0)))}},
 		{name: "softsign", summary: "x / (1 + |x|)", onnx: "Softsign", f: x0.Div(num(1).Add(un(scalar.Abs, x0))),
 			deriv: &Deriv{Expr: derivOf(num(1).Div(num(1).Add(un(scalar.Abs, x0))).Mul(num(1).Div(num(1).Add(un(scalar.Abs, x0)))))}},
+		// mish is x * tanh(softplus(x)); tanh saturates, so no overflow.
+		{name: "mish", summary: "x * tanh(softplus(x))", onnx: "Mish", f: x0.Mul(un(scalar.Tanh, softplusOf(x0))),
+			deriv: &Deriv{Expr: derivOf(mishDeriv(x0))}},
 		// softplus is log(1 + e^x), written as max(x, 0) + log1p(e^-|x|)
 		// so that it neither overflows nor loses the small tail.
 		{name: "softplus", summary: "log(1 + e^x)", onnx: "Softplus",
-			f:     x0.Max(num(0)).Add(un(scalar.Log1p, un(scalar.Exp, un(scalar.Neg, un(scalar.Abs, x0))))),
+			f:     softplusOf(x0),
 			deriv: &Deriv{Expr: derivOf(scalar.Sigmoid(x0))}},
 	} {
 		registerUnary(&OpDef{Name: u.name, Summary: u.summary, ONNX: u.onnx, Scalar: same(u.f), Deriv: u.deriv, Grad: u.grad}, u.ints)
@@ -128,6 +141,16 @@ func init() {
 		}},
 	}, false)
 
+	registerUnary(&OpDef{
+		Name: "celu", Summary: "x for x > 0, alpha * (e^(x/alpha) - 1) otherwise", ONNX: "Celu",
+		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(1)}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			return scalar.If(x0.Gt(num(0)), x0, num(a.Float("alpha")).Mul(un(scalar.Expm1, x0.Div(num(a.Float("alpha"))))))
+		},
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			return scalar.If(x0.Gt(num(0)), num(1), un(scalar.Exp, x0.Div(num(a.Float("alpha")))))
+		}},
+	}, false)
 	registerUnary(&OpDef{
 		Name: "leaky_relu", Summary: "x for x >= 0, alpha * x otherwise; NaN stays NaN", ONNX: "LeakyRelu",
 		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(0.01)}},

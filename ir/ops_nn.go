@@ -48,7 +48,7 @@ func init() {
 			g, _ := ConvGeometryOf(out[0].Shape, in[1].Shape, a)
 			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
-		Fusion: OutFusable, Contraction: true, Grad: NoGrad,
+		Fusion: OutFusable, Contraction: true, // a transposed convolution: autodiff has a rule
 	})
 	Register(&OpDef{
 		Name: "conv2d_grad_weight", Summary: "gradient of conv2d with respect to its weight, from dy and x",

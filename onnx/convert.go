@@ -139,7 +139,17 @@ func init() {
 	}
 	converters["BatchNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		eps := ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))
-		if attrInt(n, "training_mode", 0) == 1 {
+		// Training mode: the training_mode attribute from opset 14; before
+		// it, the running statistics as outputs (opsets 7-13), or
+		// is_test=0 (opset 6).
+		training := attrInt(n, "training_mode", 0) == 1
+		if im.opset < 14 {
+			training = len(n.Outputs) > 1 && n.Outputs[1] != ""
+		}
+		if im.opset < 7 {
+			training = attrInt(n, "is_test", 0) == 0
+		}
+		if training {
 			return im.emit("batch_norm_train", in, ir.Attrs{"epsilon": eps, "momentum": ir.FloatAttr(f32(attrFloat(n, "momentum", 0.9)))})
 		}
 		return im.emit("batch_norm_infer", in, ir.Attrs{"epsilon": eps})

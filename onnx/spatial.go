@@ -3,6 +3,7 @@ package onnx
 import (
 	"math"
 
+	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
@@ -306,4 +307,186 @@ func (im *importer) over3d(n *node, in []entry, w window, kind string, groups in
 	}
 	y, err := im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(0, 2, 1, 3, 4)}, acc)
 	return []entry{y}, err
+}
+
+func init() {
+	converters["Resize"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		var scales []float64
+		var sizes []int64
+		var err error
+		scaleInput := 2
+		if im.opset < 11 {
+			scaleInput = 1 // Resize-10: (X, scales)
+		}
+		if s, err := im.constFloats(in, scaleInput, "the scales"); err != nil {
+			return nil, err
+		} else if len(s) > 0 {
+			scales = s
+		}
+		if im.opset >= 11 {
+			if sizes, err = im.constInts(in, 3, "the sizes"); err != nil {
+				return nil, err
+			}
+		}
+		return im.resize(n, in[0], scales, sizes)
+	}
+	converters["Upsample"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		var scales []float64
+		if a := attr(n, "scales"); a != nil {
+			for _, f := range a.Floats {
+				scales = append(scales, float64(f))
+			}
+		} else {
+			var err error
+			if scales, err = im.constFloats(in, 1, "the scales"); err != nil {
+				return nil, err
+			}
+		}
+		return im.resize(n, in[0], scales, nil)
+	}
+	arity["Resize"] = [2]int{1, 4}
+	arity["Upsample"] = [2]int{1, 2}
+}
+
+// constFloats returns input i as float64s; it must be known at import time.
+func (im *importer) constFloats(in []entry, i int, what string) ([]float64, error) {
+	if i >= len(in) || in[i].missing() {
+		return nil, nil
+	}
+	if in[i].k == nil {
+		return nil, im.errorf("%s must be a constant (computable from static shapes); Kiln needs static shapes", what)
+	}
+	out := make([]float64, in[i].k.Len())
+	for j := range out {
+		out[j] = in[i].k.At(j)
+	}
+	return out, nil
+}
+
+// resize resamples x along every axis whose size changes, as gathers of
+// source elements (nearest) or a weighted sum of two gathers (linear):
+// exact, and differentiable through gather.
+func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([]entry, error) {
+	xs := x.typ().Shape
+	r := len(xs)
+	mode := attrString(n, "mode", "nearest")
+	if mode != "nearest" && mode != "linear" {
+		return nil, im.errorf("mode=%s is not supported (nearest or linear)", mode)
+	}
+	ctm := attrString(n, "coordinate_transformation_mode", "half_pixel")
+	if im.opset < 11 {
+		ctm = "asymmetric" // Resize-10 and Upsample
+	}
+	nearest := attrString(n, "nearest_mode", "round_prefer_floor")
+	if im.opset < 11 {
+		nearest = "floor"
+	}
+	if attr(n, "axes") != nil || attrInt(n, "antialias", 0) != 0 || attrString(n, "keep_aspect_ratio_policy", "stretch") != "stretch" {
+		return nil, im.errorf("axes, antialias and keep_aspect_ratio_policy are not supported")
+	}
+	out := make([]int64, r)
+	scale := make([]float64, r)
+	switch {
+	case len(sizes) == r:
+		for i := range out {
+			out[i] = sizes[i]
+			scale[i] = float64(sizes[i]) / float64(xs[i])
+		}
+	case len(scales) == r:
+		for i := range out {
+			scale[i] = scales[i]
+			out[i] = int64(math.Floor(float64(xs[i]) * scales[i]))
+		}
+	default:
+		return nil, im.errorf("needs %d scales or sizes for an input of rank %d", r, r)
+	}
+	y := x
+	for a := 0; a < r; a++ {
+		if out[a] == xs[a] && scale[a] == 1 {
+			continue
+		}
+		if out[a] < 1 || xs[a] < 1 {
+			return nil, im.errorf("resizing axis %d from %d to %d elements", a, xs[a], out[a])
+		}
+		lo := make([]int64, out[a])
+		hi := make([]int64, out[a])
+		w := make([]float64, out[a])
+		for o := range lo {
+			var src float64
+			fo, in, on := float64(o), float64(xs[a]), float64(out[a])
+			switch ctm {
+			case "half_pixel":
+				src = (fo+0.5)/scale[a] - 0.5
+			case "pytorch_half_pixel":
+				if out[a] > 1 {
+					src = (fo+0.5)/scale[a] - 0.5
+				}
+			case "align_corners":
+				if out[a] > 1 {
+					src = fo * (in - 1) / (on - 1)
+				}
+			case "asymmetric":
+				src = fo / scale[a]
+			case "tf_half_pixel_for_nn":
+				src = (fo + 0.5) / scale[a]
+			default:
+				return nil, im.errorf("coordinate_transformation_mode=%s is not supported", ctm)
+			}
+			clamp := func(i float64) int64 { return int64(max(0, min(i, in-1))) }
+			if mode == "nearest" {
+				var i float64
+				switch nearest {
+				case "round_prefer_floor":
+					i = math.Ceil(src - 0.5)
+				case "round_prefer_ceil":
+					i = math.Floor(src + 0.5)
+				case "floor":
+					i = math.Floor(src)
+				case "ceil":
+					i = math.Ceil(src)
+				default:
+					return nil, im.errorf("nearest_mode=%s is not an ONNX mode", nearest)
+				}
+				lo[o] = clamp(i)
+				continue
+			}
+			src = max(0, min(src, in-1))
+			lo[o] = clamp(math.Floor(src))
+			hi[o] = min(lo[o]+1, xs[a]-1)
+			w[o] = src - math.Floor(src)
+		}
+		idx := func(v []int64) entry {
+			return entry{k: interp.FromInts(ir.TensorOf(ir.I64, int64(len(v))), v)}
+		}
+		g0, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo))
+		if err != nil {
+			return nil, err
+		}
+		if mode == "nearest" {
+			y = g0
+			continue
+		}
+		g1, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(hi))
+		if err != nil {
+			return nil, err
+		}
+		// y = g0 + w * (g1 - g0), w along axis a.
+		ws := make(ir.Shape, r)
+		for i := range ws {
+			ws[i] = 1
+		}
+		ws[a] = out[a]
+		wk := entry{k: interp.FromFloats(ir.Type{DType: x.typ().DType, Shape: ws}, w)}
+		d, err := im.one("sub", nil, g1, g0)
+		if err != nil {
+			return nil, err
+		}
+		if d, err = im.one("mul", nil, d, wk); err != nil {
+			return nil, err
+		}
+		if y, err = im.one("add", nil, g0, d); err != nil {
+			return nil, err
+		}
+	}
+	return []entry{y}, nil
 }

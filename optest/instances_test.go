@@ -134,7 +134,7 @@ func scalarInstances() []instance {
 				attrVariants = append(attrVariants, ir.Attrs{"approximate": ir.StringAttr("tanh")})
 			case "hard_sigmoid":
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.3), "beta": ir.FloatAttr(0.4)})
-			case "elu", "leaky_relu":
+			case "elu", "leaky_relu", "celu":
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.5)})
 			case "selu":
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.5), "gamma": ir.FloatAttr(2)})

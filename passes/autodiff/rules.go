@@ -256,6 +256,29 @@ func init() {
 		return out
 	}
 
+	// conv2d_grad_input is a transposed convolution (ONNX ConvTranspose):
+	// linear in dy and in w, so its gradients are the convolution of the
+	// incoming gradient with w, and the weight gradient of that
+	// convolution.
+	rules["conv2d_grad_input"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
+		out := make([]*ir.Value, 2)
+		base := ir.Attrs{}
+		for _, k := range []string{"strides", "pads", "dilations", "groups"} {
+			if v, ok := op.Attrs[k]; ok {
+				base[k] = v
+			}
+		}
+		if need[0] {
+			out[0] = b.one("conv2d", base, grad(op), dys[0], x(op, 1))
+		}
+		if need[1] {
+			a := base.Clone()
+			a["weight_shape"] = ir.IntsAttr(x(op, 1).Type.Shape...)
+			out[1] = b.one("conv2d_grad_weight", a, grad(op), x(op, 0), dys[0])
+		}
+		return out
+	}
+
 	// Pooling and normalisation.
 	rules["max_pool2d"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("max_pool2d_grad", op.Attrs.Clone(), grad(op), dys[0], x(op, 0))}

@@ -1,0 +1,437 @@
+package passes
+
+import (
+	"math"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Composite recognition: exporters write some ops as chains (PyTorch 1.13
+// writes GELU as Div, Erf, Add, Mul, Mul). Autodiff would save several of
+// the chain's tensors where the one op saves its input. A chain becomes
+// the op when it matches exactly: the same arithmetic up to the order of
+// commutative operands, constants within f32 rounding of the op's, the
+// same result type, and no intermediate value used outside the chain.
+
+// RecognizeComposites rewrites each recognised chain of f into its op and
+// returns how many it rewrote; the chains' ops are left dead.
+func RecognizeComposites(f *ir.Func) int {
+	r := &recognizer{users: f.Users(), result: map[*ir.Value]bool{}}
+	for _, res := range f.Results {
+		r.result[res.Value] = true
+	}
+	repl := map[*ir.Value]*ir.Value{}
+	var body []*ir.Op
+	count := 0
+	for _, op := range f.Body {
+		for i, v := range op.Operands {
+			if w, ok := repl[v]; ok {
+				op.Operands[i] = w
+			}
+		}
+		body = append(body, op)
+		if op.Region != nil || len(op.Results) != 1 || op.Attrs["remat"].Kind != 0 {
+			continue
+		}
+		for _, p := range composites {
+			r.inner = map[*ir.Op]bool{}
+			kind, attrs, operands := p(r, op)
+			if kind == "" || !r.private(op) {
+				continue
+			}
+			name := op.Results[0].Name
+			op.Results[0].Name = f.UniqueName(name + ".chain")
+			n, err := f.NewOp(kind, operands, attrs, op.Loc, name)
+			if err != nil || !n.Results[0].Type.Equal(op.Results[0].Type) {
+				op.Results[0].Name = name
+				continue
+			}
+			n.Results[0].Name = name
+			body = append(body, n)
+			repl[op.Results[0]] = n.Results[0]
+			count++
+			break
+		}
+	}
+	f.Body = body
+	for i, res := range f.Results {
+		if w, ok := repl[res.Value]; ok {
+			f.Results[i].Value = w
+		}
+	}
+	return count
+}
+
+type recognizer struct {
+	users  map[*ir.Value][]*ir.Op
+	result map[*ir.Value]bool
+	inner  map[*ir.Op]bool // the chain's ops below its root
+}
+
+// private reports whether every value the chain computes below root is
+// used only inside the chain.
+func (r *recognizer) private(root *ir.Op) bool {
+	for op := range r.inner {
+		for _, v := range op.Results {
+			if r.result[v] {
+				return false
+			}
+			for _, u := range r.users[v] {
+				if u != root && !r.inner[u] {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// def returns v's defining op when it is of kind (and adds it to the
+// chain), or nil.
+func (r *recognizer) def(v *ir.Value, kind string) *ir.Op {
+	if v == nil || v.Def == nil || v.Def.Kind != kind || v.Def.Region != nil || v.Def.Attrs["remat"].Kind != 0 {
+		return nil
+	}
+	r.inner[v.Def] = true
+	return v.Def
+}
+
+// isConst reports whether v is a constant whose every element is within
+// f32 rounding of c.
+func isConst(v *ir.Value, c float64) bool {
+	d := constOf(v)
+	if d == nil || d.Len() == 0 || !d.Type.DType.IsFloat() {
+		return false
+	}
+	for i := 0; i < d.Len(); i++ {
+		if math.Abs(d.Float(int64(i))-c) > 1e-6*math.Abs(c)+1e-12 {
+			return false
+		}
+	}
+	return true
+}
+
+// factors flattens a tree of mul ops rooted at v (v's own mul included
+// when root is set) into its factors.
+func (r *recognizer) factors(v *ir.Value, root bool) []*ir.Value {
+	var op *ir.Op
+	if root {
+		op = v.Def
+		if op == nil || op.Kind != "mul" {
+			return []*ir.Value{v}
+		}
+	} else if op = r.def(v, "mul"); op == nil {
+		return []*ir.Value{v}
+	}
+	return append(r.factors(op.Operands[0], false), r.factors(op.Operands[1], false)...)
+}
+
+// split separates factors into constants equal to c (one is expected)
+// and the rest.
+func splitConst(fs []*ir.Value, c float64) (found bool, rest []*ir.Value) {
+	for _, f := range fs {
+		if !found && isConst(f, c) {
+			found = true
+			continue
+		}
+		rest = append(rest, f)
+	}
+	return found, rest
+}
+
+// plusOne matches add(v, 1) in either order and returns v.
+func (r *recognizer) plusOne(v *ir.Value) *ir.Value {
+	op := r.def(v, "add")
+	if op == nil {
+		return nil
+	}
+	for i := 0; i < 2; i++ {
+		if isConst(op.Operands[1-i], 1) {
+			return op.Operands[i]
+		}
+	}
+	return nil
+}
+
+// composite matches a chain rooted at op and returns the op to replace
+// it with ("" when it does not match).
+type composite func(r *recognizer, root *ir.Op) (kind string, attrs ir.Attrs, operands []*ir.Value)
+
+var composites = []composite{geluChain, siluChain, hardSwishChain, mishChain, softmaxChain, layerNormChain}
+
+// geluChain: x * 0.5 * (1 + erf(x / sqrt 2)) (or x * (1/sqrt 2)), and
+// x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).
+func geluChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	if root.Kind != "mul" {
+		return "", nil, nil
+	}
+	half, rest := splitConst(r.factors(root.Results[0], true), 0.5)
+	if !half || len(rest) != 2 {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		x, t := rest[i], r.plusOne(rest[1-i])
+		if t == nil {
+			continue
+		}
+		if e := r.def(t, "erf"); e != nil {
+			a := e.Operands[0]
+			if d := r.def(a, "div"); d != nil && d.Operands[0] == x && isConst(d.Operands[1], math.Sqrt2) {
+				return "gelu", nil, []*ir.Value{x}
+			}
+			if ok, fs := splitConst(r.factors(a, false), 1/math.Sqrt2); ok && len(fs) == 1 && fs[0] == x {
+				return "gelu", nil, []*ir.Value{x}
+			}
+		}
+		if th := r.def(t, "tanh"); th != nil {
+			ok, fs := splitConst(r.factors(th.Operands[0], false), math.Sqrt(2/math.Pi))
+			if !ok || len(fs) != 1 {
+				continue
+			}
+			sum := r.def(fs[0], "add")
+			if sum == nil {
+				continue
+			}
+			for j := 0; j < 2; j++ {
+				if sum.Operands[j] == x && r.isCubicTerm(sum.Operands[1-j], x) {
+					return "gelu", ir.Attrs{"approximate": ir.StringAttr("tanh")}, []*ir.Value{x}
+				}
+			}
+		}
+	}
+	return "", nil, nil
+}
+
+// isCubicTerm matches 0.044715 * x^3, the cube as pow(x, 3) or x*x*x.
+func (r *recognizer) isCubicTerm(v, x *ir.Value) bool {
+	ok, fs := splitConst(r.factors(v, false), 0.044715)
+	if !ok {
+		return false
+	}
+	if len(fs) == 1 {
+		if p := r.def(fs[0], "pow"); p != nil && p.Operands[0] == x && isConst(p.Operands[1], 3) {
+			return true
+		}
+		fs = r.factors(fs[0], false)
+	}
+	return len(fs) == 3 && fs[0] == x && fs[1] == x && fs[2] == x
+}
+
+// siluChain: x * sigmoid(x).
+func siluChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	if root.Kind != "mul" {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		x := root.Operands[i]
+		if s := r.def(root.Operands[1-i], "sigmoid"); s != nil && s.Operands[0] == x {
+			return "silu", nil, []*ir.Value{x}
+		}
+	}
+	return "", nil, nil
+}
+
+// hardSwishChain: x * hard_sigmoid(x) with alpha 1/6 and beta 1/2 (how
+// PyTorch exports HardSwish below opset 14).
+func hardSwishChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	if root.Kind != "mul" {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		x := root.Operands[i]
+		if h := r.def(root.Operands[1-i], "hard_sigmoid"); h != nil && h.Operands[0] == x &&
+			math.Abs(h.Attr().Float("alpha")-1.0/6) < 1e-6 && math.Abs(h.Attr().Float("beta")-0.5) < 1e-6 {
+			return "hard_swish", nil, []*ir.Value{x}
+		}
+	}
+	return "", nil, nil
+}
+
+// mishChain: x * tanh(softplus(x)).
+func mishChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	if root.Kind != "mul" {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		x := root.Operands[i]
+		if t := r.def(root.Operands[1-i], "tanh"); t != nil {
+			if s := r.def(t.Operands[0], "softplus"); s != nil && s.Operands[0] == x {
+				return "mish", nil, []*ir.Value{x}
+			}
+		}
+	}
+	return "", nil, nil
+}
+
+// softmaxChain: e / sum(e) over one axis, keeping it, where e is exp(x)
+// or exp(x - max(x)) over the same axis.
+func softmaxChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	if root.Kind != "div" {
+		return "", nil, nil
+	}
+	e := r.def(root.Operands[0], "exp")
+	s := r.def(root.Operands[1], "reduce_sum")
+	if e == nil || s == nil || s.Operands[0] != root.Operands[0] {
+		return "", nil, nil
+	}
+	axis, ok := oneKeptAxis(s)
+	if !ok {
+		return "", nil, nil
+	}
+	x := e.Operands[0]
+	if sub := r.def(x, "sub"); sub != nil {
+		if m := r.def(sub.Operands[1], "reduce_max"); m != nil && m.Operands[0] == sub.Operands[0] {
+			if a, ok := oneKeptAxis(m); ok && a == axis {
+				x = sub.Operands[0]
+			}
+		}
+	}
+	if !x.Type.Equal(root.Results[0].Type) {
+		return "", nil, nil
+	}
+	return "softmax", ir.Attrs{"axis": ir.IntAttr(axis)}, []*ir.Value{x}
+}
+
+// oneKeptAxis returns the one axis a keepdims reduction reduces,
+// normalised.
+func oneKeptAxis(op *ir.Op) (int64, bool) {
+	axes := op.Attr().Ints("axes")
+	if !op.Attr().Bool("keepdims") || len(axes) != 1 {
+		return 0, false
+	}
+	a, err := ir.NormalizeAxis(axes[0], op.Operands[0].Type.Rank())
+	return int64(a), err == nil
+}
+
+// layerNormChain: (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps),
+// times gamma plus beta (both optional), over the trailing axes from some
+// axis on; the square as pow(d, 2) or d*d.
+func layerNormChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	v := root.Results[0]
+	var gamma, beta *ir.Value
+	cur := root
+	if cur.Kind == "add" {
+		for i := 0; i < 2; i++ {
+			if m := cur.Operands[i].Def; m != nil && (m.Kind == "mul" || m.Kind == "div") {
+				beta = cur.Operands[1-i]
+				v = cur.Operands[i]
+				break
+			}
+		}
+		if beta == nil {
+			return "", nil, nil
+		}
+		if cur = r.def(v, v.Def.Kind); cur == nil {
+			return "", nil, nil
+		}
+	}
+	if cur.Kind == "mul" {
+		if beta == nil {
+			// A bias added next makes the larger chain, matched at the add.
+			if us := r.users[root.Results[0]]; len(us) == 1 && us[0].Kind == "add" && !r.result[root.Results[0]] {
+				return "", nil, nil
+			}
+		}
+		for i := 0; i < 2; i++ {
+			if dv := cur.Operands[i].Def; dv != nil && dv.Kind == "div" {
+				gamma = cur.Operands[1-i]
+				v = cur.Operands[i]
+				break
+			}
+		}
+		if gamma == nil {
+			return "", nil, nil
+		}
+		if cur = r.def(v, "div"); cur == nil {
+			return "", nil, nil
+		}
+	}
+	if cur.Kind != "div" {
+		return "", nil, nil
+	}
+	d := r.def(cur.Operands[0], "sub")
+	sq := r.def(cur.Operands[1], "sqrt")
+	if d == nil || sq == nil {
+		return "", nil, nil
+	}
+	x := d.Operands[0]
+	mean := r.def(d.Operands[1], "reduce_mean")
+	if mean == nil || mean.Operands[0] != x {
+		return "", nil, nil
+	}
+	axis, ok := trailingKeptAxes(mean)
+	if !ok {
+		return "", nil, nil
+	}
+	plus := r.def(sq.Operands[0], "add")
+	if plus == nil {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		eps := constOf(plus.Operands[1-i])
+		vm := r.def(plus.Operands[i], "reduce_mean")
+		if eps == nil || eps.Len() != 1 || vm == nil {
+			continue
+		}
+		if a, ok := trailingKeptAxes(vm); !ok || a != axis || !r.isSquareOf(vm.Operands[0], d.Results[0]) {
+			continue
+		}
+		norm := x.Type.Shape[axis:]
+		for _, p := range []*ir.Value{gamma, beta} {
+			if p != nil && (!p.Type.Shape.Equal(norm) || p.Type.DType != x.Type.DType) {
+				return "", nil, nil
+			}
+		}
+		ops := []*ir.Value{x}
+		switch {
+		case gamma != nil:
+			ops = append(ops, gamma)
+		case beta != nil:
+			return "", nil, nil // layer_norm's bias needs a scale
+		}
+		if gamma == nil {
+			return "", nil, nil // no scale: the op needs one; leave the chain
+		}
+		if beta != nil {
+			ops = append(ops, beta)
+		}
+		return "layer_norm", ir.Attrs{"axis": ir.IntAttr(int64(axis)), "epsilon": ir.FloatAttr(eps.Float(0))}, ops
+	}
+	return "", nil, nil
+}
+
+// trailingKeptAxes returns the first axis of a keepdims reduction over
+// the trailing axes of its operand.
+func trailingKeptAxes(op *ir.Op) (int, bool) {
+	axes := op.Attr().Ints("axes")
+	rank := op.Operands[0].Type.Rank()
+	if !op.Attr().Bool("keepdims") || len(axes) == 0 {
+		return 0, false
+	}
+	seen := map[int]bool{}
+	for _, a := range axes {
+		n, err := ir.NormalizeAxis(a, rank)
+		if err != nil {
+			return 0, false
+		}
+		seen[n] = true
+	}
+	first := rank - len(seen)
+	for a := first; a < rank; a++ {
+		if !seen[a] {
+			return 0, false
+		}
+	}
+	return first, true
+}
+
+// isSquareOf matches pow(d, 2) or d * d.
+func (r *recognizer) isSquareOf(v, d *ir.Value) bool {
+	if p := r.def(v, "pow"); p != nil {
+		return p.Operands[0] == d && isConst(p.Operands[1], 2)
+	}
+	if m := r.def(v, "mul"); m != nil {
+		return m.Operands[0] == d && m.Operands[1] == d
+	}
+	return false
+}
