@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"github.com/kiln-compiler/kiln/onnx"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,7 +96,7 @@ func TestCompileEmitsEveryKind(t *testing.T) {
 
 // writeArgs writes the seeded argument values of src's first function.
 func writeArgs(t *testing.T, src string, seed uint64, dir string) {
-	in, err := readModule(&env{}, src)
+	in, err := readModule(&env{}, src, onnx.Options{})
 	require.NoError(t, err)
 	f := in.module.Funcs[0]
 	vals, err := argumentValues(&env{}, f, nil, seed)

@@ -200,13 +200,12 @@ type input struct {
 	module *ir.Module
 }
 
-// readModule reads and parses IN (a .kir file, an .onnx file, or - for
-// standard input holding text) and verifies it. Diagnostics are rendered
-// to stderr and the returned error is an exitError.
-func readModule(e *env, path string) (*input, error) {
-	if strings.HasSuffix(strings.ToLower(path), ".onnx") {
-		return importModule(e, path, onnx.Options{})
-	}
+// readModule reads and parses IN (a .kir file, an ONNX model, or - for
+// standard input holding either) and verifies it. ONNX is recognised by
+// its extension or its content (a ModelProto starts with the byte 0x08,
+// which no .kir text does). opt applies to ONNX input only. Diagnostics
+// are rendered to stderr and the returned error is an exitError.
+func readModule(e *env, path string, opt onnx.Options) (*input, error) {
 	in := &input{path: path, name: path}
 	e.files.Read(path)
 	var data []byte
@@ -219,6 +218,12 @@ func readModule(e *env, path string) (*input, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kiln: cannot read input: %v", unwrapPathError(err))
+	}
+	if strings.HasSuffix(strings.ToLower(path), ".onnx") || len(data) > 0 && data[0] == 0x08 {
+		return importData(e, in, data, opt)
+	}
+	if opt.Batch != 0 || len(opt.DataInputs) > 0 {
+		return nil, usageError{"--batch and --data-inputs apply to ONNX input only"}
 	}
 	in.text = string(data)
 	m, perr := parser.Parse(in.name, in.text)
@@ -265,18 +270,20 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// importModule reads an ONNX model and verifies the imported module.
-func importModule(e *env, path string, opt onnx.Options) (*input, error) {
-	in := &input{path: path, name: path}
-	e.files.Read(path)
-	m, err := onnx.ImportFile(path, opt)
+// importData imports an ONNX model read from in.path (external data is
+// looked up beside it, or in the working folder for standard input),
+// recognises composite chains, and verifies the module.
+func importData(e *env, in *input, data []byte, opt onnx.Options) (*input, error) {
+	opt.Name = filepath.Base(in.path)
+	opt.Dir = filepath.Dir(in.path)
+	if in.path == "-" {
+		opt.Name, opt.Dir = in.name, "."
+	}
+	m, err := onnx.Import(data, opt)
 	if err != nil {
 		msg := unwrapPathError(err).Error()
-		base := filepath.Base(path)
-		if rest, ok := strings.CutPrefix(msg, base+": "); ok {
-			msg = path + ": error: " + rest
-		} else if rest, ok := strings.CutPrefix(msg, path+": "); ok {
-			msg = path + ": error: " + rest
+		if rest, ok := strings.CutPrefix(msg, opt.Name+": "); ok {
+			msg = in.name + ": error: " + rest
 		}
 		fmt.Fprintf(e.stderr, "%s\n", msg)
 		return nil, exitError{1}
@@ -289,7 +296,7 @@ func importModule(e *env, path string, opt onnx.Options) (*input, error) {
 		}
 	}
 	if err := ir.Verify(m); err != nil {
-		fmt.Fprintf(e.stderr, "%s: error: the imported module does not verify:\n%v\n", path, err)
+		fmt.Fprintf(e.stderr, "%s: error: the imported module does not verify:\n%v\n", in.name, err)
 		return nil, exitError{1}
 	}
 	in.module = m

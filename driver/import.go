@@ -11,7 +11,7 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "import",
-		usage:   "kiln import MODEL.onnx [-o OUT.kir] [--batch N] [--data-inputs a,b]",
+		usage:   "kiln import MODEL.onnx|- [-o OUT.kir] [--batch N] [--data-inputs a,b]",
 		summary: "convert an ONNX model to Kiln IR",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			out := fs.String("o", "-", "output file (- for standard output)")
@@ -19,7 +19,7 @@ func init() {
 			dataInputs := fs.String("data-inputs", "", "comma-separated graph inputs that are data (default: the first input)")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
-					return usageError{"want exactly one .onnx file"}
+					return usageError{"want exactly one ONNX model (or - for standard input)"}
 				}
 				if *batch < 0 {
 					return usageError{fmt.Sprintf("--batch must be positive (0 keeps the model's), not %d", *batch)}
@@ -30,7 +30,7 @@ func init() {
 						opt.DataInputs = append(opt.DataInputs, d)
 					}
 				}
-				in, err := importModule(e, args[0], opt)
+				in, err := readModule(e, args[0], opt)
 				if err != nil {
 					return err
 				}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
 )
 
@@ -27,10 +28,12 @@ type pipelineFlags struct {
 	pluginDir        string
 	pluginTimeout    time.Duration
 	loadPlugins      inputFlags
+	batch            int64
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.passes, "passes", "", "pass pipeline, e.g. 'dce,cse,reorder{algo=best}'")
+	fs.Int64Var(&p.batch, "batch", 0, "with an ONNX input: replace the first dimension of the data inputs (0 keeps the model's)")
 	fs.StringVar(&p.printBefore, "print-ir-before", "", "comma-separated passes before which to print the IR (to stderr)")
 	fs.StringVar(&p.printAfter, "print-ir-after", "", "comma-separated passes after which to print the IR (to stderr)")
 	fs.BoolVar(&p.printAfterAll, "print-ir-after-all", false, "print the IR after every pass")
@@ -61,7 +64,10 @@ func (p *pipelineFlags) load(e *env, args []string) (*input, *passes.Manager, er
 	if len(args) != 1 {
 		return nil, nil, usageError{"want exactly one input file (or - for standard input)"}
 	}
-	in, err := readModule(e, args[0])
+	if p.batch < 0 {
+		return nil, nil, usageError{fmt.Sprintf("--batch must be positive (0 keeps the model's), not %d", p.batch)}
+	}
+	in, err := readModule(e, args[0], onnx.Options{Batch: p.batch})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -422,3 +422,48 @@ func (im *importer) legacyBroadcast(n *node, a, b entry) (entry, error) {
 	copy(shape[axis:], bs)
 	return im.reshapeTo(b, shape)
 }
+
+func init() {
+	arity["DepthToSpace"] = [2]int{1, 1}
+	arity["SpaceToDepth"] = [2]int{1, 1}
+	// DepthToSpace and SpaceToDepth are a reshape, a transpose and a
+	// reshape (ONNX's own definition).
+	converters["DepthToSpace"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		s := in[0].typ().Shape
+		b := attrInt(n, "blocksize", 0)
+		if len(s) != 4 || b < 1 || s[1]%(b*b) != 0 {
+			return nil, im.errorf("blocksize %d does not divide the channels of %s", b, in[0].typ())
+		}
+		c := s[1] / (b * b)
+		inner, perm := ir.Shape{s[0], b, b, c, s[2], s[3]}, []int64{0, 3, 4, 1, 5, 2}
+		switch mode := attrString(n, "mode", "DCR"); mode {
+		case "DCR":
+		case "CRD":
+			inner, perm = ir.Shape{s[0], c, b, b, s[2], s[3]}, []int64{0, 1, 4, 2, 5, 3}
+		default:
+			return nil, im.errorf("mode=%s is not DCR or CRD", mode)
+		}
+		return im.reshuffle(in[0], inner, perm, ir.Shape{s[0], c, s[2] * b, s[3] * b})
+	}
+	converters["SpaceToDepth"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		s := in[0].typ().Shape
+		b := attrInt(n, "blocksize", 0)
+		if len(s) != 4 || b < 1 || s[2]%b != 0 || s[3]%b != 0 {
+			return nil, im.errorf("blocksize %d does not divide the height and width of %s", b, in[0].typ())
+		}
+		return im.reshuffle(in[0], ir.Shape{s[0], s[1], s[2] / b, b, s[3] / b, b}, []int64{0, 3, 5, 1, 2, 4}, ir.Shape{s[0], s[1] * b * b, s[2] / b, s[3] / b})
+	}
+}
+
+// reshuffle is reshape(transpose(reshape(x, inner), perm), out).
+func (im *importer) reshuffle(x entry, inner ir.Shape, perm []int64, out ir.Shape) ([]entry, error) {
+	y, err := im.reshapeTo(x, inner)
+	if err != nil {
+		return nil, err
+	}
+	if y, err = im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(perm...)}, y); err != nil {
+		return nil, err
+	}
+	y, err = im.reshapeTo(y, out)
+	return []entry{y}, err
+}

@@ -78,6 +78,11 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 	im := &importer{opt: opt, opset: version, producer: map[string]*node{}, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}}
 	f, err := im.run(m.Graph)
 	if err != nil {
+		if im.declaredBatch > 0 && im.declaredBatch != opt.Batch {
+			// Shape arithmetic that the exporter kept as ops is re-derived
+			// for the new batch; numbers it baked in cannot be.
+			return nil, fmt.Errorf("%w (the model was exported with a fixed batch of %d, and the exporter baked shapes computed from it into constants; export with dynamic_axes={'<input>': {0: 'batch'}} to change the batch)", err, im.declaredBatch)
+		}
 		return nil, err
 	}
 	return &ir.Module{Funcs: []*ir.Func{f}}, nil

@@ -274,6 +274,67 @@ class RecurrentLM(nn.Module):
         return self.head(out)
 
 
+class MLPOld(nn.Module):
+    """An MLP with dropout (off) and log-softmax over a 2-D input, for opsets 7 and 9."""
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(10, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        return F.log_softmax(self.l2(torch.tanh(self.l1(x))), dim=1)
+
+
+class ASPP(nn.Module):
+    """DeepLab's atrous pyramid: parallel dilated convolutions, image pooling, align_corners upsampling."""
+    def __init__(self, d=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, d, 3, 2, 1)
+        self.b = nn.ModuleList([nn.Conv2d(d, 4, 3, padding=r, dilation=r) for r in (1, 2, 3)])
+        self.pool = nn.Conv2d(d, 4, 1)
+        self.out = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        p = F.interpolate(self.pool(F.adaptive_avg_pool2d(h, 1)), size=h.shape[2:], mode="bilinear", align_corners=True)
+        y = self.out(torch.cat([F.relu(b(h)) for b in self.b] + [p], 1))
+        return F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=True)
+
+
+class SuperRes(nn.Module):
+    """ESPCN: convolutions and a pixel shuffle (depth to space)."""
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(1, 8, 5, padding=2), nn.Conv2d(8, 4, 3, padding=1)
+        self.shuffle = nn.PixelShuffle(2)
+
+    def forward(self, x):
+        return self.shuffle(self.c2(torch.tanh(self.c1(x))))
+
+
+class Encoder(nn.Module):
+    """A post-norm ReLU transformer encoder over embedded ids with a mean-pooled classifier."""
+    def __init__(self, vocab=25, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 32, dropout=0.0, batch_first=True), 2)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, ids):
+        return self.head(self.enc(self.emb(ids)).mean(1))
+
+
+class Tagger(nn.Module):
+    """A two-layer bidirectional LSTM tagger."""
+    def __init__(self, vocab=20, d=8, hidden=6):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, hidden, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(2 * hidden, 4)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.emb(ids))[0])
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -305,13 +366,27 @@ BREADTH = {
     "stylenet": (StyleNet, image(3, 12), 13),
     "activations": (Activations, lambda: torch.randn(2, 6), 13),
     "lstm_lm": (lambda: RecurrentLM(nn.LSTM), tokens(30, 5), 13),
+    "bilstm_tagger": (Tagger, tokens(20, 5), 14),
+    "mlp_opset7": (MLPOld, lambda: torch.randn(2, 10), 7),
+    "mlp_opset9": (MLPOld, lambda: torch.randn(2, 10), 9),
+    "aspp": (ASPP, image(3, 16), 13),
+    "superres": (SuperRes, image(1, 8), 13),
+    "encoder": (Encoder, tokens(25, 6), 13),
     "gru_lm": (lambda: RecurrentLM(nn.GRU), tokens(30, 5), 13),
+}
+
+# Exported with a symbolic batch (dynamic_axes) at batch 2; the reference data is at batch 3, so that
+# importing with --batch 3 must re-derive every shape computed from the batch.
+DYNAMIC = {
+    "hf_decoder_dynamic": (HFDecoder, tokens(40), 14),
+    "vit_tiny_dynamic": (ViTTiny, image(3, 8), 14),
+    "encoder_decoder_dynamic": (EncoderDecoder, tokens(30, 6), 14),
 }
 
 if __name__ == "__main__":
     out = sys.argv[1]
     only = set(sys.argv[2:])
-    for name, (ctor, make_input, opset) in BREADTH.items():
+    for name, (ctor, make_input, opset) in list(BREADTH.items()) + list(DYNAMIC.items()):
         if only and name not in only:
             continue
         torch.manual_seed(0)
@@ -320,10 +395,13 @@ if __name__ == "__main__":
         x = make_input()
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
+        dynamic = {"input": {0: "batch"}, "output": {0: "batch"}} if name in DYNAMIC else None
         try:
             torch.onnx.export(model, x, os.path.join(d, "model.onnx"), export_params=True, opset_version=opset,
                               training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                              input_names=["input"], output_names=["output"])
+                              input_names=["input"], output_names=["output"], dynamic_axes=dynamic)
+            if dynamic:
+                x = torch.cat([x, x[:1]], 0)  # batch 3
         except Exception as e:  # noqa: BLE001 - report and go on with the others
             print(name, "FAILED to export:", str(e).splitlines()[0])
             continue

@@ -22,7 +22,8 @@ import (
 // small real models of every family, PyTorch's weights, outputs and the
 // gradients of sum(output * w)) is imported as kiln import does
 // (composite chains recognised), differentiated, run by the interpreter
-// and compiled, and compared with PyTorch.
+// and compiled, and compared with PyTorch. The *_dynamic models were
+// exported with a symbolic batch at batch 2 and are checked at batch 3.
 //
 // Error model: PyTorch computes in f32 in its own order; Kiln's
 // interpreter and compiled code round each op to f32 as well. Results
@@ -37,7 +38,7 @@ import (
 // gradient (about 16 roundings of it in f32) passes.
 func TestBreadthZoo(t *testing.T) {
 	dirs, _ := filepath.Glob("../../testdata/models/breadth/*/model.onnx")
-	require.GreaterOrEqual(t, len(dirs), 17, "the breadth zoo is committed under testdata/models/breadth")
+	require.GreaterOrEqual(t, len(dirs), 25, "the breadth zoo is committed under testdata/models/breadth")
 	compiled := !testing.Short()
 	if compiled {
 		requireClang(t)
@@ -46,7 +47,10 @@ func TestBreadthZoo(t *testing.T) {
 		dir := filepath.Dir(path)
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			t.Parallel()
-			m, err := onnx.ImportFile(path, onnx.Options{})
+			// The batch of the reference data: a model exported with a
+			// symbolic batch is imported at it (kiln import --batch).
+			x := loadNpy(t, filepath.Join(dir, "input.npy"))
+			m, err := onnx.ImportFile(path, onnx.Options{Batch: x.Type.Shape[0]})
 			require.NoError(t, err)
 			f := m.Funcs[0]
 			passes.RecognizeComposites(f)
@@ -65,7 +69,7 @@ func TestBreadthZoo(t *testing.T) {
 			args := make([]*interp.Tensor, len(f.Args))
 			for i, a := range f.Args {
 				if a.Arg.Kind == ir.ArgData {
-					args[i] = loadNpy(t, filepath.Join(dir, "input.npy"))
+					args[i] = x
 				} else {
 					args[i] = interp.FromDense(a.Arg.Init)
 				}
