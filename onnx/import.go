@@ -75,6 +75,11 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 	if err := checkSupported(m.Graph, opt.Name); err != nil {
 		return nil, err
 	}
+	for _, n := range m.Graph.Nodes {
+		if first, ok := introduced[n.OpType]; ok && version < first {
+			return nil, fmt.Errorf("%s: node %q (%s): %s was added to ONNX in opset %d, and the model declares opset %d", opt.Name, n.Name, n.OpType, n.OpType, first, version)
+		}
+	}
 	im := &importer{opt: opt, opset: version, producer: map[string]*node{}, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}}
 	f, err := im.run(m.Graph)
 	if err != nil {
@@ -86,6 +91,16 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 		return nil, err
 	}
 	return &ir.Module{Funcs: []*ir.Func{f}}, nil
+}
+
+// introduced is the opset that added each operator Kiln reads after
+// opset 6 (the ONNX operator changelog); a node of an older model that
+// uses one is invalid.
+var introduced = map[string]int64{
+	"Expand": 8, "Where": 9, "Erf": 9, "Shrink": 9, "OneHot": 9, "Sign": 9, "Mod": 10, "Resize": 10,
+	"Range": 11, "CumSum": 11, "Round": 11, "Einsum": 12, "Celu": 12, "GreaterOrEqual": 12,
+	"LessOrEqual": 12, "SoftmaxCrossEntropyLoss": 12, "Trilu": 14, "HardSwish": 14,
+	"LayerNormalization": 17, "Mish": 18, "GroupNormalization": 18, "Gelu": 20,
 }
 
 // unreadable names the operators whose results Kiln cannot represent.

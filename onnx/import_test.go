@@ -391,6 +391,8 @@ func TestModelDeclarationsAreChecked(t *testing.T) {
 	require.EqualError(t, err, `m.onnx: node "/r" (Relu), output "y": the model declares shape [3,2], Kiln computes [2,3]`)
 	_, err = Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 11, []int64{2, 3})}}), Options{Name: "m.onnx"})
 	require.EqualError(t, err, `m.onnx: node "/s" (Relu), output "z": the model declares element type f64, Kiln computes f32`)
+	_, err = Import(encModel(tGraph{opset: 17, nodes: []tNode{{op: "Gelu", name: "/g", inputs: []string{"x"}, outputs: []string{"z"}}}, inputs: x, outputs: [][]byte{encValueInfo("z", 1, []int64{2, 3})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/g" (Gelu): Gelu was added to ONNX in opset 20, and the model declares opset 17`)
 	// A dimension left unknown matches anything.
 	_, err = Import(encModel(tGraph{nodes: relu, inputs: x, outputs: [][]byte{encValueInfo("z", 1, []int64{-1, 3})}}), Options{Name: "m.onnx"})
 	require.NoError(t, err)

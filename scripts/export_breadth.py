@@ -335,6 +335,22 @@ class Tagger(nn.Module):
         return self.head(self.rnn(self.emb(ids))[0])
 
 
+class IndexingOps(nn.Module):
+    """Scans, masks and indices: cumsum, triu/tril, argmax through one_hot, prod, mean of several, max pool."""
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(6, 5), nn.Linear(5, 5)
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))                                      # [2, 5]
+        sq = h.unsqueeze(2) * h.unsqueeze(1)                            # [2, 5, 5]
+        a = torch.triu(sq, 1).sum(2) + torch.tril(sq).sum(1)
+        b = torch.cumsum(h, 1) + torch.cumsum(h.flip(1), 1).flip(1)
+        pick = F.one_hot(h.argmax(1), 5).float() * h + F.one_hot(h.argmin(1), 5).float()
+        p = (h + 1.5).prod(1, keepdim=True)
+        return self.l2(a + b + pick + p)
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -366,6 +382,7 @@ BREADTH = {
     "stylenet": (StyleNet, image(3, 12), 13),
     "activations": (Activations, lambda: torch.randn(2, 6), 13),
     "lstm_lm": (lambda: RecurrentLM(nn.LSTM), tokens(30, 5), 13),
+    "indexing_ops": (IndexingOps, lambda: torch.randn(2, 6), 14),
     "bilstm_tagger": (Tagger, tokens(20, 5), 14),
     "mlp_opset7": (MLPOld, lambda: torch.randn(2, 10), 7),
     "mlp_opset9": (MLPOld, lambda: torch.randn(2, 10), 9),

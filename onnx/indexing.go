@@ -1,0 +1,360 @@
+package onnx
+
+import (
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Operators built from comparisons, masks and scans: ArgMax and ArgMin
+// (not differentiable: their results are indices), CumSum, Trilu,
+// OneHot, ReduceProd, Mean, GlobalMaxPool and GroupNormalization.
+
+// iota is the int64 constant 0, 1, ..., n-1 laid along axis of a rank-r
+// shape (every other dimension 1).
+func iota(n int64, axis, r int) entry {
+	shape := make(ir.Shape, r)
+	for i := range shape {
+		shape[i] = 1
+	}
+	shape[axis] = n
+	vals := make([]int64, n)
+	for i := range vals {
+		vals[i] = int64(i)
+	}
+	return entry{k: interp.FromInts(ir.Type{DType: ir.I64, Shape: shape}, vals)}
+}
+
+func init() {
+	for name, op := range map[string]string{"ArgMax": "", "ArgMin": "neg"} {
+		arity[name] = [2]int{1, 1}
+		converters[name] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			x := in[0]
+			if !x.typ().DType.IsFloat() {
+				return nil, im.errorf("Kiln reads %s of floating-point tensors, not %s", n.OpType, x.typ())
+			}
+			r := x.typ().Rank()
+			ax, err := ir.NormalizeAxis(attrInt(n, "axis", 0), r)
+			if err != nil {
+				return nil, im.errorf("%v", err)
+			}
+			if op != "" {
+				if x, err = im.one(op, nil, x); err != nil {
+					return nil, err
+				}
+			}
+			// The index of the maximum: the smallest (or, with
+			// select_last_index, largest) index where x equals its
+			// maximum, or is NaN (the maximum is NaN then, and NumPy
+			// returns the first NaN).
+			d := x.typ().Shape[ax]
+			m, err := im.one("reduce_max", ir.Attrs{"axes": ir.IntsAttr(int64(ax)), "keepdims": ir.BoolAttr(true)}, x)
+			if err != nil {
+				return nil, err
+			}
+			hit, err := im.one("eq", nil, x, m)
+			if err != nil {
+				return nil, err
+			}
+			nan, err := im.one("ne", nil, x, x)
+			if err != nil {
+				return nil, err
+			}
+			if hit, err = im.one("or", nil, hit, nan); err != nil {
+				return nil, err
+			}
+			idx := iota(d, ax, r)
+			last := attrInt(n, "select_last_index", 0) == 1
+			if !last {
+				// min(i) = -max(-i)
+				if idx, err = im.one("neg", nil, idx); err != nil {
+					return nil, err
+				}
+			}
+			cand, err := im.one("where", nil, hit, idx, scalarConst(ir.I64, -float64(d)))
+			if err != nil {
+				return nil, err
+			}
+			y, err := im.one("reduce_max", ir.Attrs{"axes": ir.IntsAttr(int64(ax)), "keepdims": ir.BoolAttr(attrInt(n, "keepdims", 1) == 1)}, cand)
+			if err != nil || last {
+				return []entry{y}, err
+			}
+			y, err = im.one("neg", nil, y)
+			return []entry{y}, err
+		}
+	}
+	arity["CumSum"] = [2]int{2, 2}
+	// CumSum is a Hillis-Steele scan: log2(n) rounds of adding a copy
+	// shifted by 1, 2, 4, ... along the axis.
+	converters["CumSum"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		axes, err := im.constInts(in, 1, "the axis")
+		if err != nil {
+			return nil, err
+		}
+		x := in[0]
+		r := x.typ().Rank()
+		if len(axes) != 1 {
+			return nil, im.errorf("the axis must be one integer")
+		}
+		ax, err := ir.NormalizeAxis(axes[0], r)
+		if err != nil {
+			return nil, im.errorf("%v", err)
+		}
+		d := x.typ().Shape[ax]
+		reverse := attrInt(n, "reverse", 0) == 1
+		shift := func(v entry, s int64) (entry, error) {
+			pads := make([]int64, 2*r)
+			var part entry
+			var err error
+			if reverse {
+				part, err = im.sliceAxis(v, ax, s, d, 1)
+				pads[ax+r] = s
+			} else {
+				part, err = im.sliceAxis(v, ax, 0, d-s, 1)
+				pads[ax] = s
+			}
+			if err != nil {
+				return entry{}, err
+			}
+			return im.one("pad", ir.Attrs{"pads": ir.IntsAttr(pads...)}, part)
+		}
+		y := x
+		if attrInt(n, "exclusive", 0) == 1 {
+			if y, err = shift(x, 1); err != nil || d <= 1 {
+				return []entry{y}, err
+			}
+		}
+		for s := int64(1); s < d; s *= 2 {
+			sh, err := shift(y, s)
+			if err != nil {
+				return nil, err
+			}
+			if y, err = im.one("add", nil, y, sh); err != nil {
+				return nil, err
+			}
+		}
+		return []entry{y}, nil
+	}
+	arity["Trilu"] = [2]int{1, 2}
+	converters["Trilu"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		k := int64(0)
+		if ks, err := im.constInts(in, 1, "k"); err != nil {
+			return nil, err
+		} else if len(ks) == 1 {
+			k = ks[0]
+		}
+		s := in[0].typ().Shape
+		if len(s) < 2 {
+			return nil, im.errorf("Trilu needs rank >= 2, got %s", in[0].typ())
+		}
+		rows, cols := s[len(s)-2], s[len(s)-1]
+		upper := attrInt(n, "upper", 1) == 1
+		mask := interp.New(ir.Type{DType: ir.Bool, Shape: ir.Shape{rows, cols}})
+		for i := int64(0); i < rows; i++ {
+			for j := int64(0); j < cols; j++ {
+				if upper && j-i >= k || !upper && j-i <= k {
+					mask.I[i*cols+j] = 1
+				}
+			}
+		}
+		y, err := im.one("where", nil, entry{k: mask}, in[0], scalarConst(in[0].typ().DType, 0))
+		return []entry{y}, err
+	}
+	arity["OneHot"] = [2]int{3, 3}
+	converters["OneHot"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		depths, err := im.constInts(in, 1, "the depth")
+		if err != nil {
+			return nil, err
+		}
+		if len(depths) != 1 || depths[0] < 1 {
+			return nil, im.errorf("the depth must be one positive integer")
+		}
+		if in[2].k == nil || in[2].k.Len() != 2 {
+			return nil, im.errorf("the values must be a constant [off, on]")
+		}
+		depth := depths[0]
+		idx := in[0]
+		if idx.typ().DType.IsFloat() {
+			return nil, im.errorf("Kiln reads integer indices, not %s", idx.typ())
+		}
+		if idx.typ().DType != ir.I64 {
+			if idx, err = im.one("cast", ir.Attrs{"to": ir.TypeAttr(ir.I64)}, idx); err != nil {
+				return nil, err
+			}
+		}
+		r := idx.typ().Rank() + 1
+		ax, err := ir.NormalizeAxis(attrInt(n, "axis", -1), r)
+		if err != nil {
+			return nil, im.errorf("%v", err)
+		}
+		// Negative indices count from the end: i + depth.
+		neg, err := im.one("lt", nil, idx, scalarConst(ir.I64, 0))
+		if err != nil {
+			return nil, err
+		}
+		wrapped, err := im.one("add", nil, idx, scalarConst(ir.I64, float64(depth)))
+		if err != nil {
+			return nil, err
+		}
+		if idx, err = im.one("where", nil, neg, wrapped, idx); err != nil {
+			return nil, err
+		}
+		if idx, err = im.one("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(int64(ax))}, idx); err != nil {
+			return nil, err
+		}
+		hit, err := im.one("eq", nil, idx, iota(depth, ax, r))
+		if err != nil {
+			return nil, err
+		}
+		vals := in[2].k
+		off, on := entry{k: interp.New(ir.TensorOf(vals.Type.DType))}, entry{k: interp.New(ir.TensorOf(vals.Type.DType))}
+		if vals.F != nil {
+			off.k.F[0], on.k.F[0] = vals.F[0], vals.F[1]
+		} else {
+			off.k.I[0], on.k.I[0] = vals.I[0], vals.I[1]
+		}
+		y, err := im.one("where", nil, hit, on, off)
+		return []entry{y}, err
+	}
+	arity["ReduceProd"] = [2]int{1, 2}
+	// ReduceProd multiplies halves pairwise, log2(n) rounds per axis (an
+	// odd length is padded with a 1).
+	converters["ReduceProd"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		r := x.typ().Rank()
+		axes := attrInts(n, "axes")
+		if len(in) > 1 {
+			var err error
+			if axes, err = im.constInts(in, 1, "the axes"); err != nil {
+				return nil, err
+			}
+		}
+		if len(axes) == 0 {
+			if attrInt(n, "noop_with_empty_axes", 0) == 1 {
+				return in[:1], nil
+			}
+			for a := 0; a < r; a++ {
+				axes = append(axes, int64(a))
+			}
+		}
+		keep := x.typ().Shape.Clone()
+		for _, a := range axes {
+			ax, err := ir.NormalizeAxis(a, r)
+			if err != nil {
+				return nil, im.errorf("%v", err)
+			}
+			for d := x.typ().Shape[ax]; d > 1; d = x.typ().Shape[ax] {
+				if d%2 == 1 {
+					pads := make([]int64, 2*r)
+					pads[ax+r] = 1
+					if x, err = im.one("pad", ir.Attrs{"pads": ir.IntsAttr(pads...), "value": ir.FloatAttr(1)}, x); err != nil {
+						return nil, err
+					}
+					d++
+				}
+				lo, err := im.sliceAxis(x, ax, 0, d/2, 1)
+				if err != nil {
+					return nil, err
+				}
+				hi, err := im.sliceAxis(x, ax, d/2, d, 1)
+				if err != nil {
+					return nil, err
+				}
+				if x, err = im.one("mul", nil, lo, hi); err != nil {
+					return nil, err
+				}
+			}
+			keep[ax] = 1
+		}
+		if attrInt(n, "keepdims", 1) == 0 {
+			var s ir.Shape
+			for i, d := range keep {
+				if !contains(axes, i, r) {
+					s = append(s, d)
+				}
+			}
+			keep = s
+		}
+		y, err := im.reshapeTo(x, keep)
+		return []entry{y}, err
+	}
+	arity["Mean"] = [2]int{1, many}
+	converters["Mean"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		acc := in[0]
+		var err error
+		for _, e := range in[1:] {
+			if acc, err = im.one("add", nil, acc, e); err != nil {
+				return nil, err
+			}
+		}
+		y, err := im.one("div", nil, acc, scalarConst(acc.typ().DType, float64(len(in))))
+		return []entry{y}, err
+	}
+	arity["GlobalMaxPool"] = [2]int{1, 1}
+	converters["GlobalMaxPool"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		var axes []int64
+		for a := 2; a < in[0].typ().Rank(); a++ {
+			axes = append(axes, int64(a))
+		}
+		return im.emit("reduce_max", in, ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)})
+	}
+	arity["GroupNormalization"] = [2]int{3, 3}
+	// GroupNormalization normalises [N, G, C/G * spatial] over its last
+	// axis; scale and bias are per group at opset 18 and per channel from
+	// opset 21.
+	converters["GroupNormalization"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x, scale, bias := in[0], in[1], in[2]
+		s := x.typ().Shape
+		g := attrInt(n, "num_groups", 0)
+		if len(s) < 3 || g < 1 || s[1]%g != 0 {
+			return nil, im.errorf("num_groups=%d does not divide the channels of %s", g, x.typ())
+		}
+		per := x.typ().NumElements() / (s[0] * g)
+		xg, err := im.reshapeTo(x, ir.Shape{s[0], g, per})
+		if err != nil {
+			return nil, err
+		}
+		ones := interp.New(ir.Type{DType: x.typ().DType, Shape: ir.Shape{per}})
+		for i := range ones.F {
+			ones.F[i] = 1
+		}
+		y, err := im.one("layer_norm", ir.Attrs{"axis": ir.IntAttr(2), "epsilon": ir.FloatAttr(f32(attrFloat(n, "epsilon", 1e-5)))}, xg, entry{k: ones})
+		if err != nil {
+			return nil, err
+		}
+		c := s[1]
+		if im.opset < 21 {
+			// Per-group parameters: repeat each over its channels.
+			c = g
+		}
+		if y, err = im.reshapeTo(y, ir.Shape{s[0], c, x.typ().NumElements() / (s[0] * c)}); err != nil {
+			return nil, err
+		}
+		for _, p := range []struct {
+			kind string
+			e    entry
+		}{{"mul", scale}, {"add", bias}} {
+			if p.e.typ().NumElements() != c {
+				return nil, im.errorf("scale and bias need %d values, got %s", c, p.e.typ())
+			}
+			b, err := im.reshapeTo(p.e, ir.Shape{c, 1})
+			if err != nil {
+				return nil, err
+			}
+			if y, err = im.one(p.kind, nil, y, b); err != nil {
+				return nil, err
+			}
+		}
+		y, err = im.reshapeTo(y, s)
+		return []entry{y}, err
+	}
+}
+
+// contains reports whether axes (possibly negative, for rank r) holds i.
+func contains(axes []int64, i, r int) bool {
+	for _, a := range axes {
+		if ax, err := ir.NormalizeAxis(a, r); err == nil && ax == i {
+			return true
+		}
+	}
+	return false
+}
