@@ -412,3 +412,19 @@ func TestSliceEndsKeepInt64(t *testing.T) {
 	require.Equal(t, "f32[2,5]", m.Funcs[0].Results[0].Value.Type.String())
 	require.Contains(t, m.String(), "ends = [9223372036854775807]")
 }
+
+// TestDocsListEveryOperator: docs/onnx.md's table names every operator
+// the importer reads.
+func TestDocsListEveryOperator(t *testing.T) {
+	b, err := os.ReadFile("../docs/onnx.md")
+	require.NoError(t, err)
+	doc := string(b)
+	table := doc[strings.Index(doc, "## Operators"):]
+	words := map[string]bool{}
+	for _, w := range strings.FieldsFunc(table, func(r rune) bool { return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9') }) {
+		words[w] = true
+	}
+	for name := range converters {
+		require.True(t, words[name], "docs/onnx.md does not list %s", name)
+	}
+}
