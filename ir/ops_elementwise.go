@@ -142,6 +142,18 @@ func init() {
 	}, false)
 
 	registerUnary(&OpDef{
+		Name: "clip", Summary: "min(max(x, lo), hi) (ReLU6 is clip(0, 6)); NaN stays NaN", ONNX: "",
+		Attrs: []AttrSpec{{Name: "lo", Kind: AttrFloat, Default: FloatAttr(math.Inf(-1))}, {Name: "hi", Kind: AttrFloat, Default: FloatAttr(math.Inf(1))}},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			return scalar.Clamp(x0, num(a.Float("lo")), num(a.Float("hi")))
+		},
+		// As PyTorch's hardtanh: 1 strictly inside the range, 0 outside and
+		// at the bounds.
+		Deriv: &Deriv{Expr: func(a AttrValues) *scalar.Expr {
+			return scalar.If(x0.Gt(num(a.Float("lo"))).And(x0.Lt(num(a.Float("hi")))), num(1), num(0))
+		}},
+	}, false)
+	registerUnary(&OpDef{
 		Name: "celu", Summary: "x for x > 0, alpha * (e^(x/alpha) - 1) otherwise", ONNX: "Celu",
 		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(1)}},
 		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {

@@ -159,6 +159,26 @@ func init() {
 			}
 		}
 		var err error
+		if dt.IsFloat() {
+			// Constant bounds (ReLU6): one clip op, which saves only x.
+			lo, hi, ok := math.Inf(-1), math.Inf(1), true
+			for i, b := range bounds {
+				if b == nil {
+					continue
+				}
+				if b.k == nil || b.k.Len() != 1 {
+					ok = false
+				} else if i == 0 {
+					lo = b.k.At(0)
+				} else {
+					hi = b.k.At(0)
+				}
+			}
+			if ok {
+				y, err := im.one("clip", ir.Attrs{"lo": ir.FloatAttr(lo), "hi": ir.FloatAttr(hi)}, x)
+				return []entry{y}, err
+			}
+		}
 		for i, kind := range []string{"max", "min"} { // max(x, lo), then min(., hi)
 			if bounds[i] == nil {
 				continue

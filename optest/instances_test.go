@@ -138,6 +138,8 @@ func scalarInstances() []instance {
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.5)})
 			case "selu":
 				attrVariants = append(attrVariants, ir.Attrs{"alpha": ir.FloatAttr(0.5), "gamma": ir.FloatAttr(2)})
+			case "clip":
+				attrVariants = []ir.Attrs{{"lo": ir.FloatAttr(0), "hi": ir.FloatAttr(6)}, {"lo": ir.FloatAttr(-0.5)}}
 			case "mod":
 				attrVariants = append(attrVariants, ir.Attrs{"fmod": ir.BoolAttr(true)})
 			}

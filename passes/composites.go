@@ -13,7 +13,8 @@ import (
 // commutative operands, constants within f32 rounding of the op's, the
 // same result type, and no intermediate value used outside the chain.
 
-// RecognizeComposites rewrites each recognised chain of f into its op and
+// RecognizeComposites rewrites each recognised chain of f into its op
+// (and a Linear layer's matmul of a transposed weight into a gemm) and
 // returns how many it rewrote; the chains' ops are left dead.
 func RecognizeComposites(f *ir.Func) int {
 	r := &recognizer{users: f.Users(), result: map[*ir.Value]bool{}}
@@ -31,6 +32,15 @@ func RecognizeComposites(f *ir.Func) int {
 		}
 		body = append(body, op)
 		if op.Region != nil || len(op.Results) != 1 || op.Attrs["remat"].Kind != 0 {
+			continue
+		}
+		if ops := linearWeight(f, op); ops != nil {
+			name := op.Results[0].Name
+			op.Results[0].Name = f.UniqueName(name + ".chain")
+			ops[len(ops)-1].Results[0].Name = name
+			body = append(body, ops...)
+			repl[op.Results[0]] = ops[len(ops)-1].Results[0]
+			count++
 			continue
 		}
 		for _, p := range composites {
@@ -434,4 +444,52 @@ func (r *recognizer) isSquareOf(v, d *ir.Value) bool {
 		return m.Operands[0] == d && m.Operands[1] == d
 	}
 	return false
+}
+
+// linearWeight rewrites matmul(a, transpose(w)) with a weight matrix w
+// (how exporters write a Linear layer) as a gemm that reads w transposed,
+// with a's batch folded into rows: the transposed copy of w, which the
+// backward pass would keep alive, is not made. It returns the new ops
+// (the last computes the matmul's result), or nil.
+func linearWeight(f *ir.Func, op *ir.Op) []*ir.Op {
+	if op.Kind != "matmul" {
+		return nil
+	}
+	a, t := op.Operands[0], op.Operands[1]
+	if t.Def == nil || t.Def.Kind != "transpose" || t.Type.Rank() != 2 || a.Type.Rank() < 2 || !a.Type.DType.IsFloat() {
+		return nil
+	}
+	if p := t.Def.Attr().Ints("perm"); len(p) != 2 || p[0] != 1 || p[1] != 0 {
+		return nil
+	}
+	w := t.Def.Operands[0]
+	k, n := t.Type.Shape[0], t.Type.Shape[1]
+	rows := a.Type.NumElements() / k
+	var ops []*ir.Op
+	in := a
+	name := op.Results[0].Name
+	if a.Type.Rank() != 2 {
+		r, err := f.NewOp("reshape", []*ir.Value{a}, ir.Attrs{"shape": ir.IntsAttr(rows, k)}, op.Loc, name+".rows")
+		if err != nil {
+			return nil
+		}
+		ops, in = append(ops, r), r.Results[0]
+	}
+	g, err := f.NewOp("gemm", []*ir.Value{in, w}, ir.Attrs{"trans_b": ir.BoolAttr(true)}, op.Loc, name+".gemm")
+	if err != nil {
+		return nil
+	}
+	ops = append(ops, g)
+	if a.Type.Rank() != 2 {
+		shape := append(a.Type.Shape[:a.Type.Rank()-1:a.Type.Rank()-1], n)
+		r, err := f.NewOp("reshape", []*ir.Value{g.Results[0]}, ir.Attrs{"shape": ir.IntsAttr(shape...)}, op.Loc, name+".out")
+		if err != nil {
+			return nil
+		}
+		ops = append(ops, r)
+	}
+	if !ops[len(ops)-1].Results[0].Type.Equal(op.Results[0].Type) {
+		return nil
+	}
+	return ops
 }

@@ -116,7 +116,10 @@ func TestZooTrainingSteps(t *testing.T) {
 }
 
 // TestReorderOnZoo: on every zoo training step the reordered peak is at
-// most the import order's, and lower on the transformer graphs.
+// most the import order's. (It used to be strictly lower on the
+// transformers, where autodiff scheduled transposed copies of activations
+// for the Linear weight gradients; those are gemms with transposed
+// operands now, and the import order already reaches reorder's peak.)
 func TestReorderOnZoo(t *testing.T) {
 	for _, name := range Models {
 		m, _, _ := TrainingStep(t, name)
@@ -125,9 +128,6 @@ func TestReorderOnZoo(t *testing.T) {
 		after := liveness.Analyze(m.Funcs[0]).Peak
 		if after > before {
 			t.Errorf("%s: reorder raised the peak from %d to %d", name, before, after)
-		}
-		if name != "resnet50" && after >= before {
-			t.Errorf("%s: reorder did not lower the peak (%d)", name, before)
 		}
 		fmt.Printf("%s: peak %.1f MiB -> %.1f MiB after reorder (%.1f%% lower)\n", name, mib(before), mib(after), 100*(1-float64(after)/float64(before)))
 	}

@@ -166,6 +166,42 @@ func init() {
 			dy = b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(full...)}, grad(op), dy)
 		}
 		out := make([]*ir.Value, 2)
+		if w2.Type.Rank() == 2 && a2.Type.Rank() >= 2 {
+			// A weight matrix (a Linear layer): both gradients are gemms
+			// with transposed operands over the batch folded into rows, so
+			// no transposed copy of the weight or the activation is made.
+			k, n := w2.Type.Shape[0], w2.Type.Shape[1]
+			rows := dy.Type.NumElements() / n
+			flat := func(v *ir.Value, cols int64) *ir.Value {
+				if v.Type.Rank() == 2 && v.Type.Shape[0] == rows {
+					return v
+				}
+				return b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(rows, cols)}, grad(op), v)
+			}
+			if need[0] {
+				da := b.one("gemm", ir.Attrs{"trans_b": ir.BoolAttr(true)}, grad(op), flat(dy, n), w2)
+				shape := append(dy.Type.Shape[:len(dy.Type.Shape)-1:len(dy.Type.Shape)-1], k)
+				if !da.Type.Shape.Equal(shape) {
+					da = b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(shape...)}, grad(op), da)
+				}
+				out[0] = b.sumTo(da, a2.Type.Shape, grad(op))
+				if !a2.Type.Shape.Equal(a.Type.Shape) {
+					out[0] = b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(a.Type.Shape...)}, grad(op), out[0])
+				}
+			}
+			if need[1] {
+				av := a2
+				if !a2.Type.Shape[:a2.Type.Rank()-1].Equal(dy.Type.Shape[:dy.Type.Rank()-1]) {
+					// a broadcast against dy's batch: spread it first.
+					av = b.one("expand", ir.Attrs{"shape": ir.IntsAttr(append(dy.Type.Shape[:dy.Type.Rank()-1:dy.Type.Rank()-1], k)...)}, grad(op), a2)
+				}
+				out[1] = b.one("gemm", ir.Attrs{"trans_a": ir.BoolAttr(true)}, grad(op), flat(av, k), flat(dy, n))
+				if !w2.Type.Shape.Equal(w.Type.Shape) {
+					out[1] = b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(w.Type.Shape...)}, grad(op), out[1])
+				}
+			}
+			return out
+		}
 		back := func(g *ir.Value, to, orig *ir.Value) *ir.Value {
 			g = b.sumTo(g, to.Type.Shape, grad(op))
 			if !to.Type.Shape.Equal(orig.Type.Shape) {

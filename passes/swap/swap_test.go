@@ -23,14 +23,14 @@ import (
 
 // A training step whose forward activations wait through a long
 // backward pass: swapping them is the only way down besides recomputing.
-const mlp = `func @mlp(%x: f64[64,32], %w1: f64[32,32] {param}, %w2: f64[32,32] {param}, %w3: f64[32,32] {param}, %w4: f64[32,4] {param}) -> (f64[64,4]) {
-  %h1 = matmul(%x, %w1) : f64[64,32]
-  %a1 = tanh(%h1) : f64[64,32]
-  %h2 = matmul(%a1, %w2) : f64[64,32]
-  %a2 = sigmoid(%h2) : f64[64,32]
-  %h3 = matmul(%a2, %w3) : f64[64,32]
-  %a3 = tanh(%h3) : f64[64,32]
-  %h4 = matmul(%a3, %w4) : f64[64,4]
+const mlp = `func @mlp(%x: f64[256,32], %w1: f64[32,32] {param}, %w2: f64[32,32] {param}, %w3: f64[32,32] {param}, %w4: f64[32,4] {param}) -> (f64[256,4]) {
+  %h1 = matmul(%x, %w1) : f64[256,32]
+  %a1 = tanh(%h1) : f64[256,32]
+  %h2 = matmul(%a1, %w2) : f64[256,32]
+  %a2 = sigmoid(%h2) : f64[256,32]
+  %h3 = matmul(%a2, %w3) : f64[256,32]
+  %a3 = tanh(%h3) : f64[256,32]
+  %h4 = matmul(%a3, %w4) : f64[256,4]
   return %h4
 }
 `
@@ -51,9 +51,9 @@ func TestSwapFitsTheBudgetAndKeepsResults(t *testing.T) {
 		require.NoError(t, run(t, before, "autodiff"))
 		after := passtest.Clone(t, before)
 		arena := swap.ArenaBytes(after.Funcs[0])
-		require.NoError(t, run(t, after, "swap{device-budget=0.75,recompute="+recompute+"},assign"))
+		require.NoError(t, run(t, after, "swap{device-budget=0.8,recompute="+recompute+"},assign"))
 		f := after.Funcs[0]
-		require.LessOrEqual(t, f.Attrs.Int("arena", 0), arena*3/4, "recompute=%s", recompute)
+		require.LessOrEqual(t, f.Attrs.Int("arena", 0), arena*4/5, "recompute=%s", recompute)
 		require.NoError(t, liveness.CheckOffsets(f))
 		info := liveness.Analyze(f)
 		if recompute == "false" {
