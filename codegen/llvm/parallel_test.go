@@ -36,6 +36,7 @@ const bigKernels = `func @big(%x: f32[2,16,30,30], %w: f32[40,16,3,3] {param}, %
 // many as the machine has, the
 // compiled kernels give the interpreter's results within 1e-5.
 func TestParallelKernelsMatchInterpreter(t *testing.T) {
+	t.Parallel()
 	requireClang(t)
 	m := passtest.Parse(t, bigKernels)
 	f := m.Funcs[0]

@@ -55,6 +55,7 @@ func TestLowPrecisionRoundingMatchesInterpreter(t *testing.T) {
 // TestMixedPrecisionStepCompiled: a bf16 training step of the small
 // models, compiled, stays within bf16 rounding of the interpreted one.
 func TestMixedPrecisionStepCompiled(t *testing.T) {
+	t.Parallel()
 	requireClang(t)
 	for _, dir := range []string{"../../testdata/models/mlp", "../../testdata/models/small_cnn", "../../testdata/models/one_layer_transformer"} {
 		f, args := modelRun(t, dir, "autodiff,precision{dtype=bf16},"+o2)
@@ -79,6 +80,7 @@ func TestMixedPrecisionStepCompiled(t *testing.T) {
 // the interpreter: at the first scale (2^15) it overflows, reports it,
 // skips the update and halves the scale; at 2^10 it updates.
 func TestDynamicLossScaleCompiled(t *testing.T) {
+	t.Parallel()
 	requireClang(t)
 	dir := "../../testdata/models/one_layer_transformer"
 	for _, c := range []struct {

@@ -85,6 +85,7 @@ func randomFunc(rng *rand.Rand, n int) *ir.Func {
 // TestRandomFunctionsCompiled: random functions, fused, reordered and
 // assigned, compile and agree with the interpreter within 1e-5.
 func TestRandomFunctionsCompiled(t *testing.T) {
+	t.Parallel()
 	requireClang(t)
 	rng := rand.New(rand.NewPCG(randomSeed, 2))
 	for n := 0; n < randomFunctions; n++ {
