@@ -487,3 +487,100 @@ func (im *importer) reshuffle(x entry, inner ir.Shape, perm []int64, out ir.Shap
 	y, err = im.reshapeTo(y, out)
 	return []entry{y}, err
 }
+
+func init() {
+	arity["LRN"] = [2]int{1, 1}
+	// LRN: x / (bias + alpha/size * sum of x^2 over a window of size
+	// channels)^beta, the window sum as size shifted slices of the
+	// channel-padded squares.
+	converters["LRN"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		s := x.typ().Shape
+		size := attrInt(n, "size", 0)
+		if len(s) < 3 || size < 1 {
+			return nil, im.errorf("LRN needs [N, C, ...] and a positive size, got %s and %d", x.typ(), size)
+		}
+		alpha, beta, bias := attrFloat(n, "alpha", 1e-4), attrFloat(n, "beta", 0.75), attrFloat(n, "bias", 1)
+		r, c := len(s), s[1]
+		sq, err := im.one("mul", nil, x, x)
+		if err != nil {
+			return nil, err
+		}
+		pads := make([]int64, 2*r)
+		pads[1], pads[1+r] = (size-1)/2, size-1-(size-1)/2
+		padded, err := im.one("pad", ir.Attrs{"pads": ir.IntsAttr(pads...)}, sq)
+		if err != nil {
+			return nil, err
+		}
+		var sum entry
+		for i := int64(0); i < size; i++ {
+			part, err := im.sliceAxis(padded, 1, i, i+c, 1)
+			if err != nil {
+				return nil, err
+			}
+			if i == 0 {
+				sum = part
+			} else if sum, err = im.one("add", nil, sum, part); err != nil {
+				return nil, err
+			}
+		}
+		dt := x.typ().DType
+		den, err := im.one("mul", nil, sum, scalarConst(dt, alpha/float64(size)))
+		if err != nil {
+			return nil, err
+		}
+		if den, err = im.one("add", nil, den, scalarConst(dt, bias)); err != nil {
+			return nil, err
+		}
+		if den, err = im.one("pow", nil, den, scalarConst(dt, beta)); err != nil {
+			return nil, err
+		}
+		y, err := im.one("div", nil, x, den)
+		return []entry{y}, err
+	}
+}
+
+func init() {
+	arity["If"] = [2]int{1, 1}
+	// If with a condition known at import (PyTorch's shape checks) is
+	// the chosen branch, inlined; a condition known only at run time is
+	// an error.
+	converters["If"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		c := in[0].k
+		if c == nil || c.Len() != 1 {
+			return nil, im.errorf("its condition is known only at run time; Kiln inlines an If whose condition the static shapes decide")
+		}
+		name := "else_branch"
+		if c.At(0) != 0 {
+			name = "then_branch"
+		}
+		a := attr(n, name)
+		if a == nil || a.G == nil {
+			return nil, im.errorf("has no %s graph", name)
+		}
+		g := a.G
+		for _, t := range g.Initializer {
+			x, err := im.decodeTensor(t)
+			if err != nil {
+				return nil, im.errorf("%s: %v", name, err)
+			}
+			im.vals[t.Name] = entry{k: x}
+		}
+		if err := im.runNodes(g.Nodes); err != nil {
+			return nil, err
+		}
+		im.n = n
+		outs := make([]entry, len(g.Outputs))
+		for i, vi := range g.Outputs {
+			e, ok := im.vals[vi.Name]
+			if !ok {
+				return nil, im.errorf("%s output %q is never computed", name, vi.Name)
+			}
+			outs[i] = e
+		}
+		if len(outs) != len(n.Outputs) {
+			return nil, im.errorf("%s has %d outputs, the node %d", name, len(outs), len(n.Outputs))
+		}
+		return outs, nil
+	}
+}

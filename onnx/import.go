@@ -112,7 +112,7 @@ var unreadable = map[string]string{
 	"SequenceConstruct": "it works on sequences", "SequenceAt": "it works on sequences", "SequenceEmpty": "it works on sequences",
 	"SequenceInsert": "it works on sequences", "SequenceErase": "it works on sequences", "SequenceLength": "it works on sequences",
 	"SplitToSequence": "it works on sequences", "ConcatFromSequence": "it works on sequences",
-	"Loop": "its trip count and results' shapes are known only at run time", "If": "its branch is chosen at run time",
+	"Loop": "its trip count and results' shapes are known only at run time",
 }
 
 // checkSupported lists every op type Kiln cannot import, with counts.
@@ -456,36 +456,8 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 		}
 		im.addArg(t.Name, x.Type, kind, x.ToDense())
 	}
-	for i, n := range g.Nodes {
-		im.n = n
-		if n.Name == "" {
-			n.Name = fmt.Sprintf("%s_%d", n.OpType, i)
-		}
-		in := make([]entry, len(n.Inputs))
-		for j, name := range n.Inputs {
-			if name == "" {
-				continue
-			}
-			e, ok := im.vals[name]
-			if !ok {
-				return nil, im.errorf("input %q is not defined before this node", name)
-			}
-			in[j] = e
-		}
-		if err := im.checkArity(in); err != nil {
-			return nil, err
-		}
-		outs, err := converters[n.OpType](im, n, in)
-		if err != nil {
-			return nil, err
-		}
-		for j, name := range n.Outputs {
-			if name == "" || j >= len(outs) {
-				continue
-			}
-			im.vals[name] = outs[j]
-			im.producer[name] = n
-		}
+	if err := im.runNodes(g.Nodes); err != nil {
+		return nil, err
 	}
 	listed := map[string]bool{}
 	for _, vi := range g.Outputs {
@@ -559,6 +531,45 @@ func declaredShape(vi *valueInfo) string {
 		}
 	}
 	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// runNodes converts nodes in order.
+func (im *importer) runNodes(nodes []*node) error {
+	for i, n := range nodes {
+		im.n = n
+		if n.Name == "" {
+			n.Name = fmt.Sprintf("%s_%d", n.OpType, i)
+		}
+		if converters[n.OpType] == nil || n.Domain != "" && n.Domain != "ai.onnx" {
+			return im.errorf("unsupported ONNX op (domain %q)", n.Domain) // inside a subgraph
+		}
+		in := make([]entry, len(n.Inputs))
+		for j, name := range n.Inputs {
+			if name == "" {
+				continue
+			}
+			e, ok := im.vals[name]
+			if !ok {
+				return im.errorf("input %q is not defined before this node", name)
+			}
+			in[j] = e
+		}
+		if err := im.checkArity(in); err != nil {
+			return err
+		}
+		outs, err := converters[n.OpType](im, n, in)
+		if err != nil {
+			return err
+		}
+		for j, name := range n.Outputs {
+			if name == "" || j >= len(outs) {
+				continue
+			}
+			im.vals[name] = outs[j]
+			im.producer[name] = n
+		}
+	}
+	return nil
 }
 
 func (im *importer) addArg(name string, t ir.Type, kind ir.ArgKind, init *ir.Dense) {

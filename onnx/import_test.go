@@ -428,3 +428,15 @@ func TestDocsListEveryOperator(t *testing.T) {
 		require.True(t, words[name], "docs/onnx.md does not list %s", name)
 	}
 }
+
+// TestIfNeedsAnImportTimeCondition: an If whose condition is known only
+// at run time is an error naming the node.
+func TestIfNeedsAnImportTimeCondition(t *testing.T) {
+	data := encModel(tGraph{
+		nodes:   []tNode{{op: "If", name: "/if", inputs: []string{"c"}, outputs: []string{"y"}}},
+		inputs:  [][]byte{encValueInfo("c", 9, []int64{})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2})},
+	})
+	_, err := Import(data, Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/if" (If): its condition is known only at run time; Kiln inlines an If whose condition the static shapes decide`)
+}

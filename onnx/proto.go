@@ -46,6 +46,7 @@ type attribute struct {
 	I       int64
 	S       []byte
 	T       *tensor
+	G       *graph // a subgraph (If's branches)
 	Floats  []float32
 	Ints    []int64
 	Strings [][]byte
@@ -189,7 +190,7 @@ func parseModel(b []byte) (*model, error) {
 			if typ != protowire.BytesType {
 				return errTruncated
 			}
-			g, err := parseGraph(data)
+			g, err := parseGraph(data, 0)
 			m.Graph = g
 			return err
 		}
@@ -204,7 +205,13 @@ func parseModel(b []byte) (*model, error) {
 	return m, nil
 }
 
-func parseGraph(b []byte) (*graph, error) {
+// maxSubgraphDepth bounds graphs nested in node attributes (If branches).
+const maxSubgraphDepth = 32
+
+func parseGraph(b []byte, depth int) (*graph, error) {
+	if depth > maxSubgraphDepth {
+		return nil, fmt.Errorf("subgraphs are nested more than %d deep", maxSubgraphDepth)
+	}
 	g := &graph{}
 	err := fields(b, func(num protowire.Number, typ protowire.Type, v uint64, data []byte) error {
 		if typ != protowire.BytesType && (num == 1 || num == 2 || num == 5 || num == 11 || num == 12 || num == 13) {
@@ -212,7 +219,7 @@ func parseGraph(b []byte) (*graph, error) {
 		}
 		switch num {
 		case 1:
-			n, err := parseNode(data)
+			n, err := parseNode(data, depth)
 			g.Nodes = append(g.Nodes, n)
 			return err
 		case 2:
@@ -238,7 +245,7 @@ func parseGraph(b []byte) (*graph, error) {
 	return g, err
 }
 
-func parseNode(b []byte) (*node, error) {
+func parseNode(b []byte, depth int) (*node, error) {
 	n := &node{}
 	err := fields(b, func(num protowire.Number, typ protowire.Type, v uint64, data []byte) error {
 		switch num {
@@ -256,7 +263,7 @@ func parseNode(b []byte) (*node, error) {
 			if typ != protowire.BytesType {
 				return errTruncated
 			}
-			a, err := parseAttribute(data)
+			a, err := parseAttribute(data, depth)
 			n.Attrs = append(n.Attrs, a)
 			return err
 		}
@@ -265,7 +272,7 @@ func parseNode(b []byte) (*node, error) {
 	return n, err
 }
 
-func parseAttribute(b []byte) (*attribute, error) {
+func parseAttribute(b []byte, depth int) (*attribute, error) {
 	a := &attribute{}
 	var floats []uint32
 	var ints []uint64
@@ -287,6 +294,13 @@ func parseAttribute(b []byte) (*attribute, error) {
 			}
 			t, err := parseTensor(data)
 			a.T = t
+			return err
+		case 6:
+			if typ != protowire.BytesType {
+				return errTruncated
+			}
+			g, err := parseGraph(data, depth+1)
+			a.G = g
 			return err
 		case 7:
 			return packedFixed32(typ, v, data, &floats)

@@ -351,6 +351,20 @@ class IndexingOps(nn.Module):
         return self.l2(a + b + pick + p)
 
 
+class AlexNetish(nn.Module):
+    """AlexNet's local response normalisation between convolutions and max pooling."""
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.lrn = nn.LocalResponseNorm(3, alpha=1e-2, beta=0.75, k=2.0)
+        self.fc = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        h = F.max_pool2d(self.lrn(F.relu(self.c1(x))), 2)
+        h = F.max_pool2d(self.lrn(F.relu(self.c2(h))), 2)
+        return self.fc(h.flatten(1))
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -361,6 +375,7 @@ def tokens(vocab, seq=8):
 
 # name: (constructor, input, opset)
 BREADTH = {
+    "alexnetish": (AlexNetish, image(3, 16), 13),
     "mobilenetish": (MobileNetish, image(), 13),
     "mobilenetish_opset9": (MobileNetish, image(), 9),
     "grouped_cnn": (GroupedCNN, image(4, 8), 14),
