@@ -1,0 +1,35 @@
+package driver
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPythonEntry runs python/tests/test_memory.py (kiln.memory on a
+// torchvision ResNet-18 and a small GPT built in torch) against a kiln
+// binary built from this tree, under Debian's system Python, which
+// .ci/run provides with python3-torch and python3-torchvision.
+func TestPythonEntry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("exports and plans two torch models (about 30 s)")
+	}
+	python := "/usr/bin/python3"
+	if err := exec.Command(python, "-c", "import torch, torchvision").Run(); err != nil {
+		t.Skipf("Debian's python3-torch and python3-torchvision are not installed: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "kiln")
+	build := exec.Command("go", "build", "-o", bin, "../cmd/kiln")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	cmd := exec.Command(python, filepath.Join(root, "python", "tests", "test_memory.py"))
+	cmd.Env = append(os.Environ(), "KILN="+bin, "PYTHONPATH="+filepath.Join(root, "python"))
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "\nok\n")
+}
