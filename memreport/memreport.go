@@ -33,6 +33,15 @@ type Pass struct {
 	Seconds *float64 `json:"seconds,omitempty"`
 }
 
+// PeakOp locates the peak: the op's index in the schedule, its kind, the
+// value it defines (if any) and its source location.
+type PeakOp struct {
+	Index int    `json:"index"`
+	Op    string `json:"op"`
+	Value string `json:"value,omitempty"`
+	Loc   string `json:"loc"`
+}
+
 // Report is the memory report of one function. Field names are a contract
 // (design notes): later work adds fields, never renames them.
 type Report struct {
@@ -49,7 +58,10 @@ type Report struct {
 	FLOPs          int64   `json:"flops"`
 	RecomputeFLOPs int64   `json:"recompute_flops"`
 	TopAtPeak      []Top   `json:"top_at_peak"`
-	Passes         []Pass  `json:"passes"`
+	// PeakOp is the op at which the peak is reached (absent for a
+	// function without ops).
+	PeakOp *PeakOp `json:"peak_op,omitempty"`
+	Passes []Pass  `json:"passes"`
 	// Kernels counts the launches: every top-level op but constants and
 	// views (a fused kernel counts once). TrafficBytes is the bytes they
 	// read and write; the unfused_ fields count as if every op inside a
@@ -109,6 +121,16 @@ func Build(f *ir.Func, passes []Pass) *Report {
 	}
 	if r.PeakBytes > 0 {
 		r.Fragmentation = float64(r.PlannedBytes)/float64(r.PeakBytes) - 1
+	}
+	if info.PeakAt >= 0 && info.PeakAt < len(f.Body) {
+		op := f.Body[info.PeakAt]
+		r.PeakOp = &PeakOp{Index: info.PeakAt, Op: op.Kind}
+		if !op.Loc.IsUnknown() {
+			r.PeakOp.Loc = op.Loc.String()
+		}
+		if len(op.Results) > 0 {
+			r.PeakOp.Value = op.Results[0].Ref()
+		}
 	}
 	for _, op := range f.Body {
 		c := ir.OpCost(op)
@@ -255,8 +277,22 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, t := range r.TopAtPeak {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", Human(t.Bytes), t.Value, t.Op, t.Loc)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, terms)
+	return err
 }
+
+// terms explains the report's words, one line each.
+const terms = `
+terms:
+  peak           the most bytes live at once in the schedule: arguments, results and intermediates
+  arena          the one buffer that holds every intermediate value, at the offsets assign chose
+  planned        what the function needs: parameters + state + inputs + arena
+  fragmentation  planned / peak - 1: the space the arena's packing wastes
+  traffic        bytes the kernels read and write; "unfused" counts every op as its own kernel
+`
 
 // WriteTimeline writes a Chrome trace (JSON) of the schedule: a counter of
 // live bytes at every op, and one slice per arena buffer from its first to
