@@ -22,7 +22,11 @@ type optLevels struct {
 
 func (l *optLevels) register(fs *flag.FlagSet) {
 	for i := range l.o {
-		fs.BoolVar(&l.o[i], fmt.Sprintf("O%d", i), false, fmt.Sprintf("the -O%d pipeline (see kiln help compile)", i))
+		usage := fmt.Sprintf("the pipeline %s", OptPipeline(i, "", ""))
+		if i >= 2 {
+			usage += " (--budget adds remat, --device-budget swap; --print-pipeline shows the result)"
+		}
+		fs.BoolVar(&l.o[i], fmt.Sprintf("O%d", i), false, usage)
 	}
 	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute under this peak budget (bytes or a fraction, as remat{budget=})")
 	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena fits (bytes or a fraction, as swap{device-budget=})")

@@ -29,10 +29,12 @@ type pipelineFlags struct {
 	pluginTimeout    time.Duration
 	loadPlugins      inputFlags
 	batch            int64
+	printPipeline    bool
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.passes, "passes", "", "pass pipeline, e.g. 'dce,cse,reorder{algo=best}'")
+	fs.BoolVar(&p.printPipeline, "print-pipeline", false, "print the pass pipeline that runs (after -O levels and budgets expand) to stderr")
 	fs.Int64Var(&p.batch, "batch", 0, "with an ONNX input: replace the first dimension of the data inputs (0 keeps the model's)")
 	fs.StringVar(&p.printBefore, "print-ir-before", "", "comma-separated passes before which to print the IR (to stderr)")
 	fs.StringVar(&p.printAfter, "print-ir-after", "", "comma-separated passes after which to print the IR (to stderr)")
@@ -92,6 +94,9 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	pipe, err := passes.ParsePipeline(pipeline, passes.ExternalResolver(p.pluginDir, p.pluginTimeout))
 	if err != nil {
 		return nil, usageError{err.Error()}
+	}
+	if p.printPipeline {
+		fmt.Fprintf(e.stderr, "pipeline: %s\n", pipeline)
 	}
 	for name := range nameSet(p.printBefore + "," + p.printAfter) {
 		if passes.Lookup(name) == nil && !strings.HasPrefix(name, passes.ExternalPrefix) {
