@@ -31,6 +31,7 @@ type tNode struct {
 	ints    map[string][]int64
 	floats  map[string]float32
 	tensor  []byte // a "value" tensor attribute
+	strs    map[string]string
 }
 
 func encTensorF32(name string, dims []int64, vals []float32) []byte {
@@ -91,6 +92,13 @@ func encNode(n tNode) []byte {
 		a = protowire.AppendTag(a, 2, protowire.Fixed32Type)
 		a = protowire.AppendFixed32(a, math.Float32bits(f))
 		a = appendVarint(a, 20, 1)
+		b = appendMsg(b, 5, a)
+	}
+	for name, v := range n.strs {
+		var a []byte
+		a = appendString(a, 1, name)
+		a = appendString(a, 4, v)
+		a = appendVarint(a, 20, 3)
 		b = appendMsg(b, 5, a)
 	}
 	if n.tensor != nil {

@@ -2,6 +2,7 @@ package onnx
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -77,14 +78,14 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 		nodes: []tNode{
 			{op: "Frobnicate", inputs: []string{"x"}, outputs: []string{"a"}},
 			{op: "Frobnicate", inputs: []string{"a"}, outputs: []string{"b"}},
-			{op: "Einsum", inputs: []string{"b"}, outputs: []string{"c"}},
+			{op: "ScatterND", inputs: []string{"b"}, outputs: []string{"c"}},
 			{op: "Relu", inputs: []string{"c"}, outputs: []string{"d"}},
 		},
 		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
 		outputs: [][]byte{encValueInfo("d", 1, []int64{2})},
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Einsum (1), Frobnicate (2)")
+	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Frobnicate (2), ScatterND (1)")
 	_, err = Import(encModel(tGraph{opset: 5, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
 	require.EqualError(t, err, "m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 21)")
 	_, err = Import(encModel(tGraph{opset: 22, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
@@ -439,4 +440,68 @@ func TestIfNeedsAnImportTimeCondition(t *testing.T) {
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
 	require.EqualError(t, err, `m.onnx: node "/if" (If): its condition is known only at run time; Kiln inlines an If whose condition the static shapes decide`)
+}
+
+// TestEinsumForms: explicit and implicit outputs, one operand (transpose,
+// sums), two (matmul, outer product, batched contraction) and "...",
+// checked against direct sums.
+func TestEinsumForms(t *testing.T) {
+	a := []float32{1, 2, 3, 4, 5, 6}     // [2,3]
+	b := []float32{1, -1, 2, 0.5, 3, -2} // [3,2]
+	for _, c := range []struct {
+		eq   string
+		in   [][]int64 // shapes (a's values, then b's, reshaped)
+		want []float64
+		out  []int64
+	}{
+		{"ij->ji", [][]int64{{2, 3}}, []float64{1, 4, 2, 5, 3, 6}, []int64{3, 2}},
+		{"ij->", [][]int64{{2, 3}}, []float64{21}, []int64{}},
+		{"ij->j", [][]int64{{2, 3}}, []float64{5, 7, 9}, []int64{3}},
+		{"ij", [][]int64{{2, 3}}, []float64{1, 2, 3, 4, 5, 6}, []int64{2, 3}},
+		{"ij,jk", [][]int64{{2, 3}, {3, 2}}, []float64{1*1 + 2*2 + 3*3, 1*-1 + 2*0.5 + 3*-2, 4*1 + 5*2 + 6*3, 4*-1 + 5*0.5 + 6*-2}, []int64{2, 2}},
+		{"ij,jk->ki", [][]int64{{2, 3}, {3, 2}}, []float64{14, 32, -6, -13.5}, []int64{2, 2}},
+		{"i,j->ij", [][]int64{{3}, {2}}, []float64{1, -1, 2, -2, 3, -3}, []int64{3, 2}},
+		{"...j,j->...", [][]int64{{2, 3}, {3}}, []float64{1*1 + 2*-1 + 3*2, 4*1 + 5*-1 + 6*2}, []int64{2}},
+	} {
+		var inputs [][]byte
+		var names []string
+		vals := [][]float32{a, b}
+		var inits [][]byte
+		for i, shape := range c.in {
+			name := fmt.Sprintf("x%d", i)
+			names = append(names, name)
+			n := int64(1)
+			for _, d := range shape {
+				n *= d
+			}
+			inits = append(inits, encTensorF32(name, shape, vals[i][:n]))
+			inputs = append(inputs, encValueInfo(name, 1, shape))
+		}
+		data := encModel(tGraph{
+			nodes:   []tNode{{op: "Einsum", name: "/e", inputs: names, outputs: []string{"y"}, strs: map[string]string{"equation": c.eq}}},
+			inits:   inits,
+			inputs:  inputs,
+			outputs: [][]byte{encValueInfo("y", 1, c.out)},
+		})
+		m, err := Import(data, Options{Name: "m.onnx"})
+		require.NoError(t, err, c.eq)
+		f := m.Funcs[0]
+		args := make([]*interp.Tensor, len(f.Args))
+		for i, arg := range f.Args {
+			args[i] = interp.FromDense(arg.Arg.Init)
+		}
+		res, err := interp.Run(f, args, interp.Options{})
+		require.NoError(t, err, c.eq)
+		require.Equal(t, len(c.want), res[0].Len(), c.eq)
+		for i, w := range c.want {
+			require.InDelta(t, w, res[0].At(i), 1e-6, "%s element %d", c.eq, i)
+		}
+	}
+	data := encModel(tGraph{
+		nodes:   []tNode{{op: "Einsum", name: "/d", inputs: []string{"x"}, outputs: []string{"y"}, strs: map[string]string{"equation": "ii->i"}}},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{3, 3})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{3})},
+	})
+	_, err := Import(data, Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/d" (Einsum): equation "ii->i" repeats index i in one operand (a diagonal), which Kiln does not read`)
 }

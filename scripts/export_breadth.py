@@ -365,6 +365,22 @@ class AlexNetish(nn.Module):
         return self.fc(h.flatten(1))
 
 
+class EinsumAttention(nn.Module):
+    """Attention written with einsum (batched contractions, an outer product, a trace-free sum)."""
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, 4)
+        self.heads, self.scale = heads, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        att = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(-1)
+        y = torch.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, t, d)
+        y = y + torch.einsum("btd,d->bt", y, self.scale).unsqueeze(-1) * 0.1
+        return self.out(torch.einsum("...d,d->...d", y, self.scale))
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -376,6 +392,7 @@ def tokens(vocab, seq=8):
 # name: (constructor, input, opset)
 BREADTH = {
     "alexnetish": (AlexNetish, image(3, 16), 13),
+    "einsum_attention": (EinsumAttention, lambda: torch.randn(2, 5, 8), 13),
     "mobilenetish": (MobileNetish, image(), 13),
     "mobilenetish_opset9": (MobileNetish, image(), 9),
     "grouped_cnn": (GroupedCNN, image(4, 8), 14),
