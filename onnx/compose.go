@@ -269,22 +269,8 @@ func init() {
 		for range xt.Shape[2:] {
 			perChannel = append(perChannel, 1)
 		}
-		for _, p := range []struct {
-			kind string
-			e    entry
-		}{{"mul", scale}, {"add", bias}} {
-			if p.e.typ().NumElements() != c {
-				return nil, im.errorf("scale and bias need %d values, got %s", c, p.e.typ())
-			}
-			b, err := im.reshapeTo(p.e, perChannel)
-			if err != nil {
-				return nil, err
-			}
-			if y, err = im.one(p.kind, nil, y, b); err != nil {
-				return nil, err
-			}
-		}
-		return []entry{y}, nil
+		y, err = im.scaleShift(y, scale, bias, perChannel)
+		return []entry{y}, err
 	}
 	for onnxName, r := range map[string]struct {
 		pre, reduce, post string
@@ -583,4 +569,26 @@ func init() {
 		}
 		return outs, nil
 	}
+}
+
+// scaleShift is y * scale + bias, with scale and bias (one value per
+// channel) reshaped to shape to broadcast over y.
+func (im *importer) scaleShift(y, scale, bias entry, shape ir.Shape) (entry, error) {
+	c, _ := shape.NumElements()
+	for _, p := range []struct {
+		kind string
+		e    entry
+	}{{"mul", scale}, {"add", bias}} {
+		if p.e.typ().NumElements() != c {
+			return entry{}, im.errorf("scale and bias need %d values, got %s", c, p.e.typ())
+		}
+		b, err := im.reshapeTo(p.e, shape)
+		if err != nil {
+			return entry{}, err
+		}
+		if y, err = im.one(p.kind, nil, y, b); err != nil {
+			return entry{}, err
+		}
+	}
+	return y, nil
 }

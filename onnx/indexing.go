@@ -329,20 +329,8 @@ func init() {
 		if y, err = im.reshapeTo(y, ir.Shape{s[0], c, x.typ().NumElements() / (s[0] * c)}); err != nil {
 			return nil, err
 		}
-		for _, p := range []struct {
-			kind string
-			e    entry
-		}{{"mul", scale}, {"add", bias}} {
-			if p.e.typ().NumElements() != c {
-				return nil, im.errorf("scale and bias need %d values, got %s", c, p.e.typ())
-			}
-			b, err := im.reshapeTo(p.e, ir.Shape{c, 1})
-			if err != nil {
-				return nil, err
-			}
-			if y, err = im.one(p.kind, nil, y, b); err != nil {
-				return nil, err
-			}
+		if y, err = im.scaleShift(y, scale, bias, ir.Shape{c, 1}); err != nil {
+			return nil, err
 		}
 		y, err = im.reshapeTo(y, s)
 		return []entry{y}, err

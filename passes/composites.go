@@ -227,51 +227,52 @@ func (r *recognizer) isCubicTerm(v, x *ir.Value) bool {
 	return len(fs) == 3 && fs[0] == x && fs[1] == x && fs[2] == x
 }
 
-// siluChain: x * sigmoid(x).
-func siluChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+// gated matches root = x * g where gate(g, x) holds, in either order,
+// and returns x.
+func (r *recognizer) gated(root *ir.Op, gate func(g, x *ir.Value) bool) *ir.Value {
 	if root.Kind != "mul" {
-		return "", nil, nil
+		return nil
 	}
 	for i := 0; i < 2; i++ {
-		x := root.Operands[i]
-		if s := r.def(root.Operands[1-i], "sigmoid"); s != nil && s.Operands[0] == x {
-			return "silu", nil, []*ir.Value{x}
+		if x := root.Operands[i]; gate(root.Operands[1-i], x) {
+			return x
 		}
 	}
-	return "", nil, nil
+	return nil
 }
+
+// gatedChain is a composite x * g(x) that becomes kind(x).
+func gatedChain(kind string, gate func(r *recognizer, g, x *ir.Value) bool) composite {
+	return func(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+		if x := r.gated(root, func(g, x *ir.Value) bool { return gate(r, g, x) }); x != nil {
+			return kind, nil, []*ir.Value{x}
+		}
+		return "", nil, nil
+	}
+}
+
+// siluChain: x * sigmoid(x).
+var siluChain = gatedChain("silu", func(r *recognizer, g, x *ir.Value) bool {
+	s := r.def(g, "sigmoid")
+	return s != nil && s.Operands[0] == x
+})
 
 // hardSwishChain: x * hard_sigmoid(x) with alpha 1/6 and beta 1/2 (how
 // PyTorch exports HardSwish below opset 14).
-func hardSwishChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
-	if root.Kind != "mul" {
-		return "", nil, nil
-	}
-	for i := 0; i < 2; i++ {
-		x := root.Operands[i]
-		if h := r.def(root.Operands[1-i], "hard_sigmoid"); h != nil && h.Operands[0] == x &&
-			math.Abs(h.Attr().Float("alpha")-1.0/6) < 1e-6 && math.Abs(h.Attr().Float("beta")-0.5) < 1e-6 {
-			return "hard_swish", nil, []*ir.Value{x}
-		}
-	}
-	return "", nil, nil
-}
+var hardSwishChain = gatedChain("hard_swish", func(r *recognizer, g, x *ir.Value) bool {
+	h := r.def(g, "hard_sigmoid")
+	return h != nil && h.Operands[0] == x &&
+		math.Abs(h.Attr().Float("alpha")-1.0/6) < 1e-6 && math.Abs(h.Attr().Float("beta")-0.5) < 1e-6
+})
 
 // mishChain: x * tanh(softplus(x)).
-func mishChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
-	if root.Kind != "mul" {
-		return "", nil, nil
+var mishChain = gatedChain("mish", func(r *recognizer, g, x *ir.Value) bool {
+	if t := r.def(g, "tanh"); t != nil {
+		s := r.def(t.Operands[0], "softplus")
+		return s != nil && s.Operands[0] == x
 	}
-	for i := 0; i < 2; i++ {
-		x := root.Operands[i]
-		if t := r.def(root.Operands[1-i], "tanh"); t != nil {
-			if s := r.def(t.Operands[0], "softplus"); s != nil && s.Operands[0] == x {
-				return "mish", nil, []*ir.Value{x}
-			}
-		}
-	}
-	return "", nil, nil
-}
+	return false
+})
 
 // softmaxChain: e / sum(e) over one axis, keeping it, where e is exp(x)
 // or exp(x - max(x)) over the same axis.

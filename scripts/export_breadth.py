@@ -432,16 +432,21 @@ DYNAMIC = {
     "encoder_decoder_dynamic": (EncoderDecoder, tokens(30, 6), 14),
 }
 
-if __name__ == "__main__":
-    out = sys.argv[1]
-    only = set(sys.argv[2:])
+def instances(only=()):
+    """Yields (name, model in training mode, example input, opset) for each model (those in only, when
+    given), seeded as the committed data was made."""
     for name, (ctor, make_input, opset) in list(BREADTH.items()) + list(DYNAMIC.items()):
         if only and name not in only:
             continue
         torch.manual_seed(0)
         model = ctor()
         model.train()
-        x = make_input()
+        yield name, model, make_input(), opset
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    for name, model, x, opset in instances(set(sys.argv[2:])):
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         dynamic = {"input": {0: "batch"}, "output": {0: "batch"}} if name in DYNAMIC else None

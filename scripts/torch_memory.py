@@ -8,7 +8,7 @@ import json, os, sys
 import torch
 from torch.fx import Interpreter
 from functorch.compile import aot_function, default_partition, min_cut_rematerialization_partition
-from export_breadth import BREADTH, DYNAMIC
+from export_breadth import DYNAMIC, instances
 
 
 def replay(gm, args, live, peak):
@@ -101,14 +101,7 @@ def measure(model, x, partition):
 
 if __name__ == "__main__":
     out = sys.argv[1]
-    only = set(sys.argv[2:])
-    for name, (ctor, make_input, _) in list(BREADTH.items()) + list(DYNAMIC.items()):
-        if only and name not in only:
-            continue
-        torch.manual_seed(0)
-        model = ctor()
-        model.train()
-        x = make_input()
+    for name, model, x, _ in instances(set(sys.argv[2:])):
         if name in DYNAMIC:
             x = torch.cat([x, x[:1]], 0)
         try:
