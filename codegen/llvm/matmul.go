@@ -28,7 +28,7 @@ const (
 // parallel chunk).
 func (e *fn) matmul(s *loops.Stage, lo, hi value.Value) {
 	mm := s.Matmul
-	if mm.A.Kind() == loops.F32 {
+	if packed(s) {
 		e.matmulF32(s, lo, hi)
 		return
 	}

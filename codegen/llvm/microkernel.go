@@ -28,6 +28,19 @@ var (
 	vecPtr = types.NewPointer(vecT)
 )
 
+// smallMatmul is the multiply-adds below which an f32 matmul runs as the
+// plain loop nest of matmul.go: packing a panel and a register tile of
+// mrv x nr cost more than they save there, and the microkernel's code
+// (about 800 lines of LLVM IR per stage) would dominate a program of
+// many small products.
+const smallMatmul = 16384
+
+// packed reports whether a matmul stage runs on the packed f32
+// microkernel.
+func packed(s *loops.Stage) bool {
+	return s.Matmul.A.Kind() == loops.F32 && s.Extents[0]*s.Extents[1]*s.Matmul.Extent >= smallMatmul
+}
+
 // panelWidth is the columns of a packed panel for a matmul of n columns:
 // pb, or n rounded up to whole tiles when that is less.
 func panelWidth(n int64) int64 {
@@ -42,7 +55,7 @@ func panelWidth(n int64) int64 {
 // own), otherwise by blocks of rows of each panel, packed once and shared;
 // n is the number of chunks.
 func matmulChunks(s *loops.Stage) (byColumns bool, n int64) {
-	if s.Matmul.A.Kind() != loops.F32 {
+	if !packed(s) {
 		return false, (s.Extents[0] + mr - 1) / mr
 	}
 	w := panelWidth(s.Extents[1])

@@ -74,7 +74,7 @@ func (e *fn) parallelDim(s *loops.Stage) (int, bool) {
 func (e *fn) parallelStage(s *loops.Stage, dim int) {
 	if s.Matmul != nil {
 		byColumns, n := matmulChunks(s)
-		if s.Matmul.A.Kind() == loops.F32 && !byColumns {
+		if packed(s) && !byColumns {
 			e.parallelRows(s, n)
 			return
 		}

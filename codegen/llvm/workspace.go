@@ -44,7 +44,7 @@ func layoutWorkspace(k *loops.Kernel) *workspace {
 			case *loops.Loop:
 				visit(s.Body)
 			case *loops.Stage:
-				if s.Matmul != nil && s.Matmul.A.Kind() == loops.F32 {
+				if s.Matmul != nil && packed(s) {
 					w.panelBytes = max(w.panelBytes, alignUp(s.Matmul.Extent*panelWidth(s.Extents[1])*4, wsAlign))
 				}
 			}
