@@ -403,6 +403,9 @@ func ConvGeometryOf(x, w Shape, a AttrValues) (ConvGeometry, error) {
 	if g.SH < 1 || g.SW < 1 || g.DH < 1 || g.DW < 1 || g.PT < 0 || g.PL < 0 || g.PB < 0 || g.PR < 0 {
 		return g, fmt.Errorf("conv2d strides and dilations must be positive and pads not negative")
 	}
+	if g.H+g.PT+g.PB < g.DH*(g.KH-1)+1 || g.W+g.PL+g.PR < g.DW*(g.KW-1)+1 {
+		return g, fmt.Errorf("conv2d of %s with kernel %s: the window is larger than the padded input", x, w)
+	}
 	g.OH = (g.H+g.PT+g.PB-g.DH*(g.KH-1)-1)/g.SH + 1
 	g.OW = (g.W+g.PL+g.PR-g.DW*(g.KW-1)-1)/g.SW + 1
 	if g.OH < 1 || g.OW < 1 || g.KH < 1 || g.KW < 1 {
@@ -448,6 +451,9 @@ func PoolGeometryOf(x Shape, a AttrValues) (PoolGeometry, error) {
 	}
 	out := func(in, pa, pb, k, s, d int64) int64 {
 		span := in + pa + pb - d*(k-1) - 1
+		if span < 0 {
+			return 0 // the window is larger than the padded input
+		}
 		o := span/s + 1
 		if p.CeilMode {
 			o = (span+s-1)/s + 1

@@ -309,6 +309,21 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
+		// An infinite maximum (a fully masked row of -inf, or a +inf)
+		// shifts by 0, so that the result is that infinity, not NaN.
+		absM, err := im.one("abs", nil, m[0])
+		if err != nil {
+			return nil, err
+		}
+		inf, err := im.one("eq", nil, absM, scalarConst(m[0].typ().DType, math.Inf(1)))
+		if err != nil {
+			return nil, err
+		}
+		shift, err := im.one("where", nil, inf, scalarConst(m[0].typ().DType, 0), m[0])
+		if err != nil {
+			return nil, err
+		}
+		m = []entry{shift}
 		shifted, err := im.one("sub", nil, in[0], m[0])
 		if err != nil {
 			return nil, err

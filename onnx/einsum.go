@@ -22,7 +22,12 @@ func init() {
 		if len(terms) != len(in) || len(in) > 2 {
 			return nil, im.errorf("equation %q: Kiln reads Einsum of one or two operands matching the equation", eq)
 		}
-		// Expand "..." into capital letters for the leading axes.
+		for _, c := range strings.NewReplacer("->", "", "...", "", ",", "").Replace(eq) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+				return nil, im.errorf("equation %q: indices are letters", eq)
+			}
+		}
+		// Expand "..." into letters for the leading axes.
 		ell := 0
 		for i, t := range terms {
 			if strings.Contains(t, "...") {
@@ -30,7 +35,16 @@ func init() {
 				ell = max(ell, k)
 			}
 		}
-		const ellLetters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+		// The ellipsis axes get letters the equation does not use.
+		ellLetters := ""
+		for _, c := range "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" {
+			if len(ellLetters) < ell && !strings.ContainsRune(eq, c) {
+				ellLetters += string(c)
+			}
+		}
+		if len(ellLetters) < ell {
+			return nil, im.errorf("equation %q: too many axes under ...", eq)
+		}
 		expand := func(t string, rank int) (string, bool) {
 			if !strings.Contains(t, "...") {
 				return t, len(t) == rank

@@ -505,3 +505,42 @@ func TestEinsumForms(t *testing.T) {
 	_, err := Import(data, Options{Name: "m.onnx"})
 	require.EqualError(t, err, `m.onnx: node "/d" (Einsum): equation "ii->i" repeats index i in one operand (a diagonal), which Kiln does not read`)
 }
+
+// TestReviewedEdgeCases: inputs a review found mishandled. A 1-D
+// ConvTranspose converts; an Einsum index in capitals is not confused
+// with the axes under "..."; a kernel_shape that disagrees with the
+// weight and a OneHot depth beyond the fold limit are errors.
+func TestReviewedEdgeCases(t *testing.T) {
+	convT := encModel(tGraph{
+		nodes:   []tNode{{op: "ConvTranspose", name: "/ct", inputs: []string{"x", "w"}, outputs: []string{"y"}, ints: map[string][]int64{"strides": {2}}}},
+		inits:   [][]byte{encTensorF32("w", []int64{2, 3, 3}, make([]float32, 18))},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 2, 5}), encValueInfo("w", 1, []int64{2, 3, 3})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 3, 11})},
+	})
+	_, err := Import(convT, Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	einsum := encModel(tGraph{
+		nodes:   []tNode{{op: "Einsum", name: "/e", inputs: []string{"x", "w"}, outputs: []string{"y"}, strs: map[string]string{"equation": "Ij,jk"}}},
+		inits:   [][]byte{encTensorF32("w", []int64{3, 4}, make([]float32, 12))},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 3}), encValueInfo("w", 1, []int64{3, 4})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 4})},
+	})
+	_, err = Import(einsum, Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	badKernel := encModel(tGraph{
+		nodes:   []tNode{{op: "Conv", name: "/c", inputs: []string{"x", "w"}, outputs: []string{"y"}, ints: map[string][]int64{"kernel_shape": {1, 1}}}},
+		inits:   [][]byte{encTensorF32("w", []int64{1, 1, 3, 3}, make([]float32, 9))},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 5, 5}), encValueInfo("w", 1, []int64{1, 1, 3, 3})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 3, 3})},
+	})
+	_, err = Import(badKernel, Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, "kernel_shape [1 1] does not match the weight's spatial dimensions [3 3]")
+	oneHot := encModel(tGraph{
+		nodes:   []tNode{{op: "OneHot", name: "/o", inputs: []string{"i", "d", "v"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorI64("d", []int64{}, []int64{1 << 40}), encTensorF32("v", []int64{2}, []float32{0, 1})},
+		inputs:  [][]byte{encValueInfo("i", 7, []int64{2}), encValueInfo("d", 7, []int64{}), encValueInfo("v", 1, []int64{2})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 1 << 40})},
+	})
+	_, err = Import(oneHot, Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, "the depth must be one integer from 1 to")
+}

@@ -100,6 +100,9 @@ func init() {
 			return nil, im.errorf("%v", err)
 		}
 		d := x.typ().Shape[ax]
+		if d == 0 {
+			return in[:1], nil
+		}
 		reverse := attrInt(n, "reverse", 0) == 1
 		shift := func(v entry, s int64) (entry, error) {
 			pads := make([]int64, 2*r)
@@ -165,8 +168,8 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		if len(depths) != 1 || depths[0] < 1 {
-			return nil, im.errorf("the depth must be one positive integer")
+		if len(depths) != 1 || depths[0] < 1 || depths[0] > foldLimit {
+			return nil, im.errorf("the depth must be one integer from 1 to %d", foldLimit)
 		}
 		if in[2].k == nil || in[2].k.Len() != 2 {
 			return nil, im.errorf("the values must be a constant [off, on]")
@@ -291,6 +294,9 @@ func init() {
 	}
 	arity["GlobalMaxPool"] = [2]int{1, 1}
 	converters["GlobalMaxPool"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		if in[0].typ().Rank() < 3 {
+			return nil, im.errorf("needs [N, C, spatial...], got %s", in[0].typ())
+		}
 		var axes []int64
 		for a := 2; a < in[0].typ().Rank(); a++ {
 			axes = append(axes, int64(a))
@@ -305,7 +311,7 @@ func init() {
 		x, scale, bias := in[0], in[1], in[2]
 		s := x.typ().Shape
 		g := attrInt(n, "num_groups", 0)
-		if len(s) < 3 || g < 1 || s[1]%g != 0 {
+		if len(s) < 3 || g < 1 || s[1]%g != 0 || x.typ().NumElements() == 0 {
 			return nil, im.errorf("num_groups=%d does not divide the channels of %s", g, x.typ())
 		}
 		per := x.typ().NumElements() / (s[0] * g)

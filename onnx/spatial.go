@@ -43,6 +43,11 @@ func (im *importer) readWindow(n *node, spatial int, kernel []int64) (window, er
 	if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
 		return w, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
 	}
+	for i, k := range kernel {
+		if w.kernel[i] != k {
+			return w, im.errorf("kernel_shape %v does not match the weight's spatial dimensions %v", w.kernel, kernel)
+		}
+	}
 	return w, nil
 }
 
@@ -163,10 +168,12 @@ func init() {
 			}
 			out = append(out, d)
 		}
-		a := w.attrs2d(0, 1)
+		var a ir.Attrs
 		if spatial == 1 {
 			a = w.attrs2d(-1, 0)
 			out = ir.Shape{out[0], out[1], 1, out[2]}
+		} else {
+			a = w.attrs2d(0, 1)
 		}
 		a["groups"] = ir.IntAttr(groups)
 		a["input_shape"] = ir.IntsAttr(out...)
@@ -405,7 +412,7 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 		if out[a] == xs[a] && scale[a] == 1 {
 			continue
 		}
-		if out[a] < 1 || xs[a] < 1 {
+		if out[a] < 1 || xs[a] < 1 || out[a] > foldLimit {
 			return nil, im.errorf("resizing axis %d from %d to %d elements", a, xs[a], out[a])
 		}
 		lo := make([]int64, out[a])

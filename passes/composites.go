@@ -465,6 +465,9 @@ func linearWeight(f *ir.Func, op *ir.Op) []*ir.Op {
 	}
 	w := t.Def.Operands[0]
 	k, n := t.Type.Shape[0], t.Type.Shape[1]
+	if k == 0 || n == 0 {
+		return nil
+	}
 	rows := a.Type.NumElements() / k
 	var ops []*ir.Op
 	in := a

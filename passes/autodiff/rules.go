@@ -166,7 +166,7 @@ func init() {
 			dy = b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(full...)}, grad(op), dy)
 		}
 		out := make([]*ir.Value, 2)
-		if w2.Type.Rank() == 2 && a2.Type.Rank() >= 2 {
+		if w2.Type.Rank() == 2 && a2.Type.Rank() >= 2 && w2.Type.NumElements() > 0 {
 			// A weight matrix (a Linear layer): both gradients are gemms
 			// with transposed operands over the batch folded into rows, so
 			// no transposed copy of the weight or the activation is made.
