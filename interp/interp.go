@@ -198,6 +198,16 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 					bound, found = d, true
 				}
 			}
+		case (op.Kind == "gather_elements" || op.Kind == "gather_elements_grad") && uses[op.Operands[1]]:
+			shape := op.Operands[0].Type.Shape
+			if op.Kind == "gather_elements_grad" {
+				shape = ir.Shape(op.Attr().Ints("data_shape"))
+			}
+			if ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(shape)); err == nil {
+				if d := shape[ax]; !found || d < bound {
+					bound, found = d, true
+				}
+			}
 		case op.Kind == "gather_grad" && uses[op.Operands[1]]:
 			ds := op.Attr().Ints("data_shape")
 			ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(ds))

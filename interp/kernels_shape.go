@@ -156,6 +156,44 @@ func init() {
 		err := gatherMap(op, out[0].Shape, in[1], func(i, j int64) { dx.F[j] += in[0].F[i] })
 		return []*Tensor{dx}, err
 	}
+	// elementsMap calls fn(i, j) for each position i of the indices and the
+	// position j of data it addresses (i with its axis coordinate
+	// replaced by the index).
+	elementsMap := func(op *ir.Op, data ir.Shape, idx *Tensor, fn func(i, j int64)) error {
+		ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), len(data))
+		ds := data.Strides()
+		n := int64(len(idx.I))
+		o := newOdometer(idx.Type.Shape)
+		for i := int64(0); i < n; i++ {
+			k := idx.I[i]
+			if k < 0 {
+				k += data[ax]
+			}
+			if k < 0 || k >= data[ax] {
+				return fmt.Errorf("gather_elements index %d is out of range for dimension %d of size %d", idx.I[i], ax, data[ax])
+			}
+			j := int64(0)
+			for d, c := range o.idx {
+				if d == ax {
+					c = k
+				}
+				j += c * ds[d]
+			}
+			fn(i, j)
+			o.next()
+		}
+		return nil
+	}
+	kernels["gather_elements"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
+		y := New(out[0])
+		err := elementsMap(op, in[0].Type.Shape, in[1], func(i, j int64) { copyElem(y, i, in[0], j) })
+		return []*Tensor{y}, err
+	}
+	kernels["gather_elements_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
+		dx := New(out[0])
+		err := elementsMap(op, out[0].Shape, in[1], func(i, j int64) { dx.F[j] += in[0].F[i] })
+		return []*Tensor{dx}, err
+	}
 	kernels["pad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x := in[0]
 		pads := op.Attr().Ints("pads")

@@ -275,6 +275,34 @@ func init() {
 		FLOPs: inputFLOPs, Fusion: Opaque, Grad: NoGrad,
 	})
 	Register(&OpDef{
+		Name: "gather_elements", Summary: "ONNX GatherElements: y[i] = data[i with i[axis] replaced by indices[i]]; y has the indices' shape",
+		MinOperands: 2, MaxOperands: 2,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if err := checkElementIndices(in[0].Shape, in[1], a.Int("axis")); err != nil {
+				return nil, err
+			}
+			return []Type{{DType: in[0].DType, Shape: in[1].Shape}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Injective,
+	})
+	Register(&OpDef{
+		Name: "gather_elements_grad", Summary: "scatter-add dy into zeros of data_shape at gather_elements' indices",
+		MinOperands: 2, MaxOperands: 2,
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			ds := Shape(a.Ints("data_shape"))
+			if err := checkElementIndices(ds, in[1], a.Int("axis")); err != nil {
+				return nil, err
+			}
+			if !in[0].Shape.Equal(in[1].Shape) {
+				return nil, fmt.Errorf("dy %s does not match the indices %s", in[0], in[1])
+			}
+			return []Type{{DType: in[0].DType, Shape: ds}}, nil
+		},
+		FLOPs: inputFLOPs, Fusion: Opaque, // linear in dy (ScatterElements uses it): autodiff has a rule
+	})
+	Register(&OpDef{
 		Name: "pad", Summary: "constant padding; pads = [begin of each axis..., end of each axis...], negative pads crop",
 		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "pads", Kind: AttrList, Required: true}, {Name: "value", Kind: AttrFloat, Default: FloatAttr(0)}},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
@@ -294,6 +322,27 @@ func init() {
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
 	})
+}
+
+// checkElementIndices checks GatherElements' operands: integer indices of
+// data's rank, no larger than data outside axis.
+func checkElementIndices(data Shape, idx Type, axis int64) error {
+	if !idx.DType.IsInt() {
+		return fmt.Errorf("indices must be integers, got %s", idx)
+	}
+	ax, err := NormalizeAxis(axis, len(data))
+	if err != nil {
+		return err
+	}
+	if idx.Rank() != len(data) {
+		return fmt.Errorf("indices %s must have the data's rank %d", idx, len(data))
+	}
+	for d, n := range idx.Shape {
+		if d != ax && n > data[d] {
+			return fmt.Errorf("indices %s exceed the data %s outside axis %d", idx, data, ax)
+		}
+	}
+	return nil
 }
 
 // GatherShape is data's shape with axis replaced by the indices' shape.

@@ -544,3 +544,17 @@ func TestReviewedEdgeCases(t *testing.T) {
 	_, err = Import(oneHot, Options{Name: "m.onnx"})
 	require.ErrorContains(t, err, "the depth must be one integer from 1 to")
 }
+
+// TestScatterWithoutReductionNeedsDistinctIndices: ScatterElements with
+// reduction none and an index that hits one element twice is an error
+// (ONNX leaves the result undefined).
+func TestScatterWithoutReductionNeedsDistinctIndices(t *testing.T) {
+	data := encModel(tGraph{
+		nodes:   []tNode{{op: "ScatterElements", name: "/s", inputs: []string{"x", "i", "u"}, outputs: []string{"y"}, ints: map[string][]int64{"axis": {1}}}},
+		inits:   [][]byte{encTensorI64("i", []int64{1, 2}, []int64{0, 0})},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 3}), encValueInfo("i", 7, []int64{1, 2}), encValueInfo("u", 1, []int64{1, 2})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 3})},
+	})
+	_, err := Import(data, Options{Name: "m.onnx", DataInputs: []string{"x", "u"}})
+	require.EqualError(t, err, `m.onnx: node "/s" (ScatterElements): the indices hit one element twice; without a reduction ONNX leaves the result undefined`)
+}

@@ -352,3 +352,69 @@ func contains(axes []int64, i, r int) bool {
 	}
 	return false
 }
+
+func init() {
+	arity["GatherElements"] = [2]int{2, 2}
+	converters["GatherElements"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.emit("gather_elements", in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", 0))})
+	}
+	// ScatterElements: with reduction "add", data plus the scatter-add of
+	// the updates (gather_elements' gradient); with "none", the scattered
+	// updates where an index points and data elsewhere, which needs
+	// indices known at import and free of duplicates (ONNX leaves their
+	// order undefined).
+	scatter := func(im *importer, n *node, in []entry) ([]entry, error) {
+		data, idx, upd := in[0], in[1], in[2]
+		axis := attrInt(n, "axis", 0)
+		if !upd.typ().Shape.Equal(idx.typ().Shape) {
+			return nil, im.errorf("updates %s must have the indices' shape %s", upd.typ(), idx.typ())
+		}
+		a := ir.Attrs{"axis": ir.IntAttr(axis), "data_shape": ir.IntsAttr(data.typ().Shape...)}
+		spread, err := im.one("gather_elements_grad", a, upd, idx)
+		if err != nil {
+			return nil, err
+		}
+		switch r := attrString(n, "reduction", "none"); r {
+		case "add":
+			y, err := im.one("add", nil, data, spread)
+			return []entry{y}, err
+		case "none":
+		default:
+			return nil, im.errorf("reduction=%s is not supported (none or add)", r)
+		}
+		if idx.k == nil {
+			return nil, im.errorf("without a reduction the indices must be known at import, to rule out duplicates")
+		}
+		ax, _ := ir.NormalizeAxis(axis, data.typ().Rank())
+		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data.typ().Shape})
+		ds := data.typ().Shape.Strides()
+		is := idx.typ().Shape
+		for i := range idx.k.I {
+			pos, rest := int64(0), int64(i)
+			for d := len(is) - 1; d >= 0; d-- {
+				c := rest % is[d]
+				rest /= is[d]
+				if d == ax {
+					c = idx.k.I[i]
+					if c < 0 {
+						c += data.typ().Shape[ax]
+					}
+					if c < 0 || c >= data.typ().Shape[ax] {
+						return nil, im.errorf("index %d is out of range for dimension %d of size %d", idx.k.I[i], ax, data.typ().Shape[ax])
+					}
+				}
+				pos += c * ds[d]
+			}
+			if hit.I[pos] != 0 {
+				return nil, im.errorf("the indices hit one element twice; without a reduction ONNX leaves the result undefined")
+			}
+			hit.I[pos] = 1
+		}
+		y, err := im.one("where", nil, entry{k: hit}, spread, data)
+		return []entry{y}, err
+	}
+	arity["ScatterElements"] = [2]int{3, 3}
+	converters["ScatterElements"] = scatter
+	arity["Scatter"] = [2]int{3, 3}
+	converters["Scatter"] = scatter
+}

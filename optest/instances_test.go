@@ -185,6 +185,9 @@ func handInstances() []instance {
 		{op: "gather", in: tys("f32[5,3]", "i64[2,2]"), attrs: ir.Attrs{"axis": ir.IntAttr(0)}, model: modelExact},
 		{op: "gather", in: tys("f32[2,5]", "i32[4]"), attrs: ir.Attrs{"axis": ir.IntAttr(1)}, model: modelExact},
 		{op: "gather_grad", in: tys("f32[2,2,3]", "i64[2,2]"), attrs: ir.Attrs{"axis": ir.IntAttr(0), "data_shape": ints(5, 3)}, model: modelSum, k: 4},
+		{op: "gather_elements", in: tys("f32[5,3]", "i64[4,2]"), attrs: ir.Attrs{"axis": ir.IntAttr(0)}, model: modelExact},
+		{op: "gather_elements", in: tys("f32[2,6,3]", "i32[2,4,3]"), attrs: ir.Attrs{"axis": ir.IntAttr(-2)}, model: modelExact},
+		{op: "gather_elements_grad", in: tys("f32[4,3]", "i64[4,3]"), attrs: ir.Attrs{"axis": ir.IntAttr(1), "data_shape": ints(4, 5)}, model: modelSum, k: 4},
 		{op: "pad", in: tys("f32[3,4]"), attrs: ir.Attrs{"pads": ints(1, -1, 2, 1), "value": ir.FloatAttr(-2)}, model: modelExact},
 
 		{op: "matmul", in: tys("f32[2,3,7]", "f32[7,5]"), model: modelSum, k: 7},

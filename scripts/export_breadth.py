@@ -381,6 +381,22 @@ class EinsumAttention(nn.Module):
         return self.out(torch.einsum("...d,d->...d", y, self.scale))
 
 
+class GatherScatter(nn.Module):
+    """torch.gather and scatter_add / scatter with index tensors (GatherElements, ScatterElements)."""
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(6, 6), nn.Linear(6, 3)
+        self.register_buffer("idx", torch.tensor([[2, 0, 1, 5, 4, 3], [1, 1, 0, 0, 2, 2]]))
+        self.register_buffer("perm", torch.tensor([[5, 4, 3, 2, 1, 0], [0, 2, 4, 1, 3, 5]]))
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))
+        g = torch.gather(h, 1, self.idx)
+        s = torch.zeros_like(h).scatter_add(1, self.idx, g * 2.0)
+        p = h.scatter(1, self.perm, g)
+        return self.l2(g + s + p)
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -393,6 +409,7 @@ def tokens(vocab, seq=8):
 BREADTH = {
     "alexnetish": (AlexNetish, image(3, 16), 13),
     "einsum_attention": (EinsumAttention, lambda: torch.randn(2, 5, 8), 13),
+    "gather_scatter": (GatherScatter, lambda: torch.randn(2, 6), 16),
     "mobilenetish": (MobileNetish, image(), 13),
     "mobilenetish_opset9": (MobileNetish, image(), 9),
     "grouped_cnn": (GroupedCNN, image(4, 8), 14),

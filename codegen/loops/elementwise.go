@@ -284,6 +284,18 @@ func init() {
 			return data.At(src)
 		}}, nil
 	}
+	elementRules["gather_elements"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
+		data, ind := in[0], in[1]
+		ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), data.Type.Rank())
+		d := data.Type.Shape[ax]
+		return []accessor{func(idx []Expr) Expr {
+			j := conv(ind.At(idx), I64)
+			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			src := append([]Expr(nil), idx...)
+			src[ax] = j
+			return data.At(src)
+		}}, nil
+	}
 	elementRules["pad"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		pads := op.Attr().Ints("pads")
 		x := in[0]

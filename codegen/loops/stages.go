@@ -93,6 +93,7 @@ func init() {
 	stageRules["avg_pool2d"] = lowerAvgPool
 	stageRules["avg_pool2d_grad"] = lowerAvgPoolGrad
 	stageRules["gather_grad"] = lowerGatherGrad
+	stageRules["gather_elements_grad"] = lowerGatherElementsGrad
 }
 
 func lowerMatmul(b *builder, _ *ir.Op, in []Tensor, out []*Buffer) error {
@@ -454,6 +455,25 @@ func lowerGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 			j := conv(ind.At(idx[ax:ax+r]), I64)
 			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
 			return append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+r:]...)
+		},
+		nil,
+		func(idx []Expr) Expr { return dy.At(idx) })
+	return nil
+}
+
+func lowerGatherElementsGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, ind := in[0], in[1]
+	data := out[0].Type.Shape
+	ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), len(data))
+	d := data[ax]
+	b.fill(out[0], 0)
+	b.scatter(out[0], ind.Type.Shape.Clone(),
+		func(idx []Expr) []Expr {
+			j := conv(ind.At(idx), I64)
+			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			dst := append([]Expr(nil), idx...)
+			dst[ax] = j
+			return dst
 		},
 		nil,
 		func(idx []Expr) Expr { return dy.At(idx) })

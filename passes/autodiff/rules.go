@@ -488,6 +488,13 @@ func init() {
 		a["input_shape"] = ir.IntsAttr(x(op, 0).Type.Shape...)
 		return []*ir.Value{b.one("slice_grad", a, grad(op), dys[0])}
 	}
+	rules["gather_elements"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
+		a := ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis")), "data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)}
+		return []*ir.Value{b.one("gather_elements_grad", a, grad(op), dys[0], x(op, 1)), nil}
+	}
+	rules["gather_elements_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
+		return []*ir.Value{b.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1)), nil}
+	}
 	rules["gather"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		a := ir.Attrs{"data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)}
 		if v, ok := op.Attrs["axis"]; ok {
