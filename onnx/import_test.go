@@ -558,3 +558,23 @@ func TestScatterWithoutReductionNeedsDistinctIndices(t *testing.T) {
 	_, err := Import(data, Options{Name: "m.onnx", DataInputs: []string{"x", "u"}})
 	require.EqualError(t, err, `m.onnx: node "/s" (ScatterElements): the indices hit one element twice; without a reduction ONNX leaves the result undefined`)
 }
+
+// TestTopKWithTies: equal values (-inf included) come out lowest index
+// first, each index once.
+func TestTopKWithTies(t *testing.T) {
+	data := encModel(tGraph{
+		nodes: []tNode{{op: "TopK", name: "/t", inputs: []string{"x", "k"}, outputs: []string{"v", "i"}}},
+		inits: [][]byte{encTensorI64("k", []int64{1}, []int64{4}),
+			encTensorF32("x", []int64{1, 5}, []float32{2, float32(math.Inf(-1)), 2, float32(math.Inf(-1)), 7})},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 5}), encValueInfo("k", 7, []int64{1})},
+		outputs: [][]byte{encValueInfo("v", 1, []int64{1, 4}), encValueInfo("i", 7, []int64{1, 4})},
+	})
+	m, err := Import(data, Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	f := m.Funcs[0]
+	args := []*interp.Tensor{interp.FromDense(f.Args[0].Arg.Init)}
+	res, err := interp.Run(f, args, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{7, 2, 2, math.Inf(-1)}, res[0].F)
+	require.Equal(t, []int64{4, 0, 2, 1}, res[1].I)
+}

@@ -1,6 +1,8 @@
 package onnx
 
 import (
+	"math"
+
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
@@ -42,43 +44,7 @@ func init() {
 					return nil, err
 				}
 			}
-			// The index of the maximum: the smallest (or, with
-			// select_last_index, largest) index where x equals its
-			// maximum, or is NaN (the maximum is NaN then, and NumPy
-			// returns the first NaN).
-			d := x.typ().Shape[ax]
-			m, err := im.one("reduce_max", ir.Attrs{"axes": ir.IntsAttr(int64(ax)), "keepdims": ir.BoolAttr(true)}, x)
-			if err != nil {
-				return nil, err
-			}
-			hit, err := im.one("eq", nil, x, m)
-			if err != nil {
-				return nil, err
-			}
-			nan, err := im.one("ne", nil, x, x)
-			if err != nil {
-				return nil, err
-			}
-			if hit, err = im.one("or", nil, hit, nan); err != nil {
-				return nil, err
-			}
-			idx := iota(d, ax, r)
-			last := attrInt(n, "select_last_index", 0) == 1
-			if !last {
-				// min(i) = -max(-i)
-				if idx, err = im.one("neg", nil, idx); err != nil {
-					return nil, err
-				}
-			}
-			cand, err := im.one("where", nil, hit, idx, scalarConst(ir.I64, -float64(d)))
-			if err != nil {
-				return nil, err
-			}
-			y, err := im.one("reduce_max", ir.Attrs{"axes": ir.IntsAttr(int64(ax)), "keepdims": ir.BoolAttr(attrInt(n, "keepdims", 1) == 1)}, cand)
-			if err != nil || last {
-				return []entry{y}, err
-			}
-			y, err = im.one("neg", nil, y)
+			y, _, err := im.argmax(x, ax, attrInt(n, "select_last_index", 0) == 1, attrInt(n, "keepdims", 1) == 1, nil)
 			return []entry{y}, err
 		}
 	}
@@ -417,4 +383,140 @@ func init() {
 	converters["ScatterElements"] = scatter
 	arity["Scatter"] = [2]int{3, 3}
 	converters["Scatter"] = scatter
+}
+
+// argmax returns the index of x's maximum along ax (int64) and the
+// maximum itself (kept axis): the smallest (with last, the largest)
+// index where x equals its maximum or is NaN (the maximum is NaN then,
+// and NumPy returns the first NaN).
+// Positions where exclude (when not nil) is true are never chosen.
+func (im *importer) argmax(x entry, ax int, last, keepdims bool, exclude *entry) (entry, entry, error) {
+	r := x.typ().Rank()
+	d := x.typ().Shape[ax]
+	m, err := im.one("reduce_max", ir.Attrs{"axes": ir.IntsAttr(int64(ax)), "keepdims": ir.BoolAttr(true)}, x)
+	if err != nil {
+		return entry{}, entry{}, err
+	}
+	hit, err := im.one("eq", nil, x, m)
+	if err != nil {
+		return entry{}, entry{}, err
+	}
+	nan, err := im.one("ne", nil, x, x)
+	if err != nil {
+		return entry{}, entry{}, err
+	}
+	if hit, err = im.one("or", nil, hit, nan); err != nil {
+		return entry{}, entry{}, err
+	}
+	if exclude != nil {
+		free, err := im.one("not", nil, *exclude)
+		if err != nil {
+			return entry{}, entry{}, err
+		}
+		if hit, err = im.one("and", nil, hit, free); err != nil {
+			return entry{}, entry{}, err
+		}
+	}
+	idx := iota(d, ax, r)
+	if !last {
+		// min(i) = -max(-i)
+		if idx, err = im.one("neg", nil, idx); err != nil {
+			return entry{}, entry{}, err
+		}
+	}
+	cand, err := im.one("where", nil, hit, idx, scalarConst(ir.I64, -float64(d)))
+	if err != nil {
+		return entry{}, entry{}, err
+	}
+	y, err := im.one("reduce_max", ir.Attrs{"axes": ir.IntsAttr(int64(ax)), "keepdims": ir.BoolAttr(keepdims)}, cand)
+	if err != nil || last {
+		return y, m, err
+	}
+	y, err = im.one("neg", nil, y)
+	return y, m, err
+}
+
+// maxTopK bounds TopK's k: each of the k rounds is a pass over the axis.
+const maxTopK = 256
+
+func init() {
+	arity["TopK"] = [2]int{1, 2}
+	// TopK takes k rounds of (maximum, its first index, mask it out with
+	// -inf); the values come from reduce_max, so their gradient reaches
+	// the chosen elements.
+	converters["TopK"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		if !x.typ().DType.IsFloat() {
+			return nil, im.errorf("Kiln reads TopK of floating-point tensors, not %s", x.typ())
+		}
+		k := attrInt(n, "k", -1)
+		if im.opset >= 10 {
+			ks, err := im.constInts(in, 1, "k")
+			if err != nil {
+				return nil, err
+			}
+			if len(ks) != 1 {
+				return nil, im.errorf("k must be one integer")
+			}
+			k = ks[0]
+		}
+		r := x.typ().Rank()
+		ax, err := ir.NormalizeAxis(attrInt(n, "axis", -1), r)
+		if err != nil {
+			return nil, im.errorf("%v", err)
+		}
+		d := x.typ().Shape[ax]
+		if k < 1 || k > d || k > maxTopK {
+			return nil, im.errorf("k=%d must be from 1 to the axis length %d (and at most %d)", k, d, maxTopK)
+		}
+		largest := attrInt(n, "largest", 1) == 1
+		cur := x
+		if !largest {
+			if cur, err = im.one("neg", nil, cur); err != nil {
+				return nil, err
+			}
+		}
+		var vals, idxs []entry
+		var taken *entry // the positions chosen so far
+		for i := int64(0); i < k; i++ {
+			j, m, err := im.argmax(cur, ax, false, true, taken)
+			if err != nil {
+				return nil, err
+			}
+			vals, idxs = append(vals, m), append(idxs, j)
+			if i == k-1 {
+				break
+			}
+			now, err := im.one("eq", nil, iota(d, ax, r), j)
+			if err != nil {
+				return nil, err
+			}
+			if taken != nil {
+				if now, err = im.one("or", nil, now, *taken); err != nil {
+					return nil, err
+				}
+			}
+			taken = &now
+			if cur, err = im.one("where", nil, now, scalarConst(x.typ().DType, math.Inf(-1)), cur); err != nil {
+				return nil, err
+			}
+		}
+		cat := func(parts []entry) (entry, error) {
+			if len(parts) == 1 {
+				return parts[0], nil
+			}
+			return im.one("concat", ir.Attrs{"axis": ir.IntAttr(int64(ax))}, parts...)
+		}
+		v, err := cat(vals)
+		if err != nil {
+			return nil, err
+		}
+		if !largest {
+			if v, err = im.one("neg", nil, v); err != nil {
+				return nil, err
+			}
+		}
+		ix, err := cat(idxs)
+		return []entry{v, ix}, err
+	}
 }

@@ -382,7 +382,7 @@ class EinsumAttention(nn.Module):
 
 
 class GatherScatter(nn.Module):
-    """torch.gather and scatter_add / scatter with index tensors (GatherElements, ScatterElements)."""
+    """torch.gather, scatter_add / scatter (GatherElements, ScatterElements) and topk."""
     def __init__(self):
         super().__init__()
         self.l1, self.l2 = nn.Linear(6, 6), nn.Linear(6, 3)
@@ -394,7 +394,10 @@ class GatherScatter(nn.Module):
         g = torch.gather(h, 1, self.idx)
         s = torch.zeros_like(h).scatter_add(1, self.idx, g * 2.0)
         p = h.scatter(1, self.perm, g)
-        return self.l2(g + s + p)
+        top, where = torch.topk(h, 3, dim=1)
+        low = torch.topk(h, 2, dim=1, largest=False).values
+        picked = torch.zeros_like(h).scatter_add(1, where, top)
+        return self.l2(g + s + p + picked) + low.sum(1, keepdim=True)
 
 
 def image(c=3, s=16):
