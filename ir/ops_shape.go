@@ -272,7 +272,7 @@ func init() {
 			}
 			return []Type{{DType: in[0].DType, Shape: ds}}, nil
 		},
-		FLOPs: inputFLOPs, Fusion: Opaque, Grad: NoGrad,
+		FLOPs: inputFLOPs, Fusion: Opaque, // linear in dy (ScatterND uses it): autodiff has a rule
 	})
 	Register(&OpDef{
 		Name: "gather_elements", Summary: "ONNX GatherElements: y[i] = data[i with i[axis] replaced by indices[i]]; y has the indices' shape",

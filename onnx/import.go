@@ -98,7 +98,7 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 // uses one is invalid.
 var introduced = map[string]int64{
 	"Expand": 8, "Where": 9, "Erf": 9, "Shrink": 9, "OneHot": 9, "Sign": 9, "Mod": 10, "Resize": 10,
-	"Range": 11, "CumSum": 11, "GatherElements": 11, "ScatterElements": 11, "Round": 11, "Einsum": 12, "Celu": 12, "GreaterOrEqual": 12,
+	"Range": 11, "CumSum": 11, "GatherElements": 11, "ScatterElements": 11, "GatherND": 11, "ScatterND": 11, "Round": 11, "Einsum": 12, "Celu": 12, "GreaterOrEqual": 12,
 	"LessOrEqual": 12, "SoftmaxCrossEntropyLoss": 12, "Trilu": 14, "HardSwish": 14,
 	"LayerNormalization": 17, "Mish": 18, "GroupNormalization": 18, "Gelu": 20,
 }

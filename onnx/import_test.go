@@ -78,14 +78,14 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 		nodes: []tNode{
 			{op: "Frobnicate", inputs: []string{"x"}, outputs: []string{"a"}},
 			{op: "Frobnicate", inputs: []string{"a"}, outputs: []string{"b"}},
-			{op: "ScatterND", inputs: []string{"b"}, outputs: []string{"c"}},
+			{op: "BitShift", inputs: []string{"b"}, outputs: []string{"c"}},
 			{op: "Relu", inputs: []string{"c"}, outputs: []string{"d"}},
 		},
 		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
 		outputs: [][]byte{encValueInfo("d", 1, []int64{2})},
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Frobnicate (2), ScatterND (1)")
+	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: BitShift (1), Frobnicate (2)")
 	_, err = Import(encModel(tGraph{opset: 5, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
 	require.EqualError(t, err, "m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 21)")
 	_, err = Import(encModel(tGraph{opset: 22, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
@@ -577,4 +577,31 @@ func TestTopKWithTies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []float64{7, 2, 2, math.Inf(-1)}, res[0].F)
 	require.Equal(t, []int64{4, 0, 2, 1}, res[1].I)
+}
+
+// TestGatherND: indices address data's leading axes; an index out of
+// range is an error naming the node, and a negative one counts from the
+// end.
+func TestGatherND(t *testing.T) {
+	vals := make([]float32, 12)
+	for i := range vals {
+		vals[i] = float32(i)
+	}
+	model := func(idx []int64) []byte {
+		return encModel(tGraph{
+			nodes:   []tNode{{op: "GatherND", name: "/g", inputs: []string{"x", "i"}, outputs: []string{"y"}}},
+			inits:   [][]byte{encTensorF32("x", []int64{2, 2, 3}, vals), encTensorI64("i", []int64{2, 2}, idx)},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 2, 3}), encValueInfo("i", 7, []int64{2, 2})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{2, 3})},
+		})
+	}
+	m, err := Import(model([]int64{1, 0, 0, -1}), Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	f := m.Funcs[0]
+	res, err := interp.Run(f, []*interp.Tensor{interp.FromDense(f.Args[0].Arg.Init)}, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{6, 7, 8, 3, 4, 5}, res[0].F)
+	_, err = Import(model([]int64{2, 0, 0, 0}), Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, `node "/g" (GatherND)`)
+	require.ErrorContains(t, err, "out of range")
 }

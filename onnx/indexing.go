@@ -520,3 +520,121 @@ func init() {
 		return []entry{v, ix}, err
 	}
 }
+
+// ndIndex turns GatherND/ScatterND indices [..., m] into one int64 index
+// per position into data's first m axes flattened: Σ_t i_t · stride_t,
+// each i_t taken through a gather of 0..d_t-1, which wraps negative
+// indices and rejects out-of-range ones at run time as Gather does.
+func (im *importer) ndIndex(data ir.Shape, idx entry) (entry, int, error) {
+	is := idx.typ().Shape
+	if len(is) < 1 {
+		return entry{}, 0, im.errorf("indices need at least one axis")
+	}
+	m := int(is[len(is)-1])
+	if m < 1 || m > len(data) {
+		return entry{}, 0, im.errorf("indices address %d axes of data %s", m, data)
+	}
+	lead := is[:len(is)-1].Clone()
+	stride := int64(1)
+	var lin entry
+	for t := m - 1; t >= 0; t-- {
+		comp, err := im.sliceAxis(idx, len(is)-1, int64(t), int64(t)+1, 1)
+		if err != nil {
+			return entry{}, 0, err
+		}
+		if comp, err = im.reshapeTo(comp, lead); err != nil {
+			return entry{}, 0, err
+		}
+		if comp.typ().DType != ir.I64 {
+			if comp, err = im.one("cast", ir.Attrs{"to": ir.TypeAttr(ir.I64)}, comp); err != nil {
+				return entry{}, 0, err
+			}
+		}
+		if comp, err = im.one("gather", ir.Attrs{"axis": ir.IntAttr(0)}, iota(data[t], 0, 1), comp); err != nil {
+			return entry{}, 0, err
+		}
+		if stride != 1 {
+			if comp, err = im.one("mul", nil, comp, scalarConst(ir.I64, float64(stride))); err != nil {
+				return entry{}, 0, err
+			}
+		}
+		if t == m-1 {
+			lin = comp
+		} else if lin, err = im.one("add", nil, lin, comp); err != nil {
+			return entry{}, 0, err
+		}
+		stride *= data[t]
+	}
+	return lin, m, nil
+}
+
+func init() {
+	arity["GatherND"] = [2]int{2, 2}
+	// GatherND (batch_dims 0): a gather along data's first m axes
+	// flattened into one.
+	converters["GatherND"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		if attrInt(n, "batch_dims", 0) != 0 {
+			return nil, im.errorf("batch_dims other than 0 is not supported")
+		}
+		data := in[0].typ().Shape
+		lin, m, err := im.ndIndex(data, in[1])
+		if err != nil {
+			return nil, err
+		}
+		flat, _ := data[:m].NumElements()
+		x, err := im.reshapeTo(in[0], append(ir.Shape{flat}, data[m:]...))
+		if err != nil {
+			return nil, err
+		}
+		y, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(0)}, x, lin)
+		return []entry{y}, err
+	}
+	arity["ScatterND"] = [2]int{3, 3}
+	// ScatterND: with reduction "add", data plus the scatter-add of the
+	// updates (gather's gradient) into data's first m axes flattened;
+	// without, the updates where an index points, which needs indices
+	// known at import and free of duplicates.
+	converters["ScatterND"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		data, upd := in[0].typ().Shape, in[2]
+		lin, m, err := im.ndIndex(data, in[1])
+		if err != nil {
+			return nil, err
+		}
+		flat, _ := data[:m].NumElements()
+		fs := append(ir.Shape{flat}, data[m:]...)
+		want := append(lin.typ().Shape.Clone(), data[m:]...)
+		if !upd.typ().Shape.Equal(want) {
+			return nil, im.errorf("updates %s must have shape %v", upd.typ(), want)
+		}
+		spread, err := im.one("gather_grad", ir.Attrs{"axis": ir.IntAttr(0), "data_shape": ir.IntsAttr(fs...)}, upd, lin)
+		if err != nil {
+			return nil, err
+		}
+		if spread, err = im.reshapeTo(spread, data); err != nil {
+			return nil, err
+		}
+		switch r := attrString(n, "reduction", "none"); r {
+		case "add":
+			y, err := im.one("add", nil, in[0], spread)
+			return []entry{y}, err
+		case "none":
+		default:
+			return nil, im.errorf("reduction=%s is not supported (none or add)", r)
+		}
+		if lin.k == nil {
+			return nil, im.errorf("without a reduction the indices must be known at import, to rule out duplicates")
+		}
+		inner, _ := data[m:].NumElements()
+		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data})
+		for _, j := range lin.k.I {
+			for e := int64(0); e < inner; e++ {
+				if hit.I[j*inner+e] != 0 {
+					return nil, im.errorf("the indices hit one element twice; without a reduction ONNX leaves the result undefined")
+				}
+				hit.I[j*inner+e] = 1
+			}
+		}
+		y, err := im.one("where", nil, entry{k: hit}, spread, in[0])
+		return []entry{y}, err
+	}
+}

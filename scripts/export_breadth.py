@@ -382,12 +382,15 @@ class EinsumAttention(nn.Module):
 
 
 class GatherScatter(nn.Module):
-    """torch.gather, scatter_add / scatter (GatherElements, ScatterElements) and topk."""
+    """torch.gather, scatter_add / scatter (GatherElements, ScatterElements), topk, and advanced
+    indexing read and written (GatherND, ScatterND)."""
     def __init__(self):
         super().__init__()
         self.l1, self.l2 = nn.Linear(6, 6), nn.Linear(6, 3)
         self.register_buffer("idx", torch.tensor([[2, 0, 1, 5, 4, 3], [1, 1, 0, 0, 2, 2]]))
         self.register_buffer("perm", torch.tensor([[5, 4, 3, 2, 1, 0], [0, 2, 4, 1, 3, 5]]))
+        self.register_buffer("rows", torch.tensor([1, 0, 1]))
+        self.register_buffer("cols", torch.tensor([0, 1, 1]))
 
     def forward(self, x):
         h = torch.tanh(self.l1(x))
@@ -397,7 +400,10 @@ class GatherScatter(nn.Module):
         top, where = torch.topk(h, 3, dim=1)
         low = torch.topk(h, 2, dim=1, largest=False).values
         picked = torch.zeros_like(h).scatter_add(1, where, top)
-        return self.l2(g + s + p + picked) + low.sum(1, keepdim=True)
+        cube = h.view(2, 2, 3)
+        nd = cube[self.rows, self.cols]                       # advanced indexing: GatherND
+        put = cube.index_put((self.rows, self.cols), nd * 3.0)  # ScatterND
+        return self.l2(g + s + p + picked + put.view(2, 6)) + low.sum(1, keepdim=True) + nd.sum()
 
 
 def image(c=3, s=16):

@@ -492,6 +492,9 @@ func init() {
 		a := ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis")), "data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)}
 		return []*ir.Value{b.one("gather_elements_grad", a, grad(op), dys[0], x(op, 1)), nil}
 	}
+	rules["gather_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
+		return []*ir.Value{b.one("gather", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1)), nil}
+	}
 	rules["gather_elements_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1)), nil}
 	}
