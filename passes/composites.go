@@ -167,7 +167,7 @@ func (r *recognizer) plusOne(v *ir.Value) *ir.Value {
 // it with ("" when it does not match).
 type composite func(r *recognizer, root *ir.Op) (kind string, attrs ir.Attrs, operands []*ir.Value)
 
-var composites = []composite{geluChain, siluChain, hardSwishChain, mishChain, softmaxChain, layerNormChain}
+var composites = []composite{geluChain, hardSigmoidChain, siluChain, hardSwishChain, mishChain, softmaxChain, layerNormChain}
 
 // geluChain: x * 0.5 * (1 + erf(x / sqrt 2)) (or x * (1/sqrt 2)), and
 // x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).
@@ -249,6 +249,36 @@ func gatedChain(kind string, gate func(r *recognizer, g, x *ir.Value) bool) comp
 		}
 		return "", nil, nil
 	}
+}
+
+// hardSigmoidChain: clip(x + 3, 0, 6) / 6 (or * 1/6), ReLU6(x + 3) / 6
+// as MobileNetV3 code writes it.
+func hardSigmoidChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	var inner *ir.Value
+	switch {
+	case root.Kind == "div" && isConst(root.Operands[1], 6):
+		inner = root.Operands[0]
+	case root.Kind == "mul":
+		for i := 0; i < 2; i++ {
+			if isConst(root.Operands[1-i], 1.0/6) {
+				inner = root.Operands[i]
+			}
+		}
+	}
+	c := r.def(inner, "clip")
+	if c == nil || c.Attr().Float("lo") != 0 || c.Attr().Float("hi") != 6 {
+		return "", nil, nil
+	}
+	add := r.def(c.Operands[0], "add")
+	if add == nil {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		if isConst(add.Operands[1-i], 3) {
+			return "hard_sigmoid", ir.Attrs{"alpha": ir.FloatAttr(1.0 / 6), "beta": ir.FloatAttr(0.5)}, []*ir.Value{add.Operands[i]}
+		}
+	}
+	return "", nil, nil
 }
 
 // siluChain: x * sigmoid(x).
