@@ -193,16 +193,19 @@ func init() {
 	kernels["layer_norm"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		x, scale := in[0], in[1]
 		eps := op.Attr().Float("epsilon")
+		center := op.Attr().Bool("center")
 		rows, cols := lnDims(x.Type.Shape, op.Attrs)
 		y, mean, inv := New(out[0]), New(out[1]), New(out[2])
 		parallelRows(int(rows), int(8*cols), func(lo, hi int) {
 			for r := int64(lo); r < int64(hi); r++ {
 				row := x.F[r*cols : (r+1)*cols]
 				mu := 0.0
-				for _, v := range row {
-					mu += v
+				if center {
+					for _, v := range row {
+						mu += v
+					}
+					mu /= float64(cols)
 				}
-				mu /= float64(cols)
 				v2 := 0.0
 				for _, v := range row {
 					v2 += (v - mu) * (v - mu)
@@ -237,6 +240,9 @@ func init() {
 			}
 			a /= float64(cols)
 			b /= float64(cols)
+			if !op.Attr().Bool("center") {
+				a = 0 // the mean is not subtracted, so it passes no gradient
+			}
 			for j := int64(0); j < cols; j++ {
 				i := r*cols + j
 				xhat := (x.F[i] - mean.F[r]) * inv.F[r]

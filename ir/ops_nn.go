@@ -180,8 +180,9 @@ func init() {
 	})
 
 	Register(&OpDef{
-		Name: "layer_norm", Summary: "normalise over the axes from axis on: (x, scale[, bias]) -> (y, mean, invstd)",
-		MinOperands: 2, MaxOperands: 3, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}, {Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}},
+		Name: "layer_norm", Summary: "normalise over the axes from axis on: (x, scale[, bias]) -> (y, mean, invstd); center = false is RMSNorm (the mean taken as 0)",
+		MinOperands: 2, MaxOperands: 3, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}, {Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)},
+			{Name: "center", Kind: AttrBool, Default: BoolAttr(true)}},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			stat, norm, err := layerNormShapes(in[0], a)
 			if err != nil {
@@ -199,7 +200,7 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "layer_norm_grad", Summary: "gradient of layer_norm: (dy, x, scale, mean, invstd) -> (dx, dscale, dbias)",
-		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}},
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}, {Name: "center", Kind: AttrBool, Default: BoolAttr(true)}},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			stat, norm, err := layerNormShapes(in[1], a)
 			if err != nil {

@@ -220,6 +220,8 @@ func handInstances() []instance {
 		{op: "batch_norm_grad", in: tys("f32[4,3,2,2]", "f32[4,3,2,2]", "f32[3]", "f32[3]", "f32[3]"), model: modelRelative},
 		{op: "layer_norm", in: tys("f32[3,2,8]", "f32[2,8]", "f32[2,8]"), attrs: ir.Attrs{"axis": ir.IntAttr(1)}, model: modelRelative},
 		{op: "layer_norm", in: tys("f32[4,16]", "f32[16]"), model: modelRelative},
+		{op: "layer_norm", in: tys("f32[3,2,8]", "f32[2,8]", "f32[2,8]"), attrs: ir.Attrs{"axis": ir.IntAttr(1), "center": ir.BoolAttr(false)}, model: modelRelative},
+		{op: "layer_norm_grad", in: tys("f32[4,16]", "f32[4,16]", "f32[16]", "f32[4,1]", "f32[4,1]"), attrs: ir.Attrs{"center": ir.BoolAttr(false)}, model: modelRelative},
 		{op: "layer_norm_grad", in: tys("f32[3,2,8]", "f32[3,2,8]", "f32[2,8]", "f32[3,1,1]", "f32[3,1,1]"), attrs: ir.Attrs{"axis": ir.IntAttr(1)}, model: modelRelative},
 		{op: "softmax", in: tys("f32[3,10]"), model: modelRelative},
 		{op: "softmax", in: tys("f32[2,5,3]"), attrs: ir.Attrs{"axis": ir.IntAttr(1)}, model: modelRelative},

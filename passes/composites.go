@@ -167,7 +167,7 @@ func (r *recognizer) plusOne(v *ir.Value) *ir.Value {
 // it with ("" when it does not match).
 type composite func(r *recognizer, root *ir.Op) (kind string, attrs ir.Attrs, operands []*ir.Value)
 
-var composites = []composite{geluChain, hardSigmoidChain, siluChain, hardSwishChain, mishChain, softmaxChain, layerNormChain}
+var composites = []composite{geluChain, hardSigmoidChain, siluChain, hardSwishChain, mishChain, softmaxChain, layerNormChain, rmsNormChain}
 
 // geluChain: x * 0.5 * (1 + erf(x / sqrt 2)) (or x * (1/sqrt 2)), and
 // x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))).
@@ -526,4 +526,92 @@ func linearWeight(f *ir.Func, op *ir.Op) []*ir.Op {
 		return nil
 	}
 	return ops
+}
+
+// rmsNormChain: x * rsqrt(mean(x^2) + eps) * w (rsqrt as reciprocal of
+// sqrt or 1 / sqrt), or x / sqrt(mean(x^2) + eps) * w, over trailing
+// axes: layer_norm with center = false.
+func rmsNormChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
+	if root.Kind != "mul" {
+		return "", nil, nil
+	}
+	fs := r.factors(root.Results[0], true)
+	var x, w, s *ir.Value
+	switch len(fs) {
+	case 2:
+		for i := 0; i < 2; i++ {
+			if d := r.def(fs[i], "div"); d != nil {
+				x, s, w = d.Operands[0], d.Operands[1], fs[1-i]
+				break
+			}
+		}
+	case 3:
+		for i := 0; i < 3; i++ {
+			if inv := r.reciprocal(fs[i]); inv != nil {
+				s = inv
+				rest := append(append([]*ir.Value{}, fs[:i]...), fs[i+1:]...)
+				x, w = rest[0], rest[1]
+				if !r.isMeanSquare(s, x) {
+					x, w = w, x
+				}
+				break
+			}
+		}
+	}
+	if s == nil || x == nil {
+		return "", nil, nil
+	}
+	if d := x.Def; d != nil && d.Kind == "sub" && d.Operands[1].Def != nil && d.Operands[1].Def.Kind == "reduce_mean" && d.Operands[1].Def.Operands[0] == d.Operands[0] {
+		return "", nil, nil // x - mean(x): a LayerNorm, matched at its end
+	}
+	sq := r.def(s, "sqrt")
+	if sq == nil {
+		return "", nil, nil
+	}
+	plus := r.def(sq.Operands[0], "add")
+	if plus == nil {
+		return "", nil, nil
+	}
+	for i := 0; i < 2; i++ {
+		eps := constOf(plus.Operands[1-i])
+		m := r.def(plus.Operands[i], "reduce_mean")
+		if eps == nil || eps.Len() != 1 || m == nil || !r.isSquareOf(m.Operands[0], x) {
+			continue
+		}
+		axis, ok := trailingKeptAxes(m)
+		if !ok || !w.Type.Shape.Equal(x.Type.Shape[axis:]) || w.Type.DType != x.Type.DType {
+			return "", nil, nil
+		}
+		return "layer_norm", ir.Attrs{"axis": ir.IntAttr(int64(axis)), "epsilon": ir.FloatAttr(eps.Float(0)), "center": ir.BoolAttr(false)}, []*ir.Value{x, w}
+	}
+	return "", nil, nil
+}
+
+// reciprocal matches reciprocal(v) or 1 / v and returns v.
+func (r *recognizer) reciprocal(v *ir.Value) *ir.Value {
+	if op := r.def(v, "reciprocal"); op != nil {
+		return op.Operands[0]
+	}
+	if op := r.def(v, "div"); op != nil && isConst(op.Operands[0], 1) {
+		return op.Operands[1]
+	}
+	return nil
+}
+
+// isMeanSquare reports whether s is sqrt(mean(x^2) + eps), without
+// adding to the chain (a probe for which factor is x).
+func (r *recognizer) isMeanSquare(s, x *ir.Value) bool {
+	sq := s.Def
+	if sq == nil || sq.Kind != "sqrt" || sq.Operands[0].Def == nil || sq.Operands[0].Def.Kind != "add" {
+		return false
+	}
+	for _, v := range sq.Operands[0].Def.Operands {
+		if m := v.Def; m != nil && m.Kind == "reduce_mean" {
+			in := m.Operands[0].Def
+			if in != nil && (in.Kind == "pow" || in.Kind == "mul") && in.Operands[0] == x {
+				return true
+			}
+		}
+	}
+	return false
 }

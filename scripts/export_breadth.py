@@ -406,6 +406,36 @@ class GatherScatter(nn.Module):
         return self.l2(g + s + p + picked + put.view(2, 6)) + low.sum(1, keepdim=True) + nd.sum()
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d)), eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlamaBlock(nn.Module):
+    """A LLaMA-style block: RMSNorm (written out), causal attention, SwiGLU MLP."""
+    def __init__(self, vocab=32, d=16, heads=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.gate, self.up, self.down = nn.Linear(d, 32, bias=False), nn.Linear(d, 32, bias=False), nn.Linear(32, d, bias=False)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        h = self.n1(x)
+        t = ids.shape[1]
+        mask = torch.triu(torch.full((t, t), float("-inf")), 1)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        h = self.n2(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return self.head(x)
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -419,6 +449,7 @@ BREADTH = {
     "alexnetish": (AlexNetish, image(3, 16), 13),
     "einsum_attention": (EinsumAttention, lambda: torch.randn(2, 5, 8), 13),
     "gather_scatter": (GatherScatter, lambda: torch.randn(2, 6), 16),
+    "llama_block": (LlamaBlock, tokens(32, 6), 14),
     "mobilenetish": (MobileNetish, image(), 13),
     "mobilenetish_opset9": (MobileNetish, image(), 9),
     "grouped_cnn": (GroupedCNN, image(4, 8), 14),

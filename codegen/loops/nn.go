@@ -141,7 +141,11 @@ func lowerLayerNorm(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	x, rows, cols := rowsOf(in[0], op.Attrs)
 	scale := view(in[1], ir.Shape{cols})
 	mean, inv := f64Temp(b, "mean", rows), f64Temp(b, "inv", rows)
+	center := op.Attr().Bool("center")
 	b.store(mean, func(idx []Expr) Expr {
+		if !center {
+			return Float{V: 0, K: F64} // RMSNorm
+		}
 		return div(b.reduce(scalar.Add, F64, []int64{cols}, func(r []Expr) Expr { return x.At([]Expr{idx[0], r[0]}) }), Float{V: float64(cols), K: F64})
 	})
 	mu := func(r Expr) Expr { return &Load{Buf: mean, Index: []Expr{r}} }
@@ -177,7 +181,11 @@ func lowerLayerNormGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 	}
 	g := func(r, j Expr) Expr { return mul(conv(dy.At([]Expr{r, j}), F64), conv(scale.At([]Expr{j}), F64)) }
 	ga, gb := f64Temp(b, "a", rows), f64Temp(b, "b", rows)
+	center := op.Attr().Bool("center")
 	b.store(ga, func(idx []Expr) Expr {
+		if !center {
+			return Float{V: 0, K: F64} // RMSNorm: no mean, no gradient through it
+		}
 		return div(b.reduce(scalar.Add, F64, []int64{cols}, func(j []Expr) Expr { return g(idx[0], j[0]) }), Float{V: float64(cols), K: F64})
 	})
 	b.store(gb, func(idx []Expr) Expr {

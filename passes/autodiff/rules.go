@@ -386,8 +386,10 @@ func init() {
 			return make([]*ir.Value, len(op.Operands))
 		}
 		a := ir.Attrs{}
-		if v, ok := op.Attrs["axis"]; ok {
-			a["axis"] = v
+		for _, k := range []string{"axis", "center"} {
+			if v, ok := op.Attrs[k]; ok {
+				a[k] = v
+			}
 		}
 		r := b.emit("layer_norm_grad", []*ir.Value{dys[0], x(op, 0), x(op, 1), op.Results[1], op.Results[2]}, a, grad(op))
 		return r[:len(op.Operands)]
