@@ -2,6 +2,7 @@ package golden
 
 import (
 	"bytes"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"os"
@@ -99,7 +100,16 @@ func runCase(t *testing.T, path, program string, main MainFunc) {
 		if strings.HasPrefix(f.Name, "bin/") {
 			mode = 0o755 // programs the case runs, such as external passes
 		}
-		if err := os.WriteFile(p, f.Data, mode); err != nil {
+		body := f.Data
+		if strings.HasSuffix(p, ".b64") {
+			// Binary inputs (ONNX models) are kept as base64 text.
+			dec, err := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(string(body)), ""))
+			if err != nil {
+				t.Fatalf("%s: %s: %v", path, f.Name, err)
+			}
+			p, body = strings.TrimSuffix(p, ".b64"), dec
+		}
+		if err := os.WriteFile(p, body, mode); err != nil {
 			t.Fatal(err)
 		}
 	}
