@@ -99,7 +99,7 @@ func writeArgs(t *testing.T, src string, seed uint64, dir string) {
 	in, err := readModule(&env{}, src, onnx.Options{})
 	require.NoError(t, err)
 	f := in.module.Funcs[0]
-	vals, err := argumentValues(&env{}, f, nil, seed)
+	vals, err := argumentValues(&env{}, f, nil, "", seed)
 	require.NoError(t, err)
 	for i, a := range f.Args {
 		fh, err := os.Create(filepath.Join(dir, a.Name+".npy"))
@@ -120,4 +120,38 @@ func TestCompileWithoutClang(t *testing.T) {
 	require.False(t, strings.Contains(stderr, "goroutine"))
 	_, stderr, code = kiln(t, "compile", src, "--emit", "ll")
 	require.Equal(t, 0, code, stderr)
+}
+
+// TestExecutableRunsOnItsOwn: a compiled executable uses the init values
+// embedded in the .kir by default, reads arguments from --inputs DIR
+// (DIR/NAME.npy) as kiln run does, lists its arguments with --help, and
+// computes what the interpreter computes.
+func TestExecutableRunsOnItsOwn(t *testing.T) {
+	needClang(t)
+	dir := t.TempDir()
+	model := "../testdata/models/mlp/model.onnx"
+	exe := filepath.Join(dir, "mlp")
+	_, stderr, code := kiln(t, "compile", model, "-O1", "--emit", "exe", "-o", exe)
+	require.Equal(t, 0, code, stderr)
+	help, err := exec.Command(exe, "--help").CombinedOutput()
+	require.NoError(t, err, "%s", help)
+	require.Contains(t, string(help), "net.0.weight             f32[32,16]  (default: embedded init)")
+	require.Contains(t, string(help), "input                    f32[4,16]")
+	in := filepath.Join(dir, "in")
+	require.NoError(t, os.MkdirAll(in, 0o755))
+	raw, err := os.ReadFile("../testdata/models/mlp/input.npy")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(in, "input.npy"), raw, 0o644))
+	out, err := exec.Command(exe, "--inputs", in, "--output-dir", filepath.Join(dir, "exe")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, stderr, code = kiln(t, "run", model, "--inputs", in, "--output-dir", filepath.Join(dir, "run"))
+	require.Equal(t, 0, code, stderr)
+	got, want := readNpy(t, filepath.Join(dir, "exe", "output.npy")), readNpy(t, filepath.Join(dir, "run", "output.npy"))
+	// Error model: the same f32 graph, compiled (fused, reassociated sums
+	// of at most 32 terms) against the interpreter's f64 sums rounded to
+	// f32: a few ulps of the largest term.
+	require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5)
+	out, err = exec.Command(exe, "--output-dir", filepath.Join(dir, "none")).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "missing --input input=FILE.npy (or --inputs DIR holding it)")
 }

@@ -26,7 +26,7 @@ func (f *inputFlags) Set(s string) error { *f = append(*f, s); return nil }
 func init() {
 	addCommand(&command{
 		name:    "run",
-		usage:   "kiln run IN [--passes P | -O0..-O3] [--backend interp|llvm] [--input NAME=FILE.npy]... [--seed N] --output-dir DIR",
+		usage:   "kiln run IN [--passes P | -O0..-O3] [--backend interp|llvm] [--input NAME=FILE.npy]... [--inputs DIR] [--seed N] --output-dir DIR",
 		summary: "run a function with the reference interpreter and write each result as DIR/NAME.npy",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
@@ -35,6 +35,7 @@ func init() {
 			ol.register(fs)
 			var inputs inputFlags
 			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
+			inputsDir := fs.String("inputs", "", "DIR: the value of each argument from DIR/NAME.npy when the file exists (after --input; before init values and random draws)")
 			seed := fs.Uint64("seed", 0, "seed of the values drawn for arguments without --input")
 			outDir := fs.String("output-dir", "", "folder for the results (created if missing)")
 			backend := fs.String("backend", "interp", "interp (the reference interpreter) or llvm (compile with clang and run natively)")
@@ -68,7 +69,7 @@ func init() {
 				if err := checkHostMemory(args[0], f, *backend == "interp", availableMemory()); err != nil {
 					return err
 				}
-				vals, err := argumentValues(e, f, inputs, *seed)
+				vals, err := argumentValues(e, f, inputs, *inputsDir, *seed)
 				if err != nil {
 					return err
 				}
@@ -134,8 +135,24 @@ func pickFunc(in *input, name string) (*ir.Func, error) {
 
 // argumentValues gives every argument a value: --input files first, then
 // the argument's initial value, then a seeded random draw.
-func argumentValues(e *env, f *ir.Func, inputs []string, seed uint64) ([]*interp.Tensor, error) {
+func argumentValues(e *env, f *ir.Func, inputs []string, inputsDir string, seed uint64) ([]*interp.Tensor, error) {
 	given := map[string]*interp.Tensor{}
+	load := func(arg *ir.Value, file string) (*interp.Tensor, error) {
+		name := arg.Name
+		e.files.Read(file)
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
+		}
+		t, err := npy.ReadAs(bytes.NewReader(data), arg.Type.DType)
+		if err != nil {
+			return nil, fmt.Errorf("kiln: --input %s: %s: %v", name, file, err)
+		}
+		if !t.Type.Equal(arg.Type) {
+			return nil, fmt.Errorf("kiln: --input %s: %s holds %s, but argument %s is %s", name, file, t.Type, arg.Ref(), arg.Type)
+		}
+		return t, nil
+	}
 	for _, spec := range inputs {
 		name, file, ok := strings.Cut(spec, "=")
 		if !ok || name == "" || file == "" {
@@ -157,19 +174,28 @@ func argumentValues(e *env, f *ir.Func, inputs []string, seed uint64) ([]*interp
 			}
 			return nil, fmt.Errorf("kiln: --input %s: @%s has no argument %q (it has %s)", spec, f.Name, name, strings.Join(names, ", "))
 		}
-		e.files.Read(file)
-		data, err := os.ReadFile(file)
+		t, err := load(arg, file)
 		if err != nil {
-			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
-		}
-		t, err := npy.ReadAs(bytes.NewReader(data), arg.Type.DType)
-		if err != nil {
-			return nil, fmt.Errorf("kiln: --input %s: %s: %v", name, file, err)
-		}
-		if !t.Type.Equal(arg.Type) {
-			return nil, fmt.Errorf("kiln: --input %s: %s holds %s, but argument %s is %s", name, file, t.Type, arg.Ref(), arg.Type)
+			return nil, err
 		}
 		given[name] = t
+	}
+	if inputsDir != "" {
+		// --inputs DIR: NAME.npy for every argument no --input names.
+		for _, a := range f.Args {
+			path := filepath.Join(inputsDir, FileName(a.Name))
+			if given[a.Name] != nil {
+				continue
+			}
+			if _, err := os.Stat(path); err != nil {
+				continue
+			}
+			t, err := load(a, path)
+			if err != nil {
+				return nil, err
+			}
+			given[a.Name] = t
+		}
 	}
 	random := interp.RandomArgs(f, seed)
 	vals := make([]*interp.Tensor, len(f.Args))

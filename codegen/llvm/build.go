@@ -88,6 +88,8 @@ type cTensor struct {
 	Rank                     int
 	Bytes                    int64
 	InOut                    int
+	Init                     string // symbol of the embedded init value, or ""
+	Type                     string // dtype[shape], for --help
 }
 
 // cString quotes s as a C string literal.
@@ -118,7 +120,7 @@ func describeTensor(name, file string, t kir.Type, inout bool) (cTensor, error) 
 	if len(dims) == 0 {
 		dims = []string{"0"}
 	}
-	c := cTensor{Name: cString(name), File: cString(file), Descr: d, Shape: strings.Join(dims, ", "), Rank: len(t.Shape), Bytes: t.SizeBytes()}
+	c := cTensor{Name: cString(name), File: cString(file), Descr: d, Shape: strings.Join(dims, ", "), Rank: len(t.Shape), Bytes: t.SizeBytes(), Type: cString(t.String())}
 	if inout {
 		c.InOut = 1
 	}
@@ -142,10 +144,13 @@ func Driver(p *loops.Program) (string, error) {
 		data.MaxRank = max(data.MaxRank, t.Rank())
 		return err
 	}
-	for _, v := range p.Params {
+	for i, v := range p.Params {
 		inout := v.Arg != nil && v.Arg.InOut
 		if err := add(&data.Params, v.Name, FileName("updated."+v.Name), v.Type, inout); err != nil {
 			return "", err
+		}
+		if v.Arg != nil && v.Arg.Init != nil {
+			data.Params[len(data.Params)-1].Init = initSymbol(i)
 		}
 	}
 	for _, v := range p.Inputs {
@@ -164,6 +169,22 @@ func Driver(p *loops.Program) (string, error) {
 		return "", err
 	}
 	return b.String(), nil
+}
+
+// initSymbol names the embedded init value of parameter i; its bytes are
+// the file initSymbol(i)+".bin" beside driver.c (see InitFiles).
+func initSymbol(i int) string { return "kiln_init_" + strconv.Itoa(i) }
+
+// InitFiles are the raw little-endian bytes of every parameter's init
+// value, by file name, which the driver embeds with .incbin.
+func InitFiles(p *loops.Program) map[string][]byte {
+	out := map[string][]byte{}
+	for i, v := range p.Params {
+		if v.Arg != nil && v.Arg.Init != nil {
+			out[initSymbol(i)+".bin"] = v.Arg.Init.RawBytes()
+		}
+	}
+	return out
 }
 
 // Clang finds clang 14 (or any clang) on PATH.
@@ -216,6 +237,11 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if err := os.WriteFile(drv, []byte(src), 0o644); err != nil {
 			return nil, err
 		}
+		for name, b := range InitFiles(p) {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+				return nil, err
+			}
+		}
 		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, ll, "-lm", "-lpthread")
 	default:
 		return nil, fmt.Errorf("unknown output kind %q", kind)
@@ -223,6 +249,7 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	tmp := filepath.Join(dir, "out")
 	args = append(args, "-o", tmp)
 	cmd := exec.Command(clang, args...)
+	cmd.Dir = dir // .incbin reads the init files from here
 	msg, err := cmd.CombinedOutput()
 	if err != nil || len(msg) > 0 {
 		return nil, fmt.Errorf("clang failed on the generated code: %v\n%s", err, tail(string(msg), 4000))
