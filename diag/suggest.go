@@ -19,23 +19,29 @@ func DidYouMean(name string, candidates []string) string {
 	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
-// editDistance is the Levenshtein distance between a and b.
+// editDistance is the edit distance between a and b with insertions,
+// deletions, substitutions and swaps of adjacent characters (the commonest
+// typo, "remta" for "remat") each costing 1.
 func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
 	}
 	for i := 1; i <= len(a); i++ {
-		cur[0] = i
 		for j := 1; j <= len(b); j++ {
-			sub := prev[j-1]
+			sub := d[i-1][j-1]
 			if a[i-1] != b[j-1] {
 				sub++
 			}
-			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+			d[i][j] = min(sub, d[i-1][j]+1, d[i][j-1]+1)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
 	}
-	return prev[len(b)]
+	return d[len(a)][len(b)]
 }

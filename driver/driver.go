@@ -98,13 +98,19 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
 	fs := flag.NewFlagSet("kiln "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	run := c.flags(fs)
-	pos, err := parseInterleaved(fs, args[1:])
+	pos, err := parseInterleaved(fs, joinBoolValues(fs, args[1:]))
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprint(stdout, commandHelp(c))
 		return 0
 	case err != nil:
-		err = usageError{err.Error()}
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			var names []string
+			fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+			msg = fmt.Sprintf("unknown flag --%s%s", name, diag.DidYouMean(name, names))
+		}
+		err = usageError{msg}
 	default:
 		err = run(e, pos)
 	}
@@ -170,6 +176,36 @@ func commandHelp(c *command) string {
 		})
 	}
 	return b.String()
+}
+
+// joinBoolValues lets a boolean flag take its value as the next word, as
+// other flags do: "--verify-each false" becomes "--verify-each=false"
+// (the flag package reads only the joined form for booleans).
+func joinBoolValues(fs *flag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		if a == "--" {
+			return append(out, args[i+1:]...)
+		}
+		name := strings.TrimLeft(a, "-")
+		if name == a || strings.Contains(name, "=") || i+1 >= len(args) {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+			continue
+		}
+		if v := args[i+1]; v == "true" || v == "false" {
+			out[len(out)-1] = a + "=" + v
+			i++
+		}
+	}
+	return out
 }
 
 // parseInterleaved parses flags that may come before or after positional

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"slices"
+	"strings"
 	"text/tabwriter"
 
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
@@ -37,6 +40,9 @@ func init() {
 					f, err := pickFunc(in, *fn)
 					if err != nil {
 						return err
+					}
+					if !slices.Contains(sweepSolvers, *sweepSolver) {
+						return usageError{fmt.Sprintf("--remat-solver must be one of %s, not %q%s", strings.Join(sweepSolvers, ", "), *sweepSolver, diag.DidYouMean(*sweepSolver, sweepSolvers))}
 					}
 					return rematSweep(e, f, *sweepSolver, *asJSON)
 				}
@@ -88,6 +94,9 @@ type sweepPoint struct {
 
 // rematSweep runs remat on copies of f at budgets of 100%, 90%, ... of
 // its peak, down to the first budget it cannot meet.
+// sweepSolvers are the remat solvers --remat-solver accepts.
+var sweepSolvers = []string{"best", "cheap", "greedy", "sqrt", "exact"}
+
 func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 	text := f.String()
 	peak := liveness.Analyze(f).Peak

@@ -27,9 +27,7 @@ func WriteMode(path string, data []byte, mode os.FileMode, inputs ...string) err
 			return fmt.Errorf("refusing to overwrite the input file %s", in)
 		}
 	}
-	if target, err := filepath.EvalSymlinks(path); err == nil {
-		path = target
-	}
+	path = followLinks(path)
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		if st.IsDir() {
 			return fmt.Errorf("%s is a directory", path)
@@ -143,4 +141,24 @@ func (g *Guard) Write(path string, data []byte, mode os.FileMode) error {
 		g.mu.Unlock()
 	}
 	return nil
+}
+
+// followLinks resolves symbolic links at path, a dangling one included
+// (its target is created), up to 40 levels as the kernel allows.
+func followLinks(path string) string {
+	for i := 0; i < 40; i++ {
+		st, err := os.Lstat(path)
+		if err != nil || st.Mode()&os.ModeSymlink == 0 {
+			return path
+		}
+		target, err := os.Readlink(path)
+		if err != nil {
+			return path
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
+	}
+	return path
 }

@@ -58,6 +58,16 @@ func TestWriteThroughSpecialFiles(t *testing.T) {
 	require.Equal(t, os.ModeSymlink, st.Mode().Type(), "the link stays a link")
 	b, _ := os.ReadFile(target)
 	require.Equal(t, "new", string(b))
+
+	// A dangling relative link: its target is created, the link stays.
+	dangling := filepath.Join(dir, "dangling.kir")
+	require.NoError(t, os.Symlink("made.kir", dangling))
+	require.NoError(t, Write(dangling, []byte("made")))
+	st, err = os.Lstat(dangling)
+	require.NoError(t, err)
+	require.Equal(t, os.ModeSymlink, st.Mode().Type(), "the dangling link stays a link")
+	b, _ = os.ReadFile(filepath.Join(dir, "made.kir"))
+	require.Equal(t, "made", string(b))
 }
 
 func TestGuard(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/kiln-compiler/kiln/diag"
 )
 
 // Step is one pass of a pipeline with its option text.
@@ -86,7 +88,7 @@ func ParsePipeline(text string, resolve Resolver) (Pipeline, error) {
 			}
 		}
 		if p == nil {
-			return nil, fmt.Errorf("unknown pass %q (kiln passes lists them)", name)
+			return nil, fmt.Errorf("unknown pass %q%s (kiln passes lists them)", name, diag.DidYouMean(name, passNames()))
 		}
 		if _, err := NewContext(p, args); err != nil {
 			return nil, err
@@ -159,4 +161,13 @@ func parseArgs(s string, i int, args map[string]string) (int, error) {
 		}
 		i++
 	}
+}
+
+// passNames lists the registered passes' names.
+func passNames() []string {
+	var out []string
+	for _, p := range All() {
+		out = append(out, p.Name)
+	}
+	return out
 }
