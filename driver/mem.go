@@ -114,6 +114,10 @@ func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 		budget := peak * int64(pct) / 100
 		res, err := remat.Rematerialize(g, budget, solver)
 		if err != nil {
+			// The sweep ends at the first budget no solver reaches; say so
+			// with the reason (its first line: the floor and what is live).
+			reason, _, _ := strings.Cut(err.Error(), "\n")
+			fmt.Fprintf(e.stderr, "remat sweep: stops at %d%%: %s\n", pct, reason)
 			break
 		}
 		extra := 0.0
