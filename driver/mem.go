@@ -21,13 +21,14 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "mem",
-		usage:   "kiln mem IN [--passes P] [--json] [--timeline FILE] [--remat-sweep]",
+		usage:   "kiln mem IN [--passes P] [--json] [--timeline FILE] [--html FILE] [--remat-sweep]",
 		summary: "memory report: bytes of parameters, inputs and outputs, peak, arena, planned, fragmentation, FLOPs, the largest values at the peak",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
 			asJSON := fs.Bool("json", false, "write the report as JSON")
 			timeline := fs.String("timeline", "", "write a Chrome trace of live bytes and buffers to FILE (Perfetto opens it)")
+			htmlOut := fs.String("html", "", "write the report as a self-contained HTML page to FILE (live bytes by category over the schedule, the peak and its culprits)")
 			fn := fs.String("func", "", "function to report (default: the first)")
 			sweep := fs.Bool("remat-sweep", false, "print peak and added FLOPs of remat at budgets from 100% down to the smallest reachable")
 			sweepSolver := fs.String("remat-solver", "best", "remat solver for --remat-sweep")
@@ -70,6 +71,15 @@ func init() {
 						return err
 					}
 					if err := writeOutput(e, *timeline, b.Bytes()); err != nil {
+						return err
+					}
+				}
+				if *htmlOut != "" {
+					var b bytes.Buffer
+					if err := rep.WriteHTML(&b); err != nil {
+						return err
+					}
+					if err := writeOutput(e, *htmlOut, b.Bytes()); err != nil {
 						return err
 					}
 				}

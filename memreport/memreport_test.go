@@ -52,3 +52,37 @@ func TestTimelineIsChromeTraceJSON(t *testing.T) {
 	require.Equal(t, map[string]int64{"%a": 4, "%b": 2}, slices)
 	require.Equal(t, int64(64*3), rep.PeakBytes, "x, a and b at op 2")
 }
+
+// TestCategories: in a training step the parameters, the forward values
+// the backward reads (activations), the backward's values (gradients) and
+// forward values that die early (temporaries) each get their category.
+func TestCategories(t *testing.T) {
+	m, err := parser.Parse("step.kir", `func @f(%x: f32[4,8], %w: f32[8,8] {param}) -> (loss: f32[] {role = "loss"}, grad.w: f32[8,8] {param = "w", role = "grad"}) {
+  %t = matmul(%x, %w) : f32[4,8]
+  %u = matmul(%t, %w) : f32[4,8]
+  %h = matmul(%u, %w) : f32[4,8]
+  %a = tanh(%h) : f32[4,8]
+  %loss = reduce_sum(%a) : f32[]
+  %seed = constant() {role = "loss_seed", value = dense<f32[]: 1.0>} : f32[]
+  %g = expand(%seed) {shape = [4, 8]} : f32[4,8]
+  %gh = tanh_grad(%g, %a) : f32[4,8]
+  %gw = gemm(%u, %gh) {trans_a = true} : f32[8,8]
+  return %loss, %gw
+}
+`)
+	require.NoError(t, err)
+	rep := Build(m.Funcs[0], nil)
+	got := map[string]string{}
+	for b, c := range categorize(rep.info) {
+		got[b.Root().Name] = categories[c].name
+	}
+	require.Equal(t, "parameters", got["w"])
+	require.Equal(t, "inputs", got["x"])
+	require.Equal(t, "temporaries", got["t"])
+	require.Equal(t, "activations", got["u"])
+	require.Equal(t, "activations", got["h"]) // tanh writes a into h's buffer
+	require.Equal(t, "gradients", got["gw"])
+	var b bytes.Buffer
+	require.NoError(t, rep.WriteHTML(&b))
+	require.Contains(t, b.String(), "<svg")
+}
