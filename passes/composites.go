@@ -391,8 +391,7 @@ func layerNormChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) 
 		return "", nil, nil
 	}
 	d := r.def(cur.Operands[0], "sub")
-	sq := r.def(cur.Operands[1], "sqrt")
-	if d == nil || sq == nil {
+	if d == nil {
 		return "", nil, nil
 	}
 	x := d.Operands[0]
@@ -404,41 +403,24 @@ func layerNormChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) 
 	if !ok {
 		return "", nil, nil
 	}
-	plus := r.def(sq.Operands[0], "add")
-	if plus == nil {
+	a, eps, ok := r.rootMeanSquare(cur.Operands[1], d.Results[0])
+	if !ok || a != axis {
 		return "", nil, nil
 	}
-	for i := 0; i < 2; i++ {
-		eps := constOf(plus.Operands[1-i])
-		vm := r.def(plus.Operands[i], "reduce_mean")
-		if eps == nil || eps.Len() != 1 || vm == nil {
-			continue
+	norm := x.Type.Shape[axis:]
+	for _, p := range []*ir.Value{gamma, beta} {
+		if p != nil && (!p.Type.Shape.Equal(norm) || p.Type.DType != x.Type.DType) {
+			return "", nil, nil
 		}
-		if a, ok := trailingKeptAxes(vm); !ok || a != axis || !r.isSquareOf(vm.Operands[0], d.Results[0]) {
-			continue
-		}
-		norm := x.Type.Shape[axis:]
-		for _, p := range []*ir.Value{gamma, beta} {
-			if p != nil && (!p.Type.Shape.Equal(norm) || p.Type.DType != x.Type.DType) {
-				return "", nil, nil
-			}
-		}
-		ops := []*ir.Value{x}
-		switch {
-		case gamma != nil:
-			ops = append(ops, gamma)
-		case beta != nil:
-			return "", nil, nil // layer_norm's bias needs a scale
-		}
-		if gamma == nil {
-			return "", nil, nil // no scale: the op needs one; leave the chain
-		}
-		if beta != nil {
-			ops = append(ops, beta)
-		}
-		return "layer_norm", ir.Attrs{"axis": ir.IntAttr(int64(axis)), "epsilon": ir.FloatAttr(eps.Float(0))}, ops
 	}
-	return "", nil, nil
+	if gamma == nil {
+		return "", nil, nil // layer_norm needs a scale: leave the chain
+	}
+	ops := []*ir.Value{x, gamma}
+	if beta != nil {
+		ops = append(ops, beta)
+	}
+	return "layer_norm", ir.Attrs{"axis": ir.IntAttr(int64(axis)), "epsilon": ir.FloatAttr(eps)}, ops
 }
 
 // trailingKeptAxes returns the first axis of a keepdims reduction over
@@ -564,27 +546,35 @@ func rmsNormChain(r *recognizer, root *ir.Op) (string, ir.Attrs, []*ir.Value) {
 	if d := x.Def; d != nil && d.Kind == "sub" && d.Operands[1].Def != nil && d.Operands[1].Def.Kind == "reduce_mean" && d.Operands[1].Def.Operands[0] == d.Operands[0] {
 		return "", nil, nil // x - mean(x): a LayerNorm, matched at its end
 	}
+	axis, eps, ok := r.rootMeanSquare(s, x)
+	if !ok || !w.Type.Shape.Equal(x.Type.Shape[axis:]) || w.Type.DType != x.Type.DType {
+		return "", nil, nil
+	}
+	return "layer_norm", ir.Attrs{"axis": ir.IntAttr(int64(axis)), "epsilon": ir.FloatAttr(eps), "center": ir.BoolAttr(false)}, []*ir.Value{x, w}
+}
+
+// rootMeanSquare matches s = sqrt(mean(d^2) + eps), the mean over
+// trailing axes from axis on and kept, and returns axis and eps.
+func (r *recognizer) rootMeanSquare(s, d *ir.Value) (int, float64, bool) {
 	sq := r.def(s, "sqrt")
 	if sq == nil {
-		return "", nil, nil
+		return 0, 0, false
 	}
 	plus := r.def(sq.Operands[0], "add")
 	if plus == nil {
-		return "", nil, nil
+		return 0, 0, false
 	}
 	for i := 0; i < 2; i++ {
 		eps := constOf(plus.Operands[1-i])
 		m := r.def(plus.Operands[i], "reduce_mean")
-		if eps == nil || eps.Len() != 1 || m == nil || !r.isSquareOf(m.Operands[0], x) {
+		if eps == nil || eps.Len() != 1 || m == nil || !r.isSquareOf(m.Operands[0], d) {
 			continue
 		}
-		axis, ok := trailingKeptAxes(m)
-		if !ok || !w.Type.Shape.Equal(x.Type.Shape[axis:]) || w.Type.DType != x.Type.DType {
-			return "", nil, nil
+		if axis, ok := trailingKeptAxes(m); ok {
+			return axis, eps.Float(0), true
 		}
-		return "layer_norm", ir.Attrs{"axis": ir.IntAttr(int64(axis)), "epsilon": ir.FloatAttr(eps.Float(0)), "center": ir.BoolAttr(false)}, []*ir.Value{x, w}
 	}
-	return "", nil, nil
+	return 0, 0, false
 }
 
 // reciprocal matches reciprocal(v) or 1 / v and returns v.
