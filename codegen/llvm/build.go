@@ -6,9 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"text/template"
+
+	llir "github.com/llir/llvm/ir"
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	kir "github.com/kiln-compiler/kiln/ir"
@@ -21,7 +26,52 @@ func Text(p *loops.Program, opt Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return m.String(), nil
+	return moduleText(m), nil
+}
+
+// moduleText prints m as (*ir.Module).String does, printing its functions
+// on all cores: a 100k-op step has tens of thousands of kernels.
+func moduleText(m *llir.Module) string {
+	if len(m.AttrGroupDefs)+len(m.NamedMetadataDefs)+len(m.MetadataDefs)+len(m.UseListOrders)+len(m.UseListOrderBBs) > 0 {
+		return m.String() // those print after the functions
+	}
+	if err := m.AssignGlobalIDs(); err != nil {
+		panic(fmt.Errorf("llvm: global IDs: %v", err))
+	}
+	funcs := make([]string, len(m.Funcs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(funcs); i = int(next.Add(1)) - 1 {
+				funcs[i] = m.Funcs[i].LLString()
+			}
+		}()
+	}
+	wg.Wait()
+	var b strings.Builder
+	size := 0
+	for _, f := range funcs {
+		size += len(f) + 2
+	}
+	b.Grow(size + 4096)
+	all := m.Funcs
+	m.Funcs = nil
+	m.WriteTo(&b)
+	m.Funcs = all
+	if b.Len() > 0 && len(funcs) > 0 {
+		b.WriteByte('\n')
+	}
+	for i, f := range funcs {
+		if i != 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(f)
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 // Header is a C header declaring p's entry point and its sizes.

@@ -32,6 +32,10 @@ func (e *fn) matmul(s *loops.Stage, lo, hi value.Value) {
 		e.matmulF32(s, lo, hi)
 		return
 	}
+	if tiny(s) {
+		e.matmulTiny(s, lo, hi)
+		return
+	}
 	M, N := s.Extents[0], s.Extents[1]
 	mv, nv := s.Vars[0], s.Vars[1]
 	k := mm.A.Kind()
@@ -126,3 +130,48 @@ type accValue struct {
 }
 
 func (a *accValue) Kind() loops.Kind { return a.k }
+
+// tinyMatmul is the multiply-adds up to which a matmul stage runs as the
+// plain triple loop with one accumulator: the register blocking of
+// matmul saves nothing on products this small and triples their code,
+// which dominates a program of many small layers.
+const tinyMatmul = 4096
+
+func tiny(s *loops.Stage) bool {
+	return s.Extents[0]*s.Extents[1]*s.Matmul.Extent <= tinyMatmul
+}
+
+// matmulTiny emits, for the row blocks [lo, hi) of mr rows (matmul's
+// chunks),
+//
+//	for each row m, column n: acc = 0; for k: acc += A(m,k)·B(k,n); store epilogue(acc)
+func (e *fn) matmulTiny(s *loops.Stage, lo, hi value.Value) {
+	mm := s.Matmul
+	M, N := s.Extents[0], s.Extents[1]
+	k := mm.A.Kind()
+	t := kindType(k)
+	acc := e.entry.NewAlloca(t)
+	rowLo, rowHi := value.Value(i64(0)), value.Value(i64(M))
+	if lo != nil {
+		rowLo = e.cur.NewMul(lo, i64(mr))
+		end := e.cur.NewMul(hi, i64(mr))
+		rowHi = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, end, i64(M)), end, i64(M))
+	}
+	e.loopFrom(rowLo, rowHi, func(m value.Value) {
+		e.bound[s.Vars[0]] = m
+		e.loop(i64(N), func(n value.Value) {
+			e.bound[s.Vars[1]] = n
+			e.cur.NewStore(identity(scalar.Add, k), acc)
+			e.loop(i64(mm.Extent), func(kv value.Value) {
+				e.bound[mm.K] = kv
+				prod := e.arith(scalar.Mul, k, e.expr(mm.A), e.expr(mm.B))
+				e.cur.NewStore(e.arith(scalar.Add, k, e.cur.NewLoad(t, acc), prod), acc)
+			})
+			v := value.Value(e.cur.NewLoad(t, acc))
+			if mm.Epilogue != nil {
+				v = e.expr(mm.Epilogue(&accValue{v: v, k: k}))
+			}
+			e.storeAt(s.Out, indexOf(s), e.convert(v, k, loops.ComputeKind(s.Out.Type.DType)), s.Accumulate)
+		})
+	})
+}

@@ -51,6 +51,9 @@ func TestParallelKernelsMatchInterpreter(t *testing.T) {
 	text, err := llvm.Text(p, llvm.Options{Threads: 2})
 	require.NoError(t, err)
 	require.Contains(t, text, "@kiln_parallel_for(", "the stages run on threads")
+	serial, err := llvm.Emit(p, llvm.Options{Threads: 2})
+	require.NoError(t, err)
+	require.Equal(t, serial.String(), text, "functions printed on several cores read as llir prints them")
 	require.Contains(t, text, "@llvm.fmuladd.v16f32(", "the matmuls take the packed vector kernel")
 	for _, threads := range []int{1, 2, 3, 0} {
 		got, _, err := llvm.Run(p, args, llvm.RunOptions{Options: llvm.Options{Threads: threads}})

@@ -390,29 +390,30 @@ func (fu *fuser) addWriteOrder() {
 		fu.preds[to] = append(fu.preds[to], from)
 		fu.users[from] = append(fu.users[from], to)
 	}
+	var readers map[*ir.Value][]int // built on the first write: most steps have none
 	for w, op := range fu.f.Body {
 		d := op.Def()
-		if d == nil {
+		if d == nil || len(d.Writes) == 0 {
 			continue
+		}
+		if readers == nil {
+			readers = map[*ir.Value][]int{}
+			for r, other := range fu.f.Body {
+				for _, v := range other.Operands {
+					readers[v] = append(readers[v], r)
+				}
+			}
 		}
 		for _, k := range d.Writes {
 			if k >= len(op.Operands) {
 				continue
 			}
-			x := op.Operands[k]
-			for r, other := range fu.f.Body {
-				if r == w {
-					continue
-				}
-				for _, v := range other.Operands {
-					if v != x {
-						continue
-					}
-					if r < w {
-						edge(r, w)
-					} else {
-						edge(w, r)
-					}
+			for _, r := range readers[op.Operands[k]] {
+				switch {
+				case r < w:
+					edge(r, w)
+				case r > w:
+					edge(w, r)
 				}
 			}
 		}
