@@ -4,21 +4,48 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// optLevels holds -O0..-O3 and the budgets the pipelines take.
+// optLevels holds -O0..-O3, the budgets the pipelines take, and --train
+// and --optimizer, which put autodiff and the optimizer pass before them.
 type optLevels struct {
 	o            [4]bool
 	budget       string
 	deviceBudget string
+	train        trainFlag
+	optimizer    string
 }
+
+// trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
+type trainFlag string
+
+func (t *trainFlag) String() string   { return string(*t) }
+func (t *trainFlag) IsBoolFlag() bool { return true }
+func (t *trainFlag) Set(v string) error {
+	switch v {
+	case "true", "sum":
+		*t = "sum"
+	case "mean":
+		*t = "mean"
+	case "false":
+		*t = ""
+	default:
+		return fmt.Errorf("--train takes sum or mean, not %q%s", v, diag.DidYouMean(v, []string{"sum", "mean"}))
+	}
+	return nil
+}
+
+var optimizerKinds = []string{"sgd", "momentum", "adam", "adamw"}
 
 func (l *optLevels) register(fs *flag.FlagSet) {
 	for i := range l.o {
@@ -30,31 +57,56 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute under this peak budget (bytes or a fraction, as remat{budget=})")
 	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena fits (bytes or a fraction, as swap{device-budget=})")
+	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
+	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(optimizerKinds, ", "))
 }
 
-// apply puts the chosen level's pipeline into pf (a usage error when
-// --passes is given too).
+// apply puts the chosen level's pipeline into pf, after autodiff and the
+// optimizer when --train and --optimizer ask for them (a usage error when
+// --passes is given with a level).
 func (l *optLevels) apply(pf *pipelineFlags) error {
-	named, err := l.pipeline()
-	if err != nil || named == "" {
+	level := -1
+	if (l.train != "" || l.optimizer != "") && pf.passes == "" {
+		level = 2
+	}
+	named, err := l.pipeline(level)
+	if err != nil {
 		return err
 	}
-	if pf.passes != "" {
+	if named != "" && pf.passes != "" {
 		return usageError{"give --passes or an -O level, not both"}
 	}
-	pf.passes = named
+	if l.optimizer != "" && !slices.Contains(optimizerKinds, l.optimizer) {
+		return usageError{fmt.Sprintf("--optimizer must be one of %s, not %q%s", strings.Join(optimizerKinds, ", "), l.optimizer, diag.DidYouMean(l.optimizer, optimizerKinds))}
+	}
+	var pre []string
+	if l.train != "" {
+		pre = append(pre, "autodiff{loss="+string(l.train)+"}")
+	}
+	if l.optimizer != "" {
+		pre = append(pre, "optimizer{kind="+l.optimizer+"}")
+	}
+	rest := pf.passes
+	if named != "" {
+		rest = named
+	}
+	if rest != "" {
+		pre = append(pre, rest)
+	}
+	pf.passes = strings.Join(pre, ",")
 	return nil
 }
 
-// pipeline is the named pipeline chosen, or "" when none is.
-func (l *optLevels) pipeline() (string, error) {
-	level := -1
+// pipeline is the named pipeline chosen (level when no -O flag is given),
+// or "" when none is.
+func (l *optLevels) pipeline(level int) (string, error) {
+	chosen := false
 	for i, on := range l.o {
 		if on {
-			if level >= 0 {
+			if chosen {
 				return "", usageError{"give one of -O0, -O1, -O2, -O3"}
 			}
-			level = i
+			chosen, level = true, i
 		}
 	}
 	if (l.budget != "" || l.deviceBudget != "") && level < 2 {
@@ -125,7 +177,7 @@ func lowerForLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func) (*loops.Prog
 func init() {
 	addCommand(&command{
 		name:    "compile",
-		usage:   "kiln compile IN --target llvm|cuda [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
+		usage:   "kiln compile IN --target llvm|cuda [--train[=sum|mean]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
 		summary: "compile a function to LLVM IR, a C header, an object, a shared library or an executable; or to a CUDA launch plan directory",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags

@@ -21,11 +21,13 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "mem",
-		usage:   "kiln mem IN [--passes P] [--json] [--timeline FILE] [--html FILE] [--remat-sweep]",
+		usage:   "kiln mem IN [--train[=sum|mean]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--json] [--timeline FILE] [--html FILE] [--remat-sweep]",
 		summary: "memory report: bytes of parameters, inputs and outputs, peak, arena, planned, fragmentation, FLOPs, the largest values at the peak",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
+			var ol optLevels
+			ol.register(fs)
 			asJSON := fs.Bool("json", false, "write the report as JSON")
 			timeline := fs.String("timeline", "", "write a Chrome trace of live bytes and buffers to FILE (Perfetto opens it)")
 			htmlOut := fs.String("html", "", "write the report as a self-contained HTML page to FILE (live bytes by category over the schedule, the peak and its culprits)")
@@ -33,6 +35,9 @@ func init() {
 			sweep := fs.Bool("remat-sweep", false, "print peak and added FLOPs of remat at budgets from 100% down to the smallest reachable")
 			sweepSolver := fs.String("remat-solver", "best", "remat solver for --remat-sweep")
 			return func(e *env, args []string) error {
+				if err := ol.apply(&pf); err != nil {
+					return err
+				}
 				if *sweep {
 					in, _, err := pf.load(e, args)
 					if err != nil {
