@@ -11,7 +11,7 @@ import (
 )
 
 // BenchmarkBreadthMemory reports, for each breadth-zoo model's training
-// step (autodiff, fuse, reorder, assign; loss = sum of the output), Kiln's
+// step (--train=sum -O2: the default plan; loss = sum of the output), Kiln's
 // planned bytes beside PyTorch's best: the lower of AOTAutograd's default
 // and min-cut partitions, replayed with every tensor freed after its last
 // use (scripts/torch_memory.py writes torch_memory.json beside each
@@ -37,7 +37,7 @@ func BenchmarkBreadthMemory(b *testing.B) {
 		var kiln struct {
 			Planned int64 `json:"planned_bytes"`
 		}
-		args := []string{"mem", filepath.Join(dir, "model.onnx"), "--passes", "autodiff,fuse,reorder,assign", "--json"}
+		args := []string{"mem", filepath.Join(dir, "model.onnx"), "--train=sum", "-O2", "--json"}
 		if strings.HasSuffix(dir, "_dynamic") {
 			args = append(args, "--batch", "3")
 		}

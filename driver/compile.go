@@ -116,8 +116,10 @@ func (l *optLevels) pipeline(level int) (string, error) {
 }
 
 // OptPipeline is the pipeline of -O<level> (the Contracts in the design
-// notes): -O0 assign; -O1 canonicalize,dce,cse,fuse,assign; -O2 adds
-// reorder before assign, remat when a budget is given and swap (after
+// notes, with saveset added by the memory issue): -O0 assign; -O1
+// canonicalize,dce,cse,saveset,fuse,assign; -O2 adds reorder before
+// assign, remat (after saveset, so that a budget never gives a higher
+// plan than none) when a budget is given and swap (after
 // reorder, which then sees the final schedule) when a device budget is;
 // -O3 gives the exact searches more room. level < 0 gives "".
 func OptPipeline(level int, budget, deviceBudget string) string {
@@ -127,9 +129,9 @@ func OptPipeline(level int, budget, deviceBudget string) string {
 	case level == 0:
 		return "assign"
 	case level == 1:
-		return "canonicalize,dce,cse,fuse,assign"
+		return "canonicalize,dce,cse,saveset,fuse,assign"
 	}
-	p := "canonicalize,dce,cse"
+	p := "canonicalize,dce,cse,saveset"
 	if budget != "" {
 		p += ",remat{budget=" + budget + "}"
 	}

@@ -67,8 +67,12 @@ func randomForward(r *rand.Rand, ops, rows int) string {
 	return b.String()
 }
 
-// subsetPlan is the peak and the added FLOPs of one subset of saved values.
-type subsetPlan struct{ peak, flops int64 }
+// subsetPlan is the peak and the added FLOPs of one subset of saved
+// values, and whether it recomputes cheap ops only.
+type subsetPlan struct {
+	peak, flops int64
+	cheap       bool
+}
 
 // bruteForce tries every subset of the values the backward pass reads
 // from the forward pass, each recomputed (with whatever operands it needs)
@@ -88,7 +92,7 @@ func bruteForce(t *testing.T, step string) []subsetPlan {
 		})
 		fwd := forwardOps(g)
 		rc := NewRecomputer(g)
-		added := int64(0)
+		added, cheap := int64(0), true
 		for i := len(saved) - 1; i >= 0; i-- {
 			if mask&(1<<i) == 0 {
 				continue
@@ -108,10 +112,11 @@ func bruteForce(t *testing.T, step string) []subsetPlan {
 			if ops, ok := rc.Recompute(v, first); ok {
 				for _, op := range ops {
 					added += ir.OpCost(op).FLOPs
+					cheap = cheap && !heavy(op)
 				}
 			}
 		}
-		plans = append(plans, subsetPlan{liveness.Analyze(g).Peak, added})
+		plans = append(plans, subsetPlan{liveness.Analyze(g).Peak, added, cheap})
 	}
 	return plans
 }

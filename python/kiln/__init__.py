@@ -58,14 +58,16 @@ def _run(args):
 
 
 def pipeline(budget=None, optimizer=None):
-    """The pass pipeline memory() runs: autodiff, then remat under budget (a fraction of the peak, or
-    bytes like "512MiB"), then the optimizer step ("sgd", "momentum", "adam", "adamw"), then fuse,
-    reorder and assign."""
-    passes = ["autodiff"]
-    if budget is not None:
-        passes.append(f"remat{{budget={budget}}}")
+    """The pass pipeline memory() runs, as `kiln mem --train --optimizer KIND -O2 --budget B` expands it:
+    autodiff, the optimizer step ("sgd", "momentum", "adam", "adamw"), clean-ups, the saved-set selection,
+    remat under budget (a fraction of the peak it starts from, or bytes like "512MiB"), fuse, reorder and
+    assign."""
+    passes = ["autodiff{loss=sum}"]
     if optimizer is not None:
         passes.append(f"optimizer{{kind={optimizer}}}")
+    passes += ["canonicalize", "dce", "cse", "saveset"]
+    if budget is not None:
+        passes.append(f"remat{{budget={budget}}}")
     passes += ["fuse", "reorder", "assign"]
     return ",".join(passes)
 
