@@ -24,6 +24,7 @@ type optLevels struct {
 	deviceBudget string
 	train        trainFlag
 	optimizer    string
+	microbatches int
 }
 
 // trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
@@ -59,6 +60,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena fits (bytes or a fraction, as swap{device-budget=})")
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(optimizerKinds, ", "))
+	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (microbatch{n=N}, before the optimizer)")
 }
 
 // apply puts the chosen level's pipeline into pf, after autodiff and the
@@ -79,9 +81,15 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 	if l.optimizer != "" && !slices.Contains(optimizerKinds, l.optimizer) {
 		return usageError{fmt.Sprintf("--optimizer must be one of %s, not %q%s", strings.Join(optimizerKinds, ", "), l.optimizer, diag.DidYouMean(l.optimizer, optimizerKinds))}
 	}
+	if l.microbatches < 0 || l.microbatches > 0 && l.train == "" {
+		return usageError{fmt.Sprintf("--microbatches takes a count of at least 1 and needs --train (got %d)", l.microbatches)}
+	}
 	var pre []string
 	if l.train != "" {
 		pre = append(pre, "autodiff{loss="+string(l.train)+"}")
+	}
+	if l.microbatches > 1 {
+		pre = append(pre, fmt.Sprintf("microbatch{n=%d}", l.microbatches))
 	}
 	if l.optimizer != "" {
 		pre = append(pre, "optimizer{kind="+l.optimizer+"}")
@@ -179,7 +187,7 @@ func lowerForLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func) (*loops.Prog
 func init() {
 	addCommand(&command{
 		name:    "compile",
-		usage:   "kiln compile IN --target llvm|cuda [--train[=sum|mean]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
+		usage:   "kiln compile IN --target llvm|cuda [--train[=sum|mean] [--microbatches N]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
 		summary: "compile a function to LLVM IR, a C header, an object, a shared library or an executable; or to a CUDA launch plan directory",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags

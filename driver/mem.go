@@ -21,7 +21,7 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "mem",
-		usage:   "kiln mem IN [--train[=sum|mean]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--json] [--timeline FILE] [--html FILE] [--remat-sweep]",
+		usage:   "kiln mem IN [--train[=sum|mean] [--microbatches N]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--json] [--timeline FILE] [--html FILE] [--remat-sweep]",
 		summary: "memory report: bytes of parameters, inputs and outputs, peak, arena, planned, fragmentation, FLOPs, the largest values at the peak",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
@@ -63,6 +63,11 @@ func init() {
 				var ps []memreport.Pass
 				for _, r := range mg.Runs {
 					p := memreport.Pass{Name: r.Name}
+					for _, st := range r.Stats {
+						if n, ok := st.Value.(string); ok && st.Name == "note" {
+							p.Notes = append(p.Notes, n)
+						}
+					}
 					if pf.timing {
 						s := r.Seconds
 						p.Seconds = &s

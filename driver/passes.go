@@ -5,6 +5,7 @@ import (
 	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/fuse"
+	_ "github.com/kiln-compiler/kiln/passes/microbatch"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/precision"
 	_ "github.com/kiln-compiler/kiln/passes/remat"

@@ -26,7 +26,7 @@ func (f *inputFlags) Set(s string) error { *f = append(*f, s); return nil }
 func init() {
 	addCommand(&command{
 		name:    "run",
-		usage:   "kiln run IN [--train[=sum|mean]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--backend interp|llvm] [--input NAME=FILE.npy]... [--inputs DIR] [--seed N] --output-dir DIR",
+		usage:   "kiln run IN [--train[=sum|mean] [--microbatches N]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--backend interp|llvm] [--input NAME=FILE.npy]... [--inputs DIR] [--seed N] --output-dir DIR",
 		summary: "run a function with the reference interpreter and write each result as DIR/NAME.npy",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags

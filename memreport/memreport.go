@@ -31,6 +31,7 @@ type Top struct {
 type Pass struct {
 	Name    string   `json:"name"`
 	Seconds *float64 `json:"seconds,omitempty"`
+	Notes   []string `json:"notes,omitempty"` // what the pass wants the reader to know (its "note" statistics)
 }
 
 // PeakOp locates the peak: the op's index in the schedule, its kind, the
@@ -264,6 +265,11 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 		}
 		fmt.Fprintf(tw, "passes\t%s\n", strings.Join(names, ", "))
+		for _, p := range r.Passes {
+			for _, n := range p.Notes {
+				fmt.Fprintf(tw, "note\t%s: %s\n", p.Name, n)
+			}
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -1,0 +1,592 @@
+// Package microbatch is the `microbatch` pass (gradient accumulation): it
+// splits a training step into n slices of the batch that run one after
+// another, each through the whole forward and backward, and accumulates
+// their gradients, so that the activations of one slice are live at a
+// time.
+package microbatch
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes"
+)
+
+func init() {
+	passes.MustRegister(passes.Define(passes.Pass{
+		Name:        "microbatch",
+		Summary:     "run a training step as n sequential slices of the batch, accumulating the gradients (gradient accumulation)",
+		Requires:    []passes.Property{passes.TrainingStep},
+		Excludes:    []passes.Property{passes.OptimizerStep, passes.Fused, passes.Assigned},
+		Invalidates: []passes.Property{passes.Assigned},
+	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		for _, f := range m.Funcs {
+			st, err := Split(f, o.N)
+			if err != nil {
+				return err
+			}
+			ctx.AddStat("microbatches", int64(o.N))
+			ctx.AddStat("batch", st.Batch)
+			if st.BatchNorms > 0 {
+				ctx.Stat("note", fmt.Sprintf("batch normalisation (%d ops) takes its statistics per microbatch of %d, as PyTorch does under gradient accumulation", st.BatchNorms, st.Batch/int64(o.N)))
+			}
+		}
+		return nil
+	}))
+}
+
+type options struct {
+	N int `opt:"n" default:"2" range:"[1,inf)" doc:"number of slices of the batch (it must divide the batch)"`
+}
+
+// Stats is what Split did.
+type Stats struct {
+	Batch      int64 // the batch that was split
+	BatchNorms int   // batch_norm_train ops, whose statistics are now per slice
+}
+
+// Split rewrites the training step f (autodiff ran, the optimizer has
+// not) into n slices of its batch.
+//
+// The batch is dimension 0 of the first data argument; every data
+// argument with that leading dimension is sliced. An op is per-slice when
+// it reads a sliced value, or when it reads the loss seed and its result
+// is not a scalar (the seed's expansion to the output's shape); the rest
+// (parameters, constants) runs once. Per-slice ops are copied for each
+// slice with their types inferred again; shape attributes that carry the
+// batch (expand, reshape, the input_shape of gradient ops) are divided by
+// n, and a copy whose shape does not follow is an error naming the op.
+//
+// Results: gradients are summed over the slices in a running sum (the
+// constants autodiff derived from the whole batch, such as a mean's 1/B,
+// stay, so the sum is the whole batch's gradient); a loss made by
+// reduce_sum is summed and one made by reduce_mean averaged; other
+// results are joined along their sliced dimension. Dropout draws each
+// slice's mask from its own seed. Batch normalisation in training mode
+// takes each slice's statistics.
+func Split(f *ir.Func, n int) (Stats, error) {
+	if n == 1 {
+		return Stats{}, nil
+	}
+	s := &splitter{f: f, n: int64(n), sliced: map[*ir.Value]cut{}}
+	if err := s.findBatch(); err != nil {
+		return Stats{}, err
+	}
+	st := Stats{Batch: s.batch}
+	perSlice := s.classify()
+	var shared []*ir.Op
+	for _, op := range f.Body {
+		if !perSlice[op] {
+			shared = append(shared, op)
+		} else if op.Kind == "batch_norm_train" {
+			st.BatchNorms++
+		}
+	}
+	body := shared
+	acc := make([]*ir.Value, len(f.Results)) // running sums and the slices to join
+	parts := make([][]*ir.Value, len(f.Results))
+	for k := int64(0); k < s.n; k++ {
+		m := map[*ir.Value]*ir.Value{}
+		for _, a := range s.args {
+			size := s.batch / s.n
+			op, err := f.NewOp("slice", []*ir.Value{a}, ir.Attrs{
+				"starts": ir.IntsAttr(k * size), "ends": ir.IntsAttr((k + 1) * size), "axes": ir.IntsAttr(0),
+			}, ir.Location{}, fmt.Sprintf("%s.mb%d", a.Name, k))
+			if err != nil {
+				return st, err
+			}
+			body = append(body, op)
+			m[a] = op.Results[0]
+			s.sliced[op.Results[0]] = cut{dim: 0, inner: 1}
+		}
+		// Gradients and the loss join their running sums as soon as a
+		// slice has made them, so one slice's copy is live at a time.
+		for _, op := range f.Body {
+			if !perSlice[op] {
+				continue
+			}
+			c, pre, err := s.copyOp(op, m, k)
+			if err != nil {
+				return st, err
+			}
+			body = append(append(body, pre...), c)
+			for i, r := range op.Results {
+				m[r] = c.Results[i]
+			}
+			for i, r := range f.Results {
+				if r.Value.Def != op {
+					continue
+				}
+				v := m[r.Value]
+				switch role := r.Role(); {
+				case role == ir.RoleGrad || role == ir.RoleLoss:
+					if acc[i] == nil {
+						acc[i] = v
+						continue
+					}
+					add, err := f.NewOp("add", []*ir.Value{acc[i], v}, nil, op.Loc, r.Value.Name+".acc")
+					if err != nil {
+						return st, fmt.Errorf("%s: microbatch: accumulating %s: %v", loc(op), r.Value.Ref(), err)
+					}
+					body = append(body, add)
+					acc[i] = add.Results[0]
+				case role == "":
+					if _, ok := s.sliced[v]; !ok {
+						return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch but does not follow it (%s per slice, %s whole)", loc(op), r.Value.Ref(), v.Type, r.Value.Type)
+					}
+					parts[i] = append(parts[i], v)
+				default:
+					return st, fmt.Errorf("microbatch: result %s has role %q, which cannot be combined across microbatches", r.Value.Ref(), role)
+				}
+			}
+		}
+	}
+	for i, r := range f.Results {
+		v := r.Value
+		switch {
+		case parts[i] != nil:
+			op, err := f.NewOp("concat", parts[i], ir.Attrs{"axis": ir.IntAttr(int64(s.sliced[parts[i][0]].dim))}, v.Def.Loc, v.Name+".join")
+			if err != nil {
+				return st, err
+			}
+			body = append(body, op)
+			v = op.Results[0]
+		case acc[i] != nil && r.Role() == ir.RoleLoss:
+			v = acc[i]
+			switch kind := r.Value.Def.Kind; kind {
+			case "reduce_sum":
+			case "reduce_mean":
+				t := ir.Type{DType: v.Type.DType, Shape: ir.Shape{}}
+				inv := &ir.Dense{Type: t, Floats: []float64{ir.RoundTo(t.DType, 1/float64(s.n))}}
+				c, err := f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(inv)}, v.Def.Loc, r.Value.Name+".inv_n")
+				if err != nil {
+					return st, err
+				}
+				mean, err := f.NewOp("mul", []*ir.Value{v, c.Results[0]}, nil, v.Def.Loc, r.Value.Name+".mean")
+				if err != nil {
+					return st, err
+				}
+				body = append(body, c, mean)
+				v = mean.Results[0]
+			default:
+				return st, fmt.Errorf("%s: microbatch: the loss is made by %s; only a reduce_sum or reduce_mean loss can be split into microbatches", loc(r.Value.Def), kind)
+			}
+		case acc[i] != nil:
+			v = acc[i]
+		}
+		if !v.Type.Equal(r.Value.Type) {
+			return st, fmt.Errorf("%s: microbatch: result %s comes out as %s across the slices, not %s", loc(r.Value.Def), r.Value.Ref(), v.Type, r.Value.Type)
+		}
+		f.Results[i].Value = v
+	}
+	f.Body = body
+	passes.RemoveDeadOps(f)
+	return st, nil
+}
+
+type splitter struct {
+	f      *ir.Func
+	n      int64
+	batch  int64
+	args   []*ir.Value
+	sliced map[*ir.Value]cut // per-slice values that hold 1/n of the whole in one dimension
+}
+
+// cut says where a per-slice value is cut: in dimension dim, whose whole
+// extent is outer·batch·inner (the batch's digits of that dimension's
+// index lie above inner: a [B·H, T, d] attention tensor has inner H).
+type cut struct {
+	dim   int
+	inner int64
+}
+
+// findBatch picks the batch and the data arguments to slice.
+func (s *splitter) findBatch() error {
+	for _, a := range s.f.Args {
+		if a.Arg.Kind != ir.ArgData || len(a.Type.Shape) == 0 {
+			continue
+		}
+		if s.batch == 0 {
+			s.batch = a.Type.Shape[0]
+		}
+		if a.Type.Shape[0] == s.batch {
+			s.args = append(s.args, a)
+		}
+	}
+	switch {
+	case s.batch == 0:
+		return fmt.Errorf("microbatch: @%s has no data argument with a batch dimension to split", s.f.Name)
+	case s.batch%s.n != 0:
+		return fmt.Errorf("microbatch: the batch of @%s (%d, dimension 0 of %s) is not divisible by n=%d", s.f.Name, s.batch, s.args[0].Ref(), s.n)
+	}
+	return nil
+}
+
+// classify marks the ops that run once per slice.
+func (s *splitter) classify() map[*ir.Op]bool {
+	data := map[*ir.Value]bool{}
+	seed := map[*ir.Value]bool{}
+	for _, a := range s.args {
+		data[a] = true
+	}
+	per := map[*ir.Op]bool{}
+	perVal := map[*ir.Value]bool{}
+	for _, op := range s.f.Body {
+		d, sd, p := false, op.Attrs.String("role", "") == ir.RoleLossSeed, false
+		for _, v := range op.Operands {
+			d = d || data[v]
+			sd = sd || seed[v]
+			p = p || perVal[v]
+		}
+		for _, r := range op.Results {
+			data[r], seed[r] = d, sd
+			p = p || d || sd && len(r.Type.Shape) > 0
+		}
+		if p {
+			per[op] = true
+			for _, r := range op.Results {
+				perVal[r] = true
+			}
+		}
+	}
+	return per
+}
+
+// shapeAttrs are the attributes that may hold the shape of a tensor that
+// carries the batch (weight_shape never does).
+var shapeAttrs = []string{"shape", "input_shape", "data_shape", "output_shape"}
+
+// copyOp copies a per-slice op for slice k, reading m's values.
+func (s *splitter) copyOp(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) (*ir.Op, []*ir.Op, error) {
+	d := op.Def()
+	if d == nil {
+		return nil, nil, fmt.Errorf("%s: microbatch: unknown op %s", loc(op), op.Kind)
+	}
+	operands := make([]*ir.Value, len(op.Operands))
+	slicedIn, perSliceIn := false, false
+	for i, v := range op.Operands {
+		operands[i] = v
+		if w, ok := m[v]; ok {
+			operands[i] = w
+			perSliceIn = true
+		}
+		_, ok := s.sliced[operands[i]]
+		slicedIn = slicedIn || ok
+	}
+	attrs := op.Attrs.Clone()
+	if op.Kind == "dropout" {
+		attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int*s.n + k + 1) // a mask of its own per slice
+	}
+	type try struct {
+		operands []*ir.Value
+		attrs    ir.Attrs
+		pre      []*ir.Op // slices of whole operands the copy reads
+	}
+	var tries []try
+	switch {
+	case op.Kind == "reshape" && slicedIn:
+		// The batch's digits of the flat index stay where they are: the
+		// target dimension that holds them shrinks.
+		a, ok := s.reshapeTarget(op, operands[0])
+		if !ok {
+			break
+		}
+		tries = append(tries, try{operands, a, nil})
+	case slicedIn:
+		// Shape entries that match a cut operand's; none; the same with
+		// whole operands cut where a cut operand is (a parameter expanded
+		// to the batch); then any entry n divides.
+		for _, a := range s.patches(attrs, operands, true) {
+			tries = append(tries, try{operands, a, nil})
+		}
+		tries = append(tries, try{operands, attrs, nil})
+		if cutOps, pre, ok := s.cutWhole(op, operands, k); ok {
+			tries = append(tries, try{cutOps, attrs, pre})
+		}
+		for _, a := range s.patches(attrs, operands, false) {
+			tries = append(tries, try{operands, a, nil})
+		}
+	case perSliceIn: // a slice's sum over its rows (a gradient's part)
+		tries = append(tries, try{operands, attrs, nil})
+		for _, a := range s.patches(attrs, operands, false) {
+			tries = append(tries, try{operands, a, nil})
+		}
+	default: // the seed's expansion: only shape attributes carry the batch
+		for _, a := range s.patches(attrs, operands, false) {
+			tries = append(tries, try{operands, a, nil})
+		}
+		tries = append(tries, try{operands, attrs, nil})
+	}
+	for _, t := range tries {
+		in := make([]ir.Type, len(t.operands))
+		for i, v := range t.operands {
+			in[i] = v.Type
+		}
+		types, err := d.InferTypes(in, t.attrs)
+		if err != nil {
+			continue
+		}
+		dims, ok := s.follows(op, types)
+		if !ok || s.broadcastsCut(op, t.operands, dims) {
+			continue
+		}
+		if err := s.acrossBatch(op, t.operands, dims); err != nil {
+			return nil, nil, err
+		}
+		c := &ir.Op{Kind: op.Kind, Operands: t.operands, Attrs: t.attrs, Loc: op.Loc}
+		for i, ty := range types {
+			r := &ir.Value{Name: s.f.UniqueName(fmt.Sprintf("%s.mb%d", op.Results[i].Name, k)), Type: ty, Def: c, Index: i, Offset: ir.NoOffset}
+			c.Results = append(c.Results, r)
+			if dims[i] >= 0 {
+				s.sliced[r] = s.resultCut(op, t.operands, i, dims[i])
+			}
+		}
+		return c, t.pre, nil
+	}
+	var ts []string
+	for _, v := range operands {
+		ts = append(ts, v.Type.String())
+	}
+	return nil, nil, fmt.Errorf("%s: microbatch: %s (%s) cannot run on a slice of the batch of %d: on operands %s no shape of its result follows the batch (whole: %s)",
+		loc(op), op.Results[0].Ref(), op.Kind, s.batch/s.n, strings.Join(ts, ", "), op.Results[0].Type)
+}
+
+// reshapeTarget divides the dimension of op's target shape that holds the
+// batch's digits of the flat index of its operand x (a slice).
+func (s *splitter) reshapeTarget(op *ir.Op, x *ir.Value) (ir.Attrs, bool) {
+	c := s.sliced[x]
+	whole := op.Operands[0].Type.Shape
+	sigma := c.inner * prod(whole[c.dim+1:]) // flat stride of the batch's lowest digit
+	target, ok := op.Attrs["shape"].Ints()
+	if !ok {
+		return nil, false
+	}
+	for j := range target {
+		below := prod(target[j+1:])
+		if sigma%below != 0 {
+			continue
+		}
+		inner := sigma / below
+		if target[j]%(inner*s.batch) != 0 {
+			continue
+		}
+		a := op.Attrs.Clone()
+		nt := slices.Clone(target)
+		nt[j] /= s.n
+		a["shape"] = ir.IntsAttr(nt...)
+		return a, true
+	}
+	return nil, false
+}
+
+func prod(s []int64) int64 {
+	p := int64(1)
+	for _, v := range s {
+		p *= v
+	}
+	return p
+}
+
+// resultCut is where result i of op's copy is cut, given that it is cut
+// in dimension dim: transpose moves the operand's cut, reshape keeps the
+// batch's flat digits, and other ops keep the inner factor of an operand
+// cut in the same dimension (counted from the last) with the same whole
+// extent.
+func (s *splitter) resultCut(op *ir.Op, operands []*ir.Value, i, dim int) cut {
+	whole := op.Results[i].Type.Shape
+	switch op.Kind {
+	case "reshape":
+		c := s.sliced[operands[0]]
+		sigma := c.inner * prod(op.Operands[0].Type.Shape[c.dim+1:])
+		return cut{dim: dim, inner: sigma / prod(whole[dim+1:])}
+	case "transpose":
+		return cut{dim: dim, inner: s.sliced[operands[0]].inner}
+	}
+	for j, v := range operands {
+		c, ok := s.sliced[v]
+		if !ok {
+			continue
+		}
+		wo := op.Operands[j].Type.Shape
+		if len(wo)-c.dim == len(whole)-dim && wo[c.dim] == whole[dim] {
+			return cut{dim: dim, inner: c.inner}
+		}
+	}
+	return cut{dim: dim, inner: 1}
+}
+
+// cutWhole cuts op's whole operands where a cut operand is cut (counted
+// from the last dimension, with the same whole extent), for slice k.
+func (s *splitter) cutWhole(op *ir.Op, operands []*ir.Value, k int64) ([]*ir.Value, []*ir.Op, bool) {
+	var ref *ir.Value
+	for _, v := range operands {
+		if _, ok := s.sliced[v]; ok {
+			ref = v
+			break
+		}
+	}
+	c := s.sliced[ref]
+	extent := ref.Type.Shape[c.dim] * s.n
+	fromEnd := len(ref.Type.Shape) - c.dim
+	out := slices.Clone(operands)
+	var pre []*ir.Op
+	for i, v := range operands {
+		if _, ok := s.sliced[v]; ok {
+			continue
+		}
+		d := len(v.Type.Shape) - fromEnd
+		if d < 0 || v.Type.Shape[d] != extent {
+			continue
+		}
+		size := extent / s.n
+		sl, err := s.f.NewOp("slice", []*ir.Value{v}, ir.Attrs{
+			"starts": ir.IntsAttr(k * size), "ends": ir.IntsAttr((k + 1) * size), "axes": ir.IntsAttr(int64(d)),
+		}, op.Loc, fmt.Sprintf("%s.mb%d", v.Name, k))
+		if err != nil {
+			return nil, nil, false
+		}
+		s.sliced[sl.Results[0]] = cut{dim: d, inner: c.inner}
+		out[i] = sl.Results[0]
+		pre = append(pre, sl)
+	}
+	return out, pre, len(pre) > 0
+}
+
+// patches lists copies of attrs with one shape entry divided by n:
+// aligned, only entries at the position of an operand's cut with its
+// whole extent.
+func (s *splitter) patches(attrs ir.Attrs, operands []*ir.Value, aligned bool) []ir.Attrs {
+	var out []ir.Attrs
+	for _, name := range shapeAttrs {
+		a, ok := attrs[name]
+		if !ok {
+			continue
+		}
+		vals, ok := a.Ints()
+		if !ok {
+			continue
+		}
+		for i, v := range vals {
+			if v <= 0 || v%s.n != 0 {
+				continue
+			}
+			if aligned && !s.alignedAt(operands, i, v) {
+				continue
+			}
+			p := attrs.Clone()
+			nv := slices.Clone(vals)
+			nv[i] = v / s.n
+			p[name] = ir.IntsAttr(nv...)
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// alignedAt reports whether some operand is cut in dimension i, whose
+// whole extent is v.
+func (s *splitter) alignedAt(operands []*ir.Value, i int, v int64) bool {
+	for _, o := range operands {
+		if c, ok := s.sliced[o]; ok && c.dim == i && o.Type.Shape[c.dim]*s.n == v {
+			return true
+		}
+	}
+	return false
+}
+
+// acrossBatch is an error when op indexes its data along the dimension
+// that holds the batch: its indices name rows of the whole batch, which a
+// slice does not have.
+func (s *splitter) acrossBatch(op *ir.Op, operands []*ir.Value, dims []int) error {
+	data, cutDim := op.Operands[0].Type, -1
+	switch op.Kind {
+	case "gather", "gather_elements":
+		if c, ok := s.sliced[operands[0]]; ok {
+			cutDim = c.dim
+		}
+	case "gather_grad", "gather_elements_grad":
+		data, cutDim = op.Results[0].Type, dims[0]
+	default:
+		return nil
+	}
+	if cutDim < 0 {
+		return nil
+	}
+	axis := op.Attrs.Int("axis", 0)
+	if axis < 0 {
+		axis += int64(len(data.Shape))
+	}
+	if axis == int64(cutDim) {
+		return fmt.Errorf("%s: microbatch: %s (%s) indexes along the batch dimension, which a slice of the batch does not hold whole", loc(op), op.Results[0].Ref(), op.Kind)
+	}
+	return nil
+}
+
+// broadcastsCut reports whether a result of an elementwise op's copy (or
+// expand's) kept its whole
+// extent in a dimension that lines up (from the last) with a cut operand's
+// cut dimension of the same whole extent: a slice of one row broadcast
+// against a whole operand, which would compute the wrong thing.
+func (s *splitter) broadcastsCut(op *ir.Op, operands []*ir.Value, dims []int) bool {
+	if op.Def().Fusion != ir.Elementwise && op.Kind != "expand" {
+		return false // only these broadcast
+	}
+	for j, v := range operands {
+		c, ok := s.sliced[v]
+		if !ok {
+			continue
+		}
+		wo := op.Operands[j].Type.Shape
+		for i, r := range op.Results {
+			wr := r.Type.Shape
+			d := len(wr) - (len(wo) - c.dim)
+			if d >= 0 && wr[d] == wo[c.dim] && dims[i] != d && v.Type.Shape[c.dim] == 1 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// follows checks the inferred types of a copy against op's: each result
+// is the same, or 1/n of it in one dimension (returned; -1 when the
+// same).
+func (s *splitter) follows(op *ir.Op, types []ir.Type) ([]int, bool) {
+	if len(types) != len(op.Results) {
+		return nil, false
+	}
+	dims := make([]int, len(types))
+	for i, t := range types {
+		old := op.Results[i].Type
+		if t.DType != old.DType || len(t.Shape) != len(old.Shape) {
+			return nil, false
+		}
+		dims[i] = -1
+		for d := range t.Shape {
+			switch {
+			case t.Shape[d] == old.Shape[d]:
+			case t.Shape[d]*s.n == old.Shape[d] && dims[i] < 0:
+				dims[i] = d
+			default:
+				return nil, false
+			}
+		}
+	}
+	return dims, true
+}
+
+// loc is where an error about op points: its position in the parsed
+// file, else its source location (an ONNX node), else its kind.
+func loc(op *ir.Op) string {
+	switch {
+	case op == nil:
+		return "microbatch"
+	case op.Pos.IsValid():
+		return op.Pos.String()
+	case !op.Loc.IsUnknown():
+		return op.Loc.String()
+	}
+	return op.Kind
+}

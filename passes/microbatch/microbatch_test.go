@@ -1,0 +1,122 @@
+package microbatch_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/microbatch"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// Forward functions in f64 without batch normalisation, whose microbatched
+// steps must equal the whole-batch step: an MLP, a CNN with pooling and a
+// flatten, and an attention block whose reshapes fold the batch into rows.
+var models = map[string]string{
+	"mlp": `func @mlp(%x: f64[12,6], %w1: f64[6,16] {param}, %b1: f64[16] {param}, %w2: f64[16,3] {param}) -> (f64[12,3]) {
+  %h = matmul(%x, %w1) : f64[12,16]
+  %hb = add(%h, %b1) : f64[12,16]
+  %a = tanh(%hb) : f64[12,16]
+  %y = matmul(%a, %w2) : f64[12,3]
+  return %y
+}`,
+	"cnn": `func @cnn(%x: f64[6,2,8,8], %w: f64[4,2,3,3] {param}, %w2: f64[4,4,3,3] {param}, %fw: f64[16,5] {param}) -> (f64[6,5]) {
+  %c = conv2d(%x, %w) {pads = [1, 1, 1, 1]} : f64[6,4,8,8]
+  %r = relu(%c) : f64[6,4,8,8]
+  %c2 = conv2d(%r, %w2) {pads = [1, 1, 1, 1]} : f64[6,4,8,8]
+  %s = sigmoid(%c2) : f64[6,4,8,8]
+  %p = max_pool2d(%s) {kernel = [4, 4], strides = [4, 4]} : f64[6,4,2,2]
+  %f = reshape(%p) {shape = [6, 16]} : f64[6,16]
+  %y = matmul(%f, %fw) : f64[6,5]
+  return %y
+}`,
+	"attention": `func @attn(%x: f64[4,5,8], %g: f64[8] {param}, %wq: f64[8,8] {param}, %wk: f64[8,8] {param}, %wo: f64[8,8] {param}) -> (f64[4,5,8]) {
+  %n, %mu, %rs = layer_norm(%x, %g) {axis = -1} : f64[4,5,8], f64[4,5,1], f64[4,5,1]
+  %rows = reshape(%n) {shape = [20, 8]} : f64[20,8]
+  %q = matmul(%rows, %wq) : f64[20,8]
+  %k = matmul(%rows, %wk) : f64[20,8]
+  %q3 = reshape(%q) {shape = [4, 5, 8]} : f64[4,5,8]
+  %k3 = reshape(%k) {shape = [4, 5, 8]} : f64[4,5,8]
+  %kt = transpose(%k3) {perm = [0, 2, 1]} : f64[4,8,5]
+  %s = matmul(%q3, %kt) : f64[4,5,5]
+  %p = softmax(%s) {axis = -1} : f64[4,5,5]
+  %o = matmul(%p, %q3) : f64[4,5,8]
+  %o2 = reshape(%o) {shape = [20, 8]} : f64[20,8]
+  %z = matmul(%o2, %wo) : f64[20,8]
+  %z3 = reshape(%z) {shape = [4, 5, 8]} : f64[4,5,8]
+  %y = add(%z3, %x) : f64[4,5,8]
+  return %y
+}`,
+}
+
+// TestMicrobatchEqualsWholeBatch: for sum and mean losses and every n that
+// divides the batch, loss and gradients equal the whole-batch step's. The
+// error model: the slices' partial sums are added in another order, in
+// f64 (unit roundoff 1.1e-16) over at most a few hundred terms, so the
+// relative error stays below 1e-12.
+func TestMicrobatchEqualsWholeBatch(t *testing.T) {
+	for name, src := range models {
+		for _, loss := range []string{"sum", "mean"} {
+			whole := passtest.Parse(t, src)
+			passtest.Run(t, whole, "autodiff{loss="+loss+"}")
+			batch := whole.Funcs[0].Args[0].Type.Shape[0]
+			for n := int64(2); n <= batch; n++ {
+				if batch%n != 0 {
+					continue
+				}
+				t.Run(fmt.Sprintf("%s/%s/n=%d", name, loss, n), func(t *testing.T) {
+					split := passtest.Clone(t, whole)
+					passtest.Run(t, split, fmt.Sprintf("microbatch{n=%d}", n))
+					passtest.Equivalent(t, whole.Funcs[0], split.Funcs[0], 1e-12, 1, 2, 3)
+				})
+			}
+		}
+	}
+}
+
+// TestMicrobatchDividesActivations: n slices hold one slice's activations
+// at a time. The error model of the peak: what stays whole (inputs,
+// parameters, the gradients' running sums: fixed), plus 1/n of what the
+// whole step holds beyond that, plus one slice's copy of the inputs and
+// one slice's gradient while it joins its running sum.
+func TestMicrobatchDividesActivations(t *testing.T) {
+	var src strings.Builder
+	src.WriteString("func @deep(%x: f32[512,64], %w0: f32[64,64] {param}, %w1: f32[64,64] {param}, %w2: f32[64,64] {param}, %w3: f32[64,64] {param}) -> (f32[512,64]) {\n")
+	prev := "%x"
+	for i := 0; i < 4; i++ {
+		fmt.Fprintf(&src, "  %%h%d = matmul(%s, %%w%d) : f32[512,64]\n  %%a%d = tanh(%%h%d) : f32[512,64]\n", i, prev, i, i, i)
+		prev = fmt.Sprintf("%%a%d", i)
+	}
+	fmt.Fprintf(&src, "  return %s\n}\n", prev)
+	m := passtest.Parse(t, src.String())
+	passtest.Run(t, m, "autodiff")
+	f := m.Funcs[0]
+	whole := liveness.Analyze(f).Peak
+	var inputs, params, grads int64
+	for _, a := range f.Args {
+		if a.Arg.Kind == ir.ArgData {
+			inputs += a.Type.SizeBytes()
+		} else {
+			params += a.Type.SizeBytes()
+		}
+	}
+	for _, r := range f.Results {
+		if r.Role() == ir.RoleGrad {
+			grads += r.Value.Type.SizeBytes()
+		}
+	}
+	fixed := inputs + params + grads
+	for _, n := range []int64{2, 4, 8} {
+		s := passtest.Clone(t, m)
+		passtest.Run(t, s, fmt.Sprintf("microbatch{n=%d}", n))
+		peak := liveness.Analyze(s.Funcs[0]).Peak
+		bound := fixed + (whole-fixed)/n + inputs/n + grads
+		t.Logf("n=%d: peak %d bytes, %.3f of the whole batch's %d (bound %d)", n, peak, float64(peak)/float64(whole), whole, bound)
+		require.LessOrEqual(t, peak, bound, "n=%d", n)
+	}
+}
