@@ -14,6 +14,15 @@ type Tensor struct {
 	I    []int64
 }
 
+// CloneAll clones every tensor of ts.
+func CloneAll(ts []*Tensor) []*Tensor {
+	out := make([]*Tensor, len(ts))
+	for i, x := range ts {
+		out[i] = x.Clone()
+	}
+	return out
+}
+
 // New returns a zero tensor of type t.
 func New(t ir.Type) *Tensor {
 	n := t.NumElements()

@@ -44,30 +44,43 @@ func Equivalent(t testing.TB, before, after *ir.Func, tol float64, seeds ...uint
 	}
 	for _, seed := range seeds {
 		args := interp.RandomArgs(before, seed)
-		want, err := interp.Run(before, args, interp.Options{})
+		// Each run gets its own arguments: in-place updates (an optimizer
+		// step) write them, and their new values are compared too.
+		wantArgs, gotArgs := interp.CloneAll(args), interp.CloneAll(args)
+		want, err := interp.Run(before, wantArgs, interp.Options{})
 		if err != nil {
 			t.Fatalf("before: %v", err)
 		}
-		got, err := interp.Run(after, args, interp.Options{})
+		got, err := interp.Run(after, gotArgs, interp.Options{})
 		if err != nil {
 			t.Fatalf("after: %v", err)
 		}
+		names := make([]string, len(want))
 		for i := range want {
-			name := before.ResultName(i)
+			names[i] = "result " + before.ResultName(i)
+		}
+		for i, a := range before.Args {
+			if a.Arg.InOut {
+				want, got = append(want, wantArgs[i]), append(got, gotArgs[i])
+				names = append(names, "updated argument "+a.Ref())
+			}
+		}
+		for i := range want {
+			name := names[i]
 			if !got[i].Type.Equal(want[i].Type) {
-				t.Fatalf("seed %d: result %s has type %s, want %s", seed, name, got[i].Type, want[i].Type)
+				t.Fatalf("seed %d: %s has type %s, want %s", seed, name, got[i].Type, want[i].Type)
 			}
 			if tol == 0 {
 				for j := 0; j < want[i].Len(); j++ {
 					a, b := got[i].At(j), want[i].At(j)
 					if math.Float64bits(a) != math.Float64bits(b) && !(math.IsNaN(a) && math.IsNaN(b)) {
-						t.Fatalf("seed %d: result %s[%d] = %v, want exactly %v", seed, name, j, a, b)
+						t.Fatalf("seed %d: %s[%d] = %v, want exactly %v", seed, name, j, a, b)
 					}
 				}
 				continue
 			}
 			if e := RelErr(got[i], want[i]); e > tol || math.IsNaN(e) {
-				t.Fatalf("seed %d: result %s differs: relative error %g > %g", seed, name, e, tol)
+				t.Fatalf("seed %d: %s differs: relative error %g > %g", seed, name, e, tol)
 			}
 		}
 	}
@@ -96,13 +109,19 @@ func Clone(t testing.TB, m *ir.Module) *ir.Module {
 // error fails the test.
 func Run(t testing.TB, m *ir.Module, pipeline string) {
 	t.Helper()
+	if err := RunErr(m, pipeline); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// RunErr runs pipeline on m, verifying the module after each pass, and
+// returns its error.
+func RunErr(m *ir.Module, pipeline string) error {
 	pipe, err := passes.ParsePipeline(pipeline, nil)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe); err != nil {
-		t.Fatal(err)
-	}
+	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe)
 }
 
 // CheckPipeline runs pipeline on src (with verification after each pass)

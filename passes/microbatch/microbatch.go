@@ -19,7 +19,7 @@ func init() {
 		Name:        "microbatch",
 		Summary:     "run a training step as n sequential slices of the batch, accumulating the gradients (gradient accumulation)",
 		Requires:    []passes.Property{passes.TrainingStep},
-		Excludes:    []passes.Property{passes.OptimizerStep, passes.Fused, passes.Assigned},
+		Excludes:    []passes.Property{passes.Fused, passes.Assigned},
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
@@ -47,8 +47,8 @@ type Stats struct {
 	BatchNorms int   // batch_norm_train ops, whose statistics are now per slice
 }
 
-// Split rewrites the training step f (autodiff ran, the optimizer has
-// not) into n slices of its batch.
+// Split rewrites the training step f (autodiff ran; the optimizer may
+// have) into n slices of its batch.
 //
 // The batch is dimension 0 of the first data argument; every data
 // argument with that leading dimension is sliced. An op is per-slice when
@@ -58,6 +58,9 @@ type Stats struct {
 // slice with their types inferred again; shape attributes that carry the
 // batch (expand, reshape, the input_shape of gradient ops) are divided by
 // n, and a copy whose shape does not follow is an error naming the op.
+//
+// In-place updates (the optimizer's) run once after the slices, reading
+// the running sums of the gradients.
 //
 // Results: gradients are summed over the slices in a running sum (the
 // constants autodiff derived from the whole batch, such as a mean's 1/B,
@@ -76,17 +79,42 @@ func Split(f *ir.Func, n int) (Stats, error) {
 	}
 	st := Stats{Batch: s.batch}
 	perSlice := s.classify()
-	var shared []*ir.Op
-	for _, op := range f.Body {
-		if !perSlice[op] {
-			shared = append(shared, op)
-		} else if op.Kind == "batch_norm_train" {
-			st.BatchNorms++
+	perVal := map[*ir.Value]bool{}
+	for op := range perSlice {
+		for _, r := range op.Results {
+			perVal[r] = true
 		}
 	}
-	body := shared
-	acc := make([]*ir.Value, len(f.Results)) // running sums and the slices to join
-	parts := make([][]*ir.Value, len(f.Results))
+	// Ops that stay whole run before the slices, unless they read a
+	// slice's value (an optimizer update reading a gradient): those run
+	// after the slices on the running sums.
+	var before, after []*ir.Op
+	summed := map[*ir.Value]bool{} // per-slice values whose sum over the slices is read
+	for _, op := range f.Body {
+		switch {
+		case perSlice[op]:
+			if op.Kind == "batch_norm_train" {
+				st.BatchNorms++
+			}
+		case slices.ContainsFunc(op.Operands, func(v *ir.Value) bool { return perVal[v] }):
+			after = append(after, op)
+			for _, v := range op.Operands {
+				if perVal[v] {
+					summed[v] = true
+				}
+			}
+		default:
+			before = append(before, op)
+		}
+	}
+	for _, r := range f.Results {
+		if role := r.Role(); (role == ir.RoleGrad || role == ir.RoleLoss) && perVal[r.Value] {
+			summed[r.Value] = true
+		}
+	}
+	body := before
+	sum := map[*ir.Value]*ir.Value{}     // running sums
+	parts := map[*ir.Value][]*ir.Value{} // per-slice results to join
 	for k := int64(0); k < s.n; k++ {
 		m := map[*ir.Value]*ir.Value{}
 		for _, a := range s.args {
@@ -101,8 +129,8 @@ func Split(f *ir.Func, n int) (Stats, error) {
 			m[a] = op.Results[0]
 			s.sliced[op.Results[0]] = cut{dim: 0, inner: 1}
 		}
-		// Gradients and the loss join their running sums as soon as a
-		// slice has made them, so one slice's copy is live at a time.
+		// Values summed over the slices join their running sums as soon
+		// as a slice has made them, so one slice's copy is live at a time.
 		for _, op := range f.Body {
 			if !perSlice[op] {
 				continue
@@ -113,48 +141,41 @@ func Split(f *ir.Func, n int) (Stats, error) {
 			}
 			body = append(append(body, pre...), c)
 			for i, r := range op.Results {
-				m[r] = c.Results[i]
-			}
-			for i, r := range f.Results {
-				if r.Value.Def != op {
+				v := c.Results[i]
+				m[r] = v
+				if f.IsResult(r) && !summed[r] {
+					parts[r] = append(parts[r], v)
+				}
+				if !summed[r] {
 					continue
 				}
-				v := m[r.Value]
-				switch role := r.Role(); {
-				case role == ir.RoleGrad || role == ir.RoleLoss:
-					if acc[i] == nil {
-						acc[i] = v
-						continue
-					}
-					add, err := f.NewOp("add", []*ir.Value{acc[i], v}, nil, op.Loc, r.Value.Name+".acc")
-					if err != nil {
-						return st, fmt.Errorf("%s: microbatch: accumulating %s: %v", loc(op), r.Value.Ref(), err)
-					}
-					body = append(body, add)
-					acc[i] = add.Results[0]
-				case role == "":
-					if _, ok := s.sliced[v]; !ok {
-						return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch but does not follow it (%s per slice, %s whole)", loc(op), r.Value.Ref(), v.Type, r.Value.Type)
-					}
-					parts[i] = append(parts[i], v)
-				default:
-					return st, fmt.Errorf("microbatch: result %s has role %q, which cannot be combined across microbatches", r.Value.Ref(), role)
+				if sum[r] == nil {
+					sum[r] = v
+					continue
 				}
+				add, err := f.NewOp("add", []*ir.Value{sum[r], v}, nil, op.Loc, r.Name+".acc")
+				if err != nil {
+					return st, fmt.Errorf("%s: microbatch: accumulating %s: %v", loc(op), r.Ref(), err)
+				}
+				body = append(body, add)
+				sum[r] = add.Results[0]
 			}
 		}
 	}
+	for _, op := range after {
+		for i, v := range op.Operands {
+			if w, ok := sum[v]; ok {
+				op.Operands[i] = w
+			}
+		}
+		body = append(body, op)
+	}
 	for i, r := range f.Results {
 		v := r.Value
-		switch {
-		case parts[i] != nil:
-			op, err := f.NewOp("concat", parts[i], ir.Attrs{"axis": ir.IntAttr(int64(s.sliced[parts[i][0]].dim))}, v.Def.Loc, v.Name+".join")
-			if err != nil {
-				return st, err
-			}
-			body = append(body, op)
-			v = op.Results[0]
-		case acc[i] != nil && r.Role() == ir.RoleLoss:
-			v = acc[i]
+		switch role := r.Role(); {
+		case !perVal[v]:
+		case role == ir.RoleLoss:
+			v = sum[v]
 			switch kind := r.Value.Def.Kind; kind {
 			case "reduce_sum":
 			case "reduce_mean":
@@ -173,8 +194,22 @@ func Split(f *ir.Func, n int) (Stats, error) {
 			default:
 				return st, fmt.Errorf("%s: microbatch: the loss is made by %s; only a reduce_sum or reduce_mean loss can be split into microbatches", loc(r.Value.Def), kind)
 			}
-		case acc[i] != nil:
-			v = acc[i]
+		case role == ir.RoleGrad:
+			v = sum[v]
+		case role != "":
+			return st, fmt.Errorf("microbatch: result %s has role %q, which cannot be combined across microbatches", r.Value.Ref(), role)
+		default:
+			ps := parts[v]
+			c, ok := s.sliced[ps[0]]
+			if !ok {
+				return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch but does not follow it (%s per slice, %s whole)", loc(v.Def), v.Ref(), ps[0].Type, v.Type)
+			}
+			op, err := f.NewOp("concat", ps, ir.Attrs{"axis": ir.IntAttr(int64(c.dim))}, v.Def.Loc, v.Name+".join")
+			if err != nil {
+				return st, err
+			}
+			body = append(body, op)
+			v = op.Results[0]
 		}
 		if !v.Type.Equal(r.Value.Type) {
 			return st, fmt.Errorf("%s: microbatch: result %s comes out as %s across the slices, not %s", loc(r.Value.Def), r.Value.Ref(), v.Type, r.Value.Type)
@@ -243,6 +278,9 @@ func (s *splitter) classify() map[*ir.Op]bool {
 		for _, r := range op.Results {
 			data[r], seed[r] = d, sd
 			p = p || d || sd && len(r.Type.Shape) > 0
+		}
+		if d := op.Def(); d != nil && len(d.Writes) > 0 {
+			p = false // in-place updates run once, after the slices, on the sums
 		}
 		if p {
 			per[op] = true

@@ -11,6 +11,7 @@ import (
 	"github.com/kiln-compiler/kiln/liveness"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/microbatch"
+	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -75,6 +76,24 @@ func TestMicrobatchEqualsWholeBatch(t *testing.T) {
 					passtest.Equivalent(t, whole.Funcs[0], split.Funcs[0], 1e-12, 1, 2, 3)
 				})
 			}
+		}
+	}
+}
+
+// TestMicrobatchWithOptimizer: after the optimizer pass (updates placed
+// right after their gradients), the updates run once after the slices on
+// the gradients' sums: loss, parameters and Adam's moments equal the
+// whole-batch step's (same error model as above).
+func TestMicrobatchWithOptimizer(t *testing.T) {
+	for name, src := range models {
+		for _, kind := range []string{"sgd", "adam"} {
+			whole := passtest.Parse(t, src)
+			passtest.Run(t, whole, "autodiff{loss=mean},optimizer{kind="+kind+"}")
+			split := passtest.Clone(t, whole)
+			passtest.Run(t, split, "microbatch{n=2}")
+			t.Run(name+"/"+kind, func(t *testing.T) {
+				passtest.Equivalent(t, whole.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
+			})
 		}
 	}
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
-	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -44,7 +43,7 @@ func TestMicrobatchBreadthZoo(t *testing.T) {
 			continue
 		}
 		s := whole.Clone()
-		if _, err := splitStep(s); err != nil {
+		if err := passtest.RunErr(&ir.Module{Funcs: []*ir.Func{s}}, "microbatch{n=2}"); err != nil {
 			require.Contains(t, err.Error(), "microbatch", name)
 			failed = append(failed, name)
 			continue
@@ -62,13 +61,4 @@ func TestMicrobatchBreadthZoo(t *testing.T) {
 	}
 	t.Logf("%d of %d models split (%d compared with the whole batch); errors on %v", split, len(paths), compared, failed)
 	require.GreaterOrEqual(t, split, 32)
-}
-
-func splitStep(f *ir.Func) (*ir.Module, error) {
-	m := &ir.Module{Funcs: []*ir.Func{f}}
-	pipe, err := passes.ParsePipeline("microbatch{n=2}", nil)
-	if err != nil {
-		return nil, err
-	}
-	return m, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe)
 }

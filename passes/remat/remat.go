@@ -12,6 +12,7 @@ package remat
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -22,6 +23,7 @@ import (
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passes/microbatch"
 )
 
 func init() {
@@ -34,6 +36,18 @@ func init() {
 			peak := liveness.Analyze(f).Peak
 			budget := o.Budget.Of(peak)
 			res, err := Rematerialize(f, budget, o.Solver)
+			var be *BudgetError
+			if errors.As(err, &be) && o.Microbatch {
+				if n, st, r, ok := withMicrobatches(f, budget, o.Solver, be); ok {
+					res, err = r, nil
+					ctx.AddStat("microbatches", int64(n))
+					note := fmt.Sprintf("recomputation alone reached %s; the step runs as %d microbatches (gradient accumulation)", memreport.Human(be.Reached), n)
+					if st.BatchNorms > 0 {
+						note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d", st.Batch/int64(n))
+					}
+					ctx.Stat("note", note)
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -48,8 +62,37 @@ func init() {
 }
 
 type options struct {
-	Budget passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
-	Solver string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
+	Budget     passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
+	Microbatch bool        `opt:"microbatch" default:"true" doc:"when recomputation alone cannot reach the budget, split the step into 2, 4, 8, ... microbatches (gradient accumulation) and recompute in that"`
+	Solver     string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
+}
+
+// maxMicrobatches bounds the slices remat tries: the step grows by as
+// many copies of its ops.
+const maxMicrobatches = 64
+
+// withMicrobatches splits f into the fewest microbatches (2, 4, 8, ...)
+// whose step recomputation fits into budget, and reports how many; f is
+// unchanged when none does (or f cannot be split), and be, the error of
+// recomputation alone, then reports the lowest peak any split reached.
+func withMicrobatches(f *ir.Func, budget int64, solver string, be *BudgetError) (int, microbatch.Stats, Result, bool) {
+	for n := 2; n <= maxMicrobatches; n *= 2 {
+		g := f.Clone()
+		st, err := microbatch.Split(g, n)
+		if err != nil {
+			break
+		}
+		res, err := Rematerialize(g, budget, solver)
+		if err == nil {
+			*f = *g
+			return n, st, res, true
+		}
+		be.Microbatches = n
+		if e := (*BudgetError)(nil); errors.As(err, &e) && e.Reached < be.Reached {
+			be.Reached, be.Holders = e.Reached, e.Holders
+		}
+	}
+	return 0, microbatch.Stats{}, Result{}, false
 }
 
 // Result is what a solver reached.
@@ -62,16 +105,21 @@ type Result struct {
 // BudgetError says the budget cannot be met, like XLA's "can't reduce
 // memory below" message.
 type BudgetError struct {
-	Func    string
-	Budget  int64
-	Reached int64
-	Holders []memreport.Top
+	Func         string
+	Budget       int64
+	Reached      int64
+	Holders      []memreport.Top
+	Microbatches int // the most microbatches tried beside recomputation (0: none)
 }
 
 func (e *BudgetError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) by recomputation; the budget is %s (%d bytes). Values live at that peak:",
-		e.Func, memreport.Human(e.Reached), e.Reached, memreport.Human(e.Budget), e.Budget)
+	how := "by recomputation"
+	if e.Microbatches > 0 {
+		how = fmt.Sprintf("by recomputation and up to %d microbatches", e.Microbatches)
+	}
+	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) %s; the budget is %s (%d bytes). Values live at that peak:",
+		e.Func, memreport.Human(e.Reached), e.Reached, how, memreport.Human(e.Budget), e.Budget)
 	for _, h := range e.Holders {
 		fmt.Fprintf(&b, "\n  %s %s (%s)", memreport.Human(h.Bytes), h.Value, h.Op)
 		if h.Loc != "" {

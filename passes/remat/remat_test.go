@@ -122,3 +122,38 @@ func TestPlanMatchesRecompute(t *testing.T) {
 	}
 	require.Positive(t, planned)
 }
+
+// TestRematFallsBackToMicrobatches: a budget under what recomputation
+// reaches on an MLP at batch 256 is met by splitting the step into
+// microbatches; loss and gradients stay those of the whole batch within
+// 1e-12 in f64 (the slices' sums are added in another order), and the
+// pass says how many slices it took. Without microbatching it fails.
+func TestRematFallsBackToMicrobatches(t *testing.T) {
+	src := `func @deep(%x: f64[256,32], %w0: f64[32,32] {param}, %w1: f64[32,32] {param}, %w2: f64[32,32] {param}) -> (f64[256,32]) {
+  %h0 = matmul(%x, %w0) : f64[256,32]
+  %a0 = tanh(%h0) : f64[256,32]
+  %h1 = matmul(%a0, %w1) : f64[256,32]
+  %a1 = tanh(%h1) : f64[256,32]
+  %h2 = matmul(%a1, %w2) : f64[256,32]
+  %a2 = tanh(%h2) : f64[256,32]
+  return %a2
+}`
+	step := trainingStep(t, src)
+	whole := passtest.Parse(t, step).Funcs[0]
+	peak := liveness.Analyze(whole).Peak
+	m := passtest.Parse(t, step)
+	err := passtest.RunErr(m, "remat{budget=0.5,microbatch=false}")
+	require.ErrorContains(t, err, "can't reduce memory below")
+	m = passtest.Parse(t, step)
+	passtest.Run(t, m, "remat{budget=0.5}")
+	f := m.Funcs[0]
+	require.LessOrEqual(t, liveness.Analyze(f).Peak, peak/2)
+	slices := 0
+	for _, op := range f.Body {
+		if op.Kind == "slice" {
+			slices++
+		}
+	}
+	require.GreaterOrEqual(t, slices, 2, "the step runs as microbatches")
+	passtest.Equivalent(t, whole, f, 1e-12, 1, 2)
+}
