@@ -1,6 +1,7 @@
 package cuda_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,7 @@ import (
 	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
-	_ "github.com/kiln-compiler/kiln/passes/swap"
+	"github.com/kiln-compiler/kiln/passes/swap"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -67,5 +68,25 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 			}
 			t.Fatalf("%s: clang rejects kernels.cu: %v\n%s\n%s", c.model, err, outb, src)
 		}
+	}
+}
+
+// TestSwapBudgetCountsWorkspace: the launch plan of a step swapped under
+// a device budget in bytes has a device arena (arena and the kernels'
+// workspace after it) within the budget, for CNNs whose im2col kernels
+// need workspace.
+func TestSwapBudgetCountsWorkspace(t *testing.T) {
+	for _, model := range []string{"../../testdata/models/small_cnn/model.onnx", "../../testdata/models/breadth/mobilenetish/model.onnx"} {
+		m, err := onnx.ImportFile(model, onnx.Options{})
+		require.NoError(t, err)
+		passtest.Run(t, m, "autodiff,fuse,reorder")
+		whole, err := swap.DeviceBytes(m.Funcs[0])
+		require.NoError(t, err)
+		budget := whole * 9 / 10
+		passtest.Run(t, m, fmt.Sprintf("swap{device-budget=%d},assign", budget))
+		out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+		require.NoError(t, err)
+		require.Positive(t, out.Plan.Workspace.SizeBytes, "%s: the plan has workspace", model)
+		require.LessOrEqual(t, out.Plan.Arena.SizeBytes, budget, "%s: device arena (workspace %d bytes) within the budget", model, out.Plan.Workspace.SizeBytes)
 	}
 }

@@ -160,7 +160,7 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	align := f.Attrs.Int("alignment", 64)
 	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
 		byName: map[string]int{}, kernelSrc: map[string]bool{}}
-	arena := alignUp(f.Attrs.Int("arena", 0), 256)
+	arena := alignUp(f.Attrs.Int("arena", 0), loops.TempAlignment)
 	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
 		Host:    Arena{SizeBytes: f.Attrs.Int("host_arena", 0), Alignment: align},
 		Streams: []Stream{{0, "compute"}, {1, "copy"}}, CostModel: dev}
@@ -264,16 +264,16 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		// The kernel's workspace sits after the arena, one temp after
 		// another; kernels run one at a time on the compute stream.
 		temps := map[string]int64{}
-		off := int64(0)
-		for _, t := range k.Temps {
+		offs, span := k.TempOffsets()
+		for j, t := range k.Temps {
+			off := offs[j]
 			temps[t.Name] = arena + off
 			id := len(b.plan.Buffers)
 			b.plan.Buffers = append(b.plan.Buffers, Buffer{ID: id, Values: []string{k.Name + "." + t.Name}, Space: "device",
 				Offset: arena + off, SizeBytes: t.Type.SizeBytes(), DType: t.Type.DType.String(), Shape: append([]int64{}, t.Type.Shape...), FirstOp: i, LastOp: i})
 			b.byName[k.Name+"."+t.Name] = id
-			off = alignUp(off+t.Type.SizeBytes(), 256)
 		}
-		ws = max(ws, off)
+		ws = max(ws, span)
 		first := len(b.raw)
 		c := ir.OpCost(op)
 		if err := b.launches(i, k, k.Steps, nil, nil, nil, temps); err != nil {

@@ -109,6 +109,35 @@ var commentEscaper = strings.NewReplacer("*/", `*\/`, "/*", `/\*`, "?", `\x3f`)
 // a line of code.
 func CComment(s string) string { return commentEscaper.Replace(strconv.QuoteToASCII(s)) }
 
+// TempAlignment is the alignment of each kernel temporary in the device
+// workspace of a launch plan.
+const TempAlignment = 256
+
+// TempOffsets lays out k's temporaries one after another from 0, each at
+// a multiple of TempAlignment, and returns their offsets and the bytes
+// they span.
+func (k *Kernel) TempOffsets() ([]int64, int64) {
+	offs := make([]int64, len(k.Temps))
+	off := int64(0)
+	for i, t := range k.Temps {
+		offs[i] = off
+		off = (off + t.Type.SizeBytes() + TempAlignment - 1) / TempAlignment * TempAlignment
+	}
+	return offs, off
+}
+
+// WorkspaceBytes is the device workspace a launch plan puts after the
+// arena: the most that one kernel's temporaries span (kernels run one at
+// a time).
+func (p *Program) WorkspaceBytes() int64 {
+	ws := int64(0)
+	for _, k := range p.Kernels {
+		_, n := k.TempOffsets()
+		ws = max(ws, n)
+	}
+	return ws
+}
+
 func lowerOp(op *ir.Op, in []Tensor, outs []*Buffer, name string) (*Kernel, error) {
 	k := &Kernel{Name: name, Op: op}
 	b := &builder{steps: &k.Steps}

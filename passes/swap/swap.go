@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
@@ -36,14 +37,18 @@ func init() {
 			return err
 		}
 		for _, f := range m.Funcs {
-			arena := ArenaBytes(f)
-			budget := o.DeviceBudget.Of(arena)
+			device, err := DeviceBytes(f)
+			if err != nil {
+				return err
+			}
+			budget := o.DeviceBudget.Of(device)
 			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute})
 			if err != nil {
 				return err
 			}
-			ctx.AddStat("arena-before", arena)
+			ctx.AddStat("arena-before", device)
 			ctx.AddStat("arena-after", res.Arena)
+			ctx.AddStat("workspace", res.Workspace)
 			ctx.AddStat("budget", budget)
 			ctx.AddStat("swapped-tensors", int64(res.Swapped))
 			ctx.AddStat("swapped-bytes", res.SwappedBytes)
@@ -56,7 +61,7 @@ func init() {
 }
 
 type options struct {
-	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the arena when the pass starts (0.5)"`
+	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction, of the device arena when the pass starts (0.5): the arena and the kernels' workspace after it"`
 	Recompute    bool        `opt:"recompute" default:"true" doc:"also consider recomputing each tensor, and take whichever costs less time"`
 	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
 	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
@@ -72,7 +77,8 @@ type Options struct {
 
 // Result is what Swap reached.
 type Result struct {
-	Arena         int64 // device arena of the default assignment afterwards
+	Arena         int64 // device arena afterwards: the default assignment's, rounded up, and the workspace
+	Workspace     int64 // of it, the kernels' workspace
 	Swapped       int   // tensors swapped out and in
 	SwappedBytes  int64
 	Recomputed    int // tensors recomputed instead
@@ -89,7 +95,39 @@ func ArenaBytes(f *ir.Func) int64 {
 	return alloc.BestDeterministic(p).Size
 }
 
-// Swap rewrites f so that its arena is at most budget bytes, or returns an
+// DeviceBytes is the device arena of f's launch plan: its arena (the
+// assigned one, else the default assignment's), rounded up as the plan
+// lays it out, and the kernels' workspace after it.
+func DeviceBytes(f *ir.Func) (int64, error) {
+	ws, err := workspace(f)
+	if err != nil {
+		return 0, err
+	}
+	return roundUp(ArenaBytes(f)) + ws, nil
+}
+
+func roundUp(n int64) int64 {
+	return (n + loops.TempAlignment - 1) / loops.TempAlignment * loops.TempAlignment
+}
+
+// workspace is the kernels' workspace of f, lowered with the default
+// assignment when f has none.
+func workspace(f *ir.Func) (int64, error) {
+	g := f.Clone()
+	if _, ok := g.Attrs["arena"]; !ok {
+		if _, err := assign.Assign(g, "best", memreport.DefaultAlignment, 0); err != nil {
+			return 0, err
+		}
+	}
+	p, err := loops.Lower(g)
+	if err != nil {
+		return 0, fmt.Errorf("@%s: %v", f.Name, err)
+	}
+	return p.WorkspaceBytes(), nil
+}
+
+// Swap rewrites f so that its device arena (DeviceBytes) is at most
+// budget bytes, or returns an
 // error naming what is live at the lowest peak it reached.
 func Swap(f *ir.Func, budget int64, opt Options) (Result, error) {
 	res, err := fit(f, budget, opt)
@@ -119,14 +157,24 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, rc: remat.NewRecomputer(f)}
 	res := Result{Before: opt.Device.Simulate(f)}
 	// Live bytes are a lower bound of the arena: aim lower when
-	// fragmentation leaves the assigned arena above the budget.
-	target := budget
+	// fragmentation or the workspace leaves the device arena above the
+	// budget.
+	ws, err := workspace(f)
+	if err != nil {
+		return res, err
+	}
+	target := budget - ws
 	for round := 0; round < 8; round++ {
 		if err := s.lower(target); err != nil {
 			restore()
 			return res, err
 		}
-		res.Arena = ArenaBytes(f)
+		ws, err := workspace(f)
+		if err != nil {
+			restore()
+			return res, err
+		}
+		res.Arena, res.Workspace = roundUp(ArenaBytes(f))+ws, ws
 		if res.Arena <= budget {
 			break
 		}
@@ -134,8 +182,8 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	}
 	if res.Arena > budget {
 		restore()
-		return res, fmt.Errorf("@%s: the arena is %s (%d bytes) after swapping, above the device budget of %s (%d bytes)",
-			f.Name, memreport.Human(res.Arena), res.Arena, memreport.Human(budget), budget)
+		return res, fmt.Errorf("@%s: the device arena is %s (%d bytes, %d of them kernel workspace) after swapping, above the device budget of %s (%d bytes)",
+			f.Name, memreport.Human(res.Arena), res.Arena, res.Workspace, memreport.Human(budget), budget)
 	}
 	info := liveness.Analyze(f)
 	res.Swapped, res.SwappedBytes, res.Recomputed = len(info.HostBuffers), info.SwappedBytes, s.recomputed
