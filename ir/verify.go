@@ -79,11 +79,6 @@ func verifyFunc(f *Func) diag.List {
 	}
 	v.block(f.Body, scope)
 	v.writes(f)
-	for _, r := range f.Results {
-		if HostResult(r.Value) {
-			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("result %s is in host memory (swap it in first)", r.Value.Ref())))
-		}
-	}
 	resultNames := map[string]int{}
 	for i, r := range f.Results {
 		name := f.ResultName(i)

@@ -216,3 +216,35 @@ func TestMalformedPlansAreErrors(t *testing.T) {
 		require.Error(t, check(t, dir, p), name)
 	}
 }
+
+// TestOffloadedGradientsReplay: a step whose finished weight gradients
+// were offloaded to host memory (returned from there) replays to the
+// interpreter's results, host results included.
+func TestOffloadedGradientsReplay(t *testing.T) {
+	const wide = `func @wide(%x: f32[4,128], %w1: f32[128,128] {param}, %w2: f32[128,128] {param}, %w3: f32[128,128] {param}) -> (f32[4,128]) {
+  %h1 = matmul(%x, %w1) : f32[4,128]
+  %a1 = tanh(%h1) : f32[4,128]
+  %h2 = matmul(%a1, %w2) : f32[4,128]
+  %a2 = tanh(%h2) : f32[4,128]
+  %h3 = matmul(%a2, %w3) : f32[4,128]
+  return %h3
+}`
+	m := passtest.Parse(t, wide)
+	passtest.Run(t, m, "autodiff,fuse,reorder,swap{device-budget=0.5},assign")
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	hostResults := 0
+	for _, r := range out.Plan.Results {
+		if out.Plan.Buffers[r.Buffer].Space == "host" {
+			hostResults++
+		}
+	}
+	require.Positive(t, hostResults, "no gradient is returned from host memory")
+	dir := t.TempDir()
+	require.NoError(t, cuda.Write(dir, out, m, nil))
+	validate(t, dir)
+	p, f, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	_, err = plancheck.Check(p, f, 3)
+	require.NoError(t, err)
+}

@@ -241,3 +241,24 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 		require.ErrorContains(t, err, "index out of range")
 	}
 }
+
+// TestOffloadedGradientsCompiled: a step whose finished gradients were
+// offloaded to host memory by swap returns them from the program's host
+// arena; they match the interpreter's within the f32 error model of the
+// other compiled tests (1e-5).
+func TestOffloadedGradientsCompiled(t *testing.T) {
+	requireClang(t)
+	const wide = `func @wide(%x: f32[4,128], %w1: f32[128,128] {param}, %w2: f32[128,128] {param}, %w3: f32[128,128] {param}) -> (f32[4,128]) {
+  %h1 = matmul(%x, %w1) : f32[4,128]
+  %a1 = tanh(%h1) : f32[4,128]
+  %h2 = matmul(%a1, %w2) : f32[4,128]
+  %a2 = tanh(%h2) : f32[4,128]
+  %h3 = matmul(%a2, %w3) : f32[4,128]
+  return %h3
+}`
+	compileAndCompare(t, wide, "autodiff,fuse,reorder,swap{device-budget=0.5},assign", 1e-5)
+	m, err := parser.Parse("in.kir", wide)
+	require.NoError(t, err)
+	pipelineOn(t, m, "autodiff,fuse,reorder,swap{device-budget=0.5},assign")
+	require.Contains(t, m.String(), "swap_out", "the gradients went to host memory")
+}

@@ -148,11 +148,13 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	for i, op := range body {
 		operands[i] = append([]*ir.Value(nil), op.Operands...)
 	}
+	results := append([]ir.Result(nil), f.Results...)
 	restore := func() {
 		f.Body = body
 		for i, op := range body {
 			op.Operands = operands[i]
 		}
+		copy(f.Results, results)
 	}
 	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, rc: remat.NewRecomputer(f)}
 	res := Result{Before: opt.Device.Simulate(f)}
@@ -201,6 +203,7 @@ type swapper struct {
 	// undo log of a swap attempt
 	body     []*ir.Op
 	replaced []replacement
+	results  []ir.Result
 }
 
 type replacement struct {
@@ -258,6 +261,14 @@ func (s *swapper) lower(target int64) error {
 			// The buffer may hold a chain of values (views, results written
 			// in place): it can go when one of them is used after the peak
 			// and none at it.
+			if g := s.offloadable(b, uses, p, peakOp); g != nil && !failed[candidateKey{g, true}] {
+				early := max(lastBefore(uses[g], p), indexOf(s.f.Body, g.Def))
+				out, _ := s.placement(g, early, len(s.f.Body), p)
+				copySecs := s.dev.CopySeconds(b.Size)
+				cost := max(0, copySecs-(prefix[out]-prefix[early+1]))
+				cands = append(cands, candidate{v: g, swap: true, offload: true, seconds: cost, freed: b.Size, early: early, peak: p})
+				continue
+			}
 			var v *ir.Value
 			early, late, ok := -1, -1, true
 			for _, m := range b.Values {
@@ -369,6 +380,7 @@ type candidateKey struct {
 type candidate struct {
 	v                 *ir.Value
 	swap              bool
+	offload           bool    // a finished gradient: swapped out, returned from host memory
 	seconds           float64 // estimated time added
 	freed             int64
 	early, late, peak int
@@ -399,6 +411,9 @@ func (s *swapper) simulate() float64 {
 
 func (s *swapper) apply(c candidate) bool {
 	s.work += int64(len(s.f.Body))
+	if c.offload {
+		return s.offload(c.v, c.early, c.peak)
+	}
 	if c.swap {
 		return s.swap(c.v, c.early, c.late, c.peak)
 	}
@@ -442,6 +457,7 @@ func (s *swapper) placement(v *ir.Value, early, late, p int) (out, in int) {
 // begin starts a change that undo takes back (both rewriters).
 func (s *swapper) begin() {
 	s.body = append(s.body[:0], s.f.Body...)
+	s.results = append(s.results[:0], s.f.Results...)
 	s.replaced = s.replaced[:0]
 	s.rc.Begin()
 }
@@ -453,6 +469,7 @@ func (s *swapper) undo() {
 		r.op.Operands[r.idx] = r.old
 	}
 	s.f.Body = append(s.f.Body[:0], s.body...)
+	copy(s.f.Results, s.results)
 }
 
 // swap copies v out after its use at early (late enough that compute
@@ -502,6 +519,73 @@ func (s *swapper) swap(v *ir.Value, early, late, p int) bool {
 		nb = append(nb, op)
 	}
 	s.f.Body = nb
+	return true
+}
+
+// offloadable is the gradient that buffer b holds when it is a finished
+// one: a result with the gradient role (or the value an earlier offload
+// copies out after p), made before the peak p and read by nothing else
+// from p on. Such a gradient can move to host memory for good, as
+// ZeRO-Offload does, and be returned from there.
+func (s *swapper) offloadable(b *liveness.Buffer, uses map[*ir.Value][]int, p int, peakOp *ir.Op) *ir.Value {
+	if len(b.Values) != 1 {
+		return nil
+	}
+	g := b.Values[0]
+	if g.Def == nil || g.Def == peakOp || g.Def.Kind == "swap_in" {
+		return nil
+	}
+	out := s.offloadOf(g)
+	for _, u := range uses[g] {
+		if u >= p && s.f.Body[u] != out {
+			return nil
+		}
+	}
+	for _, r := range s.f.Results {
+		if (r.Value == g || out != nil && r.Value == out.Results[0]) && r.Role() == ir.RoleGrad {
+			return g
+		}
+	}
+	return nil
+}
+
+// offloadOf is the swap_out of g that an earlier offload made, or nil.
+func (s *swapper) offloadOf(g *ir.Value) *ir.Op {
+	for _, r := range s.f.Results {
+		if d := r.Value.Def; d != nil && d.Kind == "swap_out" && d.Operands[0] == g {
+			return d
+		}
+	}
+	return nil
+}
+
+// offload copies the finished gradient g out after its last use before
+// the peak p (late enough that compute hides the copy) and returns the
+// host copy in its place; an earlier offload of g moves there.
+func (s *swapper) offload(g *ir.Value, early, p int) bool {
+	so := s.offloadOf(g)
+	body := s.f.Body
+	if so != nil {
+		at := indexOf(body, so)
+		body = append(append([]*ir.Op(nil), body[:at]...), body[at+1:]...)
+		s.f.Body = body
+	} else {
+		var err error
+		so, err = s.f.NewOp("swap_out", []*ir.Value{g}, ir.Attrs{"stream": ir.IntAttr(1)}, g.Def.Loc, g.Name+".host")
+		if err != nil {
+			return false
+		}
+	}
+	out, _ := s.placement(g, early, len(body), p)
+	nb := make([]*ir.Op, 0, len(body)+1)
+	nb = append(nb, body[:out]...)
+	nb = append(nb, so)
+	s.f.Body = append(nb, body[out:]...)
+	for i := range s.f.Results {
+		if s.f.Results[i].Value == g {
+			s.f.Results[i].Value = so.Results[0]
+		}
+	}
 	return true
 }
 
