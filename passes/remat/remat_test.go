@@ -157,3 +157,18 @@ func TestRematFallsBackToMicrobatches(t *testing.T) {
 	require.GreaterOrEqual(t, slices, 2, "the step runs as microbatches")
 	passtest.Equivalent(t, whole, f, 1e-12, 1, 2)
 }
+
+func TestRecomputedNames(t *testing.T) {
+	for in, want := range map[string]string{
+		"x":                         "x.remat",
+		"x.remat":                   "x.remat",
+		"x.remat.1":                 "x.remat",
+		"x.remat.1.remat.1.remat.2": "x.remat",
+		"loss.grad.remat.1.remat":   "loss.grad.remat",
+		"v.1":                       "v.1.remat",
+		"remat":                     "remat.remat",
+		".remat":                    ".remat.remat",
+	} {
+		require.Equal(t, want, RecomputedName(in), in)
+	}
+}

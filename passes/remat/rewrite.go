@@ -2,6 +2,7 @@ package remat
 
 import (
 	"slices"
+	"strings"
 	"sort"
 
 	"github.com/kiln-compiler/kiln/ir"
@@ -339,12 +340,44 @@ func cloneOp(f *ir.Func, op *ir.Op, operands []*ir.Value) *ir.Op {
 	delete(attrs, "remat")
 	c := &ir.Op{Kind: op.Kind, Operands: operands, Attrs: attrs, Loc: op.Loc}
 	for i, r := range op.Results {
-		c.Results = append(c.Results, &ir.Value{Name: f.UniqueName(r.Name + ".remat"), Type: r.Type, Def: c, Index: i, Offset: ir.NoOffset})
+		c.Results = append(c.Results, &ir.Value{Name: f.UniqueName(RecomputedName(r.Name)), Type: r.Type, Def: c, Index: i, Offset: ir.NoOffset})
 	}
 	if op.Region != nil {
-		c.Region = op.Region.CloneRenamed(func(name string) string { return f.UniqueName(name + ".remat") })
+		c.Region = op.Region.CloneRenamed(func(name string) string { return f.UniqueName(RecomputedName(name)) })
 	}
 	return c
+}
+
+// RecomputedName is the base name of a copy of the value named name:
+// name.remat, where a copy of a copy keeps one .remat (UniqueName then
+// numbers the copies: x.remat, x.remat.1, ...), not x.remat.1.remat.1.
+func RecomputedName(name string) string {
+	for {
+		base := name
+		if i := strings.LastIndexByte(base, '.'); i >= 0 && isDigits(base[i+1:]) {
+			base = base[:i]
+		}
+		if !strings.HasSuffix(base, ".remat") {
+			return name + ".remat"
+		}
+		stripped := strings.TrimSuffix(base, ".remat")
+		if stripped == "" {
+			return name + ".remat"
+		}
+		name = stripped
+	}
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Recomputer recomputes single values of a function, for passes that
