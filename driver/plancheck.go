@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"sort"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/plancheck"
@@ -13,11 +14,13 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "plan-check",
-		usage:   "kiln plan-check DIR [--seed N] [--timeline FILE]",
+		usage:   "kiln plan-check DIR [--replay | --fast] [--seed N] [--timeline FILE]",
 		summary: "replay a CUDA launch plan on the CPU: races, stale or unwritten reads, overlapping buffers, results against the interpreter; print the simulated timeline",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			seed := fs.Uint64("seed", 1, "seed of the random arguments")
 			tl := fs.String("timeline", "", "write the simulated timeline as Chrome trace JSON to FILE")
+			forceReplay := fs.Bool("replay", false, fmt.Sprintf("replay the numbers against the interpreter whatever the step's size (by default only steps up to %.0f GFLOPs are replayed)", plancheck.ReplayFLOPs/1e9))
+			fast := fs.Bool("fast", false, "check structure, memory, races and lifetimes only, without the numeric replay")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
 					return usageError{"want exactly one plan directory"}
@@ -25,21 +28,37 @@ func init() {
 				for _, name := range cuda.Files {
 					e.files.Read(filepath.Join(args[0], name))
 				}
+				if *forceReplay && *fast {
+					return usageError{"give --replay or --fast, not both"}
+				}
 				lp, err := plancheck.LoadDir(args[0])
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
-				r, err := plancheck.CheckPlan(lp, *seed)
+				flops := plancheck.StepFLOPs(lp.Func)
+				check := plancheck.CheckStructure
+				if *forceReplay || !*fast && flops <= plancheck.ReplayFLOPs {
+					check = func(lp *plancheck.Plan) (*plancheck.Report, error) { return plancheck.CheckPlan(lp, *seed) }
+				}
+				r, err := check(lp)
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
 				fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches, %d copies, %d events)\n", args[0], r.Nodes, r.Kernels, r.Copies, r.Events)
+				switch {
+				case r.Replayed:
+					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results replayed against the interpreter\n")
+				case *fast:
+					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes (--fast: results not replayed)\n")
+				default:
+					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results not replayed: the step's %.1f GFLOPs are above %.0f (--replay forces it)\n", flops/1e9, plancheck.ReplayFLOPs/1e9)
+				}
 				fmt.Fprintf(e.stdout, "simulated step  %10.1f us\n", r.Seconds*1e6)
 				fmt.Fprintf(e.stdout, "compute         %10.1f us\n", r.ComputeSeconds*1e6)
 				fmt.Fprintf(e.stdout, "copies          %10.1f us\n", r.CopySeconds*1e6)
 				fmt.Fprintf(e.stdout, "compute stalled %10.1f us (waiting for copies)\n", r.StallSeconds*1e6)
 				if *tl != "" {
-					data, err := traceJSON(r)
+					data, err := traceJSON(r, lp.Plan)
 					if err != nil {
 						return err
 					}
@@ -53,22 +72,55 @@ func init() {
 	})
 }
 
-// traceJSON is the timeline in Chrome's trace event format: one complete
-// event per node, a thread per stream, microseconds.
-func traceJSON(r *plancheck.Report) ([]byte, error) {
+// traceJSON is the timeline in Chrome's trace event format (Perfetto
+// opens it): one complete event per node on a track named after its
+// stream, in microseconds of simulated time, and counter tracks of the
+// device and host bytes live as each op starts.
+func traceJSON(r *plancheck.Report, p *cuda.Plan) ([]byte, error) {
 	type event struct {
 		Name string         `json:"name"`
 		Ph   string         `json:"ph"`
 		Ts   float64        `json:"ts"`
-		Dur  float64        `json:"dur"`
+		Dur  float64        `json:"dur,omitempty"`
 		Pid  int            `json:"pid"`
 		Tid  int            `json:"tid"`
 		Args map[string]any `json:"args"`
 	}
-	events := []event{}
+	events := []event{{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "plan " + p.Function}}}
+	for _, st := range p.Streams {
+		events = append(events, event{Name: "thread_name", Ph: "M", Pid: 1, Tid: st.ID, Args: map[string]any{"name": fmt.Sprintf("stream %d (%s)", st.ID, st.Name)}})
+	}
+	start := map[int]float64{} // op -> when its first node starts
 	for _, s := range r.Timeline {
 		events = append(events, event{Name: s.Name, Ph: "X", Ts: s.Start * 1e6, Dur: (s.Finish - s.Start) * 1e6, Pid: 1, Tid: s.Stream, Args: map[string]any{"node": s.Node}})
+		if op := p.Nodes[s.Node].Op; op >= 0 {
+			if t, ok := start[op]; !ok || s.Start < t {
+				start[op] = s.Start
+			}
+		}
 	}
-	b, err := json.MarshalIndent(map[string]any{"traceEvents": events, "displayTimeUnit": "ns"}, "", " ")
+	ops := make([]int, 0, len(start))
+	for op := range start {
+		ops = append(ops, op)
+	}
+	sort.Ints(ops)
+	for _, space := range []string{"device", "host"} {
+		diff := map[int]int64{}
+		for _, b := range p.Buffers {
+			if b.Space == space {
+				diff[b.FirstOp] += b.SizeBytes
+				diff[b.LastOp+1] -= b.SizeBytes
+			}
+		}
+		live, prev := int64(0), 0
+		for _, op := range ops {
+			for i := prev; i <= op; i++ {
+				live += diff[i]
+			}
+			prev = op + 1
+			events = append(events, event{Name: space + " memory", Ph: "C", Ts: start[op] * 1e6, Pid: 1, Args: map[string]any{"bytes": live}})
+		}
+	}
+	b, err := json.MarshalIndent(map[string]any{"traceEvents": events, "displayTimeUnit": "ms"}, "", " ")
 	return append(b, '\n'), err
 }

@@ -161,7 +161,9 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
 		byName: map[string]int{}, kernelSrc: map[string]bool{}}
 	arena := alignUp(f.Attrs.Int("arena", 0), loops.TempAlignment)
+	// Empty lists are [] in plan.json, never null (the schema wants arrays).
 	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
+		Params: []Binding{}, Inputs: []Binding{}, Results: []Binding{}, Buffers: []Buffer{}, Nodes: []Node{},
 		Host:    Arena{SizeBytes: f.Attrs.Int("host_arena", 0), Alignment: align},
 		Streams: []Stream{{0, "compute"}, {1, "copy"}}, CostModel: dev}
 	b.buffers()
