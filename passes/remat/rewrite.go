@@ -2,8 +2,8 @@ package remat
 
 import (
 	"slices"
-	"strings"
 	"sort"
+	"strings"
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
