@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -14,12 +15,13 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "plan-check",
-		usage:   "kiln plan-check DIR [--replay | --fast] [--seed N] [--timeline FILE]",
+		usage:   "kiln plan-check DIR [--replay | --fast] [--seed N] [--timeline FILE] [--html FILE]",
 		summary: "replay a CUDA launch plan on the CPU: races, stale or unwritten reads, overlapping buffers, results against the interpreter; print the simulated timeline",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			seed := fs.Uint64("seed", 1, "seed of the random arguments")
 			tl := fs.String("timeline", "", "write the simulated timeline as Chrome trace JSON to FILE")
 			forceReplay := fs.Bool("replay", false, fmt.Sprintf("replay the numbers against the interpreter whatever the step's size (by default only steps up to %.0f GFLOPs are replayed)", plancheck.ReplayFLOPs/1e9))
+			htmlOut := fs.String("html", "", "write a self-contained HTML page of the plan to FILE: what was checked, the streams over time, device and host memory over time")
 			fast := fs.Bool("fast", false, "check structure, memory, races and lifetimes only, without the numeric replay")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
@@ -57,6 +59,15 @@ func init() {
 				fmt.Fprintf(e.stdout, "compute         %10.1f us\n", r.ComputeSeconds*1e6)
 				fmt.Fprintf(e.stdout, "copies          %10.1f us\n", r.CopySeconds*1e6)
 				fmt.Fprintf(e.stdout, "compute stalled %10.1f us (waiting for copies)\n", r.StallSeconds*1e6)
+				if *htmlOut != "" {
+					var b bytes.Buffer
+					if err := plancheck.WriteHTML(&b, lp.Plan, r); err != nil {
+						return err
+					}
+					if err := writeOutput(e, *htmlOut, b.Bytes()); err != nil {
+						return err
+					}
+				}
 				if *tl != "" {
 					data, err := traceJSON(r, lp.Plan)
 					if err != nil {
