@@ -155,3 +155,33 @@ func TestExecutableRunsOnItsOwn(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), "missing --input input=FILE.npy (or --inputs DIR holding it)")
 }
+
+// TestExecutableEmbedsSplatInits: init values stored as one repeated
+// value (a bias of zeros, a norm weight of ones, as ONNX imports them)
+// are embedded whole: the executable computes what kiln run computes
+// (they embedded one element and read garbage after it).
+func TestExecutableEmbedsSplatInits(t *testing.T) {
+	needClang(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "splat.kir")
+	require.NoError(t, os.WriteFile(src, []byte(`func @f(%x: f32[2,64], %g: f32[64] {param, init = dense<f32[64]: 1.5>}, %b: f32[64] {param, init = dense<f32[64]: -0.25>}) -> (y: f32[2,64]) {
+  %m = mul(%x, %g) : f32[2,64]
+  %y = add(%m, %b) : f32[2,64]
+  return %y
+}
+`), 0o644))
+	exe := filepath.Join(dir, "splat")
+	_, stderr, code := kiln(t, "compile", src, "-O1", "--emit", "exe", "-o", exe)
+	require.Equal(t, 0, code, stderr)
+	in := filepath.Join(dir, "in")
+	require.NoError(t, os.MkdirAll(in, 0o755))
+	_, stderr, code = kiln(t, "run", src, "--output-dir", in) // any x: the function's own output serves
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, os.Rename(filepath.Join(in, "y.npy"), filepath.Join(in, "x.npy")))
+	out, err := exec.Command(exe, "--inputs", in, "--output-dir", filepath.Join(dir, "exe")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, stderr, code = kiln(t, "run", src, "--inputs", in, "--output-dir", filepath.Join(dir, "run"))
+	require.Equal(t, 0, code, stderr)
+	got, want := readNpy(t, filepath.Join(dir, "exe", "y.npy")), readNpy(t, filepath.Join(dir, "run", "y.npy"))
+	require.LessOrEqual(t, passtest.RelErr(got, want), 1e-6, "one multiply-add per element in f32")
+}

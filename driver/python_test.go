@@ -10,12 +10,14 @@ import (
 )
 
 // TestPythonEntry runs python/tests/test_memory.py (kiln.memory on a
-// torchvision ResNet-18 and a small GPT built in torch) against a kiln
-// binary built from this tree, under Debian's system Python, which
-// .ci/run provides with python3-torch and python3-torchvision.
+// torchvision ResNet-18 and a small GPT built in torch) and
+// python/tests/test_compile.py (kiln.compile: the GPT's training step and
+// the ResNet's forward pass compiled, against torch) with a kiln binary
+// built from this tree, under Debian's system Python, which .ci/run
+// provides with python3-torch and python3-torchvision.
 func TestPythonEntry(t *testing.T) {
 	if testing.Short() {
-		t.Skip("exports and plans two torch models (about 30 s)")
+		t.Skip("exports, plans and compiles torch models (about a minute)")
 	}
 	python := "/usr/bin/python3"
 	if err := exec.Command(python, "-c", "import torch, torchvision").Run(); err != nil {
@@ -27,9 +29,12 @@ func TestPythonEntry(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
-	cmd := exec.Command(python, filepath.Join(root, "python", "tests", "test_memory.py"))
-	cmd.Env = append(os.Environ(), "KILN="+bin, "PYTHONPATH="+filepath.Join(root, "python"))
-	out, err = cmd.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	require.Contains(t, string(out), "\nok\n")
+	for _, script := range []string{"test_memory.py", "test_compile.py"} {
+		cmd := exec.Command(python, filepath.Join(root, "python", "tests", script))
+		cmd.Dir = filepath.Join(root, "python", "tests")
+		cmd.Env = append(os.Environ(), "KILN="+bin, "PYTHONPATH="+filepath.Join(root, "python"))
+		out, err = cmd.CombinedOutput()
+		require.NoError(t, err, "%s: %s", script, out)
+		require.Contains(t, string(out), "\nok\n", script)
+	}
 }

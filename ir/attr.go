@@ -301,32 +301,37 @@ func (d *Dense) AllEqual() bool {
 	return d.Len() > 0
 }
 
-// RawBytes encodes the values little-endian in the tensor's dtype, as
-// ONNX raw_data and the text format's hex form do.
+// RawBytes encodes every element little-endian in the tensor's dtype,
+// as ONNX raw_data and the text format's hex form do; a splat gives all
+// of its elements.
 func (d *Dense) RawBytes() []byte {
 	sz := d.Type.DType.Size()
-	out := make([]byte, int64(d.Len())*sz)
-	for i := 0; i < d.Len(); i++ {
-		b := out[int64(i)*sz:]
+	n := int64(d.Len())
+	if d.IsSplat() {
+		n = d.Type.NumElements()
+	}
+	out := make([]byte, n*sz)
+	for i := int64(0); i < n; i++ {
+		b := out[i*sz:]
 		switch d.Type.DType {
 		case F64:
-			binary.LittleEndian.PutUint64(b, math.Float64bits(d.Floats[i]))
+			binary.LittleEndian.PutUint64(b, math.Float64bits(d.Float(i)))
 		case F32:
-			binary.LittleEndian.PutUint32(b, math.Float32bits(float32(d.Floats[i])))
+			binary.LittleEndian.PutUint32(b, math.Float32bits(float32(d.Float(i))))
 		case F16:
-			binary.LittleEndian.PutUint16(b, Float16Bits(d.Floats[i]))
+			binary.LittleEndian.PutUint16(b, Float16Bits(d.Float(i)))
 		case BF16:
-			binary.LittleEndian.PutUint16(b, BFloat16Bits(d.Floats[i]))
+			binary.LittleEndian.PutUint16(b, BFloat16Bits(d.Float(i)))
 		case F8E4M3:
-			b[0] = Float8E4M3Bits(d.Floats[i])
+			b[0] = Float8E4M3Bits(d.Float(i))
 		case F8E5M2:
-			b[0] = Float8E5M2Bits(d.Floats[i])
+			b[0] = Float8E5M2Bits(d.Float(i))
 		case I64:
-			binary.LittleEndian.PutUint64(b, uint64(d.Ints[i]))
+			binary.LittleEndian.PutUint64(b, uint64(d.Int(i)))
 		case I32:
-			binary.LittleEndian.PutUint32(b, uint32(d.Ints[i]))
+			binary.LittleEndian.PutUint32(b, uint32(d.Int(i)))
 		case I8, Bool:
-			b[0] = byte(d.Ints[i])
+			b[0] = byte(d.Int(i))
 		}
 	}
 	return out

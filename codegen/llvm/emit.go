@@ -261,14 +261,6 @@ func (md *module) constant(d *kir.Dense) *ir.Global {
 		return g
 	}
 	raw := d.RawBytes()
-	if d.IsSplat() {
-		n := int(d.Type.NumElements())
-		full := make([]byte, 0, len(raw)*n)
-		for i := 0; i < n; i++ {
-			full = append(full, raw...)
-		}
-		raw = full
-	}
 	g := md.m.NewGlobalDef(fmt.Sprintf("const%d", len(md.consts)), constant.NewCharArray(raw))
 	g.Immutable = true
 	g.Linkage = enum.LinkagePrivate

@@ -1,8 +1,12 @@
-"""Kiln from Python: plan a PyTorch model's training-step memory without leaving Python.
+"""Kiln from Python: plan a PyTorch model's training-step memory, and run it compiled, without leaving
+Python.
 
     import kiln
     report = kiln.memory(model, (x,), budget=0.5, optimizer="adam")
     print(report.planned_bytes, report.peak_bytes)
+
+    step = kiln.compile(model, (x,), train=True)   # forward and backward, compiled by clang
+    out = step(x)                                   # {"loss": ..., "grad.fc.weight": ..., ...}
 
 The model is exported with torch.onnx.export (training mode, opset 17, constants not folded), imported
 with every example input as data, differentiated (loss = the sum of the first output), optionally given
@@ -16,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["MemoryReport", "KilnError", "memory"]
+__all__ = ["MemoryReport", "KilnError", "memory", "compile", "Compiled"]
 
 
 class KilnError(RuntimeError):
@@ -57,6 +61,29 @@ def _run(args):
     return proc.stdout
 
 
+def _export(model, example_inputs, tmp, training):
+    """Exports model to tmp/model.onnx and imports it as tmp/model.kir; returns the kir path, the input
+    names and the example inputs as a tuple."""
+    import torch  # imported here so that `import kiln` works without torch
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    names = [f"input{i}" for i in range(len(example_inputs))]
+    onnx_path = os.path.join(tmp, "model.onnx")
+    was_training = model.training
+    model.train(training)
+    try:
+        mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+        torch.onnx.export(model, example_inputs, onnx_path, export_params=True, opset_version=17,
+                          training=mode, do_constant_folding=False, input_names=names, output_names=["output"])
+    finally:
+        model.train(was_training)
+    kir = os.path.join(tmp, "model.kir")
+    _run(["import", onnx_path, "--data-inputs", ",".join(names), "-o", kir])
+    return kir, names, example_inputs
+
+
 def pipeline(budget=None, optimizer=None):
     """The pass pipeline memory() runs, as `kiln mem --train --optimizer KIND -O2 --budget B` expands it:
     autodiff, the optimizer step ("sgd", "momentum", "adam", "adamw"), clean-ups, the saved-set selection,
@@ -76,27 +103,89 @@ def memory(model, example_inputs, budget=None, optimizer=None):
     """Plan the memory of one training step of model on example_inputs (a tensor or a tuple of them)
     and return a MemoryReport. budget: recompute so that the peak fits it (a fraction such as 0.5, or
     bytes such as "2GiB"); optimizer: add its update step ("sgd", "momentum", "adam" or "adamw")."""
-    import torch  # imported here so that `import kiln` works without torch
-
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
-    names = [f"input{i}" for i in range(len(example_inputs))]
     with tempfile.TemporaryDirectory(prefix="kiln-") as tmp:
-        onnx_path = os.path.join(tmp, "model.onnx")
-        was_training = model.training
-        model.train()
-        try:
-            torch.onnx.export(model, example_inputs, onnx_path, export_params=True, opset_version=17,
-                              training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                              input_names=names)
-        finally:
-            model.train(was_training)
-        kir = os.path.join(tmp, "model.kir")
-        _run(["import", onnx_path, "--data-inputs", ",".join(names), "-o", kir])
+        kir, _, _ = _export(model, example_inputs, tmp, training=True)
         pipe = pipeline(budget, optimizer)
         raw = json.loads(_run(["mem", kir, "--passes", pipe, "--json"]))
     return MemoryReport(
         planned_bytes=raw["planned_bytes"], peak_bytes=raw["peak_bytes"], arena_bytes=raw["arena_bytes"],
         params_bytes=raw["params_bytes"], state_bytes=raw["state_bytes"], inputs_bytes=raw["inputs_bytes"],
         flops=raw["flops"], recompute_flops=raw["recompute_flops"], pipeline=pipe, raw=raw)
+
+
+class Compiled:
+    """A model compiled to a native program by Kiln's LLVM backend (clang -O2). Call it with tensors
+    (numpy arrays or torch tensors, in the order of the example inputs); it returns a dict from result
+    name to array: the model's outputs ("output" for the first), or for a training step "loss" and "grad.PARAM" for every
+    parameter (and "updated.PARAM" after an optimizer step). Results are torch tensors when the inputs
+    were. The weights are those the model had when it was compiled. close() (or the end of a with block)
+    deletes the program."""
+
+    def __init__(self, exe, names, tmp):
+        self.exe, self.names, self._tmp = exe, names, tmp
+
+    def __call__(self, *inputs):
+        import numpy as np
+
+        if len(inputs) != len(self.names):
+            raise TypeError(f"the compiled model takes {len(self.names)} inputs, not {len(inputs)}")
+        as_torch = False
+        with tempfile.TemporaryDirectory(prefix="kiln-run-") as run:
+            ins, outs = os.path.join(run, "in"), os.path.join(run, "out")
+            os.makedirs(ins)
+            for name, x in zip(self.names, inputs):
+                if hasattr(x, "detach"):  # a torch tensor
+                    as_torch = True
+                    x = x.detach().cpu().numpy()
+                np.save(os.path.join(ins, name + ".npy"), np.ascontiguousarray(x))
+            proc = subprocess.run([self.exe, "--inputs", ins, "--output-dir", outs], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise KilnError(proc.stderr.strip() or f"the compiled program exited with {proc.returncode}")
+            results = {}
+            for f in sorted(os.listdir(outs)):
+                if f.endswith(".npy"):
+                    results[f[:-4]] = np.load(os.path.join(outs, f))
+        if as_torch:
+            import torch
+            results = {k: torch.from_numpy(v) for k, v in results.items()}
+        return results
+
+    def close(self):
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+def compile(model, example_inputs, train=False, loss="sum", optimizer=None, budget=None):
+    """Compile model for example_inputs (their shapes and dtypes are fixed) into a native program and
+    return it as a Compiled callable. train=False compiles the forward pass (eval mode); train=True the
+    training step: forward, loss (the "sum" or "mean" of the first output) and backward, with an
+    optimizer step when optimizer is "sgd", "momentum", "adam" or "adamw", and recomputation under
+    budget (a fraction of the peak or bytes). Kiln plans it with -O2 (kiln compile --train -O2)."""
+    tmp = tempfile.mkdtemp(prefix="kiln-compile-")
+    try:
+        kir, names, _ = _export(model, example_inputs, tmp, training=train)
+        exe = os.path.join(tmp, "step")
+        args = ["compile", kir, "--target", "llvm", "--emit", "exe", "-o", exe, "-O2"]
+        if train:
+            args.append(f"--train={loss}")
+            if optimizer is not None:
+                args += ["--optimizer", optimizer]
+        elif optimizer is not None:
+            raise ValueError("an optimizer needs train=True")
+        if budget is not None:
+            args += ["--budget", str(budget)]
+        _run(args)
+        return Compiled(exe, names, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
