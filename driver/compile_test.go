@@ -1,7 +1,7 @@
 package driver
 
 import (
-	"github.com/kiln-compiler/kiln/onnx"
+	"archive/zip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -153,7 +155,7 @@ func TestExecutableRunsOnItsOwn(t *testing.T) {
 	require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5)
 	out, err = exec.Command(exe, "--output-dir", filepath.Join(dir, "none")).CombinedOutput()
 	require.Error(t, err)
-	require.Contains(t, string(out), "missing --input input=FILE.npy (or --inputs DIR holding it)")
+	require.Contains(t, string(out), "missing --input input=FILE.npy (or --inputs DIR or .npz holding it)")
 }
 
 // TestExecutableEmbedsSplatInits: init values stored as one repeated
@@ -184,4 +186,58 @@ func TestExecutableEmbedsSplatInits(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	got, want := readNpy(t, filepath.Join(dir, "exe", "y.npy")), readNpy(t, filepath.Join(dir, "run", "y.npy"))
 	require.LessOrEqual(t, passtest.RelErr(got, want), 1e-6, "one multiply-add per element in f32")
+}
+
+// writeNPZ writes tensors as an .npz archive (members NAME.npy), stored
+// or deflated.
+func writeNPZ(t *testing.T, path string, method uint16, tensors map[string]*interp.Tensor) {
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	z := zip.NewWriter(f)
+	for name, x := range tensors {
+		w, err := z.CreateHeader(&zip.FileHeader{Name: name + ".npy", Method: method})
+		require.NoError(t, err)
+		require.NoError(t, npy.Write(w, x))
+	}
+	require.NoError(t, z.Close())
+	require.NoError(t, f.Close())
+}
+
+// TestNPZInputs: kiln run and a compiled executable take an .npz archive
+// as --inputs (numpy.savez: members NAME.npy, stored) and compute the
+// same; kiln run also reads deflated members (savez_compressed), which
+// the executable refuses by name; a member that names no argument is an
+// error.
+func TestNPZInputs(t *testing.T) {
+	needClang(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "f.kir")
+	require.NoError(t, os.WriteFile(src, []byte(`func @f(%x: f32[4,8], %w: f32[8,8] {param}) -> (y: f32[4,8]) {
+  %m = matmul(%x, %w) : f32[4,8]
+  %y = tanh(%m) : f32[4,8]
+  return %y
+}
+`), 0o644))
+	args := interp.RandomArgs(passtest.Parse(t, "func @f(%x: f32[4,8], %w: f32[8,8] {param}) -> (f32[4,8]) {\n  return %x\n}").Funcs[0], 3)
+	stored, deflated, bad := filepath.Join(dir, "in.npz"), filepath.Join(dir, "inc.npz"), filepath.Join(dir, "bad.npz")
+	writeNPZ(t, stored, zip.Store, map[string]*interp.Tensor{"x": args[0], "w": args[1]})
+	writeNPZ(t, deflated, zip.Deflate, map[string]*interp.Tensor{"x": args[0], "w": args[1]})
+	writeNPZ(t, bad, zip.Store, map[string]*interp.Tensor{"x": args[0], "v": args[1]})
+	exe := filepath.Join(dir, "f")
+	_, stderr, code := kiln(t, "compile", src, "-O1", "--emit", "exe", "-o", exe)
+	require.Equal(t, 0, code, stderr)
+	out, err := exec.Command(exe, "--inputs", stored, "--output-dir", filepath.Join(dir, "exe")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, in := range []string{stored, deflated} {
+		_, stderr, code = kiln(t, "run", src, "--inputs", in, "--output-dir", filepath.Join(dir, "run"))
+		require.Equal(t, 0, code, stderr)
+		got, want := readNpy(t, filepath.Join(dir, "exe", "y.npy")), readNpy(t, filepath.Join(dir, "run", "y.npy"))
+		require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5, "8-term f32 sums against the interpreter's")
+	}
+	out, err = exec.Command(exe, "--inputs", deflated, "--output-dir", filepath.Join(dir, "exe2")).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "savez_compressed")
+	_, stderr, code = kiln(t, "run", src, "--inputs", bad, "--output-dir", filepath.Join(dir, "run2"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, `member "v.npy" names no argument of @f`)
 }

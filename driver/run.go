@@ -1,10 +1,12 @@
 package driver
 
 import (
+	"archive/zip"
 	"bytes"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -35,7 +37,7 @@ func init() {
 			ol.register(fs)
 			var inputs inputFlags
 			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
-			inputsDir := fs.String("inputs", "", "DIR: the value of each argument from DIR/NAME.npy when the file exists (after --input; before init values and random draws)")
+			inputsDir := fs.String("inputs", "", "DIR or FILE.npz: the value of each argument from DIR/NAME.npy when the file exists, or from the archive's NAME.npy member (numpy.savez) (after --input; before init values and random draws)")
 			seed := fs.Uint64("seed", 0, "seed of the values drawn for arguments without --input")
 			outDir := fs.String("output-dir", "", "folder for the results (created if missing)")
 			backend := fs.String("backend", "interp", "interp (the reference interpreter) or llvm (compile with clang and run natively)")
@@ -180,7 +182,12 @@ func argumentValues(e *env, f *ir.Func, inputs []string, inputsDir string, seed 
 		}
 		given[name] = t
 	}
-	if inputsDir != "" {
+	if st, err := os.Stat(inputsDir); inputsDir != "" && err == nil && st.Mode().IsRegular() {
+		// --inputs FILE.npz: NAME.npy members, as numpy.savez writes.
+		if err := npzValues(e, f, inputsDir, given); err != nil {
+			return nil, err
+		}
+	} else if inputsDir != "" {
 		// --inputs DIR: NAME.npy for every argument no --input names.
 		for _, a := range f.Args {
 			path := filepath.Join(inputsDir, FileName(a.Name))
@@ -210,6 +217,60 @@ func argumentValues(e *env, f *ir.Func, inputs []string, inputsDir string, seed 
 		}
 	}
 	return vals, nil
+}
+
+// npzValues reads the members NAME.npy of the .npz archive path (stored
+// or deflated, as numpy.savez and savez_compressed write) into given, for
+// the arguments no --input names. A member that names no argument is an
+// error, and a member is read no further than its argument's size (a
+// compressed bomb cannot exhaust memory).
+func npzValues(e *env, f *ir.Func, path string, given map[string]*interp.Tensor) error {
+	e.files.Read(path)
+	z, err := zip.OpenReader(path)
+	if err != nil {
+		return fmt.Errorf("kiln: --inputs %s: not a .npz archive: %v", path, err)
+	}
+	defer z.Close()
+	args := map[string]*ir.Value{}
+	for _, a := range f.Args {
+		args[a.Name] = a
+	}
+	for _, m := range z.File {
+		name := strings.TrimSuffix(m.Name, ".npy")
+		a := args[name]
+		if a == nil {
+			names := make([]string, 0, len(f.Args))
+			for _, x := range f.Args {
+				names = append(names, x.Name)
+			}
+			return fmt.Errorf("kiln: --inputs %s: member %q names no argument of @%s (it has %s)", path, m.Name, f.Name, strings.Join(names, ", "))
+		}
+		if given[name] != nil {
+			continue // --input wins
+		}
+		r, err := m.Open()
+		if err != nil {
+			return fmt.Errorf("kiln: --inputs %s: %s: %v", path, m.Name, err)
+		}
+		limit := a.Type.SizeBytes() + 1<<16 // the data and a generous header
+		data, err := io.ReadAll(io.LimitReader(r, limit+1))
+		r.Close()
+		if err != nil {
+			return fmt.Errorf("kiln: --inputs %s: %s: %v", path, m.Name, err)
+		}
+		if int64(len(data)) > limit {
+			return fmt.Errorf("kiln: --inputs %s: %s is larger than argument %s (%s) needs", path, m.Name, a.Ref(), a.Type)
+		}
+		t, err := npy.ReadAs(bytes.NewReader(data), a.Type.DType)
+		if err != nil {
+			return fmt.Errorf("kiln: --inputs %s: %s: %v", path, m.Name, err)
+		}
+		if !t.Type.Equal(a.Type) {
+			return fmt.Errorf("kiln: --inputs %s: %s holds %s, but argument %s is %s", path, m.Name, t.Type, a.Ref(), a.Type)
+		}
+		given[name] = t
+	}
+	return nil
 }
 
 // FileName maps a result name to its file name: every character outside
