@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -226,6 +227,7 @@ func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
 		f.Attrs = l.lowerAttrs(fa.Attrs)
 	}
 	f.Body = l.lowerBody(fa.Body, scope)
+	bodyClean := len(l.errs) == 0
 	if len(fa.Return.Values) != len(fa.Results) {
 		l.errorf(fa.Return.Pos, "return has %s, but @%s declares %s", plural(len(fa.Return.Values), "value"), f.Name, plural(len(fa.Results), "result"))
 	}
@@ -247,6 +249,20 @@ func lowerFunc(file string, fa *funcAST) (*ir.Func, diag.List) {
 		f.Results = append(f.Results, res)
 	}
 	if len(l.errs) > 0 {
+		if bodyClean {
+			// Only the return is wrong: the body is whole, so the
+			// verifier's findings in it come first, in source order
+			// (a wrong type on line 2 is the cause of one on return).
+			if err := ir.Verify(&ir.Module{Funcs: []*ir.Func{f}}); err != nil {
+				if list, ok := err.(diag.List); ok {
+					l.errs = append(list, l.errs...)
+					sort.SliceStable(l.errs, func(i, j int) bool {
+						a, b := l.errs[i], l.errs[j]
+						return a.Line < b.Line || a.Line == b.Line && a.Col < b.Col
+					})
+				}
+			}
+		}
 		return nil, l.errs
 	}
 	return f, nil
