@@ -19,6 +19,7 @@ type pipelineFlags struct {
 	printAfter       string
 	printAfterAll    bool
 	printAfterChange bool
+	printConstants   bool
 	verifyEach       bool
 	timing           bool
 	timingFormat     string
@@ -40,6 +41,7 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.printAfter, "print-ir-after", "", "comma-separated passes after which to print the IR (to stderr)")
 	fs.BoolVar(&p.printAfterAll, "print-ir-after-all", false, "print the IR after every pass")
 	fs.BoolVar(&p.printAfterChange, "print-ir-after-change", false, "print the IR after every pass that changed it")
+	fs.BoolVar(&p.printConstants, "print-constants", false, "print large constants whole in --print-ir-* dumps (they are elided to their type and size otherwise; -o output and dump-dir files are always whole)")
 	fs.BoolVar(&p.verifyEach, "verify-each", true, "verify the IR after every pass")
 	fs.BoolVar(&p.timing, "timing", false, "report the wall time of each pass (to stderr)")
 	fs.StringVar(&p.timingFormat, "timing-format", "text", "timing report format: text or json")
@@ -108,6 +110,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		PrintAfter:       nameSet(p.printAfter),
 		PrintAfterAll:    p.printAfterAll,
 		PrintAfterChange: p.printAfterChange,
+		PrintConstants:   p.printConstants,
 		VerifyEach:       p.verifyEach,
 		DumpDir:          p.dumpDir,
 		ReproducerDir:    p.reproducerDir,

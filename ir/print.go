@@ -3,6 +3,7 @@ package ir
 import (
 	"encoding/hex"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -10,6 +11,21 @@ import (
 // denseListLimit is the largest dense constant printed as a list of
 // numbers; larger ones print as little-endian hex.
 const denseListLimit = 16
+
+// elidable matches a large dense constant as the text format prints it
+// (little-endian hex); the type part never holds '>' or ':'.
+var elidable = regexp.MustCompile(`dense<([^:>]*): 0x[0-9a-f]+>`)
+
+// ElideConstants shortens every hex-printed dense constant of printed IR
+// (more than 16 elements) to its type and size, for IR meant for people
+// (dumps between passes); the result no longer parses.
+func ElideConstants(text string) string {
+	return elidable.ReplaceAllStringFunc(text, func(m string) string {
+		sub := elidable.FindStringSubmatch(m)
+		hexLen := len(m) - len("dense<") - len(sub[1]) - len(": 0x>")
+		return "dense<" + sub[1] + ": 0x… " + strconv.Itoa(hexLen/2) + " bytes elided (--print-constants shows them)>"
+	})
+}
 
 // String prints the module in the canonical text format.
 func (m *Module) String() string {

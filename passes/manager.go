@@ -22,6 +22,7 @@ type Instrumentation struct {
 	PrintAfter       map[string]bool
 	PrintAfterAll    bool
 	PrintAfterChange bool
+	PrintConstants   bool // dumps print large constants whole (else elided)
 	VerifyEach       bool
 	DumpDir          string    // one numbered file per pass when set
 	ReproducerDir    string    // where a failing pass leaves its reproducer; default os.TempDir()
@@ -29,6 +30,15 @@ type Instrumentation struct {
 	// Files guards the dump files: none replaces an input of the command
 	// or another output (nil: no guard).
 	Files *outfile.Guard
+}
+
+// forPeople is printed IR as the dumps show it: large constants elided
+// unless PrintConstants is set.
+func (in Instrumentation) forPeople(text string) string {
+	if in.PrintConstants {
+		return text
+	}
+	return ir.ElideConstants(text)
 }
 
 // PassRun records one pass execution.
@@ -89,7 +99,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 			before = m.String()
 		}
 		if in.PrintBefore[name] {
-			fmt.Fprintf(log, "// -----// IR Dump Before %s //----- //\n%s\n", name, before)
+			fmt.Fprintf(log, "// -----// IR Dump Before %s //----- //\n%s\n", name, in.forPeople(before))
 		}
 		snapshot := m.String()
 		ctx, err := NewContext(step.Pass, step.Args)
@@ -119,7 +129,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Changed: after != snapshot}
 		mg.Runs = append(mg.Runs, run)
 		if in.PrintAfterAll || in.PrintAfter[name] || in.PrintAfterChange && run.Changed {
-			fmt.Fprintf(log, "// -----// IR Dump After %s //----- //\n%s\n", name, after)
+			fmt.Fprintf(log, "// -----// IR Dump After %s //----- //\n%s\n", name, in.forPeople(after))
 		}
 		if in.DumpDir != "" {
 			file := filepath.Join(in.DumpDir, fmt.Sprintf("%02d-%s.kir", i+1, sanitize(name)))
