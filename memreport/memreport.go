@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 )
@@ -300,25 +301,42 @@ terms:
   traffic        bytes the kernels read and write; "unfused" counts every op as its own kernel
 `
 
-// WriteTimeline writes a Chrome trace (JSON) of the schedule: a counter of
-// live bytes at every op, and one slice per arena buffer from its first to
-// its last op, laid out on lanes so that slices on a lane never overlap.
-// One op is one microsecond of trace time.
+// WriteTimeline writes a Chrome trace (JSON; Perfetto opens it) of the
+// schedule in simulated time: each op runs for the time the default cost
+// model gives it (microseconds) on a track named "ops", a counter track
+// shows the live bytes as each op starts, and each arena buffer is a
+// slice from its first op's start to its last op's end, on tracks named
+// "buffers N" laid out so that slices on one never overlap.
 func (r *Report) WriteTimeline(w io.Writer) error {
 	type event struct {
 		Name string         `json:"name"`
 		Ph   string         `json:"ph"`
-		Ts   int64          `json:"ts"`
-		Dur  *int64         `json:"dur,omitempty"`
+		Ts   float64        `json:"ts"`
+		Dur  *float64       `json:"dur,omitempty"`
 		Pid  int            `json:"pid"`
 		Tid  int            `json:"tid"`
 		Args map[string]any `json:"args,omitempty"`
 	}
 	info := r.info
-	var evs []event
-	evs = append(evs, event{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "@" + info.Func.Name}})
+	body := info.Func.Body
+	start := make([]float64, len(body)+1) // µs at which op i starts; start[n] is the end
+	for i, op := range body {
+		start[i+1] = start[i] + costmodel.Default.OpSeconds(op)*1e6
+	}
+	evs := []event{
+		{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "@" + info.Func.Name + " (simulated time, default cost model)"}},
+		{Name: "thread_name", Ph: "M", Pid: 1, Tid: 0, Args: map[string]any{"name": "ops"}},
+	}
+	for i, op := range body {
+		dur := start[i+1] - start[i]
+		name := op.Kind
+		if len(op.Results) > 0 {
+			name += " " + op.Results[0].Ref()
+		}
+		evs = append(evs, event{Name: name, Ph: "X", Ts: start[i], Dur: &dur, Pid: 1, Tid: 0, Args: map[string]any{"op": i}})
+	}
 	for i, live := range info.Live {
-		evs = append(evs, event{Name: "live bytes", Ph: "C", Ts: int64(i), Pid: 1, Args: map[string]any{"bytes": live}})
+		evs = append(evs, event{Name: "live bytes", Ph: "C", Ts: start[i], Pid: 1, Args: map[string]any{"bytes": live}})
 	}
 	bufs := info.ArenaBuffers()
 	sort.SliceStable(bufs, func(a, b int) bool { return bufs[a].Start < bufs[b].Start })
@@ -334,9 +352,10 @@ func (r *Report) WriteTimeline(w io.Writer) error {
 		if lane < 0 {
 			laneEnd = append(laneEnd, 0)
 			lane = len(laneEnd) - 1
+			evs = append(evs, event{Name: "thread_name", Ph: "M", Pid: 1, Tid: lane + 1, Args: map[string]any{"name": fmt.Sprintf("buffers %d", lane+1)}})
 		}
 		laneEnd[lane] = b.End
-		dur := int64(b.End - b.Start + 1)
+		dur := start[b.End+1] - start[b.Start]
 		args := map[string]any{"bytes": b.Size, "first_op": b.Start, "last_op": b.End}
 		if v := b.Root(); v.Def != nil {
 			args["op"] = v.Def.Kind
@@ -344,8 +363,8 @@ func (r *Report) WriteTimeline(w io.Writer) error {
 				args["offset"] = v.Offset
 			}
 		}
-		evs = append(evs, event{Name: b.Root().Ref(), Ph: "X", Ts: int64(b.Start), Dur: &dur, Pid: 1, Tid: lane + 1, Args: args})
+		evs = append(evs, event{Name: b.Root().Ref(), Ph: "X", Ts: start[b.Start], Dur: &dur, Pid: 1, Tid: lane + 1, Args: args})
 	}
 	enc := json.NewEncoder(w)
-	return enc.Encode(map[string]any{"traceEvents": evs, "displayTimeUnit": "ns"})
+	return enc.Encode(map[string]any{"traceEvents": evs, "displayTimeUnit": "ms"})
 }

@@ -29,27 +29,44 @@ func TestTimelineIsChromeTraceJSON(t *testing.T) {
 		TraceEvents []struct {
 			Name string         `json:"name"`
 			Ph   string         `json:"ph"`
-			Ts   int64          `json:"ts"`
-			Dur  int64          `json:"dur"`
+			Ts   float64        `json:"ts"`
+			Dur  float64        `json:"dur"`
 			Tid  int            `json:"tid"`
 			Args map[string]any `json:"args"`
 		} `json:"traceEvents"`
 	}
 	require.NoError(t, json.Unmarshal(b.Bytes(), &trace))
-	counters, slices := 0, map[string]int64{}
+	var counters []float64
+	opStart := map[int]float64{}
+	spans := map[string][2]float64{} // buffer -> first op, last op
+	tracks := map[int]string{}
+	prevEnd := 0.0
 	for _, e := range trace.TraceEvents {
-		switch e.Ph {
-		case "C":
-			counters++
-			require.Equal(t, float64(rep.info.Live[e.Ts]), e.Args["bytes"])
-		case "X":
-			slices[e.Name] = e.Dur
+		switch {
+		case e.Ph == "M" && e.Name == "thread_name":
+			tracks[e.Tid] = e.Args["name"].(string)
+		case e.Ph == "C":
+			counters = append(counters, e.Args["bytes"].(float64))
+		case e.Ph == "X" && e.Tid == 0:
+			// Ops follow each other in simulated microseconds.
+			require.InDelta(t, prevEnd, e.Ts, 1e-9)
+			require.Positive(t, e.Dur)
+			prevEnd = e.Ts + e.Dur
+			opStart[int(e.Args["op"].(float64))] = e.Ts
+		case e.Ph == "X":
+			spans[e.Name] = [2]float64{e.Args["first_op"].(float64), e.Args["last_op"].(float64)}
+			require.Equal(t, opStart[int(e.Args["first_op"].(float64))], e.Ts, "a buffer starts with its first op")
 		}
 	}
-	require.Equal(t, 4, counters, "one counter per op")
+	require.Len(t, counters, 4, "one counter per op")
+	for i, c := range counters {
+		require.Equal(t, float64(rep.info.Live[i]), c)
+	}
+	require.Equal(t, "ops", tracks[0])
+	require.Equal(t, "buffers 1", tracks[1])
 	// c is written in place over a (which dies there) and d over c: one
 	// buffer for ops 0-3; b lives from op 1 to op 2.
-	require.Equal(t, map[string]int64{"%a": 4, "%b": 2}, slices)
+	require.Equal(t, map[string][2]float64{"%a": {0, 3}, "%b": {1, 2}}, spans)
 	require.Equal(t, int64(64*3), rep.PeakBytes, "x, a and b at op 2")
 }
 
