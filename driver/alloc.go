@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/progress"
 )
 
 func init() {
@@ -57,6 +58,9 @@ func init() {
 					return err
 				}
 				var sol *alloc.Solution
+				prog := progress.For(e.stderr)
+				prog.Step("alloc: packing %d buffers (at most %s)", len(p.Buffers), time.Duration(timeout))
+				defer prog.Done()
 				if *capacity > 0 {
 					deadline := time.Now().Add(time.Duration(timeout))
 					sol = alloc.GreedyWithin(p, true, deadline)
@@ -64,6 +68,7 @@ func init() {
 						sol = f
 					}
 					if sol.Size > *capacity && time.Until(deadline) > 0 {
+						prog.Step("alloc: searching for a packing within %d bytes (until %s)", *capacity, deadline.Format("15:04:05"))
 						sol = alloc.Search(p, alloc.SearchOptions{Capacity: *capacity, Timeout: time.Until(deadline), Initial: sol})
 					}
 					if sol.Size < 0 && sol.Optimal {

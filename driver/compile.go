@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/progress"
 )
 
 // optLevels holds -O0..-O3, the budgets the pipelines take, and --train
@@ -249,7 +250,10 @@ func init() {
 				case "header":
 					return writeOutput(e, *out, []byte(llvm.Header(p)))
 				}
+				prog := progress.For(e.stderr)
+				prog.Step("compile: clang -O2 of @%s (%d kernels)", f.Name, len(p.Kernels))
 				data, err := llvm.Build(p, *emit, llvm.Options{Threads: *threads})
+				prog.Done()
 				if err != nil {
 					return fmt.Errorf("kiln: %v", err)
 				}

@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes/remat"
+	"github.com/kiln-compiler/kiln/progress"
 
 	"github.com/kiln-compiler/kiln/memreport"
 )
@@ -125,7 +126,10 @@ func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 		total += ir.OpCost(op).FLOPs
 	}
 	var points []sweepPoint
+	prog := progress.For(e.stderr)
+	defer prog.Done()
 	for pct := 100; pct >= 5; pct -= 5 {
+		prog.Step("remat sweep: budget %d%% of the peak", pct)
 		m, err := parser.Parse("sweep", text)
 		if err != nil {
 			return err
@@ -136,6 +140,7 @@ func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 		if err != nil {
 			// The sweep ends at the first budget no solver reaches; say so
 			// with the reason (its first line: the floor and what is live).
+			prog.Done()
 			reason, _, _ := strings.Cut(err.Error(), "\n")
 			fmt.Fprintf(e.stderr, "remat sweep: stops at %d%%: %s\n", pct, reason)
 			break

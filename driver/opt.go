@@ -10,6 +10,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/progress"
 )
 
 // pipelineFlags are the flags shared by every command that runs passes.
@@ -116,6 +117,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		ReproducerDir:    p.reproducerDir,
 		Log:              e.stderr,
 		Files:            e.files,
+		Progress:         progress.For(e.stderr),
 	}}
 	runErr := mg.Run(in.module, pipe)
 	if p.timing {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/plancheck"
+	"github.com/kiln-compiler/kiln/progress"
 )
 
 func init() {
@@ -37,6 +38,7 @@ func init() {
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
+				lp.Progress = progress.For(e.stderr)
 				flops := plancheck.StepFLOPs(lp.Func)
 				check := plancheck.CheckStructure
 				if *forceReplay || !*fast && flops <= plancheck.ReplayFLOPs {

@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/outfile"
+	"github.com/kiln-compiler/kiln/progress"
 )
 
 // Instrumentation says what the Manager reports around each pass.
@@ -30,6 +31,8 @@ type Instrumentation struct {
 	// Files guards the dump files: none replaces an input of the command
 	// or another output (nil: no guard).
 	Files *outfile.Guard
+	// Progress shows which pass runs (nil: nothing).
+	Progress *progress.Reporter
 }
 
 // forPeople is printed IR as the dumps show it: large constants elided
@@ -92,8 +95,10 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 			return err
 		}
 	}
+	defer in.Progress.Done()
 	for i, step := range pipe {
 		name := step.Pass.Name
+		in.Progress.Step("pass %d/%d: %s", i+1, len(pipe), name)
 		before := ""
 		if in.PrintAfterChange || in.PrintBefore[name] {
 			before = m.String()

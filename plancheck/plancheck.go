@@ -22,6 +22,7 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/progress"
 )
 
 // Report is what a successful replay measured.
@@ -47,8 +48,9 @@ type Span struct {
 // the kernels kernels.cu defines.
 type Plan struct {
 	*cuda.Plan
-	Func    *ir.Func
-	Kernels map[string]Signature
+	Func     *ir.Func
+	Kernels  map[string]Signature
+	Progress *progress.Reporter // shows the replay's progress (nil: nothing)
 }
 
 // Load reads a plan directory: plan.json, which must match the schema
@@ -125,7 +127,8 @@ func CheckPlan(lp *Plan, seed uint64) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := replay(lp.Plan, lp.Func, seed); err != nil {
+	defer lp.Progress.Done()
+	if err := replay(lp.Plan, lp.Func, seed, lp.Progress); err != nil {
 		return nil, err
 	}
 	r.Replayed = true
@@ -538,7 +541,7 @@ func (o *owners) who(lo, hi int64) []int64 {
 // allow, and, with no races, gives every execution's result): kernels of
 // an op read their operands from the plan's buffers and the op runs in
 // the interpreter at its last launch, writing its results back.
-func replay(p *cuda.Plan, f *ir.Func, seed uint64) error {
+func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) error {
 	args := interp.RandomArgs(f, seed)
 	want, wantArgs, err := interp.RunWithUpdates(f, args, interp.Options{})
 	if err != nil {
@@ -614,6 +617,7 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64) error {
 		return nil
 	}
 	for i, n := range p.Nodes {
+		prog.Step("plan-check: replaying node %d of %d", i+1, len(p.Nodes))
 		// Every read finds what its buffer wrote.
 		for _, a := range accesses(n) {
 			key := spaceKey(a.Space, a.Slot)
