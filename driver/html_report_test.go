@@ -23,7 +23,7 @@ func TestHTMLReportInBrowser(t *testing.T) {
 	raw, err := os.ReadFile(page)
 	require.NoError(t, err)
 	text := string(raw)
-	for _, want := range []string{"<svg", "activations", "gradients", "optimizer state", "peak", "</html>"} {
+	for _, want := range []string{"<svg", "activations", "gradients", "optimizer state", "peak", "What each pass did", "<code>fuse</code>", "</html>"} {
 		require.Contains(t, text, want)
 	}
 	require.NotContains(t, strings.ReplaceAll(text, `xmlns="http://www.w3.org/2000/svg"`, ""), "http", "the page fetches nothing")

@@ -53,6 +53,19 @@ func init() {
 					}
 					return rematSweep(e, f, *sweepSolver, *asJSON)
 				}
+				var effects []memreport.Effect
+				if *htmlOut != "" {
+					// The page compares the function before and after each pass.
+					pf.observe = func(pass string, m *ir.Module) {
+						g := m.Func(*fn)
+						if *fn == "" && len(m.Funcs) > 0 {
+							g = m.Funcs[0]
+						}
+						if g != nil {
+							effects = append(effects, memreport.Measure(pass, g))
+						}
+					}
+				}
 				in, mg, err := pf.load(e, args)
 				if err != nil {
 					return err
@@ -76,6 +89,7 @@ func init() {
 					ps = append(ps, p)
 				}
 				rep := memreport.Build(f, ps)
+				rep.Effects = effects
 				if *timeline != "" {
 					var b bytes.Buffer
 					if err := rep.WriteTimeline(&b); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/progress"
@@ -21,17 +22,19 @@ type pipelineFlags struct {
 	printAfterAll    bool
 	printAfterChange bool
 	printConstants   bool
-	verifyEach       bool
-	timing           bool
-	timingFormat     string
-	stats            bool
-	dumpDir          string
-	reproducerDir    string
-	pluginDir        string
-	pluginTimeout    time.Duration
-	loadPlugins      inputFlags
-	batch            int64
-	printPipeline    bool
+	// observe, when set, sees the module before and after each pass.
+	observe       func(pass string, m *ir.Module)
+	verifyEach    bool
+	timing        bool
+	timingFormat  string
+	stats         bool
+	dumpDir       string
+	reproducerDir string
+	pluginDir     string
+	pluginTimeout time.Duration
+	loadPlugins   inputFlags
+	batch         int64
+	printPipeline bool
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
@@ -118,6 +121,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		Log:              e.stderr,
 		Files:            e.files,
 		Progress:         progress.For(e.stderr),
+		Observe:          p.observe,
 	}}
 	runErr := mg.Run(in.module, pipe)
 	if p.timing {

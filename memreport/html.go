@@ -152,7 +152,37 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#666}
 		}
 		s.WriteString("</table>\n")
 	}
-	if len(r.Passes) > 0 {
+	if len(r.Effects) > 1 {
+		s.WriteString("<h2>What each pass did</h2>\n<p>The function before the pipeline and after each pass: the peak (most bytes live at once), the FLOPs of one run, and the kernels launched. Changes from the row above are in parentheses.</p>\n")
+		s.WriteString("<table><tr><th>after</th><th>peak</th><th>FLOPs</th><th>kernels</th></tr>\n")
+		delta := func(now, before int64, bytes bool) string {
+			if now == before {
+				return ""
+			}
+			d := now - before
+			sign := "+"
+			if d < 0 {
+				sign, d = "&minus;", -d
+			}
+			if bytes {
+				return fmt.Sprintf(" <span class=note>(%s%s)</span>", sign, Human(d))
+			}
+			return fmt.Sprintf(" <span class=note>(%s%d)</span>", sign, d)
+		}
+		for i, x := range r.Effects {
+			name := "the input"
+			if x.Pass != "" {
+				name = "<code>" + e(x.Pass) + "</code>"
+			}
+			prev := x
+			if i > 0 {
+				prev = r.Effects[i-1]
+			}
+			fmt.Fprintf(&s, "<tr><td>%s</td><td class=n>%s%s</td><td class=n>%d%s</td><td class=n>%d%s</td></tr>\n", name,
+				Human(x.Peak), delta(x.Peak, prev.Peak, true), x.FLOPs, delta(x.FLOPs, prev.FLOPs, false), x.Kernels, delta(int64(x.Kernels), int64(prev.Kernels), false))
+		}
+		s.WriteString("</table>\n")
+	} else if len(r.Passes) > 0 {
 		names := make([]string, len(r.Passes))
 		for i, p := range r.Passes {
 			names[i] = e(p.Name)

@@ -64,6 +64,9 @@ type Report struct {
 	// function without ops).
 	PeakOp *PeakOp `json:"peak_op,omitempty"`
 	Passes []Pass  `json:"passes"`
+	// Effects, when set, is the function before the pipeline and after
+	// each pass (the HTML report's comparison).
+	Effects []Effect `json:"-"`
 	// Kernels counts the launches: every top-level op but constants and
 	// views (a fused kernel counts once). TrafficBytes is the bytes they
 	// read and write; the unfused_ fields count as if every op inside a
@@ -91,6 +94,27 @@ const DefaultAlignment = 64
 
 // Build analyses f. When f carries an arena (buffer assignment ran) the
 // report uses it; otherwise it runs the default assignment on the side.
+// Effect is where a function stands after a pass (or before the first):
+// its peak, FLOPs and kernel launches.
+type Effect struct {
+	Pass    string // "" for the input
+	Peak    int64
+	FLOPs   int64
+	Kernels int
+}
+
+// Measure is f's Effect, without the allocator's work of Build.
+func Measure(pass string, f *ir.Func) Effect {
+	e := Effect{Pass: pass, Peak: liveness.Analyze(f).Peak}
+	for _, op := range f.Body {
+		e.FLOPs += ir.OpCost(op).FLOPs
+		if isLaunch(op) {
+			e.Kernels++
+		}
+	}
+	return e
+}
+
 func Build(f *ir.Func, passes []Pass) *Report {
 	info := liveness.Analyze(f)
 	r := &Report{

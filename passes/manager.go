@@ -33,6 +33,9 @@ type Instrumentation struct {
 	Files *outfile.Guard
 	// Progress shows which pass runs (nil: nothing).
 	Progress *progress.Reporter
+	// Observe, when set, sees the module before the first pass (pass "")
+	// and after each pass that succeeds.
+	Observe func(pass string, m *ir.Module)
 }
 
 // forPeople is printed IR as the dumps show it: large constants elided
@@ -96,6 +99,9 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		}
 	}
 	defer in.Progress.Done()
+	if in.Observe != nil {
+		in.Observe("", m)
+	}
 	for i, step := range pipe {
 		name := step.Pass.Name
 		in.Progress.Step("pass %d/%d: %s", i+1, len(pipe), name)
@@ -133,6 +139,9 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		after := m.String()
 		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Changed: after != snapshot}
 		mg.Runs = append(mg.Runs, run)
+		if in.Observe != nil {
+			in.Observe(name, m)
+		}
 		if in.PrintAfterAll || in.PrintAfter[name] || in.PrintAfterChange && run.Changed {
 			fmt.Fprintf(log, "// -----// IR Dump After %s //----- //\n%s\n", name, in.forPeople(after))
 		}
