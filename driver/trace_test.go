@@ -16,16 +16,7 @@ import (
 // step are on the host).
 func TestPlanCheckTrace(t *testing.T) {
 	dir := t.TempDir()
-	src := filepath.Join(dir, "wide.kir")
-	require.NoError(t, os.WriteFile(src, []byte(`func @wide(%x: f32[4,128], %w1: f32[128,128] {param}, %w2: f32[128,128] {param}, %w3: f32[128,128] {param}) -> (f32[4,128]) {
-  %h1 = matmul(%x, %w1) : f32[4,128]
-  %a1 = tanh(%h1) : f32[4,128]
-  %h2 = matmul(%a1, %w2) : f32[4,128]
-  %a2 = tanh(%h2) : f32[4,128]
-  %h3 = matmul(%a2, %w3) : f32[4,128]
-  return %h3
-}
-`), 0o644))
+	src := "../testdata/examples/wide.kir"
 	plan := filepath.Join(dir, "plan")
 	_, stderr, code := kiln(t, "compile", src, "--target", "cuda", "--passes", "autodiff,fuse,reorder,swap{device-budget=0.5},assign", "-o", plan)
 	require.Equal(t, 0, code, stderr)

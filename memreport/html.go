@@ -104,17 +104,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	}
 	var s strings.Builder
 	e := html.EscapeString
-	fmt.Fprintf(&s, `<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Kiln memory report: @%s</title>
-<style>
-body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}
-table{border-collapse:collapse}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #ddd}
-td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#666}
-.sw{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:-1px}
-</style></head><body>
-<h1>Memory of <code>@%s</code></h1>
-`, e(r.Func), e(r.Func))
+	s.WriteString(PageHead("Kiln memory report: @"+r.Func, "Memory of <code>@"+e(r.Func)+"</code>"))
 	fmt.Fprintf(&s, "<p>%d ops. The step needs <b>%s</b> on the device (<i>planned</i>); at its busiest moment <b>%s</b> are live (<i>peak</i>).</p>\n",
 		r.Ops, Human(r.PlannedBytes), Human(r.PeakBytes))
 	s.WriteString("<table>\n")
@@ -192,6 +182,21 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#666}
 	s.WriteString("<p class=note>Written by kiln mem --html.</p>\n</body></html>\n")
 	_, err := io.WriteString(w, s.String())
 	return err
+}
+
+// PageHead starts a self-contained report page (no scripts, nothing
+// fetched) with Kiln's report style: title is plain text, heading HTML.
+func PageHead(title, heading string) string {
+	return `<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>` + html.EscapeString(title) + `</title>
+<style>
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+table{border-collapse:collapse}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #ddd}
+td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#666}
+.sw{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:-1px}
+</style></head><body>
+<h1>` + heading + "</h1>\n"
 }
 
 // writeChart draws live as stacked areas over the schedule: at most 1,000

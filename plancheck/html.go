@@ -17,17 +17,7 @@ import (
 func WriteHTML(w io.Writer, p *cuda.Plan, r *Report) error {
 	var s strings.Builder
 	e := html.EscapeString
-	fmt.Fprintf(&s, `<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Kiln launch plan: @%s</title>
-<style>
-body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}
-table{border-collapse:collapse}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #ddd}
-td.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#666}
-.sw{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:-1px}
-</style></head><body>
-<h1>Launch plan of <code>@%s</code></h1>
-`, e(p.Function), e(p.Function))
+	s.WriteString(memreport.PageHead("Kiln launch plan: @"+p.Function, "Launch plan of <code>@"+e(p.Function)+"</code>"))
 	checked := "structure, memory, races between streams and lifetimes; the results were replayed on the CPU and match the reference interpreter"
 	if !r.Replayed {
 		checked = "structure, memory, races between streams and lifetimes (the results were not replayed)"

@@ -221,14 +221,9 @@ func TestMalformedPlansAreErrors(t *testing.T) {
 // were offloaded to host memory (returned from there) replays to the
 // interpreter's results, host results included.
 func TestOffloadedGradientsReplay(t *testing.T) {
-	const wide = `func @wide(%x: f32[4,128], %w1: f32[128,128] {param}, %w2: f32[128,128] {param}, %w3: f32[128,128] {param}) -> (f32[4,128]) {
-  %h1 = matmul(%x, %w1) : f32[4,128]
-  %a1 = tanh(%h1) : f32[4,128]
-  %h2 = matmul(%a1, %w2) : f32[4,128]
-  %a2 = tanh(%h2) : f32[4,128]
-  %h3 = matmul(%a2, %w3) : f32[4,128]
-  return %h3
-}`
+	raw, err := os.ReadFile("../testdata/examples/wide.kir")
+	require.NoError(t, err)
+	wide := string(raw)
 	m := passtest.Parse(t, wide)
 	passtest.Run(t, m, "autodiff,fuse,reorder,swap{device-budget=0.5},assign")
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)

@@ -248,14 +248,9 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 // other compiled tests (1e-5).
 func TestOffloadedGradientsCompiled(t *testing.T) {
 	requireClang(t)
-	const wide = `func @wide(%x: f32[4,128], %w1: f32[128,128] {param}, %w2: f32[128,128] {param}, %w3: f32[128,128] {param}) -> (f32[4,128]) {
-  %h1 = matmul(%x, %w1) : f32[4,128]
-  %a1 = tanh(%h1) : f32[4,128]
-  %h2 = matmul(%a1, %w2) : f32[4,128]
-  %a2 = tanh(%h2) : f32[4,128]
-  %h3 = matmul(%a2, %w3) : f32[4,128]
-  return %h3
-}`
+	raw, err := os.ReadFile("../../testdata/examples/wide.kir")
+	require.NoError(t, err)
+	wide := string(raw)
 	compileAndCompare(t, wide, "autodiff,fuse,reorder,swap{device-budget=0.5},assign", 1e-5)
 	m, err := parser.Parse("in.kir", wide)
 	require.NoError(t, err)
