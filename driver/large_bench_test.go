@@ -70,6 +70,7 @@ func BenchmarkLargeStep(b *testing.B) {
 		{"fuse", []string{"opt", step, "--passes", "fuse"}, false},
 		{"reorder", []string{"opt", step, "--passes", "reorder"}, false},
 		{"remat", []string{"opt", step, "--passes", "remat{budget=0.9}"}, false},
+		{"saveset", []string{"opt", step, "--passes", "saveset"}, false},
 		{"swap", []string{"opt", step, "--passes", "swap{device-budget=0.9}"}, true},
 		{"precision", []string{"opt", grads, "--passes", "precision"}, false},
 		{"assign", []string{"opt", step, "--passes", "assign"}, false},

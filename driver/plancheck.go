@@ -39,6 +39,7 @@ func init() {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
 				lp.Progress = progress.For(e.stderr)
+				lp.MemoryLimit = availableMemory() / 2
 				flops := plancheck.StepFLOPs(lp.Func)
 				check := plancheck.CheckStructure
 				if *forceReplay || !*fast && flops <= plancheck.ReplayFLOPs {

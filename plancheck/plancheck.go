@@ -51,7 +51,13 @@ type Plan struct {
 	Func     *ir.Func
 	Kernels  map[string]Signature
 	Progress *progress.Reporter // shows the replay's progress (nil: nothing)
+	// MemoryLimit bounds the bytes the replay allocates for the plan's
+	// arenas, which plan.json declares (0: DefaultReplayMemory).
+	MemoryLimit int64
 }
+
+// DefaultReplayMemory is the replay's memory limit when a Plan sets none.
+const DefaultReplayMemory = 2 << 30
 
 // Load reads a plan directory: plan.json, which must match the schema
 // (cuda.Schema), module.kir and kernels.cu.
@@ -128,6 +134,13 @@ func CheckPlan(lp *Plan, seed uint64) (*Report, error) {
 		return nil, err
 	}
 	defer lp.Progress.Done()
+	limit := lp.MemoryLimit
+	if limit <= 0 {
+		limit = DefaultReplayMemory
+	}
+	if need := lp.Arena.SizeBytes + lp.Host.SizeBytes; need > limit {
+		return nil, fmt.Errorf("replaying the plan needs its device and host arenas in memory, %d bytes, above the %d this replay may use (--fast checks the plan without replaying it)", need, limit)
+	}
 	if err := replay(lp.Plan, lp.Func, seed, lp.Progress); err != nil {
 		return nil, err
 	}

@@ -243,3 +243,17 @@ func TestOffloadedGradientsReplay(t *testing.T) {
 	_, err = plancheck.Check(p, f, 3)
 	require.NoError(t, err)
 }
+
+// TestReplayMemoryIsBounded: a plan.json that declares a huge arena is
+// refused before the replay allocates it, with a hint to --fast; the
+// structural checks still run on it.
+func TestReplayMemoryIsBounded(t *testing.T) {
+	dir := plan(t, "../testdata/models/mlp/model.onnx", "autodiff,fuse,reorder,assign")
+	lp, err := plancheck.LoadDir(dir)
+	require.NoError(t, err)
+	lp.Arena.SizeBytes = 1 << 40
+	_, err = plancheck.CheckStructure(lp)
+	require.NoError(t, err)
+	_, err = plancheck.CheckPlan(lp, 1)
+	require.ErrorContains(t, err, "--fast checks the plan without replaying it")
+}
