@@ -48,7 +48,7 @@ type Stats struct {
 }
 
 // Split rewrites the training step f (autodiff ran; the optimizer may
-// have) into n slices of its batch.
+// have) into n slices of its batch. On error f is unchanged.
 //
 // The batch is dimension 0 of the first data argument; every data
 // argument with that leading dimension is sliced. An op is per-slice when
@@ -162,14 +162,9 @@ func Split(f *ir.Func, n int) (Stats, error) {
 			}
 		}
 	}
-	for _, op := range after {
-		for i, v := range op.Operands {
-			if w, ok := sum[v]; ok {
-				op.Operands[i] = w
-			}
-		}
-		body = append(body, op)
-	}
+	// f itself changes only once nothing can fail: the caller may keep it.
+	results := make([]*ir.Value, len(f.Results))
+	var tail []*ir.Op // the results' combining ops, after the updates
 	for i, r := range f.Results {
 		v := r.Value
 		switch role := r.Role(); {
@@ -189,7 +184,7 @@ func Split(f *ir.Func, n int) (Stats, error) {
 				if err != nil {
 					return st, err
 				}
-				body = append(body, c, mean)
+				tail = append(tail, c, mean)
 				v = mean.Results[0]
 			default:
 				return st, fmt.Errorf("%s: microbatch: the loss is made by %s; only a reduce_sum or reduce_mean loss can be split into microbatches", loc(r.Value.Def), kind)
@@ -200,23 +195,40 @@ func Split(f *ir.Func, n int) (Stats, error) {
 			return st, fmt.Errorf("microbatch: result %s has role %q, which cannot be combined across microbatches", r.Value.Ref(), role)
 		default:
 			ps := parts[v]
-			c, ok := s.sliced[ps[0]]
+			c, ok := cut{}, false
+			if len(ps) > 0 {
+				c, ok = s.sliced[ps[0]]
+			}
 			if !ok {
+				if len(ps) == 0 {
+					return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch and also read by an in-place update; it cannot be both joined and summed", loc(v.Def), v.Ref())
+				}
 				return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch but does not follow it (%s per slice, %s whole)", loc(v.Def), v.Ref(), ps[0].Type, v.Type)
 			}
 			op, err := f.NewOp("concat", ps, ir.Attrs{"axis": ir.IntAttr(int64(c.dim))}, v.Def.Loc, v.Name+".join")
 			if err != nil {
 				return st, err
 			}
-			body = append(body, op)
+			tail = append(tail, op)
 			v = op.Results[0]
 		}
 		if !v.Type.Equal(r.Value.Type) {
 			return st, fmt.Errorf("%s: microbatch: result %s comes out as %s across the slices, not %s", loc(r.Value.Def), r.Value.Ref(), v.Type, r.Value.Type)
 		}
+		results[i] = v
+	}
+	for _, op := range after {
+		for i, v := range op.Operands {
+			if w, ok := sum[v]; ok {
+				op.Operands[i] = w
+			}
+		}
+		body = append(body, op)
+	}
+	for i, v := range results {
 		f.Results[i].Value = v
 	}
-	f.Body = body
+	f.Body = append(body, tail...)
 	passes.RemoveDeadOps(f)
 	return st, nil
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
-	_ "github.com/kiln-compiler/kiln/passes/microbatch"
+	"github.com/kiln-compiler/kiln/passes/microbatch"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	"github.com/kiln-compiler/kiln/passtest"
 )
@@ -138,4 +138,22 @@ func TestMicrobatchDividesActivations(t *testing.T) {
 		t.Logf("n=%d: peak %d bytes, %.3f of the whole batch's %d (bound %d)", n, peak, float64(peak)/float64(whole), whole, bound)
 		require.LessOrEqual(t, peak, bound, "n=%d", n)
 	}
+}
+
+// TestSplitErrorLeavesTheStep: a step that cannot be split (a max loss,
+// found only when the results are combined, after the gradient's) is
+// left exactly as it was.
+func TestSplitErrorLeavesTheStep(t *testing.T) {
+	m := passtest.Parse(t, `func @m(%x: f32[4,3], %w: f32[3,2] {param}) -> (grad.w: f32[3,2] {param = "w", role = "grad"}, loss: f32[] {role = "loss"}) {
+  %y = matmul(%x, %w) : f32[4,2]
+  %loss = reduce_max(%y) : f32[]
+  %seed = constant() {role = "loss_seed", value = dense<f32[]: 1.0>} : f32[]
+  %g = expand(%seed) {shape = [4, 2]} : f32[4,2]
+  %gw = gemm(%x, %g) {trans_a = true} : f32[3,2]
+  return %gw, %loss
+}`)
+	before := m.String()
+	_, err := microbatch.Split(m.Funcs[0], 2)
+	require.ErrorContains(t, err, "reduce_max")
+	require.Equal(t, before, m.String())
 }

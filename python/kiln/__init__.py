@@ -162,7 +162,10 @@ class Compiled:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter shutdown shutil may be gone already
+            pass
 
 
 def compile(model, example_inputs, train=False, loss="sum", optimizer=None, budget=None):
