@@ -11,9 +11,14 @@ import (
 // runtime is the state of one run that kernels may share.
 type runtime struct{}
 
-// Options control a run (none yet: random_uniform draws from its own
-// seed attribute, as compiled code does).
-type Options struct{}
+// Options control a run (random_uniform draws from its own seed
+// attribute, as compiled code does, so a run needs no seed).
+type Options struct {
+	// Observe, when set, sees every op of the body after it ran, with its
+	// results, before the values whose last use it was are released. The
+	// tensors are the run's own: Observe must not change or keep them.
+	Observe func(i int, op *ir.Op, results []*Tensor)
+}
 
 // Run executes f on args (one per argument, in order) and returns its
 // results. Arguments must have exactly the declared types; they are never
@@ -55,6 +60,13 @@ func runFunc(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, err
 	for i, op := range f.Body {
 		if err := exec(op, env, rt); err != nil {
 			return nil, nil, err
+		}
+		if opt.Observe != nil {
+			res := make([]*Tensor, len(op.Results))
+			for j, r := range op.Results {
+				res[j] = env[r]
+			}
+			opt.Observe(i, op, res)
 		}
 		for _, v := range last[i] {
 			delete(env, v)

@@ -382,3 +382,29 @@ func TestReductionsAndViews(t *testing.T) {
 	}
 	require.InDelta(t, 0.5, mean, 0.05)
 }
+
+// TestObserveSeesEveryOpInOrder: Observe is called once per op of the
+// body, in order, with the op's results before any value is released.
+func TestObserveSeesEveryOpInOrder(t *testing.T) {
+	m, err := parser.Parse("t.kir", `func @f(%x: f32[2]) -> (f32[2]) {
+  %a = neg(%x) : f32[2]
+  %b = exp(%a) : f32[2]
+  %c = add(%a, %b) : f32[2]
+  return %c
+}`)
+	require.NoError(t, err)
+	require.NoError(t, ir.Verify(m))
+	f := m.Funcs[0]
+	var seen []string
+	var sums []float64
+	opt := Options{Observe: func(i int, op *ir.Op, res []*Tensor) {
+		require.Same(t, f.Body[i], op)
+		seen = append(seen, op.Results[0].Name)
+		sums = append(sums, res[0].F[0]+res[0].F[1])
+	}}
+	_, err = Run(f, []*Tensor{FromFloats(f.Args[0].Type, []float64{1, 2})}, opt)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b", "c"}, seen)
+	require.InDelta(t, -3, sums[0], 1e-12)
+	require.InDelta(t, math.Exp(-1)+math.Exp(-2), sums[1], 1e-6)
+}
