@@ -230,6 +230,8 @@ func (w *cw) emit(x loops.Expr) string {
 		return w.def(x.Kind(), fmt.Sprintf("%s ? %s : %s", w.expr(x.C), w.expr(x.A), w.expr(x.B)))
 	case *loops.Convert:
 		return w.def(x.To, convert(w.expr(x.X), x.X.Kind(), x.To))
+	case *loops.Round:
+		return w.def(loops.F32, fromStorage(toStorage(w.expr(x.X), x.To), x.To))
 	case *loops.Mix:
 		return w.def(loops.I64, "kiln_mix("+w.expr(x.X)+")")
 	case *loops.Checked:
@@ -430,8 +432,12 @@ func (w *cw) load(b *loops.Buffer, idx []loops.Expr) string {
 	if b.Storage == loops.Const && b.Data.IsSplat() {
 		at = "0"
 	}
-	raw := w.ptr(b) + "[" + at + "]"
-	switch b.Type.DType {
+	return fromStorage(w.ptr(b)+"["+at+"]", b.Type.DType)
+}
+
+// fromStorage widens a stored element of dtype d to its compute kind.
+func fromStorage(raw string, d ir.DType) string {
+	switch d {
 	case ir.F16:
 		return "kiln_f16_to_f32(" + raw + ")"
 	case ir.BF16:
@@ -666,6 +672,8 @@ func pointers(s *loops.Stage) []*pointerArg {
 			walk(x.A)
 			walk(x.B)
 		case *loops.Convert:
+			walk(x.X)
+		case *loops.Round:
 			walk(x.X)
 		case *loops.Mix:
 			walk(x.X)

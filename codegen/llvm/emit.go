@@ -499,6 +499,8 @@ func (e *fn) emit(x loops.Expr) value.Value {
 		return e.cur.NewSelect(cond, a, b)
 	case *loops.Convert:
 		return e.convert(e.expr(x.X), x.X.Kind(), x.To)
+	case *loops.Round:
+		return e.fromStorage(e.toStorage(e.expr(x.X), x.To), x.To)
 	case *loops.Reduce:
 		return e.reduce(x)
 	case *accValue:

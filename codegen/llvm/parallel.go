@@ -35,6 +35,8 @@ func work(x loops.Expr) int64 {
 		return work(x.C) + work(x.A) + work(x.B)
 	case *loops.Convert:
 		return work(x.X)
+	case *loops.Round:
+		return work(x.X)
 	case *loops.Checked:
 		return work(x.Cond) + work(x.X)
 	}

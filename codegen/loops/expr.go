@@ -101,6 +101,15 @@ type Convert struct {
 	X  Expr
 }
 
+// Round is an F32 value rounded to the nearest value of a narrower
+// float dtype (F16 or BF16, ties to even), as storing and loading it
+// would: values inside a fused kernel keep the precision their type
+// declares, as the interpreter computes them.
+type Round struct {
+	To ir.DType
+	X  Expr
+}
+
 // Reduce folds Body over the loop domain Vars × Extents with Op (Add,
 // Max or Min), accumulating in Acc. An empty domain yields the identity.
 type Reduce struct {
@@ -145,6 +154,7 @@ func (b *Binary) Kind() Kind  { return b.A.Kind() }
 func (*Compare) Kind() Kind   { return Bool }
 func (s *Select) Kind() Kind  { return s.A.Kind() }
 func (c *Convert) Kind() Kind { return c.To }
+func (*Round) Kind() Kind     { return F32 }
 func (r *Reduce) Kind() Kind  { return r.Acc }
 func (*Mix) Kind() Kind       { return I64 }
 func (g *Guarded) Kind() Kind { return g.X.Kind() }

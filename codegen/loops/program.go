@@ -216,6 +216,12 @@ func lowerRegion(b *builder, r *ir.Region, in []Tensor, outs []*Buffer) error {
 					continue
 				}
 				a := acc[i]
+				if narrow(v.Type.DType) {
+					x, d := a, v.Type.DType
+					a = func(idx []Expr) Expr { return &Round{To: d, X: x(idx)} }
+				} else if v.Type.DType.IsFloat() && v.Type.DType != ir.F32 && v.Type.DType != ir.F64 {
+					return fmt.Errorf("%s: a fused kernel cannot keep %s %s at its precision", describe(op), v.Type.DType, v.Ref())
+				}
 				if uses[v] > 1 {
 					a = memo(a)
 				}
@@ -251,6 +257,10 @@ func lowerRegion(b *builder, r *ir.Region, in []Tensor, outs []*Buffer) error {
 	}
 	return nil
 }
+
+// narrow reports whether d is a float dtype that computes in F32 and
+// stores fewer bits (Round rounds to it).
+func narrow(d ir.DType) bool { return d == ir.F16 || d == ir.BF16 }
 
 // writeThrough finds the results of a region's stage ops (a matmul, a
 // convolution, a normalisation) read only by a chain of elementwise ops
