@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/remat"
 	"github.com/kiln-compiler/kiln/progress"
 
@@ -53,17 +54,16 @@ func init() {
 					}
 					return rematSweep(e, f, *sweepSolver, *asJSON)
 				}
+				// Each pass's effect on the function: the HTML page's
+				// comparison and the mechanisms of every report.
 				var effects []memreport.Effect
-				if *htmlOut != "" {
-					// The page compares the function before and after each pass.
-					pf.observe = func(pass string, m *ir.Module) {
-						g := m.Func(*fn)
-						if *fn == "" && len(m.Funcs) > 0 {
-							g = m.Funcs[0]
-						}
-						if g != nil {
-							effects = append(effects, memreport.Measure(pass, g))
-						}
+				pf.observe = func(pass string, m *ir.Module) {
+					g := m.Func(*fn)
+					if *fn == "" && len(m.Funcs) > 0 {
+						g = m.Funcs[0]
+					}
+					if g != nil {
+						effects = append(effects, memreport.Measure(pass, g))
 					}
 				}
 				in, mg, err := pf.load(e, args)
@@ -89,7 +89,15 @@ func init() {
 					ps = append(ps, p)
 				}
 				rep := memreport.Build(f, ps)
-				rep.Effects = effects
+				if len(effects) == len(mg.Runs)+1 {
+					for i, r := range mg.Runs {
+						effects[i+1].Inner = innerEffects(r)
+					}
+					rep.Mechanisms = memreport.Mechanisms(effects)
+				}
+				if *htmlOut != "" {
+					rep.Effects = effects
+				}
 				if *timeline != "" {
 					var b bytes.Buffer
 					if err := rep.WriteTimeline(&b); err != nil {
@@ -176,4 +184,19 @@ func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 		fmt.Fprintf(tw, "%.0f%%\t%d\t%d\t%.2f%%\t%s\t\n", 100*p.Budget, p.BudgetBytes, p.PeakBytes, p.ExtraPercent, p.Solver)
 	}
 	return tw.Flush()
+}
+
+// innerEffects are the states inside a pass run that its statistics
+// describe: remat's split into microbatches before it recomputed.
+func innerEffects(r passes.PassRun) []memreport.Effect {
+	st := map[string]int64{}
+	for _, s := range r.Stats {
+		if n, ok := s.Value.(int64); ok {
+			st[s.Name] = n
+		}
+	}
+	if _, ok := st["split-peak"]; !ok {
+		return nil
+	}
+	return []memreport.Effect{{Pass: "microbatch", Peak: st["split-peak"], FLOPs: st["split-flops"], Seconds: float64(st["split-ns"]) / 1e9}}
 }

@@ -85,6 +85,9 @@ type Report struct {
 	// SwappedBytes the bytes copied to the host (and back).
 	HostBytes    int64 `json:"host_bytes"`
 	SwappedBytes int64 `json:"swapped_bytes"`
+	// Mechanisms is what each way of saving memory contributed over the
+	// pipeline, by name (see MechanismOf); empty when no pass measured.
+	Mechanisms map[string]*Mechanism `json:"mechanisms"`
 
 	info *liveness.Info
 }
@@ -92,20 +95,22 @@ type Report struct {
 // DefaultAlignment is the alignment of the default assignment.
 const DefaultAlignment = 64
 
-// Build analyses f. When f carries an arena (buffer assignment ran) the
-// report uses it; otherwise it runs the default assignment on the side.
 // Effect is where a function stands after a pass (or before the first):
-// its peak, FLOPs and kernel launches.
+// its peak, FLOPs, kernel launches and modelled step time.
 type Effect struct {
 	Pass    string // "" for the input
 	Peak    int64
 	FLOPs   int64
 	Kernels int
+	Seconds float64 // the schedule's time in costmodel.Default
+	// Inner are states inside the pass charged to another mechanism, in
+	// order: remat's split into microbatches before it recomputes.
+	Inner []Effect
 }
 
 // Measure is f's Effect, without the allocator's work of Build.
 func Measure(pass string, f *ir.Func) Effect {
-	e := Effect{Pass: pass, Peak: liveness.Analyze(f).Peak}
+	e := Effect{Pass: pass, Peak: liveness.Analyze(f).Peak, Seconds: costmodel.Default.Simulate(f).Seconds}
 	for _, op := range f.Body {
 		e.FLOPs += ir.OpCost(op).FLOPs
 		if isLaunch(op) {
@@ -115,12 +120,14 @@ func Measure(pass string, f *ir.Func) Effect {
 	return e
 }
 
+// Build analyses f. When f carries an arena (buffer assignment ran) the
+// report uses it; otherwise it runs the default assignment on the side.
 func Build(f *ir.Func, passes []Pass) *Report {
 	info := liveness.Analyze(f)
 	r := &Report{
 		Func: f.Name, Ops: len(f.Body),
 		ParamsBytes: info.ParamBytes, InputsBytes: info.InputBytes, OutputsBytes: info.OutputBytes, StateBytes: info.StateBytes,
-		PeakBytes: info.Peak, Passes: passes, TopAtPeak: []Top{}, info: info,
+		PeakBytes: info.Peak, Passes: passes, TopAtPeak: []Top{}, Mechanisms: map[string]*Mechanism{}, info: info,
 	}
 	if r.Passes == nil {
 		r.Passes = []Pass{}
@@ -296,6 +303,11 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 		}
 	}
+	for _, name := range mechanismOrder {
+		if m := r.Mechanisms[name]; m != nil && (m.BytesSaved != 0 || m.FLOPsAdded != 0 || m.SecondsAdded != 0) {
+			fmt.Fprintf(tw, "mechanism\t%s: %s\n", name, m.describe(r.FLOPs))
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -323,6 +335,8 @@ terms:
   planned        what the function needs: parameters + state + inputs + arena
   fragmentation  planned / peak - 1: the space the arena's packing wastes
   traffic        bytes the kernels read and write; "unfused" counts every op as its own kernel
+  mechanism      what a way of saving memory did: how far its passes lowered the peak, and the
+                 FLOPs and step time (in the cost model's default device) they added
 `
 
 // WriteTimeline writes a Chrome trace (JSON; Perfetto opens it) of the

@@ -103,3 +103,23 @@ func TestCategories(t *testing.T) {
 	require.NoError(t, rep.WriteHTML(&b))
 	require.Contains(t, b.String(), "<svg")
 }
+
+// TestMechanismsChargeEachPass: each pass's change is charged to its
+// mechanism, an inner state to its own, and passes that are no
+// mechanism (autodiff, assign) to none.
+func TestMechanismsChargeEachPass(t *testing.T) {
+	effects := []Effect{
+		{Pass: "", Peak: 100, FLOPs: 10, Seconds: 1},
+		{Pass: "autodiff", Peak: 300, FLOPs: 30, Seconds: 3},
+		{Pass: "saveset", Peak: 250, FLOPs: 32, Seconds: 3.5},
+		{Pass: "remat", Peak: 120, FLOPs: 40, Seconds: 5, Inner: []Effect{{Pass: "microbatch", Peak: 180, FLOPs: 31, Seconds: 4}}},
+		{Pass: "fuse", Peak: 110, FLOPs: 40, Seconds: 4},
+		{Pass: "assign", Peak: 110, FLOPs: 40, Seconds: 4},
+	}
+	got := Mechanisms(effects)
+	require.Equal(t, map[string]*Mechanism{
+		"recompute":  {Passes: []string{"saveset", "remat"}, BytesSaved: 50 + 60, FLOPsAdded: 2 + 9, SecondsAdded: 0.5 + 1},
+		"microbatch": {Passes: []string{"microbatch"}, BytesSaved: 70, FLOPsAdded: -1, SecondsAdded: 0.5},
+		"fusion":     {Passes: []string{"fuse"}, BytesSaved: 10, FLOPsAdded: 0, SecondsAdded: -1},
+	}, got)
+}

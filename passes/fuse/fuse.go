@@ -130,23 +130,39 @@ func Fuse(f *ir.Func, opt Options) Stats {
 	if opt.MultiOutput {
 		fu.mergeSiblings()
 	}
-	groups := fu.groups()
-	stats := Stats{}
 	// Materialise, then back out kernels while the peak is higher than
 	// before fusing, starting with those live at the peak. Each round
 	// that still misses backs out twice as many as the last, so a step
 	// whose fusion raises the peak everywhere takes O(log kernels)
-	// rounds of O(ops), not one round per kernel.
+	// rounds of O(ops), not one round per kernel; readmit then tries the
+	// backed-out kernels again one by one.
 	body := append([]*ir.Op(nil), f.Body...)
-	batch := 1
-	for {
+	all := fu.groups()
+	on := make([]bool, len(all))
+	for i := range on {
+		on[i] = true
+	}
+	try := func() (Stats, *liveness.Info) {
+		var kept []*built
+		for i, g := range all {
+			if on[i] {
+				kept = append(kept, g)
+			}
+		}
 		f.Body = append([]*ir.Op(nil), body...)
 		relinkAll(f.Body)
-		st := materialise(f, groups)
-		after := liveness.Analyze(f)
-		if after.Peak <= before || len(groups) == 0 {
-			st.BackedOut = stats.BackedOut
-			return st
+		st := materialise(f, kept)
+		return st, liveness.Analyze(f)
+	}
+	var dropped []int // in the order they were backed out
+	batch := 1
+	for {
+		st, after := try()
+		if after.Peak <= before || len(dropped) == len(all) {
+			if len(dropped) == 0 {
+				return st
+			}
+			return readmit(f, try, on, dropped, before, len(body))
 		}
 		// Drop the kernel at the peak, then the nearest ones before it,
 		// then those after it.
@@ -157,36 +173,55 @@ func Fuse(f *ir.Func, opt Options) Stats {
 				at = k
 			}
 		}
-		order := make([]int, 0, len(groups))
-		for gi, g := range groups {
-			if g.kernel == peakOp {
+		order := make([]int, 0, len(all))
+		for gi, g := range all {
+			if on[gi] && g.kernel == peakOp {
 				order = append(order, gi)
 			}
 		}
-		for gi := len(groups) - 1; gi >= 0; gi-- {
-			if groups[gi].kernel != peakOp && groups[gi].lastPos <= at {
+		for gi := len(all) - 1; gi >= 0; gi-- {
+			if on[gi] && all[gi].kernel != peakOp && all[gi].lastPos <= at {
 				order = append(order, gi)
 			}
 		}
-		for gi, g := range groups {
-			if g.kernel != peakOp && g.lastPos > at {
+		for gi, g := range all {
+			if on[gi] && g.kernel != peakOp && g.lastPos > at {
 				order = append(order, gi)
 			}
 		}
-		drop := map[int]bool{}
 		for _, gi := range order[:min(batch, len(order))] {
-			drop[gi] = true
+			on[gi] = false
+			dropped = append(dropped, gi)
 		}
-		kept := groups[:0]
-		for gi, g := range groups {
-			if !drop[gi] {
-				kept = append(kept, g)
-			}
-		}
-		groups = kept
-		stats.BackedOut += len(drop)
 		batch *= 2
 	}
+}
+
+// readmitWork bounds the ops that readmit re-analyses in all (each try
+// materialises and analyses the whole body).
+const readmitWork = 1_000_000
+
+// readmit tries the backed-out kernels again one at a time, the last
+// backed out (farthest from the peak) first: backing out doubles its
+// batch each round, so most of the last batch was not needed. A kernel
+// stays when the peak stays within before. It leaves f materialised with
+// the kernels kept.
+func readmit(f *ir.Func, try func() (Stats, *liveness.Info), on []bool, dropped []int, before int64, ops int) Stats {
+	tries := max(8, readmitWork/max(ops, 1))
+	for k := len(dropped) - 1; k >= 0 && tries > 0; k-- {
+		tries--
+		on[dropped[k]] = true
+		if _, after := try(); after.Peak > before {
+			on[dropped[k]] = false
+		}
+	}
+	st, _ := try()
+	for _, x := range on {
+		if !x {
+			st.BackedOut++
+		}
+	}
+	return st
 }
 
 // tryMerge merges group p into group c when the fusion rules allow it.

@@ -19,11 +19,13 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes"
-	"github.com/kiln-compiler/kiln/passes/microbatch"
+	"github.com/kiln-compiler/kiln/passes/fuse"
+	mb "github.com/kiln-compiler/kiln/passes/microbatch"
 )
 
 func init() {
@@ -35,18 +37,15 @@ func init() {
 		for _, f := range m.Funcs {
 			peak := liveness.Analyze(f).Peak
 			budget := o.Budget.Of(peak)
-			res, err := Rematerialize(f, budget, o.Solver)
-			var be *BudgetError
-			if errors.As(err, &be) && o.Microbatch {
-				if n, st, r, ok := withMicrobatches(f, budget, o.Solver, be); ok {
-					res, err = r, nil
-					ctx.AddStat("microbatches", int64(n))
-					note := fmt.Sprintf("recomputation alone reached %s; the step runs as %d microbatches (gradient accumulation)", memreport.Human(be.Reached), n)
-					if st.BatchNorms > 0 {
-						note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d", st.Batch/int64(n))
-					}
-					ctx.Stat("note", note)
-				}
+			res, split, err := fit(f, budget, o.Solver, o.Microbatch)
+			if split != nil {
+				ctx.AddStat("microbatches", int64(split.N))
+				// The step as split, before recomputation: reports charge
+				// the way there to microbatching.
+				ctx.AddStat("split-peak", split.Split.Peak)
+				ctx.AddStat("split-flops", split.Split.FLOPs)
+				ctx.AddStat("split-ns", int64(split.Split.Seconds*1e9))
+				ctx.Stat("note", split.note())
 			}
 			if err != nil {
 				return err
@@ -63,7 +62,7 @@ func init() {
 
 type options struct {
 	Budget     passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
-	Microbatch bool        `opt:"microbatch" default:"true" doc:"when recomputation alone cannot reach the budget, split the step into 2, 4, 8, ... microbatches (gradient accumulation) and recompute in that"`
+	Microbatch bool        `opt:"microbatch" default:"true" doc:"split the step into 2, 4, 8, ... microbatches (gradient accumulation) and recompute in those when recomputation alone cannot reach the budget, or, for steps without batch normalisation in training mode, when that takes less time in the cost model"`
 	Solver     string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
 }
 
@@ -71,28 +70,104 @@ type options struct {
 // many copies of its ops.
 const maxMicrobatches = 64
 
-// withMicrobatches splits f into the fewest microbatches (2, 4, 8, ...)
-// whose step recomputation fits into budget, and reports how many; f is
-// unchanged when none does (or f cannot be split), and be, the error of
-// recomputation alone, then reports the lowest peak any split reached.
-func withMicrobatches(f *ir.Func, budget int64, solver string, be *BudgetError) (int, microbatch.Stats, Result, bool) {
+// fit rewrites f so that its peak fits budget at the least modelled step
+// time (costmodel.Default, after fusion): by recomputation alone, or, with microbatch,
+// by recomputation in 2, 4, 8, ... microbatches (gradient accumulation).
+// Splitting is weighed against recomputation only for steps that it does
+// not change (no batch normalisation in training mode); otherwise it is
+// the fallback when recomputation alone cannot reach the budget. split
+// describes the split taken (nil: none). On error f is unchanged, and a
+// BudgetError reports the lowest peak any candidate reached.
+func fit(f *ir.Func, budget int64, solver string, microbatch bool) (Result, *splitStats, error) {
+	orig := f
+	best := f.Clone()
+	res, err := Rematerialize(best, budget, solver)
+	var be *BudgetError
+	if err != nil && !errors.As(err, &be) || !microbatch || err == nil && res.FLOPs == 0 {
+		if err == nil {
+			*f = *best
+		}
+		return res, nil, err
+	}
+	var bestSplit *splitStats
+	bestSecs := math.Inf(1)
+	if err == nil {
+		bestSecs = fusedSeconds(best)
+	} else {
+		best = nil
+	}
+	alone := splitStats{Alone: res, AloneSeconds: bestSecs}
+	if be != nil {
+		alone.AloneReached = be.Reached
+	}
 	for n := 2; n <= maxMicrobatches; n *= 2 {
-		g := f.Clone()
-		st, err := microbatch.Split(g, n)
-		if err != nil {
+		g := orig.Clone()
+		st, serr := mb.Split(g, n)
+		if serr != nil || st.BatchNorms > 0 && best != nil {
 			break
 		}
-		res, err := Rematerialize(g, budget, solver)
-		if err == nil {
-			*f = *g
-			return n, st, res, true
+		split := memreport.Measure("microbatch", g)
+		r, rerr := Rematerialize(g, budget, solver)
+		if rerr != nil {
+			if be != nil {
+				be.Microbatches = n
+				if e := (*BudgetError)(nil); errors.As(rerr, &e) && e.Reached < be.Reached {
+					be.Reached, be.Holders = e.Reached, e.Holders
+				}
+			}
+			continue
 		}
-		be.Microbatches = n
-		if e := (*BudgetError)(nil); errors.As(err, &e) && e.Reached < be.Reached {
-			be.Reached, be.Holders = e.Reached, e.Holders
+		secs := fusedSeconds(g)
+		if secs >= bestSecs {
+			break // more slices only add launches and accumulation
 		}
+		best, bestSecs, res = g, secs, r
+		sp := alone
+		sp.N, sp.Stats, sp.Split, sp.Seconds = n, st, split, secs
+		bestSplit = &sp
 	}
-	return 0, microbatch.Stats{}, Result{}, false
+	if best == nil {
+		return Result{}, nil, be
+	}
+	*f = *best
+	return res, bestSplit, nil
+}
+
+// fusedSeconds is f's modelled step time once fuse has merged its
+// kernels, as the pipelines after remat run it: a recomputed chain fused
+// into a kernel that runs anyway costs its FLOPs, not a launch and
+// traffic of its own.
+func fusedSeconds(f *ir.Func) float64 {
+	g := f.Clone()
+	fuse.Fuse(g, fuse.Options{MultiOutput: true})
+	return costmodel.Default.Simulate(g).Seconds
+}
+
+// splitStats is what a split into microbatches did: where the step stood
+// after it, before recomputation, and what recomputation alone reached
+// (AloneSeconds is +Inf when it could not reach the budget).
+type splitStats struct {
+	mb.Stats
+	N            int
+	Split        memreport.Effect
+	Seconds      float64 // modelled step time of the plan taken
+	Alone        Result
+	AloneReached int64 // the lowest peak recomputation alone reached, when it failed
+	AloneSeconds float64
+}
+
+// note tells the reader why the step runs as microbatches.
+func (s *splitStats) note() string {
+	var note string
+	if math.IsInf(s.AloneSeconds, 1) {
+		note = fmt.Sprintf("recomputation alone reached %s; the step runs as %d microbatches (gradient accumulation)", memreport.Human(s.AloneReached), s.N)
+	} else {
+		note = fmt.Sprintf("the step runs as %d microbatches (gradient accumulation): with recomputation in them it takes %.1f µs in the cost model, recomputation alone (%d FLOPs) %.1f µs", s.N, s.Seconds*1e6, s.Alone.FLOPs, s.AloneSeconds*1e6)
+	}
+	if s.BatchNorms > 0 {
+		note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d", s.Batch/int64(s.N))
+	}
+	return note
 }
 
 // Result is what a solver reached.

@@ -172,3 +172,64 @@ func TestRecomputedNames(t *testing.T) {
 		require.Equal(t, want, RecomputedName(in), in)
 	}
 }
+
+// wideMLP is a step whose recomputation must redo a 17-GFLOP matmul at
+// 0.9 of its peak, while two microbatches reach that budget with no
+// recomputation of it; bn adds batch normalisation in training mode
+// after the first layer.
+func wideMLP(bn bool) string {
+	norm := "%n0 = relu(%h0) : f32[4096,1024]"
+	args := ""
+	if bn {
+		args = ", %g: f32[1024] {param}, %b: f32[1024] {param}, %m: f32[1024], %v: f32[1024]"
+		norm = "%n0, %rm, %rv, %sm, %si = batch_norm_train(%h0, %g, %b, %m, %v) {epsilon = 1e-05, momentum = 0.9} : f32[4096,1024], f32[1024], f32[1024], f32[1024], f32[1024]"
+	}
+	return `func @wide(%x: f32[4096,2048], %w0: f32[2048,1024] {param}, %w1: f32[1024,1024] {param}, %w2: f32[1024,1024] {param}` + args + `) -> (f32[4096,1024]) {
+  %h0 = matmul(%x, %w0) : f32[4096,1024]
+  ` + norm + `
+  %a0 = relu(%n0) : f32[4096,1024]
+  %h1 = matmul(%a0, %w1) : f32[4096,1024]
+  %a1 = relu(%h1) : f32[4096,1024]
+  %h2 = matmul(%a1, %w2) : f32[4096,1024]
+  %a2 = relu(%h2) : f32[4096,1024]
+  return %a2
+}`
+}
+
+func countSlices(f *ir.Func) int {
+	n := 0
+	for _, op := range f.Body {
+		if op.Kind == "slice" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRematWeighsMicrobatchesByModelledTime: when recomputation alone
+// reaches the budget but microbatches reach it in less modelled time
+// (after fusion), remat takes the microbatches; a step with batch
+// normalisation keeps recomputation alone, since splitting would change
+// its statistics.
+func TestRematWeighsMicrobatchesByModelledTime(t *testing.T) {
+	step := trainingStep(t, wideMLP(false))
+	peak := liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
+	alone := passtest.Parse(t, step).Funcs[0]
+	_, err := Rematerialize(alone, peak*9/10, "best")
+	require.NoError(t, err, "recomputation alone reaches 0.9")
+
+	m := passtest.Parse(t, step)
+	passtest.Run(t, m, "remat{budget=0.9}")
+	f := m.Funcs[0]
+	require.LessOrEqual(t, liveness.Analyze(f).Peak, peak*9/10)
+	require.Positive(t, countSlices(f), "the step runs as microbatches")
+	require.Less(t, fusedSeconds(f), fusedSeconds(alone))
+
+	step = trainingStep(t, wideMLP(true))
+	peak = liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
+	m = passtest.Parse(t, step)
+	passtest.Run(t, m, "remat{budget=0.97}")
+	f = m.Funcs[0]
+	require.LessOrEqual(t, liveness.Analyze(f).Peak, peak*97/100)
+	require.Zero(t, countSlices(f), "batch normalisation keeps the whole batch")
+}
