@@ -57,8 +57,8 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 		}
 		fs.BoolVar(&l.o[i], fmt.Sprintf("O%d", i), false, usage)
 	}
-	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute under this peak budget (bytes or a fraction, as remat{budget=})")
-	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena fits (bytes or a fraction, as swap{device-budget=})")
+	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute (and split into microbatches) under this peak budget: bytes, or a fraction of the step's peak before any memory pass (after autodiff alone)")
+	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena and workspace fit: bytes, or a fraction of the step's before any memory pass (after autodiff alone)")
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(optimizerKinds, ", "))
 	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (microbatch{n=N}, before the optimizer)")
@@ -88,6 +88,10 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 	var pre []string
 	if l.train != "" {
 		pre = append(pre, "autodiff{loss="+string(l.train)+"}")
+	}
+	if l.budget != "" || l.deviceBudget != "" {
+		ref := strings.Join(pre, ",")
+		pf.budgetsOf = &ref
 	}
 	if l.microbatches > 1 {
 		pre = append(pre, fmt.Sprintf("microbatch{n=%d}", l.microbatches))

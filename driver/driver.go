@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strings"
 
@@ -67,6 +68,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(stderr, "kiln: internal error: %v\nplease report this with the input that caused it\n", r)
+			if os.Getenv("KILN_TRACEBACK") != "" {
+				stderr.Write(debug.Stack())
+			}
 			code = 1
 		}
 	}()

@@ -35,6 +35,9 @@ type pipelineFlags struct {
 	loadPlugins   inputFlags
 	batch         int64
 	printPipeline bool
+	// budgetsOf, when set, is the pipeline whose result the fractions of
+	// --budget and --device-budget refer to ("" for the input itself).
+	budgetsOf *string
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
@@ -101,6 +104,16 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	if err != nil {
 		return nil, usageError{err.Error()}
 	}
+	if p.budgetsOf != nil {
+		if pipe, err = resolveBudgets(e, in.module, pipe, *p.budgetsOf); err != nil {
+			return nil, fmt.Errorf("%s: error: %v", in.name, err)
+		}
+		pipeline = pipe.String()
+	}
+	pipe, placed := choosePlacement(e, in.module, pipe, p.verifyEach)
+	if placed != "" {
+		pipeline = pipe.String()
+	}
 	if p.printPipeline {
 		fmt.Fprintf(e.stderr, "pipeline: %s\n", pipeline)
 	}
@@ -124,6 +137,13 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		Observe:          p.observe,
 	}}
 	runErr := mg.Run(in.module, pipe)
+	if placed != "" {
+		for i := range mg.Runs {
+			if mg.Runs[i].Name == "optimizer" {
+				mg.Runs[i].Stats = append(mg.Runs[i].Stats, passes.Stat{Name: "note", Value: placed})
+			}
+		}
+	}
 	if p.timing {
 		if err := mg.WriteTiming(e.stderr, p.timingFormat == "json"); err != nil {
 			return nil, err

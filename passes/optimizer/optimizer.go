@@ -62,7 +62,7 @@ type options struct {
 	WeightDecay *float64 `opt:"weight-decay" default:"0; 0.01 for adamw" range:"[0,inf)" doc:"weight decay (PyTorch's defaults)"`
 	Step        int64    `opt:"step" default:"1" range:"[1,inf)" doc:"Adam step number t for bias correction"`
 	KeepGrads   bool     `opt:"keep-grads" default:"false" doc:"keep returning the gradients"`
-	Placement   string   `opt:"placement" enum:"early|end" default:"early" doc:"early: each update right after its gradient; end: all updates at the end (as optimizer.step())"`
+	Placement   string   `opt:"placement" enum:"auto|early|end" default:"auto" doc:"early: each update right after its gradient; end: all updates at the end (as optimizer.step()); auto: kiln's commands run the rest of the pipeline with both and keep the plan that needs less memory (then less modelled time), the pass alone places early"`
 }
 
 // Config is the optimizer and its hyper-parameters.

@@ -1,0 +1,169 @@
+package driver
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/memreport"
+	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passes/swap"
+)
+
+// cloneModule copies m deeply.
+func cloneModule(m *ir.Module) *ir.Module {
+	out := &ir.Module{}
+	for _, f := range m.Funcs {
+		out.Funcs = append(out.Funcs, f.Clone())
+	}
+	return out
+}
+
+// quietRun runs pipe on m with verification only (no output, no
+// progress): the trial runs that decide how the real one goes.
+func quietRun(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) (*passes.Manager, error) {
+	mg := &passes.Manager{Inst: passes.Instrumentation{VerifyEach: verify, Log: io.Discard, Files: e.files}}
+	return mg, mg.Run(m, pipe)
+}
+
+// resolveBudgets turns the fractions of --budget and --device-budget
+// into bytes of the step before any memory pass: remat's budget into a
+// fraction of the peak, swap's into a fraction of the device arena (and
+// workspace), both of the module after the reference pipeline ref (the
+// autodiff of --train; nothing without it). Passes named in --passes
+// keep their own meaning (a fraction of what they start from).
+func resolveBudgets(e *env, m *ir.Module, pipe passes.Pipeline, ref string) (passes.Pipeline, error) {
+	fracs := false
+	for _, s := range pipe {
+		fracs = fracs || isFraction(s, "remat", "budget") || isFraction(s, "swap", "device-budget")
+	}
+	if !fracs {
+		return pipe, nil
+	}
+	base := cloneModule(m)
+	if ref != "" {
+		refPipe, err := passes.ParsePipeline(ref, nil)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := quietRun(e, base, refPipe, false); err != nil {
+			return nil, err
+		}
+	}
+	var peak, device int64
+	for _, f := range base.Funcs {
+		peak = max(peak, liveness.Analyze(f).Peak)
+		d, err := swap.DeviceBytes(f)
+		if err != nil {
+			return nil, err
+		}
+		device = max(device, d)
+	}
+	out := make(passes.Pipeline, len(pipe))
+	for i, s := range pipe {
+		out[i] = s
+		for _, c := range []struct {
+			pass, opt string
+			of        int64
+		}{{"remat", "budget", peak}, {"swap", "device-budget", device}} {
+			if isFraction(s, c.pass, c.opt) {
+				sz, _ := passes.ParseSize(s.Args[c.opt])
+				args := map[string]string{}
+				for k, v := range s.Args {
+					args[k] = v
+				}
+				args[c.opt] = strconv.FormatInt(max(1, sz.Of(c.of)), 10)
+				out[i] = passes.Step{Pass: s.Pass, Args: args}
+			}
+		}
+	}
+	return out, nil
+}
+
+func isFraction(s passes.Step, pass, opt string) bool {
+	if s.Pass.Name != pass {
+		return false
+	}
+	sz, err := passes.ParseSize(s.Args[opt])
+	return err == nil && sz.IsFrac
+}
+
+// placement is one way the optimizer's updates were tried.
+type placement struct {
+	name    string
+	pipe    passes.Pipeline
+	planned int64
+	seconds float64
+	err     error
+}
+
+// choosePlacement decides where an optimizer{placement=auto} step puts
+// its updates: the rest of the pipeline runs on copies of m with the
+// updates early and at the end, and the pipeline whose plan needs fewer
+// bytes (then less modelled time) is returned with a note saying what
+// each gave. Pipelines without such a step, or with nothing after it,
+// come back as they are.
+func choosePlacement(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) (passes.Pipeline, string) {
+	at := -1
+	for i, s := range pipe {
+		if s.Pass.Name == "optimizer" && (s.Args["placement"] == "" || s.Args["placement"] == "auto") {
+			at = i
+		}
+	}
+	if at < 0 || at == len(pipe)-1 {
+		return pipe, ""
+	}
+	var tries []*placement
+	for _, name := range []string{"early", "end"} {
+		p := &placement{name: name, pipe: append(passes.Pipeline(nil), pipe...)}
+		args := map[string]string{"placement": name}
+		for k, v := range pipe[at].Args {
+			if k != "placement" {
+				args[k] = v
+			}
+		}
+		p.pipe[at] = passes.Step{Pass: pipe[at].Pass, Args: args}
+		trial := cloneModule(m)
+		if _, p.err = quietRun(e, trial, p.pipe, verify); p.err == nil {
+			for _, f := range trial.Funcs {
+				p.planned += memreport.Build(f, nil).PlannedBytes
+				p.seconds += costmodel.Default.Simulate(f).Seconds
+			}
+		}
+		tries = append(tries, p)
+	}
+	best := tries[0]
+	for _, p := range tries[1:] {
+		if best.err != nil || p.err == nil && (p.planned < best.planned || p.planned == best.planned && p.seconds < best.seconds) {
+			best = p
+		}
+	}
+	if best.err != nil {
+		return pipe, "" // the real run reports the error
+	}
+	var parts []string
+	for _, p := range tries {
+		what := fmt.Sprintf("%s, %.1f µs", memreport.Human(p.planned), p.seconds*1e6)
+		if p.err != nil {
+			what = "cannot be planned (" + firstLine(p.err) + ")"
+		}
+		parts = append(parts, p.name+": "+what)
+	}
+	return best.pipe, fmt.Sprintf("updates placed %s, the plan that needs less memory (then less modelled time): %s", placementWords[best.name], strings.Join(parts, "; "))
+}
+
+var placementWords = map[string]string{"early": "early (each right after its gradient)", "end": "at the end (as optimizer.step())"}
+
+func firstLine(err error) string {
+	s := err.Error()
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
