@@ -142,8 +142,10 @@ func init() {
 			m, n, k, _ := GemmDims(in[0], in[1], a)
 			return 2 * m * n * k
 		},
-		Fusion:      OutFusable,
-		Contraction: true,
+		Fusion:          OutFusable,
+		Contraction:     true,
+		InPlace:         true,
+		InPlaceOperands: []int{2},
 	})
 }
 

@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -97,8 +98,11 @@ type OpDef struct {
 	FLOPs  func(in, out []Type, a AttrValues) int64
 	Fusion FusionClass
 	// InPlace: result 0 may be written over an operand of the same type
-	// that dies at this op.
-	InPlace bool
+	// that dies at this op: any operand, or only those InPlaceOperands
+	// lists (gemm's C: each output element reads its own C element before
+	// it is written, while A and B are read across the whole product).
+	InPlace         bool
+	InPlaceOperands []int
 	// View: result 0 is a view of operand 0's memory (same bytes, new shape).
 	View bool
 	// Impure ops are never duplicated, merged or recomputed.
@@ -475,3 +479,9 @@ func zeroFLOPs([]Type, []Type, AttrValues) int64 { return 0 }
 
 // inputFLOPs counts one FLOP per element of operand 0 (reductions).
 func inputFLOPs(in, _ []Type, _ AttrValues) int64 { return in[0].NumElements() }
+
+// MayOverwrite reports whether result 0 of an op of this kind may be
+// written over its operand k (see InPlace).
+func (d *OpDef) MayOverwrite(k int) bool {
+	return d != nil && d.InPlace && (d.InPlaceOperands == nil || slices.Contains(d.InPlaceOperands, k))
+}

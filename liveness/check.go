@@ -114,9 +114,9 @@ func CheckOffsets(f *ir.Func) error {
 			}
 			root := r
 			if d != nil && d.InPlace && j == 0 {
-				for _, x := range op.Operands {
+				for k, x := range op.Operands {
 					g := find(x)
-					if x.Offset == r.Offset && !onArg[g] && x.Type.SizeBytes() == r.Type.SizeBytes() && groupEnd[g] <= i {
+					if d.MayOverwrite(k) && x.Offset == r.Offset && !onArg[g] && x.Type.SizeBytes() == r.Type.SizeBytes() && groupEnd[g] <= i {
 						root = g
 						break
 					}

@@ -188,9 +188,9 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 // overwrite: same byte size, not an argument or a function result, and
 // dead after op i.
 func inPlaceTarget(info *Info, op *ir.Op, r *ir.Value, i int, lastOf func(*ir.Value) int, isResult map[*ir.Value]bool) *Buffer {
-	for _, x := range op.Operands {
+	for k, x := range op.Operands {
 		b := info.BufferOf[x]
-		if b == nil || b.Arg || b.Size != r.Type.SizeBytes() || x.Type.DType != r.Type.DType || !x.Type.Shape.Equal(r.Type.Shape) {
+		if b == nil || !op.Def().MayOverwrite(k) || b.Arg || b.Size != r.Type.SizeBytes() || x.Type.DType != r.Type.DType || !x.Type.Shape.Equal(r.Type.Shape) {
 			continue
 		}
 		if b.End <= i && !b.pinned {

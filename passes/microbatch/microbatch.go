@@ -45,6 +45,7 @@ type options struct {
 type Stats struct {
 	Batch      int64 // the batch that was split
 	BatchNorms int   // batch_norm_train ops, whose statistics are now per slice
+	Dropouts   int   // dropout ops, which now draw a mask per slice
 }
 
 // Split rewrites the training step f (autodiff ran; the optimizer may
@@ -93,8 +94,11 @@ func Split(f *ir.Func, n int) (Stats, error) {
 	for _, op := range f.Body {
 		switch {
 		case perSlice[op]:
-			if op.Kind == "batch_norm_train" {
+			switch op.Kind {
+			case "batch_norm_train":
 				st.BatchNorms++
+			case "dropout":
+				st.Dropouts++
 			}
 		case slices.ContainsFunc(op.Operands, func(v *ir.Value) bool { return perVal[v] }):
 			after = append(after, op)
@@ -113,6 +117,12 @@ func Split(f *ir.Func, n int) (Stats, error) {
 		}
 	}
 	body := before
+	used := map[*ir.Value]bool{} // values some op reads
+	for _, op := range f.Body {
+		for _, x := range op.Operands {
+			used[x] = true
+		}
+	}
 	sum := map[*ir.Value]*ir.Value{}     // running sums
 	parts := map[*ir.Value][]*ir.Value{} // per-slice results to join
 	for k := int64(0); k < s.n; k++ {
@@ -151,6 +161,13 @@ func Split(f *ir.Func, n int) (Stats, error) {
 				}
 				if sum[r] == nil {
 					sum[r] = v
+					continue
+				}
+				if acc := accumulateInto(f, c, sum[r], used[r], r.Name+".acc"); acc != nil {
+					// The product adds the running sum as it stores, over
+					// the sum's buffer: no second gradient-sized buffer.
+					body[len(body)-1] = acc
+					sum[r] = acc.Results[0]
 					continue
 				}
 				add, err := f.NewOp("add", []*ir.Value{sum[r], v}, nil, op.Loc, r.Name+".acc")
@@ -639,4 +656,24 @@ func loc(op *ir.Op) string {
 		return op.Loc.String()
 	}
 	return op.Kind
+}
+
+// accumulateInto is c, a slice's gemm whose result joins the running sum
+// and nothing else, made to add sum itself (C = sum, beta = 1), or nil
+// when c is not such a product. gemm writes over its C operand, so the
+// slice's product and the running sum share one buffer.
+func accumulateInto(f *ir.Func, c *ir.Op, sum *ir.Value, used bool, name string) *ir.Op {
+	if used || c.Kind != "gemm" || len(c.Operands) != 2 || !sum.Type.Equal(c.Results[0].Type) {
+		return nil
+	}
+	attrs := ir.Attrs{}
+	for k, v := range c.Attrs {
+		attrs[k] = v
+	}
+	attrs["beta"] = ir.FloatAttr(1)
+	acc, err := f.NewOp("gemm", []*ir.Value{c.Operands[0], c.Operands[1], sum}, attrs, c.Loc, name)
+	if err != nil {
+		return nil
+	}
+	return acc
 }

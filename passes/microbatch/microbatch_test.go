@@ -157,3 +157,30 @@ func TestSplitErrorLeavesTheStep(t *testing.T) {
 	require.ErrorContains(t, err, "reduce_max")
 	require.Equal(t, before, m.String())
 }
+
+// TestGemmGradientsAccumulateInPlace: a weight gradient made by a gemm
+// joins its running sum inside the gemm (C = the sum, beta = 1), and the
+// product is written over the sum's buffer, so no slice's gradient is
+// live beside the sum (VGG16's 392 MiB classifier gradient was live twice).
+func TestGemmGradientsAccumulateInPlace(t *testing.T) {
+	m := passtest.Parse(t, models["mlp"])
+	passtest.Run(t, m, "autodiff,microbatch{n=3}")
+	f := m.Funcs[0]
+	info := liveness.Analyze(f)
+	accumulating := 0
+	for _, op := range f.Body {
+		if op.Kind != "gemm" || len(op.Operands) != 3 {
+			continue
+		}
+		accumulating++
+		require.Same(t, info.BufferOf[op.Operands[2]], info.BufferOf[op.Results[0]], "%s is written over its running sum", op.Results[0].Ref())
+	}
+	// w1 and w2 take their gradients from gemms; two slices after the
+	// first join the sum that way.
+	require.Equal(t, 4, accumulating)
+	for _, op := range f.Body {
+		if op.Kind == "add" && op.Operands[1].Def != nil && op.Operands[1].Def.Kind == "gemm" {
+			t.Errorf("%s adds a gemm's gradient outside it", op.Results[0].Ref())
+		}
+	}
+}

@@ -62,7 +62,7 @@ func init() {
 
 type options struct {
 	Budget     passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
-	Microbatch bool        `opt:"microbatch" default:"true" doc:"split the step into 2, 4, 8, ... microbatches (gradient accumulation) and recompute in those when recomputation alone cannot reach the budget, or, for steps without batch normalisation in training mode, when that takes less time in the cost model"`
+	Microbatch bool        `opt:"microbatch" default:"true" doc:"split the step into 2, 4, 8, ... microbatches (gradient accumulation) and recompute in those when recomputation alone cannot reach the budget, or, for steps without batch normalisation in training mode or dropout, when that takes less time in the cost model"`
 	Solver     string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
 }
 
@@ -73,8 +73,9 @@ const maxMicrobatches = 64
 // fit rewrites f so that its peak fits budget at the least modelled step
 // time (costmodel.Default, after fusion): by recomputation alone, or, with microbatch,
 // by recomputation in 2, 4, 8, ... microbatches (gradient accumulation).
-// Splitting is weighed against recomputation only for steps that it does
-// not change (no batch normalisation in training mode); otherwise it is
+// Splitting is weighed against recomputation only for steps whose results
+// it changes by no more than the order of the gradients' sums (no batch
+// normalisation in training mode, no dropout); otherwise it is
 // the fallback when recomputation alone cannot reach the budget. split
 // describes the split taken (nil: none). On error f is unchanged, and a
 // BudgetError reports the lowest peak any candidate reached.
@@ -103,7 +104,7 @@ func fit(f *ir.Func, budget int64, solver string, microbatch bool) (Result, *spl
 	for n := 2; n <= maxMicrobatches; n *= 2 {
 		g := orig.Clone()
 		st, serr := mb.Split(g, n)
-		if serr != nil || st.BatchNorms > 0 && best != nil {
+		if serr != nil || (st.BatchNorms > 0 || st.Dropouts > 0) && best != nil {
 			break
 		}
 		split := memreport.Measure("microbatch", g)
@@ -166,6 +167,9 @@ func (s *splitStats) note() string {
 	}
 	if s.BatchNorms > 0 {
 		note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d", s.Batch/int64(s.N))
+	}
+	if s.Dropouts > 0 {
+		note += ", and dropout draws its mask per microbatch"
 	}
 	return note
 }

@@ -112,13 +112,13 @@ func (g *graph) exactOrder(seg []int, maxStates int) []int {
 		d := op.Def()
 		oi := opInfo{alloc: g.alloc[i]}
 		seen := map[*rootInfo]bool{}
-		for _, v := range op.Operands {
+		for k, v := range op.Operands {
 			ri := roots[g.root[v]]
 			if !seen[ri] {
 				seen[ri] = true
 				oi.operand = append(oi.operand, ri)
 			}
-			if d != nil && d.InPlace && len(op.Results) > 0 && !g.pinned[g.root[v]] &&
+			if d.MayOverwrite(k) && len(op.Results) > 0 && !g.pinned[g.root[v]] &&
 				v.Type.Equal(op.Results[0].Type) && g.rootSize[g.root[v]] == op.Results[0].Type.SizeBytes() {
 				oi.inplace = append(oi.inplace, ri)
 			}
