@@ -3,7 +3,9 @@
 every tensor freed after its last use and views taking no memory (a best case for PyTorch), with the
 default partition and with the min-cut partition. The step is forward, loss = sum(output), backward;
 parameters, the input batch and the gradients count. Writes OUT/NAME/torch_memory.json with bytes:
-{"params", "input", "default", "mincut"}. Usage: torch_memory.py OUT_DIR [NAME...]"""
+{"params", "input", "default", "mincut", "default_512", "mincut_512"}: the _512 peaks round every
+storage up to 512 bytes, as PyTorch's CUDA caching allocator does with each block (the others are
+exact byte sums, which no allocator reaches). Usage: torch_memory.py OUT_DIR [NAME...]"""
 import json, os, sys
 import torch
 from torch.fx import Interpreter
@@ -13,7 +15,8 @@ from export_breadth import DYNAMIC, instances
 
 def replay(gm, args, live, peak):
     """Runs gm on args in order, adding each result's storage to live and dropping a value's storage
-    after its last use (unless another live value shares it); peak[0] is the most bytes live."""
+    after its last use (unless another live value shares it); peak[0] is the most bytes live, peak[1]
+    the most with every storage rounded up to 512 bytes."""
     nodes = list(gm.graph.nodes)
     last = {}
     for i, node in enumerate(nodes):
@@ -32,7 +35,7 @@ def replay(gm, args, live, peak):
         env[node] = getattr(interp, node.op)(node.target, a, kw)
         for t in flat(env[node]):
             live[key(t)] = t.storage().nbytes()
-        peak[0] = max(peak[0], sum(live.values()))
+        note(live, peak)
         for a in node.all_input_nodes:
             if last.get(a) == i and a.op != "placeholder" and not is_output(a, nodes):
                 dead = env.pop(a)
@@ -41,6 +44,11 @@ def replay(gm, args, live, peak):
                     if key(t) not in still:
                         live.pop(key(t), None)
     return None
+
+
+def note(live, peak):
+    peak[0] = max(peak[0], sum(live.values()))
+    peak[1] = max(peak[1], sum(-(-n // 512) * 512 for n in live.values()))
 
 
 def key(t):
@@ -85,7 +93,8 @@ def measure(model, x, partition):
     live = {}
     for t in leaves + [x]:
         live[t.storage().data_ptr()] = t.storage().nbytes()
-    peak = [sum(live.values())]
+    peak = [0, 0]
+    note(live, peak)
     with torch.no_grad():
         outs = replay(fw, [p.detach() for p in leaves] + [x], live, peak)
         n_saved = len(outs) - 1
@@ -96,7 +105,7 @@ def measure(model, x, partition):
             live[t.storage().data_ptr()] = t.storage().nbytes()
         bw_args = saved + [torch.ones((), dtype=outs[0].dtype)]
         replay(bw, bw_args[:len([p for p in bw.graph.nodes if p.op == "placeholder"])], live, peak)
-    return peak[0]
+    return peak
 
 
 if __name__ == "__main__":
@@ -105,11 +114,15 @@ if __name__ == "__main__":
         if name in DYNAMIC:
             x = torch.cat([x, x[:1]], 0)
         try:
+            default = measure(model, x, default_partition)
+            mincut = measure(model, x, min_cut_rematerialization_partition)
             res = {
                 "params": sum(p.numel() * p.element_size() for p in model.parameters()),
                 "input": x.numel() * x.element_size(),
-                "default": measure(model, x, default_partition),
-                "mincut": measure(model, x, min_cut_rematerialization_partition),
+                "default": default[0],
+                "mincut": mincut[0],
+                "default_512": default[1],
+                "mincut_512": mincut[1],
             }
         except Exception as e:  # noqa: BLE001 - report and go on
             print(name, "FAILED:", str(e).splitlines()[0] if str(e) else type(e).__name__)
