@@ -84,6 +84,12 @@ func fit(f *ir.Func, budget int64, solver string, microbatch bool) (Result, *spl
 	best := f.Clone()
 	res, err := Rematerialize(best, budget, solver)
 	var be *BudgetError
+	if errors.As(err, &be) {
+		if fl := stepFloor(orig); budget < fl {
+			be.Floor = fl // no split reaches it either
+			return res, nil, be
+		}
+	}
 	if err != nil && !errors.As(err, &be) || !microbatch || err == nil && res.FLOPs == 0 {
 		if err == nil {
 			*f = *best
@@ -112,9 +118,11 @@ func fit(f *ir.Func, budget int64, solver string, microbatch bool) (Result, *spl
 		if rerr != nil {
 			if be != nil {
 				be.Microbatches = n
-				if e := (*BudgetError)(nil); errors.As(rerr, &e) && e.Reached < be.Reached {
-					be.Reached, be.Holders = e.Reached, e.Holders
+				e := (*BudgetError)(nil)
+				if !errors.As(rerr, &e) || e.Reached > be.Reached-be.Reached/50 {
+					break // twice the slices gained under 2%: what stays whole holds the peak
 				}
+				be.Reached, be.Holders = e.Reached, e.Holders
 			}
 			continue
 		}
@@ -142,6 +150,25 @@ func fusedSeconds(f *ir.Func) float64 {
 	g := f.Clone()
 	fuse.Fuse(g, fuse.Options{MultiOutput: true})
 	return costmodel.Default.Simulate(g).Seconds
+}
+
+// stepFloor is the least peak any schedule of f can have, however split
+// or recomputed: its arguments are live throughout and its results
+// together at the end.
+func stepFloor(f *ir.Func) int64 {
+	var n int64
+	seen := map[*ir.Value]bool{}
+	for _, a := range f.Args {
+		seen[a] = true
+		n += a.Type.SizeBytes()
+	}
+	for _, r := range f.Results {
+		if !seen[r.Value] && !ir.HostResult(r.Value) {
+			seen[r.Value] = true
+			n += r.Value.Type.SizeBytes()
+		}
+	}
+	return n
 }
 
 // splitStats is what a split into microbatches did: where the step stood
@@ -189,6 +216,9 @@ type BudgetError struct {
 	Reached      int64
 	Holders      []memreport.Top
 	Microbatches int // the most microbatches tried beside recomputation (0: none)
+	// Floor, when set, is what the step's arguments and results need
+	// together, above the budget: no schedule goes below it.
+	Floor int64
 }
 
 func (e *BudgetError) Error() string {
@@ -197,8 +227,12 @@ func (e *BudgetError) Error() string {
 	if e.Microbatches > 0 {
 		how = fmt.Sprintf("by recomputation and up to %d microbatches", e.Microbatches)
 	}
-	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) %s; the budget is %s (%d bytes). Values live at that peak:",
+	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) %s; the budget is %s (%d bytes)",
 		e.Func, memreport.Human(e.Reached), e.Reached, how, memreport.Human(e.Budget), e.Budget)
+	if e.Floor > e.Budget {
+		fmt.Fprintf(&b, ", under the %s (%d bytes) that the step's arguments and results need together, which no schedule, recomputation or split goes below", memreport.Human(e.Floor), e.Floor)
+	}
+	b.WriteString(". Values live at that peak:")
 	for _, h := range e.Holders {
 		fmt.Fprintf(&b, "\n  %s %s (%s)", memreport.Human(h.Bytes), h.Value, h.Op)
 		if h.Loc != "" {
