@@ -18,11 +18,18 @@ type Device struct {
 	MemBW  float64 `json:"mem_bw"`         // device memory bytes per second
 	LinkBW float64 `json:"link_bw"`        // host link bytes per second, each direction
 	Launch float64 `json:"launch_seconds"` // seconds of overhead per kernel launch
+	// Links between devices, for collectives (alpha-beta model, ring
+	// algorithms): bytes per second each way and seconds of latency per
+	// step. Zero takes Default's. Not in plan.json's cost_model (its
+	// schema is a contract): launch plans have no collectives yet.
+	CommBW      float64 `json:"-"`
+	CommLatency float64 `json:"-"`
 }
 
 // Default is a current data-centre GPU: 50 TFLOP/s, 2 TB/s of device
 // memory bandwidth, 25 GB/s to the host (PCIe 4 x16), 2 µs per launch.
-var Default = Device{FLOPs: 50e12, MemBW: 2e12, LinkBW: 25e9, Launch: 2e-6}
+// Devices talk at 100 GB/s each way with 5 µs per step (NVLink-class).
+var Default = Device{FLOPs: 50e12, MemBW: 2e12, LinkBW: 25e9, Launch: 2e-6, CommBW: 100e9, CommLatency: 5e-6}
 
 // Validate rejects rates that are not positive.
 func (d Device) Validate() error {
@@ -47,11 +54,45 @@ func (d Device) OpSeconds(op *ir.Op) float64 {
 	if IsCopy(op) {
 		return d.CopySeconds(op.Operands[0].Type.SizeBytes())
 	}
+	if ir.IsCollective(op.Kind) {
+		size, _ := ir.CollectiveGroup(op)
+		return d.CollectiveSeconds(op.Kind, op.Operands[0].Type.SizeBytes(), size)
+	}
 	if !Launches(op) {
 		return 0
 	}
 	c := ir.OpCost(op)
 	return d.KernelSeconds(c.FLOPs, c.BytesRead+c.BytesWritten)
+}
+
+// CollectiveSeconds is the time of a collective of kind over p ranks,
+// each bringing n bytes, by ring algorithms in the alpha-beta model (α
+// per step, n/B per n bytes sent): an all_reduce is a reduce_scatter and
+// an all_gather, 2(p−1) steps moving 2(p−1)/p·n; a reduce_scatter of n
+// bytes or an all_gather to p·n bytes, p−1 steps moving (p−1)/p·n or
+// (p−1)·n; a broadcast pipelined along the ring, p−1 steps and n bytes.
+func (d Device) CollectiveSeconds(kind string, n, p int64) float64 {
+	if p <= 1 {
+		return 0
+	}
+	bw, alpha := d.CommBW, d.CommLatency
+	if bw <= 0 {
+		bw = Default.CommBW
+	}
+	if alpha <= 0 {
+		alpha = Default.CommLatency
+	}
+	steps, bytes := float64(p-1), float64(n)
+	frac := steps / float64(p)
+	switch kind {
+	case "all_reduce":
+		return 2*steps*alpha + 2*frac*bytes/bw
+	case "reduce_scatter":
+		return steps*alpha + frac*bytes/bw
+	case "all_gather":
+		return steps*alpha + steps*bytes/bw
+	}
+	return steps*alpha + bytes/bw
 }
 
 // IsCopy reports whether op is a host-device copy (swap_out, swap_in).

@@ -4,12 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// runtime is the state of one run that kernels may share.
-type runtime struct{}
+// runtime is the state of one run that kernels may share: with RunRanks,
+// the rank and what joins it to the others.
+type runtime struct {
+	rank int64
+	comm *comm
+}
 
 // Options control a run (random_uniform draws from its own seed
 // attribute, as compiled code does, so a run needs no seed).
@@ -36,6 +41,38 @@ func RunWithUpdates(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tens
 }
 
 func runFunc(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, error) {
+	return runOn(f, args, opt, &runtime{})
+}
+
+// RunRanks runs f on len(args) ranks at once, rank r on args[r], the
+// collectives exchanging among them (an SPMD program, as mpirun starts
+// it). It returns each rank's results and final arguments; when a rank
+// fails, the error names it.
+func RunRanks(f *ir.Func, args [][]*Tensor, opt Options) ([][]*Tensor, [][]*Tensor, error) {
+	n := len(args)
+	c := newComm(int64(n))
+	res, final, errs := make([][]*Tensor, n), make([][]*Tensor, n), make([]error, n)
+	var wg sync.WaitGroup
+	for r := range args {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[r], final[r], errs[r] = runOn(f, args[r], opt, &runtime{rank: int64(r), comm: c})
+			if errs[r] != nil {
+				c.fail(errs[r])
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil && !errors.Is(err, errOtherRank) {
+			return nil, nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return res, final, nil
+}
+
+func runOn(f *ir.Func, args []*Tensor, opt Options, rt *runtime) ([]*Tensor, []*Tensor, error) {
 	if len(args) != len(f.Args) {
 		return nil, nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args))
 	}
@@ -55,7 +92,6 @@ func runFunc(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, err
 		}
 		env[a] = final[i]
 	}
-	rt := &runtime{}
 	last := lastUses(f)
 	for i, op := range f.Body {
 		if err := exec(op, env, rt); err != nil {

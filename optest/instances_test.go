@@ -251,5 +251,13 @@ func handInstances() []instance {
 
 		{op: "swap_out", in: tys("f32[3,4]"), model: modelExact},
 		{op: "swap_in", in: tys("f32[3,4]"), model: modelExact},
+
+		// Collectives on one rank are copies (interp's RunRanks tests run
+		// them across ranks).
+		{op: "all_reduce", in: tys("f32[3,4]"), model: modelExact},
+		{op: "all_reduce", in: tys("f32[6]"), attrs: ir.Attrs{"op": ir.StringAttr("max")}, model: modelExact},
+		{op: "reduce_scatter", in: tys("f32[4,2]"), attrs: ir.Attrs{"axis": ir.IntAttr(1)}, model: modelExact},
+		{op: "all_gather", in: tys("f32[2,3]"), model: modelExact},
+		{op: "broadcast", in: tys("f32[5]"), model: modelExact},
 	}
 }

@@ -1,0 +1,241 @@
+package interp
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// comm joins the ranks of one RunRanks: each collective waits until every
+// rank of its group has brought its tensor, then each takes its part.
+// A rank that fails wakes the others with an error.
+type comm struct {
+	ranks  int64
+	mu     sync.Mutex
+	wake   *sync.Cond
+	calls  map[callKey]*call
+	next   map[seqKey]int64 // each rank's count of collectives per group
+	failed error
+}
+
+// A group is named by its first rank, size and stride; its n-th
+// collective is one call.
+type groupKey struct{ base, size, stride int64 }
+type callKey struct {
+	g   groupKey
+	seq int64
+}
+type seqKey struct {
+	rank int64
+	g    groupKey
+}
+
+type call struct {
+	op     []*ir.Op // each member's op
+	in     []*Tensor
+	came   int
+	out    []*Tensor
+	err    error
+	done   bool
+	served int
+}
+
+// errOtherRank is what ranks waiting on a failed rank return.
+var errOtherRank = errors.New("another rank failed")
+
+func newComm(ranks int64) *comm {
+	c := &comm{ranks: ranks, calls: map[callKey]*call{}, next: map[seqKey]int64{}}
+	c.wake = sync.NewCond(&c.mu)
+	return c
+}
+
+func (c *comm) fail(err error) {
+	c.mu.Lock()
+	if c.failed == nil {
+		c.failed = err
+	}
+	c.mu.Unlock()
+	c.wake.Broadcast()
+}
+
+// collective runs op on rank's tensor x with the rest of its group.
+func collective(op *ir.Op, x *Tensor, out ir.Type, rt *runtime) (*Tensor, error) {
+	size, stride := ir.CollectiveGroup(op)
+	if size == 1 {
+		return x.Clone(), nil
+	}
+	c := rt.comm
+	if c == nil {
+		return nil, fmt.Errorf("a group of %d ranks needs a run of as many ranks (this run has one)", size)
+	}
+	members := ir.GroupOf(rt.rank, size, stride)
+	if last := members[len(members)-1]; last >= c.ranks {
+		return nil, fmt.Errorf("rank %d's group of %d ranks, %d apart, reaches rank %d of a run of %d", rt.rank, size, stride, last, c.ranks)
+	}
+	me := 0
+	for i, r := range members {
+		if r == rt.rank {
+			me = i
+		}
+	}
+	g := groupKey{members[0], size, stride}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sk := seqKey{rt.rank, g}
+	key := callKey{g, c.next[sk]}
+	c.next[sk]++
+	cl := c.calls[key]
+	if cl == nil {
+		cl = &call{op: make([]*ir.Op, size), in: make([]*Tensor, size)}
+		c.calls[key] = cl
+	}
+	cl.op[me], cl.in[me] = op, x
+	cl.came++
+	if cl.came == int(size) {
+		cl.out, cl.err = combine(cl.op, cl.in, out)
+		cl.done = true
+		c.wake.Broadcast()
+	}
+	for !cl.done && c.failed == nil {
+		c.wake.Wait()
+	}
+	if !cl.done {
+		return nil, errOtherRank
+	}
+	cl.served++
+	if cl.served == int(size) {
+		delete(c.calls, key)
+	}
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	return cl.out[me], nil
+}
+
+// combine computes every member's result of one collective call.
+func combine(ops []*ir.Op, in []*Tensor, out ir.Type) ([]*Tensor, error) {
+	for i := range ops {
+		if ops[i].Kind != ops[0].Kind || !in[i].Type.Equal(in[0].Type) || !sameAttrs(ops[i].Attrs, ops[0].Attrs) {
+			return nil, fmt.Errorf("the group's ranks disagree: its first rank runs %s on %s, its rank %d %s on %s",
+				ops[0].Kind, in[0].Type, i, ops[i].Kind, in[i].Type)
+		}
+	}
+	op, n := ops[0], len(in)
+	res := make([]*Tensor, n)
+	switch op.Kind {
+	case "all_reduce":
+		r := reduceAll(in, op.Attr().String("op"))
+		for i := range res {
+			res[i] = r.Clone()
+		}
+	case "reduce_scatter":
+		r := reduceAll(in, "sum")
+		for i := range res {
+			res[i] = part(r, op, out, i)
+		}
+	case "all_gather":
+		r := gatherAll(in, op, out)
+		for i := range res {
+			res[i] = r.Clone()
+		}
+	case "broadcast":
+		for i := range res {
+			res[i] = in[op.Attr().Int("root")].Clone()
+		}
+	default:
+		return nil, fmt.Errorf("%s is not a collective", op.Kind)
+	}
+	return res, nil
+}
+
+func sameAttrs(a, b ir.Attrs) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !v.Equal(w) {
+			return false
+		}
+	}
+	return true
+}
+
+// reduceAll folds the members' tensors in group order, rounding each step
+// to the dtype.
+func reduceAll(in []*Tensor, how string) *Tensor {
+	r := in[0].Clone()
+	for _, x := range in[1:] {
+		for j := range r.F {
+			switch how {
+			case "sum":
+				r.F[j] = ir.RoundTo(r.Type.DType, r.F[j]+x.F[j])
+			case "max":
+				r.F[j] = math.Max(r.F[j], x.F[j])
+			case "min":
+				r.F[j] = math.Min(r.F[j], x.F[j])
+			}
+		}
+		for j := range r.I {
+			switch how {
+			case "sum":
+				r.I[j] += x.I[j]
+			case "max":
+				r.I[j] = max(r.I[j], x.I[j])
+			case "min":
+				r.I[j] = min(r.I[j], x.I[j])
+			}
+		}
+	}
+	return r
+}
+
+// layout is x's shape around axis: outer × d × inner.
+func layout(s ir.Shape, op *ir.Op) (outer, d, inner int64) {
+	ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), len(s))
+	outer, _ = s[:ax].NumElements()
+	inner, _ = s[ax+1:].NumElements()
+	return outer, s[ax], inner
+}
+
+// part is member i's part of x cut along the op's axis.
+func part(x *Tensor, op *ir.Op, out ir.Type, i int) *Tensor {
+	outer, d, inner := layout(x.Type.Shape, op)
+	y := New(out)
+	_, od, _ := layout(out.Shape, op)
+	for o := int64(0); o < outer; o++ {
+		for j := int64(0); j < od*inner; j++ {
+			copyElem(y, o*od*inner+j, x, o*d*inner+int64(i)*od*inner+j)
+		}
+	}
+	return y
+}
+
+// gatherAll concatenates the members' tensors along the op's axis.
+func gatherAll(in []*Tensor, op *ir.Op, out ir.Type) *Tensor {
+	y := New(out)
+	outer, d, inner := layout(in[0].Type.Shape, op)
+	od := d * int64(len(in))
+	for i, x := range in {
+		for o := int64(0); o < outer; o++ {
+			for j := int64(0); j < d*inner; j++ {
+				copyElem(y, o*od*inner+int64(i)*d*inner+j, x, o*d*inner+j)
+			}
+		}
+	}
+	return y
+}
+
+func init() {
+	for _, name := range []string{"all_reduce", "reduce_scatter", "all_gather", "broadcast"} {
+		kernels[name] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
+			y, err := collective(op, in[0], out[0], rt)
+			if err != nil {
+				return nil, err
+			}
+			return []*Tensor{y}, nil
+		}
+	}
+}

@@ -1,0 +1,133 @@
+package ir
+
+import "fmt"
+
+// Collectives exchange tensors among the ranks of a group. Every op names
+// its group by size and stride: rank r's group is the size ranks
+// base + i·stride (i < size) with base = r − ((r / stride) mod size)·stride,
+// the ranks along one axis of a row-major device mesh (for a mesh
+// [dp=2, tp=4], tp is stride 1 and size 4, dp stride 4 and size 2). With
+// size 1 a collective is a copy. Each rank of a group must run the same
+// collectives in the same order. Collectives are impure: passes never
+// merge, drop or recompute one.
+
+// GroupOf returns the ranks of rank's group of size ranks spaced stride
+// apart, in group order.
+func GroupOf(rank, size, stride int64) []int64 {
+	base := rank - ((rank/stride)%size)*stride
+	out := make([]int64, size)
+	for i := range out {
+		out[i] = base + int64(i)*stride
+	}
+	return out
+}
+
+// CollectiveGroup returns the size and stride of a collective op.
+func CollectiveGroup(op *Op) (size, stride int64) {
+	a := op.Attr()
+	return a.Int("size"), a.Int("stride")
+}
+
+// IsCollective reports whether kind is a collective op.
+func IsCollective(kind string) bool {
+	switch kind {
+	case "all_reduce", "reduce_scatter", "all_gather", "broadcast":
+		return true
+	}
+	return false
+}
+
+func init() {
+	group := []AttrSpec{{Name: "size", Kind: AttrInt, Default: IntAttr(1)}, {Name: "stride", Kind: AttrInt, Default: IntAttr(1)}}
+	withGroup := func(extra ...AttrSpec) []AttrSpec { return append(append([]AttrSpec(nil), group...), extra...) }
+	checkGroup := func(a AttrValues) error {
+		if a.Int("size") < 1 || a.Int("stride") < 1 {
+			return fmt.Errorf("group size and stride must be at least 1, got size %d and stride %d", a.Int("size"), a.Int("stride"))
+		}
+		return nil
+	}
+	reduction := AttrSpec{Name: "op", Kind: AttrString, Default: StringAttr("sum"), Enum: []string{"sum", "max", "min"}}
+	axis := AttrSpec{Name: "axis", Kind: AttrInt}
+	// along checks that axis names a dimension of t and returns it.
+	along := func(t Type, a AttrValues) (int, error) {
+		ax := a.Int("axis")
+		if ax < 0 {
+			ax += int64(len(t.Shape))
+		}
+		if ax < 0 || ax >= int64(len(t.Shape)) {
+			return 0, fmt.Errorf("axis %d is not a dimension of %s", a.Int("axis"), t)
+		}
+		return int(ax), nil
+	}
+	perElement := func(in, _ []Type, _ AttrValues) int64 { return in[0].NumElements() }
+	Register(&OpDef{
+		Name: "all_reduce", Summary: "every rank of the group gets the elementwise sum (or max, min) of the group's tensors",
+		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(reduction),
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if err := checkGroup(a); err != nil {
+				return nil, err
+			}
+			if in[0].DType == Bool {
+				return nil, fmt.Errorf("cannot reduce %s", in[0])
+			}
+			return []Type{in[0]}, nil
+		},
+		FLOPs: perElement, Fusion: Opaque, Impure: true, KeepF32: true,
+	})
+	Register(&OpDef{
+		Name: "reduce_scatter", Summary: "the group's tensors summed, and cut along axis into size parts: rank i of the group gets part i",
+		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if err := checkGroup(a); err != nil {
+				return nil, err
+			}
+			ax, err := along(in[0], a)
+			if err != nil {
+				return nil, err
+			}
+			n := a.Int("size")
+			if in[0].Shape[ax]%n != 0 {
+				return nil, fmt.Errorf("dimension %d of %s does not divide into %d parts", ax, in[0], n)
+			}
+			out := in[0]
+			out.Shape = append(Shape(nil), in[0].Shape...)
+			out.Shape[ax] /= n
+			return []Type{out}, nil
+		},
+		FLOPs: perElement, Fusion: Opaque, Impure: true, KeepF32: true,
+	})
+	Register(&OpDef{
+		Name: "all_gather", Summary: "the group's tensors concatenated along axis, in group order, on every rank",
+		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if err := checkGroup(a); err != nil {
+				return nil, err
+			}
+			ax, err := along(in[0], a)
+			if err != nil {
+				return nil, err
+			}
+			out := in[0]
+			out.Shape = append(Shape(nil), in[0].Shape...)
+			out.Shape[ax] *= a.Int("size")
+			return []Type{out}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true,
+	})
+	Register(&OpDef{
+		Name: "broadcast", Summary: "every rank of the group gets the tensor of the group's rank root",
+		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(AttrSpec{Name: "root", Kind: AttrInt}),
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if err := checkGroup(a); err != nil {
+				return nil, err
+			}
+			if r := a.Int("root"); r < 0 || r >= a.Int("size") {
+				return nil, fmt.Errorf("root %d is not a rank of a group of %d", r, a.Int("size"))
+			}
+			return []Type{in[0]}, nil
+		},
+		// Its gradient is the group's sum on the root and zero elsewhere,
+		// which depends on the rank: autodiff does not differentiate it.
+		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true, Grad: NoGrad,
+	})
+}
