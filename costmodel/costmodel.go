@@ -95,6 +95,24 @@ func (d Device) CollectiveSeconds(kind string, n, p int64) float64 {
 	return steps*alpha + bytes/bw
 }
 
+// CollectiveBytes is what one rank sends in a collective of kind over p
+// ranks, each bringing n bytes, by the ring algorithms of
+// CollectiveSeconds.
+func CollectiveBytes(kind string, n, p int64) int64 {
+	if p <= 1 {
+		return 0
+	}
+	switch kind {
+	case "all_reduce":
+		return 2 * (p - 1) * n / p
+	case "reduce_scatter":
+		return (p - 1) * n / p
+	case "all_gather":
+		return (p - 1) * n
+	}
+	return n
+}
+
 // IsCopy reports whether op is a host-device copy (swap_out, swap_in).
 func IsCopy(op *ir.Op) bool { return op.Kind == "swap_out" || op.Kind == "swap_in" }
 

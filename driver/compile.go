@@ -26,6 +26,7 @@ type optLevels struct {
 	train        trainFlag
 	optimizer    string
 	microbatches int
+	parallel     string
 }
 
 // trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
@@ -62,6 +63,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(optimizerKinds, ", "))
 	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (microbatch{n=N}, before the optimizer)")
+	fs.StringVar(&l.parallel, "parallel", "", "with --train: partition the step over ranks, parallel{SPEC} after autodiff and the optimizer (dp=N: data parallelism)")
 }
 
 // apply puts the chosen level's pipeline into pf, after autodiff and the
@@ -98,6 +100,12 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 	}
 	if l.optimizer != "" {
 		pre = append(pre, "optimizer{kind="+l.optimizer+"}")
+	}
+	if l.parallel != "" {
+		if l.train == "" {
+			return usageError{"--parallel partitions a training step: it needs --train"}
+		}
+		pre = append(pre, "parallel{"+l.parallel+"}")
 	}
 	rest := pf.passes
 	if named != "" {

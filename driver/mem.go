@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passes/remat"
 	"github.com/kiln-compiler/kiln/progress"
 
@@ -89,6 +90,10 @@ func init() {
 					ps = append(ps, p)
 				}
 				rep := memreport.Build(f, ps)
+				// The ranks of an SPMD step plan alike.
+				for r := 0; r < parallel.RanksOf(f) && parallel.RanksOf(f) > 1; r++ {
+					rep.Ranks = append(rep.Ranks, memreport.RankReport{Rank: r, PlannedBytes: rep.PlannedBytes, ParamsBytes: rep.ParamsBytes, StateBytes: rep.StateBytes, CommBytes: memreport.CommBytes(f)})
+				}
 				if len(effects) == len(mg.Runs)+1 {
 					for i, r := range mg.Runs {
 						effects[i+1].Inner = innerEffects(r)

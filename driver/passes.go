@@ -7,6 +7,7 @@ import (
 	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/microbatch"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/parallel"
 	_ "github.com/kiln-compiler/kiln/passes/precision"
 	_ "github.com/kiln-compiler/kiln/passes/remat"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"

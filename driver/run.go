@@ -17,6 +17,7 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/passes/parallel"
 )
 
 // inputFlags collects repeated --input NAME=FILE.npy flags.
@@ -71,13 +72,19 @@ func init() {
 				if err := checkHostMemory(args[0], f, *backend == "interp", availableMemory()); err != nil {
 					return err
 				}
-				vals, err := argumentValues(e, f, inputs, *inputsDir, *seed)
+				ranks := parallel.RanksOf(f)
+				vals, err := argumentValues(e, wholeView(f, ranks), inputs, *inputsDir, *seed)
 				if err != nil {
 					return err
 				}
 				var res, final []*interp.Tensor
 				var seconds float64
-				if *backend == "llvm" {
+				if ranks > 1 {
+					if *backend != "interp" {
+						return fmt.Errorf("kiln: @%s runs on %d ranks: compiled programs do not call MPI yet; run it with --backend interp, which runs the ranks in one process", f.Name, ranks)
+					}
+					res, final, err = runRanks(f, vals, *repeat, &seconds)
+				} else if *backend == "llvm" {
 					opt := llvm.RunOptions{Repeat: *repeat, Options: llvm.Options{Threads: *threads}}
 					if *repeat > 1 {
 						opt.Seconds = &seconds
@@ -326,4 +333,47 @@ func writeResults(e *env, names []string, res []*interp.Tensor, dir string) erro
 		}
 	}
 	return nil
+}
+
+// wholeView is f with each sharded argument at the type of the whole
+// tensor the ranks share (f itself on one rank): the inputs a user gives
+// and the random draws are those of the one-device step.
+func wholeView(f *ir.Func, ranks int) *ir.Func {
+	if ranks <= 1 {
+		return f
+	}
+	g := *f
+	g.Args = make([]*ir.Value, len(f.Args))
+	for i, a := range f.Args {
+		w := *a
+		w.Type = parallel.WholeType(a, ranks)
+		g.Args[i] = &w
+	}
+	return &g
+}
+
+// runRanks runs the SPMD step f on its ranks in the interpreter, each on
+// its part of vals; the ranks' results and updated arguments agree (they
+// are all-reduced or all-gathered), so rank 0's stand for the step.
+func runRanks(f *ir.Func, vals []*interp.Tensor, repeat int, seconds *float64) ([]*interp.Tensor, []*interp.Tensor, error) {
+	var res, final [][]*interp.Tensor
+	for r := 0; r < max(1, repeat); r++ {
+		parts, err := parallel.ShardValues(f, vals)
+		if err != nil {
+			return nil, nil, err
+		}
+		start := time.Now()
+		res, final, err = interp.RunRanks(f, parts, interp.Options{})
+		*seconds += time.Since(start).Seconds() / float64(max(1, repeat))
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	whole := wholeView(f, parallel.RanksOf(f))
+	for i, a := range whole.Args {
+		if !final[0][i].Type.Equal(a.Type) && a.Arg.InOut {
+			return nil, nil, fmt.Errorf("updated argument %s is sharded; the ranks' parts are not joined", a.Ref())
+		}
+	}
+	return res[0], final[0], nil
 }

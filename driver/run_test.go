@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passtest"
 )
 
 func kiln(t *testing.T, args ...string) (string, string, int) {
@@ -120,4 +121,34 @@ func TestRunIndexOutOfRange(t *testing.T) {
 	}
 	_, err := os.Stat(out)
 	require.True(t, os.IsNotExist(err), "no results are written")
+}
+
+// TestRunParallelEqualsOneDevice: kiln run --parallel dp=N writes what
+// the one-device run writes: loss, gradients, updated parameters and
+// Adam's moments, from the same inputs and seed. Error model: f32, the
+// ranks' partial sums added in another order, a few hundred terms per
+// element: 1e-5 relative to the tensor.
+func TestRunParallelEqualsOneDevice(t *testing.T) {
+	dir := t.TempDir()
+	for _, extra := range [][]string{{"--train=sum"}, {"--train=mean", "--optimizer", "adam"}} {
+		one := filepath.Join(dir, "one")
+		base := append([]string{"run", "../testdata/examples/mlp.kir", "--seed", "5"}, extra...)
+		_, stderr, code := kiln(t, append(base, "--output-dir", one)...)
+		require.Equal(t, 0, code, stderr)
+		for _, n := range []string{"2", "4"} {
+			par := filepath.Join(dir, "dp"+n)
+			_, stderr, code := kiln(t, append(base, "--parallel", "dp="+n, "--output-dir", par)...)
+			require.Equal(t, 0, code, stderr)
+			files, err := os.ReadDir(one)
+			require.NoError(t, err)
+			require.NotEmpty(t, files)
+			for _, fe := range files {
+				want := readNpy(t, filepath.Join(one, fe.Name()))
+				got := readNpy(t, filepath.Join(par, fe.Name()))
+				require.True(t, got.Type.Equal(want.Type), "%s", fe.Name())
+				require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5, "dp=%s %v: %s", n, extra, fe.Name())
+			}
+		}
+		require.NoError(t, os.RemoveAll(one))
+	}
 }

@@ -88,8 +88,34 @@ type Report struct {
 	// Mechanisms is what each way of saving memory contributed over the
 	// pipeline, by name (see MechanismOf); empty when no pass measured.
 	Mechanisms map[string]*Mechanism `json:"mechanisms"`
+	// Ranks, for a step partitioned over ranks, is each rank's plan; the
+	// top-level planned_bytes is then the largest rank's.
+	Ranks []RankReport `json:"ranks,omitempty"`
 
 	info *liveness.Info
+}
+
+// RankReport is one rank's share of a partitioned step: its planned
+// bytes, the parameters and optimizer state it holds, and the bytes it
+// sends in collectives (ring algorithms).
+type RankReport struct {
+	Rank         int   `json:"rank"`
+	PlannedBytes int64 `json:"planned_bytes"`
+	ParamsBytes  int64 `json:"params_bytes"`
+	StateBytes   int64 `json:"state_bytes"`
+	CommBytes    int64 `json:"comm_bytes"`
+}
+
+// CommBytes is what a rank of f sends in f's collectives.
+func CommBytes(f *ir.Func) int64 {
+	var n int64
+	for _, op := range f.Body {
+		if ir.IsCollective(op.Kind) {
+			size, _ := ir.CollectiveGroup(op)
+			n += costmodel.CollectiveBytes(op.Kind, op.Operands[0].Type.SizeBytes(), size)
+		}
+	}
+	return n
 }
 
 // DefaultAlignment is the alignment of the default assignment.

@@ -70,7 +70,20 @@ type Stats struct {
 // results are joined along their sliced dimension. Dropout draws each
 // slice's mask from its own seed. Batch normalisation in training mode
 // takes each slice's statistics.
-func Split(f *ir.Func, n int) (Stats, error) {
+func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, false) }
+
+// Shard rewrites the training step f into the step of one of n ranks
+// that share its batch (data parallelism): the batch arguments hold 1/n
+// of the batch (rank r gets rows r·B/n to (r+1)·B/n), and every rank
+// runs the same function. Where Split sums the slices, Shard all-reduces
+// over the n ranks: gradients and a summed loss are summed, a mean loss
+// averaged, and results joined along the batch are all-gathered, so that
+// every rank returns the whole step's results and in-place updates see
+// the whole batch's gradients. Sharded arguments carry shard = 0. On
+// error f is unchanged.
+func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, true) }
+
+func split(f *ir.Func, n int, ranks bool) (Stats, error) {
 	if n == 1 {
 		return Stats{}, nil
 	}
@@ -125,10 +138,28 @@ func Split(f *ir.Func, n int) (Stats, error) {
 	}
 	sum := map[*ir.Value]*ir.Value{}     // running sums
 	parts := map[*ir.Value][]*ir.Value{} // per-slice results to join
-	for k := int64(0); k < s.n; k++ {
+	slices := s.n
+	if ranks {
+		slices = 1 // this rank's
+	}
+	shardArgs := map[*ir.Value]*ir.Value{} // with ranks: each batch argument as one rank holds it
+	for k := int64(0); k < slices; k++ {
 		m := map[*ir.Value]*ir.Value{}
 		for _, a := range s.args {
 			size := s.batch / s.n
+			if ranks {
+				info := *a.Arg
+				info.Attrs = a.Arg.Attrs.Clone()
+				if info.Attrs == nil {
+					info.Attrs = ir.Attrs{}
+				}
+				info.Attrs["shard"] = ir.IntAttr(0) // the rank's part of dimension 0
+				na := &ir.Value{Name: a.Name, Type: a.Type, Index: a.Index, Offset: ir.NoOffset, Arg: &info}
+				na.Type.Shape = append(ir.Shape{size}, a.Type.Shape[1:]...)
+				shardArgs[a], m[a] = na, na
+				s.sliced[na] = cut{dim: 0, inner: 1}
+				continue
+			}
 			op, err := f.NewOp("slice", []*ir.Value{a}, ir.Attrs{
 				"starts": ir.IntsAttr(k * size), "ends": ir.IntsAttr((k + 1) * size), "axes": ir.IntsAttr(0),
 			}, ir.Location{}, fmt.Sprintf("%s.mb%d", a.Name, k))
@@ -157,6 +188,15 @@ func Split(f *ir.Func, n int) (Stats, error) {
 					parts[r] = append(parts[r], v)
 				}
 				if !summed[r] {
+					continue
+				}
+				if ranks {
+					ar, err := f.NewOp("all_reduce", []*ir.Value{v}, ir.Attrs{"size": ir.IntAttr(s.n)}, op.Loc, r.Name+".allreduce")
+					if err != nil {
+						return st, err
+					}
+					body = append(body, ar)
+					sum[r] = ar.Results[0]
 					continue
 				}
 				if sum[r] == nil {
@@ -222,7 +262,14 @@ func Split(f *ir.Func, n int) (Stats, error) {
 				}
 				return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch but does not follow it (%s per slice, %s whole)", loc(v.Def), v.Ref(), ps[0].Type, v.Type)
 			}
-			op, err := f.NewOp("concat", ps, ir.Attrs{"axis": ir.IntAttr(int64(c.dim))}, v.Def.Loc, v.Name+".join")
+			kind, attrs := "concat", ir.Attrs{"axis": ir.IntAttr(int64(c.dim))}
+			if ranks {
+				if c.inner != 1 {
+					return st, fmt.Errorf("%s: parallel: result %s holds the batch inside dimension %d, which an all_gather cannot join", loc(v.Def), v.Ref(), c.dim)
+				}
+				kind, attrs["size"] = "all_gather", ir.IntAttr(s.n)
+			}
+			op, err := f.NewOp(kind, ps, attrs, v.Def.Loc, v.Name+".join")
 			if err != nil {
 				return st, err
 			}
@@ -244,6 +291,11 @@ func Split(f *ir.Func, n int) (Stats, error) {
 	}
 	for i, v := range results {
 		f.Results[i].Value = v
+	}
+	for i, a := range f.Args {
+		if na := shardArgs[a]; na != nil {
+			f.Args[i] = na
+		}
 	}
 	f.Body = append(body, tail...)
 	passes.RemoveDeadOps(f)
