@@ -353,8 +353,9 @@ func wholeView(f *ir.Func, ranks int) *ir.Func {
 }
 
 // runRanks runs the SPMD step f on its ranks in the interpreter, each on
-// its part of vals; the ranks' results and updated arguments agree (they
-// are all-reduced or all-gathered), so rank 0's stand for the step.
+// its part of vals; the ranks' results agree (they are all-reduced or
+// all-gathered), so rank 0's stand for the step, and arguments updated
+// in parts (ZeRO) are joined.
 func runRanks(f *ir.Func, vals []*interp.Tensor, repeat int, seconds *float64) ([]*interp.Tensor, []*interp.Tensor, error) {
 	var res, final [][]*interp.Tensor
 	for r := 0; r < max(1, repeat); r++ {
@@ -369,11 +370,5 @@ func runRanks(f *ir.Func, vals []*interp.Tensor, repeat int, seconds *float64) (
 			return nil, nil, err
 		}
 	}
-	whole := wholeView(f, parallel.RanksOf(f))
-	for i, a := range whole.Args {
-		if !final[0][i].Type.Equal(a.Type) && a.Arg.InOut {
-			return nil, nil, fmt.Errorf("updated argument %s is sharded; the ranks' parts are not joined", a.Ref())
-		}
-	}
-	return res[0], final[0], nil
+	return res[0], parallel.JoinValues(f, final), nil
 }

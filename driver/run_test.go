@@ -123,8 +123,9 @@ func TestRunIndexOutOfRange(t *testing.T) {
 	require.True(t, os.IsNotExist(err), "no results are written")
 }
 
-// TestRunParallelEqualsOneDevice: kiln run --parallel dp=N writes what
-// the one-device run writes: loss, gradients, updated parameters and
+// TestRunParallelEqualsOneDevice: kiln run --parallel dp=N (with ZeRO
+// stages 2 and 3, whose parameters and moments are joined from the
+// ranks' parts) writes what the one-device run writes: loss, gradients, updated parameters and
 // Adam's moments, from the same inputs and seed. Error model: f32, the
 // ranks' partial sums added in another order, a few hundred terms per
 // element: 1e-5 relative to the tensor.
@@ -135,9 +136,10 @@ func TestRunParallelEqualsOneDevice(t *testing.T) {
 		base := append([]string{"run", "../testdata/examples/mlp.kir", "--seed", "5"}, extra...)
 		_, stderr, code := kiln(t, append(base, "--output-dir", one)...)
 		require.Equal(t, 0, code, stderr)
-		for _, n := range []string{"2", "4"} {
-			par := filepath.Join(dir, "dp"+n)
-			_, stderr, code := kiln(t, append(base, "--parallel", "dp="+n, "--output-dir", par)...)
+		for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=2", "dp=4,zero=3"} {
+			n := spec
+			par := filepath.Join(dir, strings.ReplaceAll(spec, ",", "_"))
+			_, stderr, code := kiln(t, append(base, "--parallel", spec, "--output-dir", par)...)
 			require.Equal(t, 0, code, stderr)
 			files, err := os.ReadDir(one)
 			require.NoError(t, err)
@@ -146,7 +148,7 @@ func TestRunParallelEqualsOneDevice(t *testing.T) {
 				want := readNpy(t, filepath.Join(one, fe.Name()))
 				got := readNpy(t, filepath.Join(par, fe.Name()))
 				require.True(t, got.Type.Equal(want.Type), "%s", fe.Name())
-				require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5, "dp=%s %v: %s", n, extra, fe.Name())
+				require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5, "%s %v: %s", n, extra, fe.Name())
 			}
 		}
 		require.NoError(t, os.RemoveAll(one))

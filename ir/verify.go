@@ -72,8 +72,8 @@ func verifyFunc(f *Func) diag.List {
 		if a.Arg.Init != nil {
 			if err := a.Arg.Init.Validate(); err != nil {
 				v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("initial value of %s: %v", a.Ref(), err)))
-			} else if !a.Arg.Init.Type.Equal(a.Type) {
-				v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("initial value of %s has type %s, want %s", a.Ref(), a.Arg.Init.Type, a.Type)))
+			} else if want := InitType(f, a); !a.Arg.Init.Type.Equal(want) {
+				v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("initial value of %s has type %s, want %s", a.Ref(), a.Arg.Init.Type, want)))
 			}
 		}
 	}
@@ -290,4 +290,19 @@ func checkResultAttrs(f *Func, r Result) error {
 		return fmt.Errorf("role must be %q, %q or %q, not %q", RoleLoss, RoleGrad, RoleGradsFinite, role.Str)
 	}
 	return nil
+}
+
+// InitType is the type of argument a's initial value: a's type, or for
+// an argument that holds a rank's part of dimension d (attribute shard =
+// d) of a function on ranks ranks, the whole tensor's, which the runner
+// cuts.
+func InitType(f *Func, a *Value) Type {
+	t := a.Type
+	sh, ok := a.Arg.Attrs["shard"]
+	if !ok || sh.Int < 0 || int(sh.Int) >= len(t.Shape) {
+		return t
+	}
+	t.Shape = append(Shape(nil), t.Shape...)
+	t.Shape[sh.Int] *= f.Attrs.Int("ranks", 1)
+	return t
 }

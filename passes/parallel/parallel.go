@@ -26,7 +26,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			if _, err := Partition(f, Plan{DP: o.DP}); err != nil {
+			if _, err := Partition(f, Plan{DP: o.DP, Zero: o.Zero}); err != nil {
 				return err
 			}
 			ctx.AddStat("ranks", int64(o.DP))
@@ -36,12 +36,14 @@ func init() {
 }
 
 type options struct {
-	DP int `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	DP   int `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	Zero int `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
 }
 
 // Plan is how a step is spread over ranks.
 type Plan struct {
-	DP int // data-parallel ranks
+	DP   int // data-parallel ranks
+	Zero int // ZeRO stage (0, 2 or 3)
 }
 
 // Ranks is the number of ranks a plan runs on.
@@ -52,6 +54,9 @@ func (p Plan) Ranks() int { return max(1, p.DP) }
 func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	if p.DP < 1 {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
+	}
+	if p.Zero != 0 && p.Zero != 2 && p.Zero != 3 {
+		return microbatch.Stats{}, fmt.Errorf("parallel: zero=%d is not built (zero=2 shards the optimizer state and the gradients, zero=3 also the parameters' lifetimes)", p.Zero)
 	}
 	st, err := microbatch.Shard(f, p.DP)
 	if err != nil {
@@ -65,6 +70,14 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 			f.Attrs = ir.Attrs{}
 		}
 		f.Attrs["ranks"] = ir.IntAttr(int64(p.Ranks()))
+	}
+	switch p.Zero {
+	case 2, 3:
+		if p.DP > 1 {
+			if _, err := shardState(f, int64(p.DP), p.Zero); err != nil {
+				return st, fmt.Errorf("parallel{zero=%d}: %v", p.Zero, err)
+			}
+		}
 	}
 	return st, nil
 }
@@ -122,4 +135,35 @@ func ShardValues(f *ir.Func, whole []*interp.Tensor) ([][]*interp.Tensor, error)
 		}
 	}
 	return out, nil
+}
+
+// JoinValues is the whole of each argument from the ranks' final values:
+// a sharded argument's parts joined along its shard dimension in rank
+// order, rank 0's value of any other (the ranks agree on those).
+func JoinValues(f *ir.Func, ranks [][]*interp.Tensor) []*interp.Tensor {
+	n := len(ranks)
+	out := make([]*interp.Tensor, len(f.Args))
+	for i, a := range f.Args {
+		wt := WholeType(a, n)
+		if wt.Equal(a.Type) {
+			out[i] = ranks[0][i]
+			continue
+		}
+		d := int(a.Arg.Attrs.Int("shard", 0))
+		outer, _ := wt.Shape[:d].NumElements()
+		part := ranks[0][i].Len() / max(1, int(outer))
+		w := interp.New(wt)
+		for r := 0; r < n; r++ {
+			for o := 0; o < int(outer); o++ {
+				dst := o*part*n + r*part
+				if w.F != nil {
+					copy(w.F[dst:dst+part], ranks[r][i].F[o*part:(o+1)*part])
+				} else {
+					copy(w.I[dst:dst+part], ranks[r][i].I[o*part:(o+1)*part])
+				}
+			}
+		}
+		out[i] = w
+	}
+	return out
 }
