@@ -8,6 +8,7 @@ package costmodel
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/kiln-compiler/kiln/ir"
 )
@@ -133,9 +134,11 @@ type Timeline struct {
 	ComputeSeconds float64 // busy time of the compute stream
 	CopySeconds    float64 // busy time of the copy stream
 	StallSeconds   float64 // time the compute stream waits for copies
+	CommSeconds    float64 // busy time of the communication stream (collectives)
 }
 
-// Simulate runs f's schedule in the model without knowing offsets: copies
+// Simulate runs f's schedule in the model without knowing offsets:
+// collectives run in order on a communication stream; copies
 // run on the copy stream, in order, each starting once its operand is
 // ready; the compute op after a swap_out waits for it (the memory it
 // frees may be written next) and an op reading a swap_in result waits for
@@ -143,13 +146,23 @@ type Timeline struct {
 func (d Device) Simulate(f *ir.Func) Timeline {
 	var tl Timeline
 	ready := map[*ir.Value]float64{}
-	compute, copyFree, mustWait := 0.0, 0.0, 0.0
+	compute, copyFree, mustWait, commFree := 0.0, 0.0, 0.0, 0.0
 	for _, op := range f.Body {
 		start := 0.0
 		for _, x := range op.Operands {
 			start = max(start, ready[x])
 		}
 		secs := d.OpSeconds(op)
+		if ir.IsCollective(op.Kind) {
+			// Collectives run in order on a stream of their own, each once
+			// its operand is ready; compute goes on until it reads a result.
+			commFree = max(start, commFree) + secs
+			tl.CommSeconds += secs
+			for _, r := range op.Results {
+				ready[r] = commFree
+			}
+			continue
+		}
 		if IsCopy(op) {
 			// A swap_in also waits for the ops before it: its memory is free
 			// only once they ran.
@@ -178,6 +191,16 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 			ready[r] = max(begin+secs, start)
 		}
 	}
-	tl.Seconds = max(compute, copyFree)
+	tl.Seconds = max(compute, copyFree, commFree)
 	return tl
+}
+
+// ExposedComm is the step time f's collectives add in the model: its
+// simulated time less the time with every collective instantaneous. One
+// minus its ratio to Timeline.CommSeconds is the share of communication
+// that overlaps compute.
+func (d Device) ExposedComm(f *ir.Func) float64 {
+	free := d
+	free.CommBW, free.CommLatency = math.Inf(1), math.SmallestNonzeroFloat64
+	return d.Simulate(f).Seconds - free.Simulate(f).Seconds
 }

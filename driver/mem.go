@@ -91,8 +91,13 @@ func init() {
 				}
 				rep := memreport.Build(f, ps)
 				// The ranks of an SPMD step plan alike.
-				for r := 0; r < parallel.RanksOf(f) && parallel.RanksOf(f) > 1; r++ {
-					rep.Ranks = append(rep.Ranks, memreport.RankReport{Rank: r, PlannedBytes: rep.PlannedBytes, ParamsBytes: rep.ParamsBytes, StateBytes: rep.StateBytes, CommBytes: memreport.CommBytes(f)})
+				if n := parallel.RanksOf(f); n > 1 {
+					r0 := memreport.RankOf(f, rep, 0)
+					for r := 0; r < n; r++ {
+						rr := r0
+						rr.Rank = r
+						rep.Ranks = append(rep.Ranks, rr)
+					}
 				}
 				if len(effects) == len(mg.Runs)+1 {
 					for i, r := range mg.Runs {

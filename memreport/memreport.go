@@ -104,6 +104,17 @@ type RankReport struct {
 	ParamsBytes  int64 `json:"params_bytes"`
 	StateBytes   int64 `json:"state_bytes"`
 	CommBytes    int64 `json:"comm_bytes"`
+	// CommSeconds is the collectives' time in the cost model, and
+	// ExposedCommSeconds what of it the step waits for (the rest overlaps
+	// compute).
+	CommSeconds        float64 `json:"comm_seconds"`
+	ExposedCommSeconds float64 `json:"exposed_comm_seconds"`
+}
+
+// RankOf is the report of rank r of the SPMD step f whose report is rep.
+func RankOf(f *ir.Func, rep *Report, r int) RankReport {
+	return RankReport{Rank: r, PlannedBytes: rep.PlannedBytes, ParamsBytes: rep.ParamsBytes, StateBytes: rep.StateBytes,
+		CommBytes: CommBytes(f), CommSeconds: costmodel.Default.Simulate(f).CommSeconds, ExposedCommSeconds: costmodel.Default.ExposedComm(f)}
 }
 
 // CommBytes is what a rank of f sends in f's collectives.

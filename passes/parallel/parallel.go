@@ -26,7 +26,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			if _, err := Partition(f, Plan{DP: o.DP, Zero: o.Zero}); err != nil {
+			if _, err := Partition(f, Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0)}); err != nil {
 				return err
 			}
 			ctx.AddStat("ranks", int64(o.DP))
@@ -36,14 +36,16 @@ func init() {
 }
 
 type options struct {
-	DP   int `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
-	Zero int `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
+	DP     int         `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	Zero   int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
+	Bucket passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 }
 
 // Plan is how a step is spread over ranks.
 type Plan struct {
-	DP   int // data-parallel ranks
-	Zero int // ZeRO stage (0, 2 or 3)
+	DP     int   // data-parallel ranks
+	Zero   int   // ZeRO stage (0, 2 or 3)
+	Bucket int64 // bytes of a gradient bucket without ZeRO (0: none)
 }
 
 // Ranks is the number of ranks a plan runs on.
@@ -72,6 +74,12 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 		f.Attrs["ranks"] = ir.IntAttr(int64(p.Ranks()))
 	}
 	switch p.Zero {
+	case 0:
+		if p.DP > 1 && p.Bucket > 0 {
+			if _, err := bucket(f, int64(p.DP), p.Bucket); err != nil {
+				return st, fmt.Errorf("parallel{bucket}: %v", err)
+			}
+		}
 	case 2, 3:
 		if p.DP > 1 {
 			if _, err := shardState(f, int64(p.DP), p.Zero); err != nil {

@@ -43,7 +43,7 @@ var models = map[string]string{
 // a few hundred terms: 1e-12 relative.
 func TestDataParallelEqualsOneDevice(t *testing.T) {
 	for name, src := range models {
-		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean}", "autodiff{loss=mean},optimizer{kind=adam}", "autodiff{loss=sum},optimizer{kind=momentum}", "autodiff{loss=sum},optimizer{kind=sgd}"} {
+		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean}", "autodiff{loss=mean},optimizer{kind=adam}", "autodiff{loss=sum},optimizer{kind=momentum}", "autodiff{loss=sum},optimizer{kind=sgd}", "autodiff{loss=mean},optimizer{kind=adam,placement=end}"} {
 			for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=2", "dp=4,zero=3"} {
 				n := 2
 				if strings.HasPrefix(spec, "dp=4") {
@@ -125,4 +125,25 @@ func TestZeroShardsParametersAndState(t *testing.T) {
 		require.Equal(t, w.Type.SizeBytes()/4, a.Type.SizeBytes(), "%s", a.Name)
 	}
 	require.Equal(t, 4, kinds["all_gather"], "w1 and b1 gathered for the forward only (the backward reads neither), w2 for the forward and the backward")
+}
+
+// TestGradientsAllReduceInBuckets: the loss and the MLP's three
+// gradients (f64: 4, 384, 128 and 768 bytes in the order the backward
+// makes them) share one all_reduce in a 25 MiB bucket; with bucket=0 each
+// has its own; with 600-byte buckets, {loss, w2's, b1's} and {w1's}.
+func TestGradientsAllReduceInBuckets(t *testing.T) {
+	count := func(pipe string) int {
+		m := passtest.Parse(t, models["mlp"])
+		passtest.Run(t, m, pipe)
+		n := 0
+		for _, op := range m.Funcs[0].Body {
+			if op.Kind == "all_reduce" {
+				n++
+			}
+		}
+		return n
+	}
+	require.Equal(t, 1, count("autodiff,optimizer{kind=sgd,placement=end},parallel{dp=2}"))
+	require.Equal(t, 4, count("autodiff,optimizer{kind=sgd,placement=end},parallel{dp=2,bucket=0}"))
+	require.Equal(t, 2, count("autodiff,optimizer{kind=sgd,placement=end},parallel{dp=2,bucket=600}"))
 }
