@@ -26,10 +26,26 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			if _, err := Partition(f, Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0)}); err != nil {
+			plan := Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0)}
+			if o.Devices > 0 {
+				if o.DP != 1 || o.Zero != 0 {
+					return fmt.Errorf("parallel: give devices (to search) or dp and zero, not both")
+				}
+				best, cands, err := Search(f, o.Devices, o.DeviceMemory.Of(0), plan.Bucket)
+				var lines []string
+				for _, c := range cands {
+					lines = append(lines, c.String())
+				}
+				if err != nil {
+					return fmt.Errorf("@%s: %v; weighed %s", f.Name, err, strings.Join(lines, "; "))
+				}
+				ctx.Stat("note", fmt.Sprintf("chose %s, the fastest in the cost model that fits; weighed %s", best, strings.Join(lines, "; ")))
+				plan = best
+			}
+			if _, err := Partition(f, plan); err != nil {
 				return err
 			}
-			ctx.AddStat("ranks", int64(o.DP))
+			ctx.AddStat("ranks", int64(plan.Ranks()))
 		}
 		return nil
 	}))
@@ -39,6 +55,9 @@ type options struct {
 	DP     int         `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
 	Zero   int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
 	Bucket passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
+	// Devices asks for the search instead of a plan.
+	Devices      int         `opt:"devices" default:"0" range:"[0,inf)" doc:"search dp (dividing devices) and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp and zero as given)"`
+	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
 }
 
 // Plan is how a step is spread over ranks.

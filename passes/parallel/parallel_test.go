@@ -147,3 +147,48 @@ func TestGradientsAllReduceInBuckets(t *testing.T) {
 	require.Equal(t, 4, count("autodiff,optimizer{kind=sgd,placement=end},parallel{dp=2,bucket=0}"))
 	require.Equal(t, 2, count("autodiff,optimizer{kind=sgd,placement=end},parallel{dp=2,bucket=600}"))
 }
+
+// TestSearchPicksTheFastestPlanThatFits: over 4 devices the search weighs
+// dp = 1, 2, 4 with ZeRO 0, 2, 3 (7 plans); with no memory limit it takes
+// the fastest; with a limit between the plans' peaks it takes the fastest
+// of those under it; under every peak it says which plan comes closest.
+func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
+	m := passtest.Parse(t, models["mlp"])
+	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
+	f := m.Funcs[0]
+	before := f.String()
+	best, cands, err := parallel.Search(f, 4, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, cands, 7)
+	require.Equal(t, before, f.String(), "the search leaves f alone")
+	for _, c := range cands {
+		require.NoError(t, c.Err)
+		require.GreaterOrEqual(t, c.Seconds, cands[indexOf(cands, best)].Seconds)
+	}
+	// A limit that only the smallest peaks meet.
+	least, most := cands[0].Peak, cands[0].Peak
+	for _, c := range cands {
+		least, most = min(least, c.Peak), max(most, c.Peak)
+	}
+	limit := (least + most) / 2
+	best, cands, err = parallel.Search(f, 4, limit, 0)
+	require.NoError(t, err)
+	chosen := cands[indexOf(cands, best)]
+	require.LessOrEqual(t, chosen.Peak, limit)
+	for _, c := range cands {
+		if c.Fits {
+			require.GreaterOrEqual(t, c.Seconds, chosen.Seconds)
+		}
+	}
+	_, _, err = parallel.Search(f, 4, least-1, 0)
+	require.ErrorContains(t, err, "no plan over 4 devices fits")
+}
+
+func indexOf(cands []parallel.Candidate, p parallel.Plan) int {
+	for i, c := range cands {
+		if c.Plan.DP == p.DP && c.Plan.Zero == p.Zero {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,86 @@
+package parallel
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/memreport"
+	"github.com/kiln-compiler/kiln/passes/fuse"
+)
+
+// Candidate is one plan Search weighed: each rank's peak and its step
+// time in the cost model (after fusion), or why the plan cannot be made.
+type Candidate struct {
+	Plan    Plan
+	Peak    int64
+	Seconds float64
+	Fits    bool
+	Err     error
+}
+
+func (c Candidate) String() string {
+	name := fmt.Sprintf("dp=%d,zero=%d", c.Plan.DP, c.Plan.Zero)
+	if c.Err != nil {
+		return name + ": " + c.Err.Error()
+	}
+	fits := "fits"
+	if !c.Fits {
+		fits = "does not fit"
+	}
+	return fmt.Sprintf("%s: peak %s per rank (%s), %.1f µs per step", name, memreport.Human(c.Peak), fits, c.Seconds*1e6)
+}
+
+// Search weighs the plans that spread f over at most devices ranks with
+// what parallel builds: dp dividing devices (the batch must divide too)
+// and ZeRO stages 0, 2 and 3. It returns the fastest plan in the cost
+// model whose peak fits memory per device (0: any), ties going to the
+// smaller peak, and every candidate it weighed. f is unchanged.
+func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, error) {
+	var cands []Candidate
+	for dp := 1; dp <= devices; dp++ {
+		if devices%dp != 0 {
+			continue
+		}
+		for _, zero := range []int{0, 2, 3} {
+			if dp == 1 && zero > 0 {
+				continue
+			}
+			c := Candidate{Plan: Plan{DP: dp, Zero: zero, Bucket: bucket}}
+			g := f.Clone()
+			if _, c.Err = Partition(g, c.Plan); c.Err == nil {
+				c.Peak = liveness.Analyze(g).Peak
+				fuse.Fuse(g, fuse.Options{MultiOutput: true})
+				c.Seconds = costmodel.Default.Simulate(g).Seconds
+				c.Fits = memory <= 0 || c.Peak <= memory
+			}
+			cands = append(cands, c)
+		}
+	}
+	best := -1
+	for i, c := range cands {
+		if c.Err != nil || !c.Fits {
+			continue
+		}
+		if best < 0 || c.Seconds < cands[best].Seconds || c.Seconds == cands[best].Seconds && c.Peak < cands[best].Peak {
+			best = i
+		}
+	}
+	if best < 0 {
+		least := slices.IndexFunc(cands, func(c Candidate) bool { return c.Err == nil })
+		for i, c := range cands {
+			if c.Err == nil && c.Peak < cands[least].Peak {
+				least = i
+			}
+		}
+		if least < 0 {
+			return Plan{}, cands, fmt.Errorf("no plan over %d devices can be made: %v", devices, cands[0].Err)
+		}
+		return Plan{}, cands, fmt.Errorf("no plan over %d devices fits %s per device; the smallest, %s, needs %s", devices, memreport.Human(memory), cands[least].Plan, memreport.Human(cands[least].Peak))
+	}
+	return cands[best].Plan, cands, nil
+}
+
+func (p Plan) String() string { return fmt.Sprintf("dp=%d,zero=%d", p.DP, p.Zero) }
