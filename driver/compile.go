@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/progress"
 )
 
@@ -315,6 +316,18 @@ func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*inter
 	p, err := lowerForLLVM(e, pf, in, f)
 	if err != nil {
 		return nil, nil, err
+	}
+	if n := parallel.RanksOf(f); n > 1 {
+		// An SPMD step: mpirun runs the ranks, each on its part.
+		parts, err := parallel.ShardValues(f, vals)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kiln: %v", err)
+		}
+		rres, rfinal, err := llvm.RunRanks(p, parts, opt)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kiln: %v", err)
+		}
+		return rres[0], parallel.JoinValues(f, rfinal), nil
 	}
 	res, final, err = llvm.Run(p, vals, opt)
 	if err != nil {

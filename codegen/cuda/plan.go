@@ -338,6 +338,8 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 					return err
 				}
 			}
+		case *loops.Collective:
+			return fmt.Errorf("%s over %d ranks: launch plans do not call NCCL yet", st.Kind, st.Size)
 		case *loops.Stage:
 			name := fmt.Sprintf("%s_s%d", k.Name, b.stageIndex(k, st))
 			threads := int64(1)

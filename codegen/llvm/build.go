@@ -183,11 +183,15 @@ func describeTensor(name, file string, t kir.Type, inout bool) (cTensor, error) 
 func Driver(p *loops.Program) (string, error) {
 	data := struct {
 		Entry                   string
+		Ranks                   int // 0 on one rank
 		MaxRank                 int
 		ArenaBytes              int64
 		StatusIndexOutOfRange   int
 		Params, Inputs, Results []cTensor
 	}{Entry: EntryName(p.Func), MaxRank: 1, ArenaBytes: p.ArenaBytes, StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
+	if n := Ranks(p); n > 1 {
+		data.Ranks = int(n)
+	}
 	add := func(list *[]cTensor, name, file string, t kir.Type, inout bool) error {
 		c, err := describeTensor(name, file, t, inout)
 		*list = append(*list, c)
@@ -199,7 +203,7 @@ func Driver(p *loops.Program) (string, error) {
 		if err := add(&data.Params, v.Name, FileName("updated."+v.Name), v.Type, inout); err != nil {
 			return "", err
 		}
-		if v.Arg != nil && v.Arg.Init != nil {
+		if v.Arg != nil && v.Arg.Init != nil && v.Arg.Init.Type.Equal(v.Type) {
 			data.Params[len(data.Params)-1].Init = initSymbol(i)
 		}
 	}
@@ -230,11 +234,29 @@ func initSymbol(i int) string { return "kiln_init_" + strconv.Itoa(i) }
 func InitFiles(p *loops.Program) map[string][]byte {
 	out := map[string][]byte{}
 	for i, v := range p.Params {
-		if v.Arg != nil && v.Arg.Init != nil {
+		if v.Arg != nil && v.Arg.Init != nil && v.Arg.Init.Type.Equal(v.Type) {
 			out[initSymbol(i)+".bin"] = v.Arg.Init.RawBytes()
 		}
 	}
 	return out
+}
+
+// Ranks is the number of MPI ranks p runs as (1 unless a parallel pass
+// made it an SPMD step). A rank's part of a sharded argument's initial
+// value is not embedded: the runner gives every rank its part.
+func Ranks(p *loops.Program) int64 { return p.Func.Attrs.Int("ranks", 1) }
+
+// mpiFlags are the compiler and linker flags of Open MPI's mpicc.
+func mpiFlags() ([]string, error) {
+	var flags []string
+	for _, what := range []string{"--showme:compile", "--showme:link"} {
+		out, err := exec.Command("mpicc", what).Output()
+		if err != nil {
+			return nil, fmt.Errorf("a program of several ranks links against MPI, and mpicc is missing: apt-get install -y libopenmpi-dev openmpi-bin")
+		}
+		flags = append(flags, strings.Fields(string(out))...)
+	}
+	return flags, nil
 }
 
 // Clang finds clang 14 (or any clang) on PATH.
@@ -293,6 +315,13 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 			}
 		}
 		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, ll, "-lm", "-lpthread")
+		if Ranks(p) > 1 {
+			mpi, err := mpiFlags()
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, mpi...)
+		}
 	default:
 		return nil, fmt.Errorf("unknown output kind %q", kind)
 	}

@@ -66,6 +66,7 @@ type module struct {
 	host     *ir.Global
 	status   *ir.Global // kiln_status, emitted on first use
 	outlined int
+	ranks    int64 // the MPI ranks the program runs as
 	// The largest kernel workspace before its panels, and the largest
 	// panel of one thread (workspace.go).
 	tempsMax, panelMax int64
@@ -73,7 +74,7 @@ type module struct {
 
 // Emit builds the LLVM module of p.
 func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
-	md := &module{m: ir.NewModule(), decls: map[string]*ir.Func{}, consts: map[*kir.Dense]*ir.Global{}}
+	md := &module{m: ir.NewModule(), decls: map[string]*ir.Func{}, consts: map[*kir.Dense]*ir.Global{}, ranks: Ranks(p)}
 	if len(opts) > 0 {
 		md.opt = opts[0]
 	}
@@ -330,6 +331,8 @@ func (e *fn) steps(steps []loops.Step) {
 			} else {
 				e.stage(s)
 			}
+		case *loops.Collective:
+			e.collective(s)
 		}
 		e.bound = outer
 	}
@@ -812,4 +815,31 @@ func (e *fn) reduce(r *loops.Reduce) value.Value {
 		e.cur.NewStore(next, acc)
 	})
 	return e.cur.NewLoad(t, acc)
+}
+
+// collectiveKinds and reductions number what kiln_collective (the
+// driver's MPI runtime) runs.
+var (
+	collectiveKinds = map[string]int64{"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3}
+	reductions      = map[string]int64{"": 0, "sum": 0, "max": 1, "min": 2}
+	collectiveTypes = map[kir.DType]int64{kir.F32: 0, kir.F64: 1, kir.I64: 2}
+)
+
+// collective calls the driver's kiln_collective on the step's buffers.
+func (e *fn) collective(c *loops.Collective) {
+	if e.md.ranks <= 1 {
+		e.fail(fmt.Errorf("%s over %d ranks in a program of one rank: steps made by the parallel pass say how many ranks they run on (attribute ranks)", c.Kind, c.Size))
+		return
+	}
+	dt, ok := collectiveTypes[c.In.Type.DType]
+	if !ok {
+		e.fail(fmt.Errorf("%s of %s: compiled collectives carry f32, f64 and i64", c.Kind, c.In.Type))
+		return
+	}
+	i32 := func(v int64) value.Value { return constant.NewInt(types.I32, v) }
+	fn := e.md.declare("kiln_collective", types.Void, types.I32, types.I32, i8p, i8p, types.I64, types.I64, types.I64, types.I64, types.I64, types.I64, types.I32)
+	in := e.cur.NewBitCast(e.base(c.In), i8p)
+	out := e.cur.NewBitCast(e.base(c.Out), i8p)
+	e.cur.NewCall(fn, i32(collectiveKinds[c.Kind]), i32(reductions[c.Reduce]), in, out,
+		i64(c.Outer), i64(c.D), i64(c.Inner), i64(c.Size), i64(c.Stride), i64(c.Root), i32(dt))
 }

@@ -78,6 +78,12 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 			fmt.Sscanf(line, "peak resident %d bytes", opt.MaxRSS)
 		}
 	}
+	return readOutputs(out, f, args)
+}
+
+// readOutputs reads what the program wrote to out: each result, and the
+// final value of each argument updated in place (args' otherwise).
+func readOutputs(out string, f *kir.Func, args []*interp.Tensor) (results, final []*interp.Tensor, err error) {
 	for i := range f.Results {
 		t, err := readNpy(filepath.Join(out, FileName(resultName(f, i))+".npy"), f.Results[i].Value.Type.DType)
 		if err != nil {
@@ -93,6 +99,70 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 			}
 		}
 		final = append(final, t)
+	}
+	return results, final, nil
+}
+
+// RunRanks compiles the SPMD program p, runs it with mpirun as
+// len(args) ranks, rank r on args[r] (its files under DIR/rankR), and
+// returns each rank's results and final arguments.
+func RunRanks(p *loops.Program, args [][]*interp.Tensor, opts ...RunOptions) (results, final [][]*interp.Tensor, err error) {
+	var opt RunOptions
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
+	n := len(args)
+	if int64(n) != Ranks(p) {
+		return nil, nil, fmt.Errorf("@%s runs as %d ranks, got arguments for %d", p.Func.Name, Ranks(p), n)
+	}
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		return nil, nil, fmt.Errorf("running %d ranks needs mpirun: apt-get install -y openmpi-bin libopenmpi-dev", n)
+	}
+	exe, err := Build(p, "exe", opt.Options)
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "kiln-ranks-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "program")
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		return nil, nil, err
+	}
+	f := p.Func
+	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+	for r, rargs := range args {
+		if len(rargs) != len(f.Args) {
+			return nil, nil, fmt.Errorf("@%s takes %d arguments, rank %d got %d", f.Name, len(f.Args), r, len(rargs))
+		}
+		rd := filepath.Join(in, fmt.Sprintf("rank%d", r))
+		if err := os.MkdirAll(rd, 0o755); err != nil {
+			return nil, nil, err
+		}
+		for i, a := range f.Args {
+			if err := writeNpy(filepath.Join(rd, FileName(a.Name)+".npy"), rargs[i]); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	cmdArgs := []string{"-np", fmt.Sprint(n), "--oversubscribe"}
+	if os.Geteuid() == 0 {
+		cmdArgs = append(cmdArgs, "--allow-run-as-root")
+	}
+	cmdArgs = append(cmdArgs, bin, "--inputs", in, "--output-dir", out)
+	msg, err := exec.Command(mpirun, cmdArgs...).CombinedOutput()
+	if err != nil {
+		return nil, nil, fmt.Errorf("mpirun of the compiled program failed: %v\n%s", err, strings.TrimSpace(string(msg)))
+	}
+	for r := range args {
+		res, fin, err := readOutputs(filepath.Join(out, fmt.Sprintf("rank%d", r)), f, args[r])
+		if err != nil {
+			return nil, nil, fmt.Errorf("rank %d: %v", r, err)
+		}
+		results, final = append(results, res), append(final, fin)
 	}
 	return results, final, nil
 }
