@@ -15,8 +15,10 @@ import (
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
-// f64 models without batch normalisation or dropout: an MLP and a CNN
-// with a flatten.
+// f64 models without batch normalisation or dropout: an MLP, a CNN with a
+// flatten, and an attention block whose reshapes fold the batch into rows
+// (dropout and batch norm would draw masks and statistics per rank, as in
+// PyTorch's DDP).
 var models = map[string]string{
 	"mlp": `func @mlp(%x: f64[8,6], %w1: f64[6,16] {param}, %b1: f64[16] {param}, %w2: f64[16,3] {param}) -> (f64[8,3]) {
   %h = matmul(%x, %w1) : f64[8,16]
@@ -31,6 +33,23 @@ var models = map[string]string{
   %p = max_pool2d(%r) {kernel = [2, 2], strides = [2, 2]} : f64[4,4,4,4]
   %f = reshape(%p) {shape = [4, 64]} : f64[4,64]
   %y = matmul(%f, %fw) : f64[4,5]
+  return %y
+}`,
+	"attention": `func @attn(%x: f64[4,5,8], %g: f64[8] {param}, %wq: f64[8,8] {param}, %wk: f64[8,8] {param}, %wo: f64[8,8] {param}) -> (f64[4,5,8]) {
+  %n, %mu, %rs = layer_norm(%x, %g) {axis = -1} : f64[4,5,8], f64[4,5,1], f64[4,5,1]
+  %rows = reshape(%n) {shape = [20, 8]} : f64[20,8]
+  %q = matmul(%rows, %wq) : f64[20,8]
+  %k = matmul(%rows, %wk) : f64[20,8]
+  %q3 = reshape(%q) {shape = [4, 5, 8]} : f64[4,5,8]
+  %k3 = reshape(%k) {shape = [4, 5, 8]} : f64[4,5,8]
+  %kt = transpose(%k3) {perm = [0, 2, 1]} : f64[4,8,5]
+  %s = matmul(%q3, %kt) : f64[4,5,5]
+  %p = softmax(%s) {axis = -1} : f64[4,5,5]
+  %o = matmul(%p, %q3) : f64[4,5,8]
+  %o2 = reshape(%o) {shape = [20, 8]} : f64[20,8]
+  %z = matmul(%o2, %wo) : f64[20,8]
+  %z3 = reshape(%z) {shape = [4, 5, 8]} : f64[4,5,8]
+  %y = add(%z3, %x) : f64[4,5,8]
   return %y
 }`,
 }
