@@ -74,10 +74,10 @@ func init() {
 		},
 		FLOPs: perElement, Fusion: Opaque, Impure: true, KeepF32: true,
 	})
-	Register(&OpDef{
-		Name: "reduce_scatter", Summary: "the group's tensors summed, and cut along axis into size parts: rank i of the group gets part i",
-		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
-		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+	// alongAxis infers a result whose axis is the operand's scaled by
+	// scale (which may refuse it).
+	alongAxis := func(scale func(extent, size int64) (int64, error)) func(in []Type, a AttrValues) ([]Type, error) {
+		return func(in []Type, a AttrValues) ([]Type, error) {
 			if err := checkGroup(a); err != nil {
 				return nil, err
 			}
@@ -85,33 +85,29 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			n := a.Int("size")
-			if in[0].Shape[ax]%n != 0 {
-				return nil, fmt.Errorf("dimension %d of %s does not divide into %d parts", ax, in[0], n)
-			}
 			out := in[0]
 			out.Shape = append(Shape(nil), in[0].Shape...)
-			out.Shape[ax] /= n
+			if out.Shape[ax], err = scale(in[0].Shape[ax], a.Int("size")); err != nil {
+				return nil, fmt.Errorf("dimension %d of %s: %v", ax, in[0], err)
+			}
 			return []Type{out}, nil
-		},
+		}
+	}
+	Register(&OpDef{
+		Name: "reduce_scatter", Summary: "the group's tensors summed, and cut along axis into size parts: rank i of the group gets part i",
+		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
+		Infer: alongAxis(func(extent, size int64) (int64, error) {
+			if extent%size != 0 {
+				return 0, fmt.Errorf("%d does not divide into %d parts", extent, size)
+			}
+			return extent / size, nil
+		}),
 		FLOPs: perElement, Fusion: Opaque, Impure: true, KeepF32: true,
 	})
 	Register(&OpDef{
 		Name: "all_gather", Summary: "the group's tensors concatenated along axis, in group order, on every rank",
 		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
-		Infer: func(in []Type, a AttrValues) ([]Type, error) {
-			if err := checkGroup(a); err != nil {
-				return nil, err
-			}
-			ax, err := along(in[0], a)
-			if err != nil {
-				return nil, err
-			}
-			out := in[0]
-			out.Shape = append(Shape(nil), in[0].Shape...)
-			out.Shape[ax] *= a.Int("size")
-			return []Type{out}, nil
-		},
+		Infer: alongAxis(func(extent, size int64) (int64, error) { return extent * size, nil }),
 		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true,
 	})
 	Register(&OpDef{

@@ -5,6 +5,7 @@ package passtest
 
 import (
 	"math"
+	"os"
 	"testing"
 
 	"github.com/kiln-compiler/kiln/interp"
@@ -136,4 +137,14 @@ func CheckPipeline(t testing.TB, src, pipeline string, tol float64) *ir.Module {
 		Equivalent(t, before.Funcs[i], after.Funcs[i], tol)
 	}
 	return after
+}
+
+// ReadFile returns the text of a test's data file, and panics when it
+// cannot (package-level tables of test models read them).
+func ReadFile(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }

@@ -43,13 +43,7 @@ func TestLowPrecisionRoundingMatchesInterpreter(t *testing.T) {
 		m := passtest.Parse(t, src)
 		pipelineOn(t, m, pipeline)
 		f := m.Funcs[0]
-		args := interp.RandomArgs(f, 21)
-		want, err := interp.Run(f, cloneAll(args), interp.Options{})
-		require.NoError(t, err)
-		p, err := loops.Lower(f)
-		require.NoError(t, err)
-		got, _, err := llvm.Run(p, args)
-		require.NoError(t, err)
+		want, got := interpretedAndCompiled(t, f, interp.RandomArgs(f, 21))
 		for i := range want {
 			require.Equal(t, want[i].Type, got[i].Type)
 			require.Equal(t, want[i].F, got[i].F, "%s: result %s", pipeline, f.ResultName(i))
@@ -134,15 +128,22 @@ func TestAccumulatingGemmOverItsSumCompiled(t *testing.T) {
 		}
 	}
 	require.Positive(t, shared, "some gemm writes over its running sum")
-	args := interp.RandomArgs(f, 5)
-	want, err := interp.Run(f, cloneAll(args), interp.Options{})
-	require.NoError(t, err)
-	p, err := loops.Lower(f)
-	require.NoError(t, err)
-	got, _, err := llvm.Run(p, args)
-	require.NoError(t, err)
+	want, got := interpretedAndCompiled(t, f, interp.RandomArgs(f, 5))
 	for i := range want {
 		e := passtest.RelErr(got[i], want[i])
 		require.True(t, e <= 1e-5, "result %s: relative error %g", f.ResultName(i), e)
 	}
+}
+
+// interpretedAndCompiled runs f on args in the interpreter and compiled,
+// and returns both results.
+func interpretedAndCompiled(t *testing.T, f *ir.Func, args []*interp.Tensor) (want, got []*interp.Tensor) {
+	t.Helper()
+	want, err := interp.Run(f, cloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	got, _, err = llvm.Run(p, args)
+	require.NoError(t, err)
+	return want, got
 }

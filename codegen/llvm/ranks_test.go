@@ -22,13 +22,7 @@ import (
 // and i64. Error model: MPI may add in another order than the
 // interpreter's rank order; four f64 terms: 1e-15 relative.
 func TestCollectivesUnderMPI(t *testing.T) {
-	requireClang(t)
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("CI installs Open MPI, and mpirun is missing")
-		}
-		t.Skip("mpirun is not installed (libopenmpi-dev openmpi-bin)")
-	}
+	requireMPI(t)
 	src := `func @f(%x: f64[2,4,3], %k: i64[4]) -> (f64[2,4,3], f64[2,4,3], f64[2,2,3], f64[2,8,3], f64[2,4,3], i64[4]) attributes {ranks = 4} {
   %s = all_reduce(%x) {size = 4} : f64[2,4,3]
   %m = all_reduce(%x) {size = 2, stride = 2, op = "max"} : f64[2,4,3]
@@ -64,13 +58,7 @@ func TestCollectivesUnderMPI(t *testing.T) {
 // joined from the ranks' parts) within 1e-12: the ranks' partial sums
 // and MPI's reduction order change the order of f64 additions only.
 func TestDataParallelStepUnderMPI(t *testing.T) {
-	requireClang(t)
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("CI installs Open MPI, and mpirun is missing")
-		}
-		t.Skip("mpirun is not installed (libopenmpi-dev openmpi-bin)")
-	}
+	requireMPI(t)
 	src := `func @mlp(%x: f64[8,6], %w1: f64[6,16] {param}, %b1: f64[16] {param}, %w2: f64[16,4] {param}) -> (f64[8,4]) {
   %h = matmul(%x, %w1) : f64[8,16]
   %hb = add(%h, %b1) : f64[8,16]
@@ -100,5 +88,18 @@ func TestDataParallelStepUnderMPI(t *testing.T) {
 		if a.Arg.InOut {
 			require.LessOrEqual(t, passtest.RelErr(joined[i], wantArgs[i]), 1e-12, "updated %s", a.Name)
 		}
+	}
+}
+
+// requireMPI skips a test without clang or mpirun, except in CI, which
+// installs both.
+func requireMPI(t *testing.T) {
+	t.Helper()
+	requireClang(t)
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI installs Open MPI, and mpirun is missing")
+		}
+		t.Skip("mpirun is not installed (libopenmpi-dev openmpi-bin)")
 	}
 }

@@ -30,19 +30,11 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 	if len(opts) > 0 {
 		opt = opts[0]
 	}
-	exe, err := Build(p, "exe", opt.Options)
-	if err != nil {
-		return nil, nil, err
-	}
-	dir, err := os.MkdirTemp("", "kiln-run-")
+	dir, bin, exe, err := built(p, opt.Options)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "program")
-	if err := os.WriteFile(bin, exe, 0o755); err != nil {
-		return nil, nil, err
-	}
 	out := filepath.Join(dir, "out")
 	cmdArgs := []string{"--output-dir", out}
 	f := p.Func
@@ -79,6 +71,23 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 		}
 	}
 	return readOutputs(out, f, args)
+}
+
+// built compiles p into the executable bin in the new temporary folder
+// dir, which the caller removes; exe is its bytes.
+func built(p *loops.Program, opt Options) (dir, bin string, exe []byte, err error) {
+	if exe, err = Build(p, "exe", opt); err != nil {
+		return "", "", nil, err
+	}
+	if dir, err = os.MkdirTemp("", "kiln-run-"); err != nil {
+		return "", "", nil, err
+	}
+	bin = filepath.Join(dir, "program")
+	if err := os.WriteFile(bin, exe, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", "", nil, err
+	}
+	return dir, bin, exe, nil
 }
 
 // readOutputs reads what the program wrote to out: each result, and the
@@ -119,19 +128,11 @@ func RunRanks(p *loops.Program, args [][]*interp.Tensor, opts ...RunOptions) (re
 	if err != nil {
 		return nil, nil, fmt.Errorf("running %d ranks needs mpirun: apt-get install -y openmpi-bin libopenmpi-dev", n)
 	}
-	exe, err := Build(p, "exe", opt.Options)
-	if err != nil {
-		return nil, nil, err
-	}
-	dir, err := os.MkdirTemp("", "kiln-ranks-")
+	dir, bin, _, err := built(p, opt.Options)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "program")
-	if err := os.WriteFile(bin, exe, 0o755); err != nil {
-		return nil, nil, err
-	}
 	f := p.Func
 	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
 	for r, rargs := range args {

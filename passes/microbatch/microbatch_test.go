@@ -19,13 +19,7 @@ import (
 // steps must equal the whole-batch step: an MLP, a CNN with pooling and a
 // flatten, and an attention block whose reshapes fold the batch into rows.
 var models = map[string]string{
-	"mlp": `func @mlp(%x: f64[12,6], %w1: f64[6,16] {param}, %b1: f64[16] {param}, %w2: f64[16,3] {param}) -> (f64[12,3]) {
-  %h = matmul(%x, %w1) : f64[12,16]
-  %hb = add(%h, %b1) : f64[12,16]
-  %a = tanh(%hb) : f64[12,16]
-  %y = matmul(%a, %w2) : f64[12,3]
-  return %y
-}`,
+	"mlp": passtest.ReadFile("../../testdata/steps/mlp_f64.kir"),
 	"cnn": `func @cnn(%x: f64[6,2,8,8], %w: f64[4,2,3,3] {param}, %w2: f64[4,4,3,3] {param}, %fw: f64[16,5] {param}) -> (f64[6,5]) {
   %c = conv2d(%x, %w) {pads = [1, 1, 1, 1]} : f64[6,4,8,8]
   %r = relu(%c) : f64[6,4,8,8]
@@ -36,23 +30,7 @@ var models = map[string]string{
   %y = matmul(%f, %fw) : f64[6,5]
   return %y
 }`,
-	"attention": `func @attn(%x: f64[4,5,8], %g: f64[8] {param}, %wq: f64[8,8] {param}, %wk: f64[8,8] {param}, %wo: f64[8,8] {param}) -> (f64[4,5,8]) {
-  %n, %mu, %rs = layer_norm(%x, %g) {axis = -1} : f64[4,5,8], f64[4,5,1], f64[4,5,1]
-  %rows = reshape(%n) {shape = [20, 8]} : f64[20,8]
-  %q = matmul(%rows, %wq) : f64[20,8]
-  %k = matmul(%rows, %wk) : f64[20,8]
-  %q3 = reshape(%q) {shape = [4, 5, 8]} : f64[4,5,8]
-  %k3 = reshape(%k) {shape = [4, 5, 8]} : f64[4,5,8]
-  %kt = transpose(%k3) {perm = [0, 2, 1]} : f64[4,8,5]
-  %s = matmul(%q3, %kt) : f64[4,5,5]
-  %p = softmax(%s) {axis = -1} : f64[4,5,5]
-  %o = matmul(%p, %q3) : f64[4,5,8]
-  %o2 = reshape(%o) {shape = [20, 8]} : f64[20,8]
-  %z = matmul(%o2, %wo) : f64[20,8]
-  %z3 = reshape(%z) {shape = [4, 5, 8]} : f64[4,5,8]
-  %y = add(%z3, %x) : f64[4,5,8]
-  return %y
-}`,
+	"attention": passtest.ReadFile("../../testdata/steps/attention_f64.kir"),
 }
 
 // TestMicrobatchEqualsWholeBatch: for sum and mean losses and every n that
