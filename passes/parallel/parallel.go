@@ -26,7 +26,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0)}
+			plan := Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN}
 			if o.Devices > 0 {
 				if o.DP != 1 || o.Zero != 0 {
 					return fmt.Errorf("parallel: give devices (to search) or dp and zero, not both")
@@ -55,6 +55,7 @@ type options struct {
 	DP     int         `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
 	Zero   int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
 	Bucket passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
+	SyncBN bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
 	// Devices asks for the search instead of a plan.
 	Devices      int         `opt:"devices" default:"0" range:"[0,inf)" doc:"search dp (dividing devices) and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp and zero as given)"`
 	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
@@ -65,6 +66,9 @@ type Plan struct {
 	DP     int   // data-parallel ranks
 	Zero   int   // ZeRO stage (0, 2 or 3)
 	Bucket int64 // bytes of a gradient bucket without ZeRO (0: none)
+	// LocalBN keeps each rank's batch-norm statistics (DDP's default)
+	// instead of the whole batch's.
+	LocalBN bool
 }
 
 // Ranks is the number of ranks a plan runs on.
@@ -91,6 +95,11 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 			f.Attrs = ir.Attrs{}
 		}
 		f.Attrs["ranks"] = ir.IntAttr(int64(p.Ranks()))
+		if !p.LocalBN {
+			if _, err := syncBatchNorm(f, int64(p.DP)); err != nil {
+				return st, fmt.Errorf("parallel: whole-batch statistics: %v", err)
+			}
+		}
 	}
 	switch p.Zero {
 	case 0:

@@ -1,0 +1,156 @@
+package parallel
+
+import (
+	"slices"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// syncBatchNorm rewrites every batch_norm_train and batch_norm_grad of
+// the SPMD step f of n data-parallel ranks to use the statistics of the
+// whole batch, as PyTorch's SyncBatchNorm does: the per-channel sums the
+// ops need are all-reduced over the ranks (two small all_reduces forward,
+// two backward), so that the step computes what the one-device step
+// does. The gradients of scale and bias stay this rank's share: the step
+// all-reduces them with the other gradients. It returns how many ops it
+// rewrote.
+func syncBatchNorm(f *ir.Func, n int64) (int, error) {
+	rewritten := 0
+	for i := 0; i < len(f.Body); i++ {
+		op := f.Body[i]
+		if op.Kind != "batch_norm_train" && op.Kind != "batch_norm_grad" {
+			continue
+		}
+		e := &emitter{f: f, loc: op.Loc, n: n}
+		var outs []*ir.Value
+		if op.Kind == "batch_norm_train" {
+			outs = e.forward(op)
+		} else {
+			outs = e.backward(op)
+		}
+		if e.err != nil {
+			return rewritten, e.err
+		}
+		for k, r := range op.Results {
+			f.ReplaceUses(r, outs[k])
+		}
+		f.Body = slices.Concat(f.Body[:i], e.ops, f.Body[i+1:])
+		i += len(e.ops) - 1
+		rewritten++
+	}
+	return rewritten, nil
+}
+
+// emitter builds the ops of one rewritten normalisation.
+type emitter struct {
+	f   *ir.Func
+	loc ir.Location
+	n   int64 // ranks
+	ops []*ir.Op
+	err error
+}
+
+func (e *emitter) op(kind string, attrs ir.Attrs, name string, in ...*ir.Value) *ir.Value {
+	if e.err != nil {
+		return in[0]
+	}
+	o, err := e.f.NewOp(kind, in, attrs, e.loc, name)
+	if err != nil {
+		e.err = err
+		return in[0]
+	}
+	e.ops = append(e.ops, o)
+	return o.Results[0]
+}
+
+func (e *emitter) scalar(d ir.DType, v float64, name string) *ir.Value {
+	t := ir.Type{DType: d, Shape: ir.Shape{}}
+	c := &ir.Dense{Type: t, Floats: []float64{ir.RoundTo(d, v)}}
+	o, err := e.f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(c)}, e.loc, name)
+	if err != nil {
+		e.err = err
+		return nil
+	}
+	e.ops = append(e.ops, o)
+	return o.Results[0]
+}
+
+// layout is x's channel axis's layout: the axes summed per channel, the
+// shape a per-channel value broadcasts from, and the elements per
+// channel over all the ranks.
+func (e *emitter) layout(x *ir.Value) (axes, bshape []int64, count float64) {
+	s := x.Type.Shape
+	count = float64(e.n)
+	bshape = make([]int64, len(s))
+	for d := range s {
+		bshape[d] = 1
+		if d == 1 {
+			bshape[d] = s[1]
+			continue
+		}
+		axes = append(axes, int64(d))
+		count *= float64(s[d])
+	}
+	return axes, bshape, count
+}
+
+// sum is the per-channel sum of v over the whole batch, all ranks.
+func (e *emitter) sum(v *ir.Value, axes []int64, name string) (local, all *ir.Value) {
+	local = e.op("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)}, name, v)
+	return local, e.op("all_reduce", ir.Attrs{"size": ir.IntAttr(e.n)}, name+".all", local)
+}
+
+// forward is batch_norm_train with whole-batch statistics: y, the new
+// running mean and variance (unbiased), the saved mean and invstd.
+func (e *emitter) forward(op *ir.Op) []*ir.Value {
+	x, scale, bias, rm, rv := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
+	name := op.Results[0].Name
+	d := x.Type.DType
+	axes, bshape, count := e.layout(x)
+	a := op.Attr()
+	eps, mom := a.Float("epsilon"), a.Float("momentum")
+	perChannel := ir.Attrs{"shape": ir.IntsAttr(scale.Type.Shape...)}
+	bcast := ir.Attrs{"shape": ir.IntsAttr(bshape...)}
+	_, s := e.sum(x, axes, name+".sum")
+	mean := e.op("mul", nil, name+".mean", s, e.scalar(d, 1/count, name+".inv_count"))
+	centred := e.op("sub", nil, name+".centred", x, mean)
+	_, q := e.sum(e.op("mul", nil, name+".sq", centred, centred), axes, name+".m2")
+	variance := e.op("mul", nil, name+".var", q, e.scalar(d, 1/count, name+".inv_count"))
+	invstd := e.op("div", nil, name+".invstd", e.scalar(d, 1, name+".one"),
+		e.op("sqrt", nil, name+".std", e.op("add", nil, name+".var_eps", variance, e.scalar(d, eps, name+".eps"))))
+	y := e.op("add", nil, name, e.op("mul", nil, name+".scaled",
+		e.op("mul", nil, name+".xhat", centred, invstd), e.op("reshape", bcast, name+".scale", scale)),
+		e.op("reshape", bcast, name+".bias", bias))
+	unbiased := variance
+	if count > 1 {
+		unbiased = e.op("mul", nil, name+".unbiased", q, e.scalar(d, 1/(count-1), name+".inv_count_1"))
+	}
+	meanC := e.op("reshape", perChannel, op.Results[3].Name, mean)
+	running := func(old, batch *ir.Value, res *ir.Value) *ir.Value {
+		return e.op("add", nil, res.Name, e.op("mul", nil, res.Name+".kept", old, e.scalar(d, mom, res.Name+".momentum")),
+			e.op("mul", nil, res.Name+".new", e.op("reshape", perChannel, res.Name+".batch", batch), e.scalar(d, 1-mom, res.Name+".rest")))
+	}
+	return []*ir.Value{y, running(rm, mean, op.Results[1]), running(rv, unbiased, op.Results[2]), meanC,
+		e.op("reshape", perChannel, op.Results[4].Name, invstd)}
+}
+
+// backward is batch_norm_grad with whole-batch sums: dx, and this rank's
+// share of dscale and dbias.
+func (e *emitter) backward(op *ir.Op) []*ir.Value {
+	dy, x, scale, mean, invstd := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
+	name := op.Results[0].Name
+	d := x.Type.DType
+	axes, bshape, count := e.layout(x)
+	bcast := ir.Attrs{"shape": ir.IntsAttr(bshape...)}
+	perChannel := ir.Attrs{"shape": ir.IntsAttr(scale.Type.Shape...)}
+	inv := e.op("reshape", bcast, name+".invstd", invstd)
+	xhat := e.op("mul", nil, name+".xhat", e.op("sub", nil, name+".centred", x, e.op("reshape", bcast, name+".mean", mean)), inv)
+	sdy, allDY := e.sum(dy, axes, name+".sdy")
+	sdyx, allDYX := e.sum(e.op("mul", nil, name+".dyx", dy, xhat), axes, name+".sdyx")
+	k := e.op("mul", nil, name+".k", e.op("reshape", bcast, name+".scale", scale), inv)
+	c := e.scalar(d, 1/count, name+".inv_count")
+	inner := e.op("sub", nil, name+".d1", e.op("sub", nil, name+".d0", dy, e.op("mul", nil, name+".mdy", allDY, c)),
+		e.op("mul", nil, name+".d2", xhat, e.op("mul", nil, name+".mdyx", allDYX, c)))
+	dx := e.op("mul", nil, name, k, inner)
+	return []*ir.Value{dx, e.op("reshape", perChannel, op.Results[1].Name, sdyx), e.op("reshape", perChannel, op.Results[2].Name, sdy)}
+}
