@@ -96,7 +96,7 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 		ref := strings.Join(pre, ",")
 		pf.budgetsOf = &ref
 	}
-	if l.microbatches > 1 {
+	if l.microbatches > 1 && l.parallel == "" {
 		pre = append(pre, fmt.Sprintf("microbatch{n=%d}", l.microbatches))
 	}
 	if l.optimizer != "" {
@@ -106,7 +106,11 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 		if l.train == "" {
 			return usageError{"--parallel partitions a training step: it needs --train"}
 		}
-		pre = append(pre, "parallel{"+l.parallel+"}")
+		spec := l.parallel
+		if l.microbatches > 1 {
+			spec += fmt.Sprintf(",microbatches=%d", l.microbatches) // each rank accumulates its part
+		}
+		pre = append(pre, "parallel{"+spec+"}")
 	}
 	rest := pf.passes
 	if named != "" {

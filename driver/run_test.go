@@ -137,7 +137,7 @@ func TestRunParallelEqualsOneDevice(t *testing.T) {
 		base := append([]string{"run", "../testdata/examples/mlp.kir", "--seed", "5"}, extra...)
 		_, stderr, code := kiln(t, append(base, "--output-dir", one)...)
 		require.Equal(t, 0, code, stderr)
-		specs := [][]string{{"dp=2"}, {"dp=4"}, {"dp=2,zero=2"}, {"dp=4,zero=3"}}
+		specs := [][]string{{"dp=2"}, {"dp=4"}, {"dp=2,zero=2"}, {"dp=4,zero=3"}, {"dp=2", "--microbatches", "2"}}
 		if _, err := exec.LookPath("mpirun"); err == nil {
 			// The compiled ranks under mpirun.
 			specs = append(specs, []string{"dp=2", "--backend", "llvm"}, []string{"dp=4,zero=3", "--backend", "llvm"})

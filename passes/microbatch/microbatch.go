@@ -70,7 +70,7 @@ type Stats struct {
 // results are joined along their sliced dimension. Dropout draws each
 // slice's mask from its own seed. Batch normalisation in training mode
 // takes each slice's statistics.
-func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, false) }
+func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, 0) }
 
 // Shard rewrites the training step f into the step of one of n ranks
 // that share its batch (data parallelism): the batch arguments hold 1/n
@@ -81,9 +81,20 @@ func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, false) }
 // every rank returns the whole step's results and in-place updates see
 // the whole batch's gradients. Sharded arguments carry shard = 0. On
 // error f is unchanged.
-func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, true) }
+func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, n) }
 
-func split(f *ir.Func, n int, ranks bool) (Stats, error) {
+// ShardMicro is Shard on ranks ranks, each of which runs its part of the
+// batch as m microbatches (Split) before the all-reduces.
+func ShardMicro(f *ir.Func, ranks, m int) (Stats, error) {
+	if ranks == 1 {
+		return Split(f, m)
+	}
+	return split(f, ranks*m, ranks)
+}
+
+// split cuts f's batch into n slices: on one device (ranks = 0), or on
+// ranks ranks that run n/ranks slices each.
+func split(f *ir.Func, n int, ranks int) (Stats, error) {
 	if n == 1 {
 		return Stats{}, nil
 	}
@@ -139,28 +150,36 @@ func split(f *ir.Func, n int, ranks bool) (Stats, error) {
 	sum := map[*ir.Value]*ir.Value{}     // running sums
 	parts := map[*ir.Value][]*ir.Value{} // per-slice results to join
 	slices := s.n
-	if ranks {
-		slices = 1 // this rank's
-	}
 	shardArgs := map[*ir.Value]*ir.Value{} // with ranks: each batch argument as one rank holds it
+	if ranks > 0 {
+		slices = s.n / int64(ranks) // this rank's
+		for _, a := range s.args {
+			info := *a.Arg
+			info.Attrs = a.Arg.Attrs.Clone()
+			if info.Attrs == nil {
+				info.Attrs = ir.Attrs{}
+			}
+			info.Attrs["shard"] = ir.IntAttr(0) // the rank's part of dimension 0
+			na := &ir.Value{Name: a.Name, Type: a.Type, Index: a.Index, Offset: ir.NoOffset, Arg: &info}
+			na.Type.Shape = append(ir.Shape{s.batch / int64(ranks)}, a.Type.Shape[1:]...)
+			shardArgs[a] = na
+		}
+	}
+	var summedOrder []*ir.Value // the summed values, as their sums begin
 	for k := int64(0); k < slices; k++ {
 		m := map[*ir.Value]*ir.Value{}
 		for _, a := range s.args {
 			size := s.batch / s.n
-			if ranks {
-				info := *a.Arg
-				info.Attrs = a.Arg.Attrs.Clone()
-				if info.Attrs == nil {
-					info.Attrs = ir.Attrs{}
+			src := a
+			if ranks > 0 {
+				src = shardArgs[a]
+				if slices == 1 {
+					m[a] = src
+					s.sliced[src] = cut{dim: 0, inner: 1}
+					continue
 				}
-				info.Attrs["shard"] = ir.IntAttr(0) // the rank's part of dimension 0
-				na := &ir.Value{Name: a.Name, Type: a.Type, Index: a.Index, Offset: ir.NoOffset, Arg: &info}
-				na.Type.Shape = append(ir.Shape{size}, a.Type.Shape[1:]...)
-				shardArgs[a], m[a] = na, na
-				s.sliced[na] = cut{dim: 0, inner: 1}
-				continue
 			}
-			op, err := f.NewOp("slice", []*ir.Value{a}, ir.Attrs{
+			op, err := f.NewOp("slice", []*ir.Value{src}, ir.Attrs{
 				"starts": ir.IntsAttr(k * size), "ends": ir.IntsAttr((k + 1) * size), "axes": ir.IntsAttr(0),
 			}, ir.Location{}, fmt.Sprintf("%s.mb%d", a.Name, k))
 			if err != nil {
@@ -190,8 +209,8 @@ func split(f *ir.Func, n int, ranks bool) (Stats, error) {
 				if !summed[r] {
 					continue
 				}
-				if ranks {
-					ar, err := f.NewOp("all_reduce", []*ir.Value{v}, ir.Attrs{"size": ir.IntAttr(s.n)}, op.Loc, r.Name+".allreduce")
+				if ranks > 0 && slices == 1 {
+					ar, err := f.NewOp("all_reduce", []*ir.Value{v}, ir.Attrs{"size": ir.IntAttr(int64(ranks))}, op.Loc, r.Name+".allreduce")
 					if err != nil {
 						return st, err
 					}
@@ -201,6 +220,7 @@ func split(f *ir.Func, n int, ranks bool) (Stats, error) {
 				}
 				if sum[r] == nil {
 					sum[r] = v
+					summedOrder = append(summedOrder, r)
 					continue
 				}
 				if acc := accumulateInto(f, c, sum[r], used[r], r.Name+".acc"); acc != nil {
@@ -217,6 +237,17 @@ func split(f *ir.Func, n int, ranks bool) (Stats, error) {
 				body = append(body, add)
 				sum[r] = add.Results[0]
 			}
+		}
+	}
+	if ranks > 0 && slices > 1 {
+		// The rank's sums over its slices, summed over the ranks.
+		for _, r := range summedOrder {
+			ar, err := f.NewOp("all_reduce", []*ir.Value{sum[r]}, ir.Attrs{"size": ir.IntAttr(int64(ranks))}, r.Def.Loc, r.Name+".allreduce")
+			if err != nil {
+				return st, err
+			}
+			body = append(body, ar)
+			sum[r] = ar.Results[0]
 		}
 	}
 	// f itself changes only once nothing can fail: the caller may keep it.
@@ -262,19 +293,27 @@ func split(f *ir.Func, n int, ranks bool) (Stats, error) {
 				}
 				return st, fmt.Errorf("%s: microbatch: result %s is computed from the batch but does not follow it (%s per slice, %s whole)", loc(v.Def), v.Ref(), ps[0].Type, v.Type)
 			}
-			kind, attrs := "concat", ir.Attrs{"axis": ir.IntAttr(int64(c.dim))}
-			if ranks {
+			axis := ir.Attrs{"axis": ir.IntAttr(int64(c.dim))}
+			if len(ps) > 1 {
+				op, err := f.NewOp("concat", ps, axis, v.Def.Loc, v.Name+".join")
+				if err != nil {
+					return st, err
+				}
+				tail = append(tail, op)
+				ps = op.Results
+			}
+			v = ps[0]
+			if ranks > 0 {
 				if c.inner != 1 {
 					return st, fmt.Errorf("%s: parallel: result %s holds the batch inside dimension %d, which an all_gather cannot join", loc(v.Def), v.Ref(), c.dim)
 				}
-				kind, attrs["size"] = "all_gather", ir.IntAttr(s.n)
+				op, err := f.NewOp("all_gather", ps, ir.Attrs{"axis": ir.IntAttr(int64(c.dim)), "size": ir.IntAttr(int64(ranks))}, v.Def.Loc, r.Value.Name+".gathered")
+				if err != nil {
+					return st, err
+				}
+				tail = append(tail, op)
+				v = op.Results[0]
 			}
-			op, err := f.NewOp(kind, ps, attrs, v.Def.Loc, v.Name+".join")
-			if err != nil {
-				return st, err
-			}
-			tail = append(tail, op)
-			v = op.Results[0]
 		}
 		if !v.Type.Equal(r.Value.Type) {
 			return st, fmt.Errorf("%s: microbatch: result %s comes out as %s across the slices, not %s", loc(r.Value.Def), r.Value.Ref(), v.Type, r.Value.Type)

@@ -26,7 +26,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN}
+			plan := Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
 			if o.Devices > 0 {
 				if o.DP != 1 || o.Zero != 0 {
 					return fmt.Errorf("parallel: give devices (to search) or dp and zero, not both")
@@ -52,10 +52,11 @@ func init() {
 }
 
 type options struct {
-	DP     int         `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
-	Zero   int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
-	Bucket passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
-	SyncBN bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
+	DP           int         `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
+	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
+	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
+	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
 	// Devices asks for the search instead of a plan.
 	Devices      int         `opt:"devices" default:"0" range:"[0,inf)" doc:"search dp (dividing devices) and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp and zero as given)"`
 	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
@@ -69,6 +70,8 @@ type Plan struct {
 	// LocalBN keeps each rank's batch-norm statistics (DDP's default)
 	// instead of the whole batch's.
 	LocalBN bool
+	// Microbatches each rank runs its part of the batch as (0 or 1: one).
+	Microbatches int
 }
 
 // Ranks is the number of ranks a plan runs on.
@@ -83,7 +86,7 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	if p.Zero != 0 && p.Zero != 2 && p.Zero != 3 {
 		return microbatch.Stats{}, fmt.Errorf("parallel: zero=%d is not built (zero=2 shards the optimizer state and the gradients, zero=3 also the parameters' lifetimes)", p.Zero)
 	}
-	st, err := microbatch.Shard(f, p.DP)
+	st, err := microbatch.ShardMicro(f, p.DP, max(1, p.Microbatches))
 	if err != nil {
 		// Shard speaks of microbatches; here a slice of the batch is a rank's.
 		msg := strings.ReplaceAll(err.Error(), "microbatch: ", "")

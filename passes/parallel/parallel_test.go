@@ -33,7 +33,8 @@ var models = map[string]string{
 }
 
 // TestDataParallelEqualsOneDevice: for sum and mean losses, with and
-// without an optimizer, plain and with ZeRO stages 2 and 3, every rank's
+// without an optimizer, plain, with ZeRO stages 2 and 3 and with each
+// rank accumulating two microbatches, every rank's
 // loss and gradients, and the updated parameters and optimizer state
 // (joined from the ranks' parts under ZeRO), equal the one-device step's. Error
 // model: the ranks' partial sums are added in another order, in f64 over
@@ -41,7 +42,7 @@ var models = map[string]string{
 func TestDataParallelEqualsOneDevice(t *testing.T) {
 	for name, src := range models {
 		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean}", "autodiff{loss=mean},optimizer{kind=adam}", "autodiff{loss=sum},optimizer{kind=momentum}", "autodiff{loss=sum},optimizer{kind=sgd}", "autodiff{loss=mean},optimizer{kind=adam,placement=end}"} {
-			for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=2", "dp=4,zero=3"} {
+			for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=2", "dp=4,zero=3", "dp=2,microbatches=2", "dp=2,zero=3,microbatches=2"} {
 				n := 2
 				if strings.HasPrefix(spec, "dp=4") {
 					n = 4

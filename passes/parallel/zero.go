@@ -129,10 +129,15 @@ func (gt gather) place(f *ir.Func, n int64, zero int, bwd map[*ir.Op]bool) error
 			}
 		}
 	}
-	// Insert from the last group so earlier indices stay valid.
-	for gi := len(groups) - 1; gi >= 0; gi-- {
-		grp := groups[gi]
-		op, err := f.NewOp("all_gather", []*ir.Value{gt.part}, ir.Attrs{"size": ir.IntAttr(n), "axis": ir.IntAttr(int64(gt.dim))}, f.Body[grp[0]].Loc, gt.whole.Name+".gathered")
+	// Operands are replaced by index first, then each gather goes before
+	// its group's first reader, found again by op: a gather shifts the ops
+	// after it, and with microbatches the forward's and the backward's
+	// readers interleave.
+	type insert struct{ before, gather *ir.Op }
+	var inserts []insert
+	for _, grp := range groups {
+		first := f.Body[grp[0]]
+		op, err := f.NewOp("all_gather", []*ir.Value{gt.part}, ir.Attrs{"size": ir.IntAttr(n), "axis": ir.IntAttr(int64(gt.dim))}, first.Loc, gt.whole.Name+".gathered")
 		if err != nil {
 			return err
 		}
@@ -143,7 +148,10 @@ func (gt gather) place(f *ir.Func, n int64, zero int, bwd map[*ir.Op]bool) error
 				}
 			}
 		}
-		f.Body = slices.Insert(f.Body, grp[0], op)
+		inserts = append(inserts, insert{first, op})
+	}
+	for _, in := range inserts {
+		f.Body = slices.Insert(f.Body, slices.Index(f.Body, in.before), in.gather)
 	}
 	return nil
 }
