@@ -71,10 +71,10 @@ func collective(op *ir.Op, x *Tensor, out ir.Type, rt *runtime) (*Tensor, error)
 	if c == nil {
 		return nil, fmt.Errorf("a group of %d ranks needs a run of as many ranks (this run has one)", size)
 	}
-	members := ir.GroupOf(rt.rank, size, stride)
-	if last := members[len(members)-1]; last >= c.ranks {
-		return nil, fmt.Errorf("rank %d's group of %d ranks, %d apart, reaches rank %d of a run of %d", rt.rank, size, stride, last, c.ranks)
+	if size > c.ranks || stride > c.ranks || c.ranks%(size*stride) != 0 {
+		return nil, fmt.Errorf("groups of %d ranks, %d apart, do not tile a run of %d ranks", size, stride, c.ranks)
 	}
+	members := ir.GroupOf(rt.rank, size, stride)
 	me := 0
 	for i, r := range members {
 		if r == rt.rank {

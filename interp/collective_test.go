@@ -64,14 +64,21 @@ func TestCollectivesOnFourRanks(t *testing.T) {
 	}
 }
 
-// TestCollectiveErrors: a group larger than the run, a run of one rank,
-// ranks that disagree and a failing rank are errors, never a hang.
+// TestCollectiveErrors: a group larger than the run (or of 2^40 ranks:
+// no allocation of that size), a run of one rank and a failing rank are
+// errors, never a hang.
 func TestCollectiveErrors(t *testing.T) {
 	_, err := ranksRun(t, `func @f(%x: f32[2]) -> (f32[2]) {
+  %s = all_reduce(%x) {size = 1099511627776, stride = 1099511627776} : f32[2]
+  return %s
+}`, 2)
+	require.ErrorContains(t, err, "do not tile a run of 2 ranks")
+
+	_, err = ranksRun(t, `func @f(%x: f32[2]) -> (f32[2]) {
   %s = all_reduce(%x) {size = 4} : f32[2]
   return %s
 }`, 2)
-	require.ErrorContains(t, err, "reaches rank 3 of a run of 2")
+	require.ErrorContains(t, err, "groups of 4 ranks, 1 apart, do not tile a run of 2 ranks")
 
 	m, err := parser.Parse("t.kir", `func @f(%x: f32[2]) -> (f32[2]) {
   %s = all_reduce(%x) {size = 2} : f32[2]

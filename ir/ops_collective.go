@@ -1,6 +1,9 @@
 package ir
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Collectives exchange tensors among the ranks of a group. Every op names
 // its group by size and stride: rank r's group is the size ranks
@@ -107,7 +110,12 @@ func init() {
 	Register(&OpDef{
 		Name: "all_gather", Summary: "the group's tensors concatenated along axis, in group order, on every rank",
 		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
-		Infer: alongAxis(func(extent, size int64) (int64, error) { return extent * size, nil }),
+		Infer: alongAxis(func(extent, size int64) (int64, error) {
+			if extent > math.MaxInt64/size {
+				return 0, fmt.Errorf("%d parts of %d elements are too many", size, extent)
+			}
+			return extent * size, nil
+		}),
 		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true,
 	})
 	Register(&OpDef{

@@ -831,6 +831,10 @@ func (e *fn) collective(c *loops.Collective) {
 		e.fail(fmt.Errorf("%s over %d ranks in a program of one rank: steps made by the parallel pass say how many ranks they run on (attribute ranks)", c.Kind, c.Size))
 		return
 	}
+	if c.Size > e.md.ranks || c.Stride > e.md.ranks || e.md.ranks%(c.Size*c.Stride) != 0 {
+		e.fail(fmt.Errorf("%s: groups of %d ranks, %d apart, do not tile the program's %d ranks", c.Kind, c.Size, c.Stride, e.md.ranks))
+		return
+	}
 	dt, ok := collectiveTypes[c.In.Type.DType]
 	if !ok {
 		e.fail(fmt.Errorf("%s of %s: compiled collectives carry f32, f64 and i64", c.Kind, c.In.Type))
