@@ -62,10 +62,16 @@ const MaxFuncBytes = 1 << 62
 func verifyFunc(f *Func) diag.List {
 	v := &verifier{f: f, names: map[string]bool{}}
 	scope := map[*Value]bool{}
+	if r, ok := f.Attrs["ranks"]; ok && (r.Kind != AttrInt || r.Int < 1 || r.Int > MaxRanks) {
+		v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("attribute ranks must be a count of ranks from 1 to %d, not %s", MaxRanks, r)))
+	}
 	for i, a := range f.Args {
 		if a.Arg == nil {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %d has no argument info", i)))
 			continue
+		}
+		if sh, ok := a.Arg.Attrs["shard"]; ok && (sh.Kind != AttrInt || sh.Int < 0 || sh.Int >= int64(len(a.Type.Shape))) {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: shard names dimension %s, which %s does not have", a.Ref(), sh, a.Type)))
 		}
 		v.define(a, f.Pos, nil)
 		scope[a] = true
@@ -306,3 +312,7 @@ func InitType(f *Func, a *Value) Type {
 	t.Shape[sh.Int] *= f.Attrs.Int("ranks", 1)
 	return t
 }
+
+// MaxRanks bounds the ranks a function may say it runs on (attribute
+// ranks), so that a runner never allocates for more.
+const MaxRanks = 4096

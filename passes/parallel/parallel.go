@@ -52,13 +52,13 @@ func init() {
 }
 
 type options struct {
-	DP           int         `opt:"dp" default:"1" range:"[1,inf)" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	DP           int         `opt:"dp" default:"1" range:"[1,4096]" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
 	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
 	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
 	// Devices asks for the search instead of a plan.
-	Devices      int         `opt:"devices" default:"0" range:"[0,inf)" doc:"search dp (dividing devices) and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp and zero as given)"`
+	Devices      int         `opt:"devices" default:"0" range:"[0,4096]" doc:"search dp (dividing devices) and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp and zero as given)"`
 	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
 }
 
