@@ -48,33 +48,7 @@ func TestDataParallelEqualsOneDevice(t *testing.T) {
 					n = 4
 				}
 				t.Run(fmt.Sprintf("%s/%s/%s", name, pipe, spec), func(t *testing.T) {
-					m := passtest.Parse(t, src)
-					passtest.Run(t, m, pipe)
-					whole := m.Funcs[0]
-					sharded := passtest.Clone(t, m)
-					passtest.Run(t, sharded, "parallel{"+spec+"}")
-					f := sharded.Funcs[0]
-					require.Equal(t, n, parallel.RanksOf(f))
-					args := interp.RandomArgs(whole, 3)
-					want, wantArgs, err := interp.RunWithUpdates(whole, interp.CloneAll(args), interp.Options{})
-					require.NoError(t, err)
-					parts, err := parallel.ShardValues(f, args)
-					require.NoError(t, err)
-					got, gotArgs, err := interp.RunRanks(f, parts, interp.Options{})
-					require.NoError(t, err)
-					for r := 0; r < n; r++ {
-						for i := range want {
-							e := passtest.RelErr(got[r][i], want[i])
-							require.LessOrEqual(t, e, 1e-12, "rank %d, result %s", r, whole.ResultName(i))
-						}
-					}
-					joined := parallel.JoinValues(f, gotArgs)
-					for i, a := range whole.Args {
-						if a.Arg.InOut {
-							e := passtest.RelErr(joined[i], wantArgs[i])
-							require.LessOrEqual(t, e, 1e-12, "updated %s", a.Name)
-						}
-					}
+					require.Equal(t, n, equalsOneDevice(t, src, pipe, spec, 3))
 				})
 			}
 		}
@@ -207,28 +181,7 @@ func TestSyncBatchNormEqualsOneDevice(t *testing.T) {
 }`
 	for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=2"} {
 		t.Run(spec, func(t *testing.T) {
-			m := passtest.Parse(t, src)
-			passtest.Run(t, m, "autodiff{loss=mean},optimizer{kind=momentum}")
-			whole := m.Funcs[0]
-			sharded := passtest.Clone(t, m)
-			passtest.Run(t, sharded, "parallel{"+spec+"}")
-			f := sharded.Funcs[0]
-			args := interp.RandomArgs(whole, 4)
-			want, wantArgs, err := interp.RunWithUpdates(whole, interp.CloneAll(args), interp.Options{})
-			require.NoError(t, err)
-			parts, err := parallel.ShardValues(f, args)
-			require.NoError(t, err)
-			got, gotArgs, err := interp.RunRanks(f, parts, interp.Options{})
-			require.NoError(t, err)
-			for i := range want {
-				require.LessOrEqual(t, passtest.RelErr(got[0][i], want[i]), 1e-12, "result %s", whole.ResultName(i))
-			}
-			joined := parallel.JoinValues(f, gotArgs)
-			for i, a := range whole.Args {
-				if a.Arg.InOut {
-					require.LessOrEqual(t, passtest.RelErr(joined[i], wantArgs[i]), 1e-12, "updated %s", a.Name)
-				}
-			}
+			equalsOneDevice(t, src, "autodiff{loss=mean},optimizer{kind=momentum}", spec, 4)
 		})
 	}
 	m := passtest.Parse(t, src)
@@ -244,4 +197,38 @@ func TestSyncBatchNormEqualsOneDevice(t *testing.T) {
 	got, _, err := interp.RunRanks(local.Funcs[0], parts, interp.Options{})
 	require.NoError(t, err)
 	require.Greater(t, passtest.RelErr(got[0][0], want[0]), 1e-6, "each rank's own statistics change the loss")
+}
+
+// equalsOneDevice builds src's step with pipe, partitions a copy with
+// parallel{spec}, runs both on the arguments drawn from seed and requires
+// every rank's results, and the updated arguments joined from the ranks,
+// within 1e-12 of the one-device step's (f64: the ranks' sums are added in
+// another order). It returns the number of ranks.
+func equalsOneDevice(t *testing.T, src, pipe, spec string, seed uint64) int {
+	t.Helper()
+	m := passtest.Parse(t, src)
+	passtest.Run(t, m, pipe)
+	whole := m.Funcs[0]
+	sharded := passtest.Clone(t, m)
+	passtest.Run(t, sharded, "parallel{"+spec+"}")
+	f := sharded.Funcs[0]
+	args := interp.RandomArgs(whole, seed)
+	want, wantArgs, err := interp.RunWithUpdates(whole, interp.CloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	parts, err := parallel.ShardValues(f, args)
+	require.NoError(t, err)
+	got, gotArgs, err := interp.RunRanks(f, parts, interp.Options{})
+	require.NoError(t, err)
+	for r := range got {
+		for i := range want {
+			require.LessOrEqual(t, passtest.RelErr(got[r][i], want[i]), 1e-12, "rank %d, result %s", r, whole.ResultName(i))
+		}
+	}
+	joined := parallel.JoinValues(f, gotArgs)
+	for i, a := range whole.Args {
+		if a.Arg.InOut {
+			require.LessOrEqual(t, passtest.RelErr(joined[i], wantArgs[i]), 1e-12, "updated %s", a.Name)
+		}
+	}
+	return parallel.RanksOf(f)
 }
