@@ -345,6 +345,12 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "mechanism\t%s: %s\n", name, m.describe(r.FLOPs))
 		}
 	}
+	if len(r.Ranks) > 0 {
+		// The ranks of an SPMD step plan alike: one line says it for all.
+		k := r.Ranks[0]
+		fmt.Fprintf(tw, "ranks\t%d, each planning %s: parameters %s, state %s; sends %s in collectives, %.1f µs of which %.1f µs the step waits for\n",
+			len(r.Ranks), Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -360,7 +366,10 @@ func (r *Report) WriteText(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, terms)
+	if _, err := io.WriteString(w, terms); err != nil || len(r.Ranks) == 0 {
+		return err
+	}
+	_, err := io.WriteString(w, rankTerms)
 	return err
 }
 
@@ -374,6 +383,11 @@ terms:
   traffic        bytes the kernels read and write; "unfused" counts every op as its own kernel
   mechanism      what a way of saving memory did: how far its passes lowered the peak, and the
                  FLOPs and step time (in the cost model's default device) they added
+`
+
+// rankTerms explains the ranks line, for steps spread over ranks.
+const rankTerms = `  ranks          a step spread over ranks: what each plans, holds and sends (ring algorithms),
+                 and how much of its communication the compute does not hide (cost model)
 `
 
 // WriteTimeline writes a Chrome trace (JSON; Perfetto opens it) of the
