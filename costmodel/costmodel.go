@@ -25,12 +25,17 @@ type Device struct {
 	// schema is a contract): launch plans have no collectives yet.
 	CommBW      float64 `json:"-"`
 	CommLatency float64 `json:"-"`
+	// HostBW is the host's memory bytes per second, for optimizer
+	// updates that run on the host (ir.OnHost; bandwidth-bound, as
+	// ZeRO-Offload's CPU Adam is). Zero takes Default's.
+	HostBW float64 `json:"-"`
 }
 
 // Default is a current data-centre GPU: 50 TFLOP/s, 2 TB/s of device
 // memory bandwidth, 25 GB/s to the host (PCIe 4 x16), 2 µs per launch.
-// Devices talk at 100 GB/s each way with 5 µs per step (NVLink-class).
-var Default = Device{FLOPs: 50e12, MemBW: 2e12, LinkBW: 25e9, Launch: 2e-6, CommBW: 100e9, CommLatency: 5e-6}
+// Devices talk at 100 GB/s each way with 5 µs per step (NVLink-class);
+// the host's memory moves 50 GB/s.
+var Default = Device{FLOPs: 50e12, MemBW: 2e12, LinkBW: 25e9, Launch: 2e-6, CommBW: 100e9, CommLatency: 5e-6, HostBW: 50e9}
 
 // Validate rejects rates that are not positive.
 func (d Device) Validate() error {
@@ -58,6 +63,14 @@ func (d Device) OpSeconds(op *ir.Op) float64 {
 	if ir.IsCollective(op.Kind) {
 		size, _ := ir.CollectiveGroup(op)
 		return d.CollectiveSeconds(op.Kind, op.Operands[0].Type.SizeBytes(), size)
+	}
+	if ir.OnHost(op) {
+		bw := d.HostBW
+		if bw <= 0 {
+			bw = Default.HostBW
+		}
+		c := ir.OpCost(op)
+		return float64(c.BytesRead+c.BytesWritten) / bw
 	}
 	if !Launches(op) {
 		return 0
@@ -135,6 +148,7 @@ type Timeline struct {
 	CopySeconds    float64 // busy time of the copy stream
 	StallSeconds   float64 // time the compute stream waits for copies
 	CommSeconds    float64 // busy time of the communication stream (collectives)
+	HostSeconds    float64 // busy time of the host (updates of offloaded parameters)
 }
 
 // Simulate runs f's schedule in the model without knowing offsets:
@@ -142,11 +156,13 @@ type Timeline struct {
 // run on the copy stream, in order, each starting once its operand is
 // ready; the compute op after a swap_out waits for it (the memory it
 // frees may be written next) and an op reading a swap_in result waits for
-// that copy.
+// that copy; ops on the host (ir.OnHost) run in order on the host once
+// their operands are there.
 func (d Device) Simulate(f *ir.Func) Timeline {
 	var tl Timeline
 	ready := map[*ir.Value]float64{}
-	compute, copyFree, mustWait, commFree := 0.0, 0.0, 0.0, 0.0
+	copiedAt := map[*ir.Value]float64{} // when the last swap_in of a host value ends
+	compute, copyFree, mustWait, commFree, hostFree := 0.0, 0.0, 0.0, 0.0, 0.0
 	for _, op := range f.Body {
 		start := 0.0
 		for _, x := range op.Operands {
@@ -163,6 +179,16 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 			}
 			continue
 		}
+		if ir.OnHost(op) {
+			// It overwrites host memory that copies to the device may
+			// still be reading.
+			for _, x := range op.Operands {
+				start = max(start, copiedAt[x])
+			}
+			hostFree = max(start, hostFree) + secs
+			tl.HostSeconds += secs
+			continue
+		}
 		if IsCopy(op) {
 			// A swap_in also waits for the ops before it: its memory is free
 			// only once they ran.
@@ -177,6 +203,8 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 			}
 			if op.Kind == "swap_out" {
 				mustWait = max(mustWait, copyFree)
+			} else {
+				copiedAt[op.Operands[0]] = copyFree
 			}
 			continue
 		}
@@ -191,7 +219,7 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 			ready[r] = max(begin+secs, start)
 		}
 	}
-	tl.Seconds = max(compute, copyFree, commFree)
+	tl.Seconds = max(compute, copyFree, commFree, hostFree)
 	return tl
 }
 

@@ -28,6 +28,9 @@ type optLevels struct {
 	optimizer    string
 	microbatches int
 	parallel     string
+	// noHostUpdates keeps parameters on the device (launch plans cannot
+	// run optimizer updates on the host).
+	noHostUpdates bool
 }
 
 // trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
@@ -138,7 +141,11 @@ func (l *optLevels) pipeline(level int) (string, error) {
 	if (l.budget != "" || l.deviceBudget != "") && level < 2 {
 		return "", usageError{"--budget and --device-budget need -O2 or -O3"}
 	}
-	return OptPipeline(level, l.budget, l.deviceBudget), nil
+	deviceBudget := l.deviceBudget
+	if deviceBudget != "" && l.noHostUpdates {
+		deviceBudget += ",params=false" // inside swap{…}
+	}
+	return OptPipeline(level, l.budget, deviceBudget), nil
 }
 
 // OptPipeline is the pipeline of -O<level> (the Contracts in the design
@@ -219,6 +226,7 @@ func init() {
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			return func(e *env, args []string) error {
 				if *target == "cuda" {
+					ol.noHostUpdates = true
 					if err := ol.apply(&pf); err != nil {
 						return err
 					}

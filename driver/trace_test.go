@@ -18,7 +18,7 @@ func TestPlanCheckTrace(t *testing.T) {
 	dir := t.TempDir()
 	src := "../testdata/examples/wide.kir"
 	plan := filepath.Join(dir, "plan")
-	_, stderr, code := kiln(t, "compile", src, "--target", "cuda", "--passes", "autodiff,fuse,reorder,swap{device-budget=0.5},assign", "-o", plan)
+	_, stderr, code := kiln(t, "compile", src, "--target", "cuda", "--passes", "autodiff,fuse,reorder,swap{device-budget=0.75,params=false},assign", "-o", plan)
 	require.Equal(t, 0, code, stderr)
 	trace := filepath.Join(dir, "trace.json")
 	_, stderr, code = kiln(t, "plan-check", plan, "--timeline", trace)

@@ -73,6 +73,9 @@ func verifyFunc(f *Func) diag.List {
 		if sh, ok := a.Arg.Attrs["shard"]; ok && (sh.Kind != AttrInt || sh.Int < 0 || sh.Int >= int64(len(a.Type.Shape))) {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: shard names dimension %s, which %s does not have", a.Ref(), sh, a.Type)))
 		}
+		if h, ok := a.Arg.Attrs["host"]; ok && (h.Kind != AttrBool || a.Arg.Kind == ArgData) {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: host must be true or false, on a param or state argument, not %s", a.Ref(), h)))
+		}
 		v.define(a, f.Pos, nil)
 		scope[a] = true
 		if a.Arg.Init != nil {
@@ -240,10 +243,11 @@ func (v *verifier) writes(f *Func) {
 	writer := map[*Value]int{}
 	for i, op := range f.Body {
 		d := op.Def()
+		onHost := OnHost(op)
 		for _, x := range op.Operands {
-			if HostResult(x) != (op.Kind == "swap_in") {
+			if InHost(x) != (op.Kind == "swap_in") && !onHost {
 				if op.Kind == "swap_in" {
-					v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("swap_in reads %s, which is not in host memory (a swap_out result)", x.Ref())))
+					v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("swap_in reads %s, which is not in host memory (a swap_out result or a host argument)", x.Ref())))
 				} else {
 					v.errs = append(v.errs, at(op.Pos, v.f, op, fmt.Sprintf("%s reads %s, which is in host memory (swap it in first)", op.Kind, x.Ref())))
 				}

@@ -26,8 +26,9 @@ type Buffer struct {
 	// Arg is set for buffers rooted at a function argument (not in the
 	// arena; live for the whole function).
 	Arg bool
-	// Host is set for buffers in host memory (swap_out results); they are
-	// in HostBuffers, not Buffers, and count towards HostPeak only.
+	// Host is set for buffers in host memory: swap_out results, which are
+	// in HostBuffers, not Buffers, and count towards HostPeak only; and
+	// host arguments (ir.HostArg), which count towards HostArgBytes only.
 	Host bool
 
 	pinned bool // holds a function result
@@ -41,8 +42,10 @@ type Info struct {
 	Func     *ir.Func
 	Buffers  []*Buffer // arena buffers first in definition order, then argument buffers
 	BufferOf map[*ir.Value]*Buffer
-	// Bytes of arguments by kind, and of results.
+	// Bytes of device arguments by kind, and of results.
 	ParamBytes, StateBytes, InputBytes, OutputBytes int64
+	// HostArgBytes are the arguments held in host memory (offloaded).
+	HostArgBytes int64
 	// Live[i] is the live bytes while op i runs, arguments included.
 	Live   []int64
 	Peak   int64
@@ -80,13 +83,15 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 	}
 	var argBufs []*Buffer
 	for _, a := range f.Args {
-		b := &Buffer{Values: []*ir.Value{a}, Size: a.Type.SizeBytes(), Start: 0, End: n - 1, Arg: true}
+		b := &Buffer{Values: []*ir.Value{a}, Size: a.Type.SizeBytes(), Start: 0, End: n - 1, Arg: true, Host: ir.HostArg(a)}
 		info.BufferOf[a] = b
 		argBufs = append(argBufs, b)
-		switch a.Arg.Kind {
-		case ir.ArgParam:
+		switch {
+		case b.Host:
+			info.HostArgBytes += b.Size
+		case a.Arg.Kind == ir.ArgParam:
 			info.ParamBytes += b.Size
-		case ir.ArgState:
+		case a.Arg.Kind == ir.ArgState:
 			info.StateBytes += b.Size
 		default:
 			info.InputBytes += b.Size

@@ -86,6 +86,9 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		live[c] = make([]int64, max(n, 1)+1)
 	}
 	for _, b := range info.Buffers {
+		if b.Host {
+			continue // an offloaded argument: not on the device
+		}
 		lo, hi := b.Start, b.End
 		if b.Arg {
 			lo, hi = 0, n-1

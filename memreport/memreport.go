@@ -85,6 +85,9 @@ type Report struct {
 	// SwappedBytes the bytes copied to the host (and back).
 	HostBytes    int64 `json:"host_bytes"`
 	SwappedBytes int64 `json:"swapped_bytes"`
+	// OffloadedBytes are the parameters and optimizer state the caller
+	// holds in host memory (host arguments): not in planned_bytes.
+	OffloadedBytes int64 `json:"offloaded_bytes,omitempty"`
 	// Mechanisms is what each way of saving memory contributed over the
 	// pipeline, by name (see MechanismOf); empty when no pass measured.
 	Mechanisms map[string]*Mechanism `json:"mechanisms"`
@@ -179,13 +182,13 @@ func Build(f *ir.Func, passes []Pass) *Report {
 		r.ArenaBytes = alloc.BestDeterministic(p).Size
 	}
 	r.PlannedBytes = r.ParamsBytes + r.StateBytes + r.InputsBytes + r.ArenaBytes
-	r.HostBytes, r.SwappedBytes = info.HostPeak, info.SwappedBytes
+	r.HostBytes, r.SwappedBytes, r.OffloadedBytes = info.HostPeak, info.SwappedBytes, info.HostArgBytes
 	if h, ok := f.Attrs["host_arena"]; ok {
 		r.HostBytes = h.Int
 	}
 	r.BytesByDType = map[string]int64{}
 	for _, b := range info.Buffers {
-		if b.Arg || (info.PeakAt >= 0 && b.Start <= info.PeakAt && info.PeakAt <= b.End) {
+		if b.Arg && !b.Host || (info.PeakAt >= 0 && b.Start <= info.PeakAt && info.PeakAt <= b.End) {
 			r.BytesByDType[b.Root().Type.DType.String()] += b.Size
 		}
 	}
@@ -316,6 +319,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.SwappedBytes > 0 {
 		row("host", r.HostBytes)
 		row("swapped", r.SwappedBytes)
+	}
+	if r.OffloadedBytes > 0 {
+		row("offloaded", r.OffloadedBytes)
 	}
 	fmt.Fprintf(tw, "fragmentation\t%.4f\n", r.Fragmentation)
 	fmt.Fprintf(tw, "flops\t%d\n", r.FLOPs)

@@ -153,6 +153,11 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	if _, ok := f.Attrs["arena"]; !ok {
 		return nil, fmt.Errorf("@%s has no arena offsets (run the assign pass first)", f.Name)
 	}
+	for _, a := range f.Args {
+		if ir.HostArg(a) {
+			return nil, fmt.Errorf("argument %s is held in host memory (swap offloaded it), and launch plans do not run optimizer updates on the host yet: give swap{params=false} (kiln compile --target cuda does)", a.Ref())
+		}
+	}
 	prog, err := loops.Lower(f)
 	if err != nil {
 		return nil, err

@@ -42,7 +42,7 @@ func init() {
 				return err
 			}
 			budget := o.DeviceBudget.Of(device)
-			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute})
+			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute, Params: o.Params})
 			if err != nil {
 				return err
 			}
@@ -53,6 +53,8 @@ func init() {
 			ctx.AddStat("swapped-tensors", int64(res.Swapped))
 			ctx.AddStat("swapped-bytes", res.SwappedBytes)
 			ctx.AddStat("recomputed-tensors", int64(res.Recomputed))
+			ctx.AddStat("offloaded-params", int64(res.Offloaded))
+			ctx.AddStat("offloaded-bytes", res.OffloadedBytes)
 			ctx.Stat("seconds-before", fmt.Sprintf("%.6f", res.Before.Seconds))
 			ctx.Stat("seconds-after", fmt.Sprintf("%.6f", res.After.Seconds))
 		}
@@ -61,8 +63,9 @@ func init() {
 }
 
 type options struct {
-	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction, of the device arena when the pass starts (0.5): the arena and the kernels' workspace after it"`
+	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction, of the device memory when the pass starts (0.5): the arguments on the device, the arena and the kernels' workspace after it"`
 	Recompute    bool        `opt:"recompute" default:"true" doc:"also consider recomputing each tensor, and take whichever costs less time"`
+	Params       bool        `opt:"params" default:"true" doc:"also consider holding parameters and their optimizer state in host memory, the updates running on the host (ZeRO-Offload; launch plans cannot run them yet)"`
 	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
 	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
 	LinkBW       float64     `opt:"link-bw" default:"25e9" range:"(0,inf)" doc:"host link bytes/s of the cost model (each direction)"`
@@ -73,16 +76,21 @@ type options struct {
 type Options struct {
 	Device    costmodel.Device
 	Recompute bool // let recomputation compete with swapping
+	Params    bool // let offloading parameters and their state compete too
 }
 
 // Result is what Swap reached.
 type Result struct {
-	Arena         int64 // device arena afterwards: the default assignment's, rounded up, and the workspace
-	Workspace     int64 // of it, the kernels' workspace
-	Swapped       int   // tensors swapped out and in
-	SwappedBytes  int64
-	Recomputed    int // tensors recomputed instead
-	Before, After costmodel.Timeline
+	Arena        int64 // device memory afterwards: the arguments on the device, the default assignment's arena, rounded up, and the workspace
+	Workspace    int64 // of it, the kernels' workspace
+	Swapped      int   // tensors swapped out and in
+	SwappedBytes int64
+	Recomputed   int // tensors recomputed instead
+	// Offloaded parameters, and the bytes of parameters and optimizer
+	// state moved to host memory with them.
+	Offloaded      int
+	OffloadedBytes int64
+	Before, After  costmodel.Timeline
 }
 
 // ArenaBytes is f's arena: the assigned one when assign ran, else the
@@ -95,15 +103,21 @@ func ArenaBytes(f *ir.Func) int64 {
 	return alloc.BestDeterministic(p).Size
 }
 
-// DeviceBytes is the device arena of f's launch plan: its arena (the
-// assigned one, else the default assignment's), rounded up as the plan
-// lays it out, and the kernels' workspace after it.
+// DeviceBytes is the device memory of f's launch plan: the arguments it
+// keeps on the device (not those offloaded to host memory), its arena
+// (the assigned one, else the default assignment's), rounded up as the
+// plan lays it out, and the kernels' workspace after it.
 func DeviceBytes(f *ir.Func) (int64, error) {
 	ws, err := workspace(f)
 	if err != nil {
 		return 0, err
 	}
-	return roundUp(ArenaBytes(f)) + ws, nil
+	return deviceArgs(liveness.Analyze(f)) + roundUp(ArenaBytes(f)) + ws, nil
+}
+
+// deviceArgs is the bytes of the arguments on the device.
+func deviceArgs(info *liveness.Info) int64 {
+	return info.ParamBytes + info.StateBytes + info.InputBytes
 }
 
 func roundUp(n int64) int64 {
@@ -149,14 +163,23 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 		operands[i] = append([]*ir.Value(nil), op.Operands...)
 	}
 	results := append([]ir.Result(nil), f.Results...)
+	wasHost := map[*ir.Value]bool{}
+	for _, a := range f.Args {
+		wasHost[a] = ir.HostArg(a)
+	}
 	restore := func() {
 		f.Body = body
 		for i, op := range body {
 			op.Operands = operands[i]
 		}
 		copy(f.Results, results)
+		for _, a := range f.Args {
+			if !wasHost[a] && a.Arg.Attrs != nil {
+				delete(a.Arg.Attrs, "host")
+			}
+		}
 	}
-	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, rc: remat.NewRecomputer(f)}
+	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, params: opt.Params, rc: remat.NewRecomputer(f)}
 	res := Result{Before: opt.Device.Simulate(f)}
 	// Live bytes are a lower bound of the arena: aim lower when
 	// fragmentation or the workspace leaves the device arena above the
@@ -176,7 +199,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 			restore()
 			return res, err
 		}
-		res.Arena, res.Workspace = roundUp(ArenaBytes(f))+ws, ws
+		res.Arena, res.Workspace = deviceArgs(liveness.Analyze(f))+roundUp(ArenaBytes(f))+ws, ws
 		if res.Arena <= budget {
 			break
 		}
@@ -189,6 +212,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	}
 	info := liveness.Analyze(f)
 	res.Swapped, res.SwappedBytes, res.Recomputed = len(info.HostBuffers), info.SwappedBytes, s.recomputed
+	res.Offloaded, res.OffloadedBytes = s.offloaded, info.HostArgBytes
 	res.After = opt.Device.Simulate(f)
 	return res, nil
 }
@@ -197,13 +221,16 @@ type swapper struct {
 	f          *ir.Func
 	dev        costmodel.Device
 	recompute  bool
+	params     bool
 	rc         *remat.Recomputer
 	recomputed int
+	offloaded  int
 	work       int64 // op visits of analyses, simulations and rewrites (see swapWork)
 	// undo log of a swap attempt
 	body     []*ir.Op
 	replaced []replacement
 	results  []ir.Result
+	hosted   []*ir.Value // arguments moved to host memory
 }
 
 type replacement struct {
@@ -212,19 +239,11 @@ type replacement struct {
 	old *ir.Value
 }
 
-// arenaLive is the live bytes of arena buffers at every op, and the
-// first op where they peak.
-func arenaLive(info *liveness.Info) ([]int64, int) {
-	args := info.ParamBytes + info.StateBytes + info.InputBytes
-	live := make([]int64, len(info.Live))
-	peak := -1
-	for i, l := range info.Live {
-		live[i] = l - args
-		if peak < 0 || live[i] > live[peak] {
-			peak = i
-		}
-	}
-	return live, peak
+// deviceLive is the live bytes on the device at every op (the arguments
+// on the device and the arena's buffers), and the first op where they
+// peak.
+func deviceLive(info *liveness.Info) ([]int64, int) {
+	return info.Live, info.PeakAt
 }
 
 // lower changes f until its arena live bytes are at most target. Each
@@ -235,9 +254,12 @@ func arenaLive(info *liveness.Info) ([]int64, int) {
 // without the peak rising.
 func (s *swapper) lower(target int64) error {
 	failed := map[candidateKey]bool{}
+	// A parameter's offload frees bytes at every op but where its copies
+	// are read: one that did not lower one peak may lower the next.
+	paramFailedAt := map[*ir.Value]*ir.Op{}
 	for {
 		info := s.analyze()
-		live, p := arenaLive(info)
+		live, p := deviceLive(info)
 		if p < 0 || live[p] <= target {
 			return nil
 		}
@@ -301,6 +323,14 @@ func (s *swapper) lower(target int64) error {
 				}
 			}
 		}
+		// Parameters (with their optimizer state) can leave the device
+		// for the whole step.
+		for _, po := range offloadableParams(s.f) {
+			if !s.params || paramFailedAt[po.p] == peakOp {
+				continue
+			}
+			cands = append(cands, candidate{v: po.p, swap: true, param: &po, seconds: s.dev.CopySeconds(po.p.Type.SizeBytes()), freed: po.bytes, peak: p})
+		}
 		byRatio := func(cs []candidate) {
 			sort.SliceStable(cs, func(i, j int) bool {
 				a, b := cs[i], cs[j]
@@ -316,14 +346,14 @@ func (s *swapper) lower(target int64) error {
 		// schedule.
 		byRatio(cands)
 		now := s.simulate()
-		timed := map[bool]int{}
+		timed := map[int]int{}
 		for i := range cands {
 			c := &cands[i]
-			if timed[c.swap] >= timedCandidates {
+			if timed[c.kind()] >= timedCandidates {
 				c.seconds = math.Inf(1)
 				continue
 			}
-			timed[c.swap]++
+			timed[c.kind()]++
 			s.begin()
 			if s.apply(*c) {
 				c.seconds = max(0, s.simulate()-now)
@@ -336,18 +366,25 @@ func (s *swapper) lower(target int64) error {
 			s.begin()
 			if s.apply(c) {
 				after := s.analyze()
-				live2, p2 := arenaLive(after)
+				live2, p2 := deviceLive(after)
 				// The peak, then the number of ops at the peak, strictly
 				// drops: rounds cannot cycle.
 				if live2[p2] < oldPeak || live2[p2] == oldPeak && atPeak(live2, oldPeak) < atPeak(live, oldPeak) {
 					if !c.swap {
 						s.recomputed++
 					}
+					if c.param != nil {
+						s.offloaded++
+					}
 					progress = true
 					break
 				}
 			}
 			s.undo()
+			if c.param != nil {
+				paramFailedAt[c.v] = peakOp
+				continue
+			}
 			failed[candidateKey{c.v, c.swap}] = true
 		}
 		if !progress {
@@ -371,6 +408,18 @@ func atPeak(live []int64, peak int64) int {
 	return n
 }
 
+// kind tells recomputations (0), swaps (1) and parameter offloads (2)
+// apart, each timed on its own quota.
+func (c candidate) kind() int {
+	switch {
+	case c.param != nil:
+		return 2
+	case c.swap:
+		return 1
+	}
+	return 0
+}
+
 type candidateKey struct {
 	v    *ir.Value
 	swap bool
@@ -380,8 +429,9 @@ type candidateKey struct {
 type candidate struct {
 	v                 *ir.Value
 	swap              bool
-	offload           bool    // a finished gradient: swapped out, returned from host memory
-	seconds           float64 // estimated time added
+	offload           bool          // a finished gradient: swapped out, returned from host memory
+	param             *paramOffload // a parameter and its optimizer state, moved to host memory
+	seconds           float64       // estimated time added
 	freed             int64
 	early, late, peak int
 }
@@ -413,6 +463,9 @@ func (s *swapper) apply(c candidate) bool {
 	s.work += int64(len(s.f.Body))
 	if c.offload {
 		return s.offload(c.v, c.early, c.peak)
+	}
+	if c.param != nil {
+		return s.offloadParam(*c.param, backward(s.f))
 	}
 	if c.swap {
 		return s.swap(c.v, c.early, c.late, c.peak)
@@ -459,11 +512,15 @@ func (s *swapper) begin() {
 	s.body = append(s.body[:0], s.f.Body...)
 	s.results = append(s.results[:0], s.f.Results...)
 	s.replaced = s.replaced[:0]
+	s.hosted = s.hosted[:0]
 	s.rc.Begin()
 }
 
 func (s *swapper) undo() {
 	s.rc.Undo()
+	for _, a := range s.hosted {
+		delete(a.Arg.Attrs, "host")
+	}
 	for i := len(s.replaced) - 1; i >= 0; i-- {
 		r := s.replaced[i]
 		r.op.Operands[r.idx] = r.old
@@ -590,7 +647,7 @@ func (s *swapper) offload(g *ir.Value, early, p int) bool {
 }
 
 func (s *swapper) budgetError(info *liveness.Info, target int64) error {
-	live, p := arenaLive(info)
+	live, p := deviceLive(info)
 	r := memreport.Build(s.f, nil)
 	msg := fmt.Sprintf("@%s: can't keep the device arena under %s (%d bytes) by swapping; %s (%d bytes) are live at op %d (%s), and none of them can be swapped or recomputed across it. Largest:",
 		s.f.Name, memreport.Human(target), target, memreport.Human(live[p]), live[p], p, s.f.Body[p].Kind)

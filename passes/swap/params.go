@@ -1,0 +1,183 @@
+package swap
+
+import (
+	"slices"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// Offloading parameters and optimizer state (ZeRO-Offload): the caller
+// holds a parameter in host memory (ir.HostArg); the device reads it
+// through a swap_in before the forward's first reader and another before
+// the backward's, each freed after its group's last reader. When an
+// optimizer update writes the parameter, its state moves to the host too,
+// the gradient is copied out once made, and the update runs on the host
+// (ir.OnHost), so neither the state nor the finished gradient takes
+// device memory.
+
+// paramOffload is a parameter that can move to the host, with the update
+// that writes it (nil when the step has none).
+type paramOffload struct {
+	p      *ir.Value
+	update *ir.Op
+	bytes  int64 // device bytes it frees for the whole step: p and the state
+}
+
+// offloadableParams lists the parameters still on the device whose
+// offload the step allows: read by ops of the top-level block, written
+// by at most one update, whose state arguments nothing else reads.
+func offloadableParams(f *ir.Func) []paramOffload {
+	readers := map[*ir.Value]int{}
+	for _, op := range f.Body {
+		for _, x := range op.Operands {
+			readers[x]++
+		}
+	}
+	var out []paramOffload
+	for _, a := range f.Args {
+		if a.Arg.Kind != ir.ArgParam || ir.HostArg(a) || readers[a] == 0 {
+			continue
+		}
+		po := paramOffload{p: a, bytes: a.Type.SizeBytes()}
+		ok := true
+		for _, op := range f.Body {
+			d := op.Def()
+			if d == nil || len(d.Writes) == 0 || !slices.Contains(op.Operands, a) {
+				continue
+			}
+			if po.update != nil || op.Operands[d.Writes[0]] != a || ir.OnHost(op) {
+				ok = false
+				break
+			}
+			po.update = op
+			for _, k := range d.Writes[1:] {
+				s := op.Operands[k]
+				if s.Arg == nil || s.Arg.Kind != ir.ArgState || readers[s] != 1 {
+					ok = false
+				}
+				po.bytes += s.Type.SizeBytes()
+			}
+		}
+		if ok {
+			out = append(out, po)
+		}
+	}
+	return out
+}
+
+// hostArg marks argument a as held in host memory, for undo.
+func (s *swapper) hostArg(a *ir.Value) {
+	if a.Arg.Attrs == nil {
+		a.Arg.Attrs = ir.Attrs{}
+	}
+	a.Arg.Attrs["host"] = ir.BoolAttr(true)
+	s.hosted = append(s.hosted, a)
+}
+
+// offloadParam moves po to the host: the parameter's readers other than
+// its update read it from swap_ins (one for the forward's readers, one
+// for the backward's, placed so that compute before them hides the copy),
+// and the update reads the state in place and the gradient from the host,
+// after the gradient's swap_out.
+func (s *swapper) offloadParam(po paramOffload, bwd map[*ir.Op]bool) bool {
+	f, p := s.f, po.p
+	var groups [2][]*ir.Op // forward, backward readers
+	for _, op := range f.Body {
+		if op != po.update && slices.Contains(op.Operands, p) {
+			k := 0
+			if bwd[op] {
+				k = 1
+			}
+			groups[k] = append(groups[k], op)
+		}
+	}
+	type insert struct {
+		before *ir.Op
+		op     *ir.Op
+	}
+	var inserts []insert
+	for _, grp := range groups {
+		if len(grp) == 0 {
+			continue
+		}
+		si, err := f.NewOp("swap_in", []*ir.Value{p}, ir.Attrs{"stream": ir.IntAttr(1)}, grp[0].Loc, p.Name+".back")
+		if err != nil {
+			return false
+		}
+		for _, op := range grp {
+			for j, x := range op.Operands {
+				if x == p {
+					s.replaced = append(s.replaced, replacement{op, j, x})
+					op.Operands[j] = si.Results[0]
+				}
+			}
+		}
+		inserts = append(inserts, insert{grp[0], si})
+	}
+	s.hostArg(p)
+	if u := po.update; u != nil {
+		for _, k := range u.Def().Writes[1:] {
+			s.hostArg(u.Operands[k])
+		}
+		// The device operands (the gradient, the condition) go out once
+		// made; the update follows the last of them.
+		body := slices.DeleteFunc(slices.Clone(f.Body), func(op *ir.Op) bool { return op == u })
+		at := 0
+		for j, x := range u.Operands {
+			if ir.InHost(x) {
+				continue
+			}
+			so, err := f.NewOp("swap_out", []*ir.Value{x}, ir.Attrs{"stream": ir.IntAttr(1)}, u.Loc, x.Name+".host")
+			if err != nil {
+				return false
+			}
+			s.replaced = append(s.replaced, replacement{u, j, x})
+			u.Operands[j] = so.Results[0]
+			pos := 0
+			if x.Def != nil {
+				pos = slices.Index(body, x.Def) + 1
+			}
+			for i, op := range body { // after every other reader
+				if slices.Contains(op.Operands, x) {
+					pos = max(pos, i+1)
+				}
+			}
+			body = slices.Insert(body, pos, so)
+			at = max(at, pos+1)
+		}
+		f.Body = slices.Insert(body, at, u)
+	}
+	for _, in := range inserts {
+		i := slices.Index(f.Body, in.before)
+		// Early enough that the compute before the reader hides the copy,
+		// but not before the previous swap_in of p is read.
+		secs, j := s.dev.CopySeconds(p.Type.SizeBytes()), i
+		readsP := func(x *ir.Value) bool { return x.Def != nil && x.Def.Kind == "swap_in" && x.Def.Operands[0] == p }
+		for acc := 0.0; j > 0 && acc < secs && !slices.ContainsFunc(f.Body[j-1].Operands, readsP); {
+			j--
+			acc += s.dev.OpSeconds(f.Body[j])
+		}
+		f.Body = slices.Insert(f.Body, j, in.op)
+	}
+	return true
+}
+
+// backward is the set of ops that depend on the loss seed (none in a
+// step without one).
+func backward(f *ir.Func) map[*ir.Op]bool {
+	bwd := map[*ir.Op]bool{}
+	fromSeed := map[*ir.Value]bool{}
+	for _, op := range f.Body {
+		dep := op.Kind == "constant" && op.Attrs["role"].Str == "loss_seed"
+		for _, x := range op.Operands {
+			dep = dep || fromSeed[x]
+		}
+		if dep {
+			bwd[op] = true
+			for _, r := range op.Results {
+				fromSeed[r] = true
+			}
+		}
+	}
+	return bwd
+}
