@@ -167,3 +167,89 @@ func firstLine(err error) string {
 	}
 	return s
 }
+
+// offloadable reports whether pipe has a remat step with a budget in
+// bytes and no swap step: when remat cannot reach its budget, --budget
+// goes on with offloading (withOffload).
+func offloadable(pipe passes.Pipeline) bool {
+	remat := false
+	for _, s := range pipe {
+		switch s.Pass.Name {
+		case "swap":
+			return false
+		case "remat":
+			sz, err := passes.ParseSize(s.Args["budget"])
+			remat = err == nil && !sz.IsFrac
+		}
+	}
+	return remat
+}
+
+// withOffload is pipe with what remat{budget=B} could not reach handed
+// on: the parameters, optimizer state and returned gradients (P bytes
+// once the steps before remat ran) may leave the device, so remat aims at
+// B + P and
+// swap{device-budget=B} before assign swaps, recomputes and offloads
+// parameters and gradients until everything on the device fits B. With
+// params false (launch plans) only gradients move and swap does the rest
+// alone. The note says what it asked.
+func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool) (passes.Pipeline, string, error) {
+	at := -1
+	for i, s := range pipe {
+		if s.Pass.Name == "remat" {
+			at = i
+		}
+	}
+	budget, _ := passes.ParseSize(pipe[at].Args["budget"])
+	b := budget.Of(0)
+	trial := cloneModule(m)
+	if _, err := quietRun(e, trial, pipe[:at], verify); err != nil {
+		return nil, "", err
+	}
+	var movable, peak int64
+	for _, f := range trial.Funcs {
+		info := liveness.Analyze(f)
+		peak = max(peak, info.Peak)
+		grads := int64(0)
+		for _, r := range f.Results {
+			if r.Role() == ir.RoleGrad {
+				grads += r.Value.Type.SizeBytes()
+			}
+		}
+		if params {
+			movable = max(movable, info.ParamBytes+info.StateBytes+grads)
+		}
+	}
+	var out passes.Pipeline
+	out = append(out, pipe[:at]...)
+	note := fmt.Sprintf("remat could not reach %s alone: ", memreport.Human(b))
+	if params && b+movable < peak {
+		args := map[string]string{}
+		for k, v := range pipe[at].Args {
+			args[k] = v
+		}
+		args["budget"] = strconv.FormatInt(b+movable, 10)
+		out = append(out, passes.Step{Pass: pipe[at].Pass, Args: args})
+		note += fmt.Sprintf("recomputation and microbatches aimed at %s, ", memreport.Human(b+movable))
+	}
+	swapStep, err := passes.ParsePipeline(fmt.Sprintf("swap{device-budget=%d,params=%t}", b, params), nil)
+	if err != nil {
+		return nil, "", err
+	}
+	placed := false
+	for _, s := range pipe[at+1:] {
+		if s.Pass.Name == "assign" && !placed {
+			out, placed = append(out, swapStep...), true
+		}
+		out = append(out, s)
+	}
+	if !placed {
+		out = append(out, swapStep...)
+	}
+	what := "parameters, optimizer state and gradients"
+	if !params {
+		what = "gradients"
+	}
+	note += fmt.Sprintf("then swap fitted everything on the device into %s, by swapping, recomputing and moving %s to host memory", memreport.Human(b), what)
+	return out, note, nil
+}

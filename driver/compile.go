@@ -98,6 +98,7 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 	if l.budget != "" || l.deviceBudget != "" {
 		ref := strings.Join(pre, ",")
 		pf.budgetsOf = &ref
+		pf.noHostUpdates = l.noHostUpdates
 	}
 	if l.microbatches > 1 && l.parallel == "" {
 		pre = append(pre, fmt.Sprintf("microbatch{n=%d}", l.microbatches))

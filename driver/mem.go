@@ -99,6 +99,11 @@ func init() {
 						rep.Ranks = append(rep.Ranks, rr)
 					}
 				}
+				if n := len(mg.Runs) + 1; len(effects) > n {
+					// A pipeline tried again (--budget going on to
+					// offload): the last run's effects are the plan's.
+					effects = effects[len(effects)-n:]
+				}
 				if len(effects) == len(mg.Runs)+1 {
 					for i, r := range mg.Runs {
 						effects[i+1].Inner = innerEffects(r)

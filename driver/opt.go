@@ -38,6 +38,9 @@ type pipelineFlags struct {
 	// budgetsOf, when set, is the pipeline whose result the fractions of
 	// --budget and --device-budget refer to ("" for the input itself).
 	budgetsOf *string
+	// noHostUpdates keeps parameters on the device when --budget falls
+	// back to offloading (launch plans cannot run updates on the host).
+	noHostUpdates bool
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
@@ -136,7 +139,34 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		Progress:         progress.For(e.stderr),
 		Observe:          p.observe,
 	}}
+	var orig *ir.Module
+	if p.budgetsOf != nil && offloadable(pipe) {
+		orig = cloneModule(in.module)
+	}
 	runErr := mg.Run(in.module, pipe)
+	var pe *passes.PassError
+	if orig != nil && errors.As(runErr, &pe) && pe.Pass == "remat" {
+		// The toolbox's next tool: offload and swap what recomputation
+		// and microbatching cannot reach.
+		alt, note, err := withOffload(e, orig, pipe, p.verifyEach, !p.noHostUpdates)
+		if err == nil && p.printPipeline {
+			fmt.Fprintf(e.stderr, "pipeline: %s\n", alt)
+		}
+		if err == nil {
+			mg2 := &passes.Manager{Inst: mg.Inst}
+			if err = mg2.Run(orig, alt); err == nil {
+				in.module.Funcs, mg, runErr, pipe = orig.Funcs, mg2, nil, alt
+				for i := range mg.Runs {
+					if mg.Runs[i].Name == "swap" {
+						mg.Runs[i].Stats = append(mg.Runs[i].Stats, passes.Stat{Name: "note", Value: note})
+					}
+				}
+			}
+		}
+		if err != nil {
+			runErr = fmt.Errorf("%v\nwith offloading too: %v", runErr, err)
+		}
+	}
 	if placed != "" {
 		for i := range mg.Runs {
 			if mg.Runs[i].Name == "optimizer" {

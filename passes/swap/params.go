@@ -21,6 +21,10 @@ type paramOffload struct {
 	p      *ir.Value
 	update *ir.Op
 	bytes  int64 // device bytes it frees for the whole step: p and the state
+	// each gives every reader a copy of its own, fetched just before it
+	// (more copies and stalls, less memory), instead of grouping readers
+	// and hiding the copies behind compute (offloadParam).
+	each bool
 }
 
 // offloadableParams lists the parameters still on the device whose
@@ -75,21 +79,32 @@ func (s *swapper) hostArg(a *ir.Value) {
 }
 
 // offloadParam moves po to the host: the parameter's readers other than
-// its update read it from swap_ins (one for the forward's readers, one
-// for the backward's, placed so that compute before them hides the copy),
-// and the update reads the state in place and the gradient from the host,
-// after the gradient's swap_out.
-func (s *swapper) offloadParam(po paramOffload, bwd map[*ir.Op]bool) bool {
+// its update read it from swap_ins, each placed so that compute before it
+// hides the copy, one for each group of readers (split at the peak at
+// position peak, and where compute between readers would hide a second
+// copy); the update
+// reads the state in place and the gradient from the host, after the
+// gradient's swap_out.
+func (s *swapper) offloadParam(po paramOffload, peak int) bool {
 	f, p := s.f, po.p
-	var groups [2][]*ir.Op // forward, backward readers
-	for _, op := range f.Body {
-		if op != po.update && slices.Contains(op.Operands, p) {
-			k := 0
-			if bwd[op] {
-				k = 1
+	// Readers share a copy unless the peak or more compute than twice
+	// the copy's time lies between them: then a second copy, fetched
+	// while that compute runs, frees the memory in between.
+	var groups [][]*ir.Op
+	secs := s.dev.CopySeconds(p.Type.SizeBytes())
+	last, gap := -1, 0.0
+	for i, op := range f.Body {
+		if op == po.update || !slices.Contains(op.Operands, p) {
+			if last >= 0 {
+				gap += s.dev.OpSeconds(op)
 			}
-			groups[k] = append(groups[k], op)
+			continue
 		}
+		if last < 0 || po.each || last <= peak && i > peak || gap > 2*secs {
+			groups = append(groups, nil)
+		}
+		groups[len(groups)-1] = append(groups[len(groups)-1], op)
+		last, gap = i, 0
 	}
 	type insert struct {
 		before *ir.Op
@@ -145,6 +160,11 @@ func (s *swapper) offloadParam(po paramOffload, bwd map[*ir.Op]bool) bool {
 			body = slices.Insert(body, pos, so)
 			at = max(at, pos+1)
 		}
+		for _, grp := range groups { // and after every other reader of p
+			for _, op := range grp {
+				at = max(at, slices.Index(body, op)+1)
+			}
+		}
 		f.Body = slices.Insert(body, at, u)
 	}
 	for _, in := range inserts {
@@ -153,7 +173,7 @@ func (s *swapper) offloadParam(po paramOffload, bwd map[*ir.Op]bool) bool {
 		// but not before the previous swap_in of p is read.
 		secs, j := s.dev.CopySeconds(p.Type.SizeBytes()), i
 		readsP := func(x *ir.Value) bool { return x.Def != nil && x.Def.Kind == "swap_in" && x.Def.Operands[0] == p }
-		for acc := 0.0; j > 0 && acc < secs && !slices.ContainsFunc(f.Body[j-1].Operands, readsP); {
+		for acc := 0.0; !po.each && j > 0 && acc < secs && !slices.ContainsFunc(f.Body[j-1].Operands, readsP); {
 			j--
 			acc += s.dev.OpSeconds(f.Body[j])
 		}
@@ -162,22 +182,35 @@ func (s *swapper) offloadParam(po paramOffload, bwd map[*ir.Op]bool) bool {
 	return true
 }
 
-// backward is the set of ops that depend on the loss seed (none in a
-// step without one).
-func backward(f *ir.Func) map[*ir.Op]bool {
-	bwd := map[*ir.Op]bool{}
-	fromSeed := map[*ir.Value]bool{}
+// respread gives every reader of host argument p's copies a copy of its
+// own, fetched just before it, and drops the copies it had: the last
+// resort when copies shared between readers hold the peak up.
+func (s *swapper) respread(p *ir.Value) bool {
+	f := s.f
+	isCopy := func(x *ir.Value) bool { return x.Def != nil && x.Def.Kind == "swap_in" && x.Def.Operands[0] == p }
+	var body []*ir.Op
+	changed := false
 	for _, op := range f.Body {
-		dep := op.Kind == "constant" && op.Attrs["role"].Str == "loss_seed"
-		for _, x := range op.Operands {
-			dep = dep || fromSeed[x]
+		if op.Kind == "swap_in" && op.Operands[0] == p {
+			changed = true
+			continue
 		}
-		if dep {
-			bwd[op] = true
-			for _, r := range op.Results {
-				fromSeed[r] = true
+		for j, x := range op.Operands {
+			if !isCopy(x) {
+				continue
 			}
+			si, err := f.NewOp("swap_in", []*ir.Value{p}, ir.Attrs{"stream": ir.IntAttr(1)}, op.Loc, p.Name+".back")
+			if err != nil {
+				return false
+			}
+			s.replaced = append(s.replaced, replacement{op, j, x})
+			op.Operands[j] = si.Results[0]
+			body = append(body, si)
 		}
+		body = append(body, op)
 	}
-	return bwd
+	if changed {
+		f.Body = body
+	}
+	return changed
 }

@@ -207,7 +207,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	}
 	if res.Arena > budget {
 		restore()
-		return res, fmt.Errorf("@%s: the device arena is %s (%d bytes, %d of them kernel workspace) after swapping, above the device budget of %s (%d bytes)",
+		return res, fmt.Errorf("@%s: the device memory is %s (%d bytes, %d of them kernel workspace) after swapping, above the device budget of %s (%d bytes)",
 			f.Name, memreport.Human(res.Arena), res.Arena, res.Workspace, memreport.Human(budget), budget)
 	}
 	info := liveness.Analyze(f)
@@ -329,7 +329,16 @@ func (s *swapper) lower(target int64) error {
 			if !s.params || paramFailedAt[po.p] == peakOp {
 				continue
 			}
-			cands = append(cands, candidate{v: po.p, swap: true, param: &po, seconds: s.dev.CopySeconds(po.p.Type.SizeBytes()), freed: po.bytes, peak: p})
+			for _, each := range []bool{false, true} {
+				q := po
+				q.each = each
+				cands = append(cands, candidate{v: q.p, swap: true, param: &q, seconds: s.dev.CopySeconds(q.p.Type.SizeBytes()), freed: q.bytes, peak: p})
+			}
+		}
+		for _, a := range s.f.Args {
+			if ir.HostArg(a) && paramFailedAt[a] != peakOp {
+				cands = append(cands, candidate{v: a, swap: true, respread: true, seconds: s.dev.CopySeconds(a.Type.SizeBytes()), freed: a.Type.SizeBytes(), peak: p})
+			}
 		}
 		byRatio := func(cs []candidate) {
 			sort.SliceStable(cs, func(i, j int) bool {
@@ -381,7 +390,7 @@ func (s *swapper) lower(target int64) error {
 				}
 			}
 			s.undo()
-			if c.param != nil {
+			if c.param != nil || c.respread {
 				paramFailedAt[c.v] = peakOp
 				continue
 			}
@@ -412,7 +421,7 @@ func atPeak(live []int64, peak int64) int {
 // apart, each timed on its own quota.
 func (c candidate) kind() int {
 	switch {
-	case c.param != nil:
+	case c.param != nil || c.respread:
 		return 2
 	case c.swap:
 		return 1
@@ -431,6 +440,7 @@ type candidate struct {
 	swap              bool
 	offload           bool          // a finished gradient: swapped out, returned from host memory
 	param             *paramOffload // a parameter and its optimizer state, moved to host memory
+	respread          bool          // v is a host argument whose readers get a copy each
 	seconds           float64       // estimated time added
 	freed             int64
 	early, late, peak int
@@ -465,7 +475,10 @@ func (s *swapper) apply(c candidate) bool {
 		return s.offload(c.v, c.early, c.peak)
 	}
 	if c.param != nil {
-		return s.offloadParam(*c.param, backward(s.f))
+		return s.offloadParam(*c.param, c.peak)
+	}
+	if c.respread {
+		return s.respread(c.v)
 	}
 	if c.swap {
 		return s.swap(c.v, c.early, c.late, c.peak)
@@ -649,7 +662,7 @@ func (s *swapper) offload(g *ir.Value, early, p int) bool {
 func (s *swapper) budgetError(info *liveness.Info, target int64) error {
 	live, p := deviceLive(info)
 	r := memreport.Build(s.f, nil)
-	msg := fmt.Sprintf("@%s: can't keep the device arena under %s (%d bytes) by swapping; %s (%d bytes) are live at op %d (%s), and none of them can be swapped or recomputed across it. Largest:",
+	msg := fmt.Sprintf("@%s: can't keep the device memory under %s (%d bytes) by swapping; %s (%d bytes) are live at op %d (%s), and none of them can be swapped or recomputed across it. Largest:",
 		s.f.Name, memreport.Human(target), target, memreport.Human(live[p]), live[p], p, s.f.Body[p].Kind)
 	for i, t := range r.TopAtPeak {
 		if i == 5 {

@@ -132,40 +132,49 @@ func TestSwapOffloadsParametersAndState(t *testing.T) {
   %h3 = matmul(%a2, %w3) : f64[4,128]
   return %h3
 }`
-	before := passtest.Parse(t, wide)
-	require.NoError(t, run(t, before, "autodiff,optimizer{kind=adam,lr=0.01}"))
-	after := passtest.Clone(t, before)
-	device, err := swap.DeviceBytes(after.Funcs[0])
-	require.NoError(t, err)
-	budget := device / 3
-	require.NoError(t, run(t, after, fmt.Sprintf("swap{device-budget=%d},assign", budget)))
-	f := after.Funcs[0]
-	info := liveness.Analyze(f)
-	require.Positive(t, info.HostArgBytes, "nothing was offloaded")
-	hosted := map[*ir.Value]bool{}
-	for _, a := range f.Args {
-		if ir.HostArg(a) {
-			require.NotEqual(t, ir.ArgData, a.Arg.Kind, "%s is an input", a.Ref())
-			hosted[a] = true
-		}
-	}
-	onHost := 0
-	for _, op := range f.Body {
-		if ir.OnHost(op) {
-			onHost++
-			for _, k := range op.Def().Writes {
-				require.True(t, hosted[op.Operands[k]], "%s writes %s on the host, which is on the device", op.Kind, op.Operands[k].Ref())
+	for _, opt := range []string{"sgd", "momentum", "adam"} {
+		for _, placement := range []string{"early", "end"} {
+			for _, part := range []int64{2, 3} { // a fifth is below one gradient and what its gemm reads
+				name := fmt.Sprintf("%s/%s/1:%d", opt, placement, part)
+				before := passtest.Parse(t, wide)
+				require.NoError(t, run(t, before, fmt.Sprintf("autodiff,optimizer{kind=%s,lr=0.01,placement=%s}", opt, placement)))
+				after := passtest.Clone(t, before)
+				device, err := swap.DeviceBytes(after.Funcs[0])
+				require.NoError(t, err)
+				budget := device / part
+				// VerifyEach checks that no copy reads a parameter after its update wrote it.
+				require.NoError(t, run(t, after, fmt.Sprintf("swap{device-budget=%d},assign", budget)), name)
+				f := after.Funcs[0]
+				info := liveness.Analyze(f)
+				require.Positive(t, info.HostArgBytes, "%s: nothing was offloaded", name)
+				hosted := map[*ir.Value]bool{}
+				for _, a := range f.Args {
+					if ir.HostArg(a) {
+						require.NotEqual(t, ir.ArgData, a.Arg.Kind, "%s: %s is an input", name, a.Ref())
+						hosted[a] = true
+					}
+				}
+				onHost := 0
+				for _, op := range f.Body {
+					if ir.OnHost(op) {
+						onHost++
+						for _, k := range op.Def().Writes {
+							require.True(t, hosted[op.Operands[k]], "%s: %s writes %s on the host, which is on the device", name, op.Kind, op.Operands[k].Ref())
+						}
+					}
+				}
+				require.Positive(t, onHost, "%s: no update runs on the host", name)
+				got, err := swap.DeviceBytes(f)
+				require.NoError(t, err)
+				require.LessOrEqual(t, got, budget, name)
+				was := liveness.Analyze(before.Funcs[0])
+				require.Equal(t, was.ParamBytes+was.StateBytes+was.InputBytes, info.ParamBytes+info.StateBytes+info.InputBytes+info.HostArgBytes, name)
+				require.NoError(t, liveness.CheckOffsets(f), name)
+				passtest.Equivalent(t, before.Funcs[0], f, 0)
+				t.Logf("%s: %d of %d arguments offloaded (%d bytes), %d updates on the host; device %d -> %d bytes (budget %d)", name, len(hosted), len(f.Args), info.HostArgBytes, onHost, device, got, budget)
 			}
 		}
 	}
-	require.Positive(t, onHost, "no update runs on the host")
-	got, err := swap.DeviceBytes(f)
-	require.NoError(t, err)
-	require.LessOrEqual(t, got, budget)
-	require.Equal(t, info.ParamBytes+info.StateBytes+info.InputBytes+info.HostArgBytes, liveness.Analyze(before.Funcs[0]).ParamBytes+liveness.Analyze(before.Funcs[0]).StateBytes+liveness.Analyze(before.Funcs[0]).InputBytes)
-	require.NoError(t, liveness.CheckOffsets(f))
-	passtest.Equivalent(t, before.Funcs[0], f, 0)
-	t.Logf("%d of %d arguments offloaded (%d bytes), %d updates on the host; device %d -> %d bytes (budget %d)", len(hosted), len(f.Args), info.HostArgBytes, onHost, device, got, budget)
 }
 
 // TestSwapErrorsWhenTheBudgetCannotBeMet names what stays live.
@@ -173,7 +182,7 @@ func TestSwapErrorsWhenTheBudgetCannotBeMet(t *testing.T) {
 	m := passtest.Parse(t, mlp)
 	require.NoError(t, run(t, m, "autodiff"))
 	err := run(t, m, "swap{device-budget=64}")
-	require.ErrorContains(t, err, "can't keep the device arena under 64 B")
+	require.ErrorContains(t, err, "can't keep the device memory under 64 B")
 	require.ErrorContains(t, err, "Largest:")
 }
 
