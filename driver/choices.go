@@ -185,15 +185,23 @@ func offloadable(pipe passes.Pipeline) bool {
 	return remat
 }
 
-// withOffload is pipe with what remat{budget=B} could not reach handed
-// on: the parameters, optimizer state and returned gradients (P bytes
-// once the steps before remat ran) may leave the device, so remat aims at
-// B + P and
-// swap{device-budget=B} before assign swaps, recomputes and offloads
-// parameters and gradients until everything on the device fits B. With
-// params false (launch plans) only gradients move and swap does the rest
-// alone. The note says what it asked.
-func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool) (passes.Pipeline, string, error) {
+// offloadTry is one pipeline withOffload proposes, with its note.
+type offloadTry struct {
+	pipe passes.Pipeline
+	note string
+}
+
+// withOffload lists pipelines that hand on what remat{budget=B} could
+// not reach. The parameters, optimizer state and returned gradients (P
+// bytes once the steps before remat ran) may leave the device, so remat
+// aims at B + P, then B + P/2, then B + P/4 (a laxer aim leaves larger
+// activations for swap, a stricter one more recomputation and
+// microbatches), and swap{device-budget=B,peak=true} before assign (B
+// bounds the peak, as in remat) swaps, recomputes and offloads
+// parameters and gradients until the bytes live on the device fit B.
+// With params false (launch plans) only gradients move and swap does the
+// rest alone.
+func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool) ([]offloadTry, error) {
 	at := -1
 	for i, s := range pipe {
 		if s.Pass.Name == "remat" {
@@ -204,7 +212,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool
 	b := budget.Of(0)
 	trial := cloneModule(m)
 	if _, err := quietRun(e, trial, pipe[:at], verify); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	var movable, peak int64
 	for _, f := range trial.Funcs {
@@ -220,36 +228,44 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool
 			movable = max(movable, info.ParamBytes+info.StateBytes+grads)
 		}
 	}
-	var out passes.Pipeline
-	out = append(out, pipe[:at]...)
-	note := fmt.Sprintf("remat could not reach %s alone: ", memreport.Human(b))
-	if params && b+movable < peak {
-		args := map[string]string{}
-		for k, v := range pipe[at].Args {
-			args[k] = v
-		}
-		args["budget"] = strconv.FormatInt(b+movable, 10)
-		out = append(out, passes.Step{Pass: pipe[at].Pass, Args: args})
-		note += fmt.Sprintf("recomputation and microbatches aimed at %s, ", memreport.Human(b+movable))
-	}
-	swapStep, err := passes.ParsePipeline(fmt.Sprintf("swap{device-budget=%d,params=%t}", b, params), nil)
+	swapStep, err := passes.ParsePipeline(fmt.Sprintf("swap{device-budget=%d,params=%t,peak=true}", b, params), nil)
 	if err != nil {
-		return nil, "", err
-	}
-	placed := false
-	for _, s := range pipe[at+1:] {
-		if s.Pass.Name == "assign" && !placed {
-			out, placed = append(out, swapStep...), true
-		}
-		out = append(out, s)
-	}
-	if !placed {
-		out = append(out, swapStep...)
+		return nil, err
 	}
 	what := "parameters, optimizer state and gradients"
 	if !params {
 		what = "gradients"
 	}
-	note += fmt.Sprintf("then swap fitted everything on the device into %s, by swapping, recomputing and moving %s to host memory", memreport.Human(b), what)
-	return out, note, nil
+	var tries []offloadTry
+	aims := []int64{movable, movable / 2, movable / 4}
+	if !params {
+		aims = []int64{-1} // no remat: it could not reach b
+	}
+	for _, extra := range aims {
+		var out passes.Pipeline
+		out = append(out, pipe[:at]...)
+		note := fmt.Sprintf("remat could not reach %s alone: ", memreport.Human(b))
+		if extra > 0 && b+extra < peak {
+			args := map[string]string{}
+			for k, v := range pipe[at].Args {
+				args[k] = v
+			}
+			args["budget"] = strconv.FormatInt(b+extra, 10)
+			out = append(out, passes.Step{Pass: pipe[at].Pass, Args: args})
+			note += fmt.Sprintf("recomputation and microbatches aimed at %s, ", memreport.Human(b+extra))
+		}
+		placed := false
+		for _, s := range pipe[at+1:] {
+			if s.Pass.Name == "assign" && !placed {
+				out, placed = append(out, swapStep...), true
+			}
+			out = append(out, s)
+		}
+		if !placed {
+			out = append(out, swapStep...)
+		}
+		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving %s to host memory", memreport.Human(b), what)
+		tries = append(tries, offloadTry{out, note})
+	}
+	return tries, nil
 }

@@ -148,22 +148,25 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	if orig != nil && errors.As(runErr, &pe) && pe.Pass == "remat" {
 		// The toolbox's next tool: offload and swap what recomputation
 		// and microbatching cannot reach.
-		alt, note, err := withOffload(e, orig, pipe, p.verifyEach, !p.noHostUpdates)
-		if err == nil && p.printPipeline {
-			fmt.Fprintf(e.stderr, "pipeline: %s\n", alt)
-		}
-		if err == nil {
+		tries, err := withOffload(e, orig, pipe, p.verifyEach, !p.noHostUpdates)
+		for _, try := range tries {
+			if p.printPipeline {
+				fmt.Fprintf(e.stderr, "pipeline: %s\n", try.pipe)
+			}
+			m := cloneModule(orig)
 			mg2 := &passes.Manager{Inst: mg.Inst}
-			if err = mg2.Run(orig, alt); err == nil {
-				in.module.Funcs, mg, runErr, pipe = orig.Funcs, mg2, nil, alt
-				for i := range mg.Runs {
-					if mg.Runs[i].Name == "swap" {
-						mg.Runs[i].Stats = append(mg.Runs[i].Stats, passes.Stat{Name: "note", Value: note})
-					}
+			if err = mg2.Run(m, try.pipe); err != nil {
+				continue
+			}
+			in.module.Funcs, mg, runErr, pipe = m.Funcs, mg2, nil, try.pipe
+			for i := range mg.Runs {
+				if mg.Runs[i].Name == "swap" {
+					mg.Runs[i].Stats = append(mg.Runs[i].Stats, passes.Stat{Name: "note", Value: try.note})
 				}
 			}
+			break
 		}
-		if err != nil {
+		if runErr != nil && err != nil {
 			runErr = fmt.Errorf("%v\nwith offloading too: %v", runErr, err)
 		}
 	}

@@ -3,8 +3,9 @@
 // becomes the SPMD program of one of N ranks, each holding 1/N of the
 // batch and every parameter, the gradients (and a summed loss)
 // all-reduced before the optimizer's updates, so every rank updates its
-// parameters alike (microbatch.Shard). Tensor and pipeline parallelism
-// and ZeRO sharding are not built.
+// parameters alike (microbatch.Shard); ZeRO stages 1 to 3 shard the
+// optimizer state, gradients and parameters (zero.go). Tensor and
+// pipeline parallelism are not built.
 package parallel
 
 import (
@@ -53,7 +54,7 @@ func init() {
 
 type options struct {
 	DP           int         `opt:"dp" default:"1" range:"[1,4096]" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
-	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 2 holds each parameter's optimizer state and update in parts across the ranks (gradients reduce-scattered, parameters gathered once); 3 also gathers each parameter separately for the forward and the backward; 1 is not built"`
+	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 1 holds each parameter's optimizer state and update in parts across the ranks, its gradient whole until the backward ends, then reduce-scattered; 2 reduce-scatters each gradient once made (parameters gathered once); 3 also gathers each parameter separately for the forward and the backward"`
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
 	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
@@ -65,7 +66,7 @@ type options struct {
 // Plan is how a step is spread over ranks.
 type Plan struct {
 	DP     int   // data-parallel ranks
-	Zero   int   // ZeRO stage (0, 2 or 3)
+	Zero   int   // ZeRO stage (0 to 3)
 	Bucket int64 // bytes of a gradient bucket without ZeRO (0: none)
 	// LocalBN keeps each rank's batch-norm statistics (DDP's default)
 	// instead of the whole batch's.
@@ -83,9 +84,7 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	if p.DP < 1 {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
 	}
-	if p.Zero != 0 && p.Zero != 2 && p.Zero != 3 {
-		return microbatch.Stats{}, fmt.Errorf("parallel: zero=%d is not built (zero=2 shards the optimizer state and the gradients, zero=3 also the parameters' lifetimes)", p.Zero)
-	}
+
 	st, err := microbatch.ShardMicro(f, p.DP, max(1, p.Microbatches))
 	if err != nil {
 		// Shard speaks of microbatches; here a slice of the batch is a rank's.
@@ -111,7 +110,7 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 				return st, fmt.Errorf("parallel{bucket}: %v", err)
 			}
 		}
-	case 2, 3:
+	case 1, 2, 3:
 		if p.DP > 1 {
 			if _, err := shardState(f, int64(p.DP), p.Zero); err != nil {
 				return st, fmt.Errorf("parallel{zero=%d}: %v", p.Zero, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	"github.com/kiln-compiler/kiln/passes/parallel"
@@ -33,7 +34,7 @@ var models = map[string]string{
 }
 
 // TestDataParallelEqualsOneDevice: for sum and mean losses, with and
-// without an optimizer, plain, with ZeRO stages 2 and 3 and with each
+// without an optimizer, plain, with ZeRO stages 1, 2 and 3 and with each
 // rank accumulating two microbatches, every rank's
 // loss and gradients, and the updated parameters and optimizer state
 // (joined from the ranks' parts under ZeRO), equal the one-device step's. Error
@@ -42,7 +43,7 @@ var models = map[string]string{
 func TestDataParallelEqualsOneDevice(t *testing.T) {
 	for name, src := range models {
 		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean}", "autodiff{loss=mean},optimizer{kind=adam}", "autodiff{loss=sum},optimizer{kind=momentum}", "autodiff{loss=sum},optimizer{kind=sgd}", "autodiff{loss=mean},optimizer{kind=adam,placement=end}"} {
-			for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=2", "dp=4,zero=3", "dp=2,microbatches=2", "dp=2,zero=3,microbatches=2"} {
+			for _, spec := range []string{"dp=2", "dp=4", "dp=2,zero=1", "dp=4,zero=1", "dp=2,zero=2", "dp=4,zero=3", "dp=2,microbatches=2", "dp=2,zero=3,microbatches=2", "dp=2,zero=1,microbatches=2"} {
 				n := 2
 				if strings.HasPrefix(spec, "dp=4") {
 					n = 4
@@ -99,6 +100,33 @@ func TestZeroShardsParametersAndState(t *testing.T) {
 	require.Equal(t, 4, kinds["all_gather"], "w1 and b1 gathered for the forward only (the backward reads neither), w2 for the forward and the backward")
 }
 
+// TestZeroStageOneKeepsGradientsWhole: ZeRO-1 shards the optimizer state
+// as ZeRO-2 does, but every gradient stays whole until the backward ends
+// (the reduce_scatters and the updates come last), so a rank's peak is
+// never below ZeRO-2's and its state is the same quarter.
+func TestZeroStageOneKeepsGradientsWhole(t *testing.T) {
+	plan := func(zero int) *ir.Func {
+		m := passtest.Parse(t, models["mlp"])
+		passtest.Run(t, m, fmt.Sprintf("autodiff{loss=sum},optimizer{kind=adam},parallel{dp=4,zero=%d}", zero))
+		return m.Funcs[0]
+	}
+	one, two := plan(1), plan(2)
+	tail := false
+	for _, op := range one.Body {
+		if op.Kind == "reduce_scatter" {
+			tail = true
+			continue
+		}
+		if tail && op.Kind != "reduce_scatter" {
+			require.NotEmpty(t, op.Def().Writes, "%s after the gradients are reduced", op.Kind)
+		}
+	}
+	require.True(t, tail, "no reduce_scatter")
+	a, b := liveness.Analyze(one), liveness.Analyze(two)
+	require.Equal(t, b.StateBytes, a.StateBytes)
+	require.GreaterOrEqual(t, a.Peak, b.Peak)
+}
+
 // TestGradientsAllReduceInBuckets: the loss and the MLP's three
 // gradients (f64: 4, 384, 128 and 768 bytes in the order the backward
 // makes them) share one all_reduce in a 25 MiB bucket; with bucket=0 each
@@ -121,7 +149,7 @@ func TestGradientsAllReduceInBuckets(t *testing.T) {
 }
 
 // TestSearchPicksTheFastestPlanThatFits: over 4 devices the search weighs
-// dp = 1, 2, 4 with ZeRO 0, 2, 3 (7 plans); with no memory limit it takes
+// dp = 1, 2, 4 with ZeRO 0 to 3 (9 plans); with no memory limit it takes
 // the fastest; with a limit between the plans' peaks it takes the fastest
 // of those under it; under every peak it says which plan comes closest.
 func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
@@ -131,7 +159,7 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 	before := f.String()
 	best, cands, err := parallel.Search(f, 4, 0, 0)
 	require.NoError(t, err)
-	require.Len(t, cands, 7)
+	require.Len(t, cands, 9)
 	require.Equal(t, before, f.String(), "the search leaves f alone")
 	for _, c := range cands {
 		require.NoError(t, c.Err)

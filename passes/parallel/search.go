@@ -44,7 +44,7 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 		if devices%dp != 0 {
 			continue
 		}
-		for _, zero := range []int{0, 2, 3} {
+		for _, zero := range []int{0, 1, 2, 3} {
 			if dp == 1 && zero > 0 {
 				continue
 			}

@@ -7,7 +7,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// shardState applies ZeRO stage zero (2 or 3) to the data-parallel step
+// shardState applies ZeRO stage zero (1, 2 or 3) to the data-parallel step
 // f of n ranks: every parameter that an optimizer update writes, and the
 // optimizer state it writes beside it, is held by each rank as its part
 // of its first dimension that n divides (the arguments carry shard = d); the update reads the
@@ -16,7 +16,9 @@ import (
 // With zero = 2 one gather before the first reader serves all of them;
 // with zero = 3 the forward and the backward (the readers that depend on
 // the loss seed) each gather it just before their first read, so the
-// whole parameter is not live between them. Parameters with no dimension
+// whole parameter is not live between them. With zero = 1 the gradients
+// stay whole until the backward ends: the reduce_scatters and the updates
+// move after it. Parameters with no dimension
 // that n divides stay whole, updated alike on every rank. It returns how
 // many parameters it sharded.
 func shardState(f *ir.Func, n int64, zero int) (int, error) {
@@ -47,6 +49,7 @@ func shardState(f *ir.Func, n int64, zero int) (int, error) {
 	}
 	sharded := 0
 	var gathers []gather
+	moved := map[*ir.Op]bool{} // the reduce_scatters made
 	for _, upd := range f.Body {
 		d := upd.Def()
 		if d == nil || len(d.Writes) == 0 || d.Writes[0] != 0 || len(upd.Operands) < 2 {
@@ -70,6 +73,7 @@ func shardState(f *ir.Func, n int64, zero int) (int, error) {
 			return sharded, err
 		}
 		f.Body[slices.Index(f.Body, ar)] = rs
+		moved[rs] = true
 		upd.Operands[1] = rs.Results[0]
 		// The parameter and the state the update writes, held in parts.
 		parts := map[*ir.Value]*ir.Value{}
@@ -91,7 +95,36 @@ func shardState(f *ir.Func, n int64, zero int) (int, error) {
 			return sharded, err
 		}
 	}
+	if zero == 1 {
+		stage1(f, moved)
+	}
 	return sharded, nil
+}
+
+// stage1 moves the reduce_scatters in moved, and the updates that read
+// them, after everything else, in their order: ZeRO-1 keeps every whole
+// gradient until the backward ends, then reduces them and steps.
+func stage1(f *ir.Func, moved map[*ir.Op]bool) {
+	reads := func(op *ir.Op) bool {
+		for _, x := range op.Operands {
+			if x.Def != nil && moved[x.Def] {
+				return true
+			}
+		}
+		return false
+	}
+	var rest, scatters, updates []*ir.Op
+	for _, op := range f.Body {
+		switch {
+		case moved[op]:
+			scatters = append(scatters, op)
+		case reads(op):
+			updates = append(updates, op)
+		default:
+			rest = append(rest, op)
+		}
+	}
+	f.Body = append(append(rest, scatters...), updates...)
 }
 
 // gather replaces the readers of a sharded parameter's whole value.

@@ -12,6 +12,7 @@ package swap
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -42,7 +43,7 @@ func init() {
 				return err
 			}
 			budget := o.DeviceBudget.Of(device)
-			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute, Params: o.Params})
+			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute, Params: o.Params, Peak: o.Peak})
 			if err != nil {
 				return err
 			}
@@ -65,6 +66,7 @@ func init() {
 type options struct {
 	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction, of the device memory when the pass starts (0.5): the arguments on the device, the arena and the kernels' workspace after it"`
 	Recompute    bool        `opt:"recompute" default:"true" doc:"also consider recomputing each tensor, and take whichever costs less time"`
+	Peak         bool        `opt:"peak" default:"false" doc:"bound the peak of the bytes live on the device, as remat{budget} does (no workspace, no packing losses), instead of the device memory (--budget uses it after remat)"`
 	Params       bool        `opt:"params" default:"true" doc:"also consider holding parameters and their optimizer state in host memory, the updates running on the host (ZeRO-Offload; launch plans cannot run them yet)"`
 	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
 	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
@@ -77,6 +79,9 @@ type Options struct {
 	Device    costmodel.Device
 	Recompute bool // let recomputation compete with swapping
 	Params    bool // let offloading parameters and their state compete too
+	// Peak bounds the live bytes on the device (liveness) instead of the
+	// device memory (DeviceBytes).
+	Peak bool
 }
 
 // Result is what Swap reached.
@@ -189,6 +194,9 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 		return res, err
 	}
 	target := budget - ws
+	if opt.Peak {
+		target = budget
+	}
 	for round := 0; round < 8; round++ {
 		if err := s.lower(target); err != nil {
 			restore()
@@ -200,12 +208,12 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 			return res, err
 		}
 		res.Arena, res.Workspace = deviceArgs(liveness.Analyze(f))+roundUp(ArenaBytes(f))+ws, ws
-		if res.Arena <= budget {
+		if res.Arena <= budget || opt.Peak {
 			break
 		}
 		target -= res.Arena - budget
 	}
-	if res.Arena > budget {
+	if res.Arena > budget && !opt.Peak {
 		restore()
 		return res, fmt.Errorf("@%s: the device memory is %s (%d bytes, %d of them kernel workspace) after swapping, above the device budget of %s (%d bytes)",
 			f.Name, memreport.Human(res.Arena), res.Arena, res.Workspace, memreport.Human(budget), budget)
@@ -593,22 +601,23 @@ func (s *swapper) swap(v *ir.Value, early, late, p int) bool {
 }
 
 // offloadable is the gradient that buffer b holds when it is a finished
-// one: a result with the gradient role (or the value an earlier offload
+// one: a result with the gradient role (the last value of the buffer) (or the value an earlier offload
 // copies out after p), made before the peak p and read by nothing else
 // from p on. Such a gradient can move to host memory for good, as
 // ZeRO-Offload does, and be returned from there.
 func (s *swapper) offloadable(b *liveness.Buffer, uses map[*ir.Value][]int, p int, peakOp *ir.Op) *ir.Value {
-	if len(b.Values) != 1 {
-		return nil
-	}
-	g := b.Values[0]
-	if g.Def == nil || g.Def == peakOp || g.Def.Kind == "swap_in" {
+	// The buffer's last value is the gradient; the others (a running sum
+	// that microbatches accumulate in place) must be done with too.
+	g := b.Values[len(b.Values)-1]
+	if g.Def == nil || g.Def == peakOp || g.Def.Kind == "swap_in" || slices.Index(s.f.Body, g.Def) > p {
 		return nil
 	}
 	out := s.offloadOf(g)
-	for _, u := range uses[g] {
-		if u >= p && s.f.Body[u] != out {
-			return nil
+	for _, m := range b.Values {
+		for _, u := range uses[m] {
+			if u >= p && s.f.Body[u] != out {
+				return nil
+			}
 		}
 	}
 	for _, r := range s.f.Results {

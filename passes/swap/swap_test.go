@@ -2,6 +2,7 @@ package swap_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -175,6 +176,24 @@ func TestSwapOffloadsParametersAndState(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSwapBoundsThePeak: with peak=true the budget bounds the bytes live
+// on the device, as remat's does (what --budget hands on to swap), not
+// the device memory with its workspace and packing.
+func TestSwapBoundsThePeak(t *testing.T) {
+	raw, err := os.ReadFile("../../testdata/examples/wide.kir")
+	require.NoError(t, err)
+	before := passtest.Parse(t, string(raw))
+	require.NoError(t, run(t, before, "autodiff,optimizer{kind=adam,lr=0.01},fuse,reorder"))
+	after := passtest.Clone(t, before)
+	peak := liveness.Analyze(after.Funcs[0]).Peak
+	budget := peak / 4
+	require.NoError(t, run(t, after, fmt.Sprintf("swap{device-budget=%d,peak=true}", budget)))
+	got := liveness.Analyze(after.Funcs[0]).Peak
+	require.LessOrEqual(t, got, budget)
+	passtest.Equivalent(t, before.Funcs[0], after.Funcs[0], 0)
+	t.Logf("peak %d -> %d bytes (budget %d)", peak, got, budget)
 }
 
 // TestSwapErrorsWhenTheBudgetCannotBeMet names what stays live.
