@@ -49,8 +49,14 @@ func init() {
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
-				fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches, %d copies, %d events)\n", args[0], r.Nodes, r.Kernels, r.Copies, r.Events)
+				if r.Ranks > 1 {
+					fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches, %d copies, %d NCCL calls, %d events; %d ranks)\n", args[0], r.Nodes, r.Kernels, r.Copies, r.Collectives, r.Events, r.Ranks)
+				} else {
+					fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches, %d copies, %d events)\n", args[0], r.Nodes, r.Kernels, r.Copies, r.Events)
+				}
 				switch {
+				case r.Replayed && r.Ranks > 1:
+					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results replayed against the interpreter on all %d ranks together\n", r.Ranks)
 				case r.Replayed:
 					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results replayed against the interpreter\n")
 				case *fast:
@@ -61,6 +67,9 @@ func init() {
 				fmt.Fprintf(e.stdout, "simulated step  %10.1f us\n", r.Seconds*1e6)
 				fmt.Fprintf(e.stdout, "compute         %10.1f us\n", r.ComputeSeconds*1e6)
 				fmt.Fprintf(e.stdout, "copies          %10.1f us\n", r.CopySeconds*1e6)
+				if r.Collectives > 0 {
+					fmt.Fprintf(e.stdout, "collectives     %10.1f us (NCCL, on the communication stream)\n", r.CommSeconds*1e6)
+				}
 				fmt.Fprintf(e.stdout, "compute stalled %10.1f us (waiting for copies)\n", r.StallSeconds*1e6)
 				if *htmlOut != "" {
 					var b bytes.Buffer

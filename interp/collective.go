@@ -115,6 +115,41 @@ func collective(op *ir.Op, x *Tensor, out ir.Type, rt *runtime) (*Tensor, error)
 	return cl.out[me], nil
 }
 
+// Collective runs the collective op on every rank of a run of
+// len(in) ranks at once, rank r bringing in[r] (every rank runs op): the
+// results per rank. It is what RunRanks does at one collective, for
+// replays that step the ranks in lockstep.
+func Collective(op *ir.Op, in []*Tensor) ([]*Tensor, error) {
+	n := int64(len(in))
+	size, stride := ir.CollectiveGroup(op)
+	if size > n || stride > n || n%(size*stride) != 0 {
+		return nil, fmt.Errorf("groups of %d ranks, %d apart, do not tile a run of %d ranks", size, stride, n)
+	}
+	out := make([]*Tensor, n)
+	ops := make([]*ir.Op, size)
+	for i := range ops {
+		ops[i] = op
+	}
+	for r := int64(0); r < n; r++ {
+		members := ir.GroupOf(r, size, stride)
+		if members[0] != r {
+			continue // the group's first rank computes it
+		}
+		gin := make([]*Tensor, size)
+		for i, m := range members {
+			gin[i] = in[m]
+		}
+		res, err := combine(ops, gin, op.Results[0].Type)
+		if err != nil {
+			return nil, err
+		}
+		for i, m := range members {
+			out[m] = res[i]
+		}
+	}
+	return out, nil
+}
+
 // combine computes every member's result of one collective call.
 func combine(ops []*ir.Op, in []*Tensor, out ir.Type) ([]*Tensor, error) {
 	for i := range ops {

@@ -23,6 +23,9 @@ type Options struct {
 	// results, before the values whose last use it was are released. The
 	// tensors are the run's own: Observe must not change or keep them.
 	Observe func(i int, op *ir.Op, results []*Tensor)
+	// ObserveRank is Observe for RunRanks, told the rank; the ranks run
+	// at once, so it must be safe for concurrent use.
+	ObserveRank func(rank, i int, op *ir.Op, results []*Tensor)
 }
 
 // Run executes f on args (one per argument, in order) and returns its
@@ -97,12 +100,17 @@ func runOn(f *ir.Func, args []*Tensor, opt Options, rt *runtime) ([]*Tensor, []*
 		if err := exec(op, env, rt); err != nil {
 			return nil, nil, err
 		}
-		if opt.Observe != nil {
+		if opt.Observe != nil || opt.ObserveRank != nil {
 			res := make([]*Tensor, len(op.Results))
 			for j, r := range op.Results {
 				res[j] = env[r]
 			}
-			opt.Observe(i, op, res)
+			if opt.Observe != nil {
+				opt.Observe(i, op, res)
+			}
+			if opt.ObserveRank != nil {
+				opt.ObserveRank(int(rt.rank), i, op, res)
+			}
 		}
 		for _, v := range last[i] {
 			delete(env, v)

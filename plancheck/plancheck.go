@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/interp"
@@ -30,10 +31,13 @@ import (
 // Report is what a successful replay measured.
 type Report struct {
 	Nodes, Kernels, Copies, Events int
+	Collectives                    int // NCCL calls
+	Ranks                          int // ranks the plan runs on (replayed together)
 	Timeline                       []Span
 	Seconds                        float64 // end of the last node
 	ComputeSeconds                 float64 // busy time of stream 0
-	CopySeconds                    float64 // busy time of the other streams
+	CopySeconds                    float64 // busy time of the other streams' copies
+	CommSeconds                    float64 // busy time of the collectives
 	StallSeconds                   float64 // time stream 0 waited for events
 	Replayed                       bool    // the numbers were replayed against the interpreter
 }
@@ -277,6 +281,10 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			if n.Kind == "copy" && (n.Src == nil || n.Dst == nil) {
 				return fmt.Errorf("node %d: a copy needs src and dst", i)
 			}
+		case "collective":
+			if err := collectiveNode(p, f, i, n); err != nil {
+				return err
+			}
 		case "event_record":
 			if n.Event == nil {
 				return fmt.Errorf("node %d: event_record without an event", i)
@@ -445,8 +453,55 @@ func races(p *cuda.Plan) error {
 	return nil
 }
 
+// collectiveNode checks a collective node: the op it runs is that
+// collective, its group tiles the plan's ranks, and it sends and receives
+// the bytes NCCL's call moves.
+func collectiveNode(p *cuda.Plan, f *ir.Func, i int, n cuda.Node) error {
+	if n.Op < 0 || n.Op >= len(f.Body) {
+		return fmt.Errorf("node %d: op %d is not in @%s", i, n.Op, f.Name)
+	}
+	c := n.Collective
+	if c == nil || n.Src == nil || n.Dst == nil {
+		return fmt.Errorf("node %d: a collective needs collective, src and dst", i)
+	}
+	op := f.Body[n.Op]
+	size, stride := ir.CollectiveGroup(op)
+	calls := map[string]string{"all_reduce": "ncclAllReduce", "reduce_scatter": "ncclReduceScatter", "all_gather": "ncclAllGather", "broadcast": "ncclBroadcast"}
+	if calls[op.Kind] != c.Call || size != c.Size || stride != c.Stride {
+		return fmt.Errorf("node %d calls %s over %d ranks %d apart, but op %d is %s over %d ranks %d apart", i, c.Call, c.Size, c.Stride, n.Op, op.Kind, size, stride)
+	}
+	ranks := int64(max(1, p.Ranks))
+	if c.Size < 2 || c.Stride < 1 || c.Size*c.Stride > ranks || ranks%(c.Size*c.Stride) != 0 {
+		return fmt.Errorf("node %d: groups of %d ranks, %d apart, do not tile the plan's %d ranks", i, c.Size, c.Stride, ranks)
+	}
+	dt, ok := ir.ParseDType(c.DType)
+	if !ok {
+		return fmt.Errorf("node %d: unknown dtype %q", i, c.DType)
+	}
+	elem := ir.Type{DType: dt}.SizeBytes()
+	recv := c.Count
+	switch c.Call {
+	case "ncclReduceScatter":
+		if c.Count%c.Size != 0 {
+			return fmt.Errorf("node %d: %d elements do not split among %d ranks", i, c.Count, c.Size)
+		}
+		recv = c.Count / c.Size
+	case "ncclAllGather":
+		recv = c.Count * c.Size
+	}
+	if n.Src.SizeBytes != c.Count*elem || n.Dst.SizeBytes != recv*elem {
+		return fmt.Errorf("node %d: %s of %d %s elements sends %d bytes and receives %d, but its src has %d and its dst %d", i, c.Call, c.Count, c.DType, c.Count*elem, recv*elem, n.Src.SizeBytes, n.Dst.SizeBytes)
+	}
+	if n.Src.Mode != "read" || n.Dst.Mode != "write" {
+		return fmt.Errorf("node %d: a collective reads its src and writes its dst", i)
+	}
+	return nil
+}
+
 func describe(p *cuda.Plan, n cuda.Node) string {
 	switch n.Kind {
+	case "collective":
+		return n.Collective.Call + " of " + p.Buffers[n.Src.Buffer].Values[0]
 	case "kernel":
 		return "kernel " + n.Kernel
 	case "copy":
@@ -457,8 +512,11 @@ func describe(p *cuda.Plan, n cuda.Node) string {
 
 // timeline simulates the plan: a node starts when its deps have finished
 // and takes its cost-model seconds.
+// collectiveKinds are the IR ops of the NCCL calls, for the cost model.
+var collectiveKinds = map[string]string{"ncclAllReduce": "all_reduce", "ncclReduceScatter": "reduce_scatter", "ncclAllGather": "all_gather", "ncclBroadcast": "broadcast"}
+
 func timeline(p *cuda.Plan) *Report {
-	r := &Report{Nodes: len(p.Nodes), Events: p.Events}
+	r := &Report{Nodes: len(p.Nodes), Events: p.Events, Ranks: max(1, p.Ranks)}
 	finish := make([]float64, len(p.Nodes))
 	streamEnd := map[int]float64{}
 	for i, n := range p.Nodes {
@@ -474,14 +532,20 @@ func timeline(p *cuda.Plan) *Report {
 		case "copy":
 			r.Copies++
 			secs = p.CostModel.CopySeconds(n.Src.SizeBytes)
+		case "collective":
+			r.Collectives++
+			secs = p.CostModel.CollectiveSeconds(collectiveKinds[n.Collective.Call], n.Src.SizeBytes, n.Collective.Size)
 		}
 		if n.Stream == 0 && secs > 0 {
 			r.StallSeconds += max(0, start-streamEnd[0])
 		}
 		finish[i] = start + secs
-		if n.Stream == 0 {
+		switch {
+		case n.Stream == 0:
 			r.ComputeSeconds += secs
-		} else {
+		case n.Kind == "collective":
+			r.CommSeconds += secs
+		default:
 			r.CopySeconds += secs
 		}
 		streamEnd[n.Stream] = max(streamEnd[n.Stream], finish[i])
@@ -561,22 +625,100 @@ func (o *owners) who(lo, hi int64) []int64 {
 // it holds the plan's arenas and one op's tensors, and only fingerprints
 // of the interpreter's values.
 func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) error {
-	args := interp.RandomArgs(f, seed)
-	ref, err := reference(f, args, prog)
+	n := max(1, p.Ranks)
+	args := make([][]*interp.Tensor, n)
+	for r := range args {
+		args[r] = interp.RandomArgs(f, seed+uint64(r)) // each rank its own data
+	}
+	refs, err := reference(f, args, prog)
 	if err != nil {
 		return err
 	}
-	mem := &memory{bytes: map[string][]byte{}, owner: map[string]*owners{}}
-	mem.bytes["device/0"] = make([]byte, p.Arena.SizeBytes)
-	mem.owner["device/0"] = newOwners(p.Arena.SizeBytes, -1)
-	mem.bytes["host/0"] = make([]byte, p.Host.SizeBytes)
-	mem.owner["host/0"] = newOwners(p.Host.SizeBytes, -1)
 	byName := map[string]int{}
 	for _, b := range p.Buffers {
 		for _, v := range b.Values {
 			byName[v] = b.ID
 		}
 	}
+	ranks := make([]*rankReplay, n)
+	for r := range ranks {
+		if ranks[r], err = newRankReplay(p, f, args[r], refs[r], byName); err != nil {
+			return err
+		}
+		if n > 1 {
+			ranks[r].name = fmt.Sprintf("rank %d: ", r)
+		}
+	}
+	args = nil // the slots hold the arguments' bytes now
+	for i, nd := range p.Nodes {
+		prog.Step("plan-check: replaying node %d of %d", i+1, len(p.Nodes))
+		for _, rr := range ranks {
+			if err := rr.access(i, nd); err != nil {
+				return err
+			}
+		}
+		if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective") {
+			continue
+		}
+		op := f.Body[nd.Op]
+		ins := make([][]*interp.Tensor, n)
+		for r, rr := range ranks {
+			if ins[r], err = rr.operands(i, nd, op); err != nil {
+				return err
+			}
+		}
+		outs := make([][]*interp.Tensor, n)
+		if ir.IsCollective(op.Kind) && op.Attr().Int("size") > 1 {
+			// The ranks meet: each brings its operand, takes its part.
+			col := make([]*interp.Tensor, n)
+			for r := range ranks {
+				col[r] = ins[r][0]
+			}
+			res, err := interp.Collective(op, col)
+			if err != nil {
+				return fmt.Errorf("node %d (%s): %v", i, describe(p, nd), err)
+			}
+			for r := range ranks {
+				outs[r] = []*interp.Tensor{res[r]}
+			}
+		} else {
+			for r, rr := range ranks {
+				if outs[r], err = interp.EvalOp(op, ins[r]); err != nil {
+					return fmt.Errorf("%snode %d: %v", rr.name, i, err)
+				}
+			}
+		}
+		for r, rr := range ranks {
+			if err := rr.results(i, op, ins[r], outs[r]); err != nil {
+				return err
+			}
+		}
+	}
+	for _, rr := range ranks {
+		if err := rr.final(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rankReplay is one rank's memory in a replay and the interpreter's
+// fingerprints of its values.
+type rankReplay struct {
+	p      *cuda.Plan
+	f      *ir.Func
+	name   string // "rank r: " in a replay of several ranks
+	mem    *memory
+	ref    *fingerprints
+	byName map[string]int
+}
+
+func newRankReplay(p *cuda.Plan, f *ir.Func, args []*interp.Tensor, ref *fingerprints, byName map[string]int) (*rankReplay, error) {
+	mem := &memory{bytes: map[string][]byte{}, owner: map[string]*owners{}}
+	mem.bytes["device/0"] = make([]byte, p.Arena.SizeBytes)
+	mem.owner["device/0"] = newOwners(p.Arena.SizeBytes, -1)
+	mem.bytes["host/0"] = make([]byte, p.Host.SizeBytes)
+	mem.owner["host/0"] = newOwners(p.Host.SizeBytes, -1)
 	argIndex := map[string]int{}
 	for i, a := range f.Args {
 		argIndex[a.Name] = i
@@ -595,166 +737,203 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) erro
 		return nil
 	}
 	if err := bind(p.Params, "param"); err != nil {
-		return err
+		return nil, err
 	}
 	if err := bind(p.Inputs, "input"); err != nil {
+		return nil, err
+	}
+	return &rankReplay{p: p, f: f, mem: mem, ref: ref, byName: byName}, nil
+}
+
+func (rr *rankReplay) valueAt(v *ir.Value) (*cuda.Buffer, int64, error) {
+	id, ok := rr.byName[v.Name]
+	if !ok {
+		return nil, 0, fmt.Errorf("no buffer of the plan holds %s", v.Ref())
+	}
+	b := &rr.p.Buffers[id]
+	off := b.Offset
+	if (b.Space == "device" || b.Space == "host") && v.Offset >= 0 {
+		off = v.Offset
+	}
+	if !within(off, v.Type.SizeBytes(), int64(len(rr.mem.bytes[spaceKey(b.Space, b.Slot)]))) {
+		return nil, 0, fmt.Errorf("%s at offset %d does not fit %s memory", v.Ref(), off, b.Space)
+	}
+	return b, off, nil
+}
+
+func (rr *rankReplay) read(v *ir.Value) (*interp.Tensor, error) {
+	b, off, err := rr.valueAt(v)
+	if err != nil {
+		return nil, err
+	}
+	raw := rr.mem.bytes[spaceKey(b.Space, b.Slot)][off : off+v.Type.SizeBytes()]
+	d, err := ir.DenseFromRaw(v.Type, raw)
+	if err != nil {
+		return nil, err
+	}
+	return interp.FromDense(d), nil
+}
+
+func (rr *rankReplay) write(v *ir.Value, t *interp.Tensor) error {
+	b, off, err := rr.valueAt(v)
+	if err != nil {
 		return err
 	}
-	args = nil // the slots hold the arguments' bytes now
-	valueAt := func(v *ir.Value) (*cuda.Buffer, int64, error) {
-		id, ok := byName[v.Name]
-		if !ok {
-			return nil, 0, fmt.Errorf("no buffer of the plan holds %s", v.Ref())
+	copy(rr.mem.bytes[spaceKey(b.Space, b.Slot)][off:], t.ToDense().RawBytes())
+	return nil
+}
+
+// access checks that node i's reads find what their buffers wrote, in
+// their lifetimes, and records its writes.
+func (rr *rankReplay) access(i int, n cuda.Node) error {
+	p, mem := rr.p, rr.mem
+	for _, a := range accesses(n) {
+		key := spaceKey(a.Space, a.Slot)
+		o := mem.owner[key]
+		if o == nil || !within(a.Offset, a.SizeBytes, int64(len(mem.bytes[key]))) {
+			return fmt.Errorf("%snode %d (%s): %s [%d, %d) is outside %s memory", rr.name, i, describe(p, n), p.Buffers[a.Buffer].Values[0], a.Offset, a.Offset+a.SizeBytes, a.Space)
 		}
-		b := &p.Buffers[id]
-		off := b.Offset
-		if (b.Space == "device" || b.Space == "host") && v.Offset >= 0 {
-			off = v.Offset
+		buf := p.Buffers[a.Buffer]
+		if n.Op >= 0 && (n.Op < buf.FirstOp || n.Op > buf.LastOp) {
+			return fmt.Errorf("%snode %d (%s) at op %d uses %s outside its lifetime (ops %d-%d)%s", rr.name, i, describe(p, n), n.Op, buf.Values[0], buf.FirstOp, buf.LastOp, swappedHint(p, a.Buffer, i))
 		}
-		if !within(off, v.Type.SizeBytes(), int64(len(mem.bytes[spaceKey(b.Space, b.Slot)]))) {
-			return nil, 0, fmt.Errorf("%s at offset %d does not fit %s memory", v.Ref(), off, b.Space)
-		}
-		return b, off, nil
-	}
-	read := func(v *ir.Value) (*interp.Tensor, error) {
-		b, off, err := valueAt(v)
-		if err != nil {
-			return nil, err
-		}
-		raw := mem.bytes[spaceKey(b.Space, b.Slot)][off : off+v.Type.SizeBytes()]
-		d, err := ir.DenseFromRaw(v.Type, raw)
-		if err != nil {
-			return nil, err
-		}
-		return interp.FromDense(d), nil
-	}
-	write := func(v *ir.Value, t *interp.Tensor) error {
-		b, off, err := valueAt(v)
-		if err != nil {
-			return err
-		}
-		copy(mem.bytes[spaceKey(b.Space, b.Slot)][off:], t.ToDense().RawBytes())
-		return nil
-	}
-	for i, n := range p.Nodes {
-		prog.Step("plan-check: replaying node %d of %d", i+1, len(p.Nodes))
-		// Every read finds what its buffer wrote.
-		for _, a := range accesses(n) {
-			key := spaceKey(a.Space, a.Slot)
-			o := mem.owner[key]
-			if o == nil || !within(a.Offset, a.SizeBytes, int64(len(mem.bytes[key]))) {
-				return fmt.Errorf("node %d (%s): %s [%d, %d) is outside %s memory", i, describe(p, n), p.Buffers[a.Buffer].Values[0], a.Offset, a.Offset+a.SizeBytes, a.Space)
-			}
-			buf := p.Buffers[a.Buffer]
-			if n.Op >= 0 && (n.Op < buf.FirstOp || n.Op > buf.LastOp) {
-				return fmt.Errorf("node %d (%s) at op %d uses %s outside its lifetime (ops %d-%d)%s", i, describe(p, n), n.Op, buf.Values[0], buf.FirstOp, buf.LastOp, swappedHint(p, a.Buffer, i))
-			}
-			if a.Mode == "write" {
-				continue
-			}
-			for _, w := range o.who(a.Offset, a.Offset+a.SizeBytes) {
-				if w == int64(a.Buffer) {
-					continue
-				}
-				if w < 0 {
-					return fmt.Errorf("node %d (%s) reads %s [%d, %d), which nothing has written", i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes)
-				}
-				return fmt.Errorf("node %d (%s) reads %s [%d, %d), but %s wrote those bytes last%s", i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes, p.Buffers[w].Values[0], swappedHint(p, a.Buffer, i))
-			}
-		}
-		for _, a := range accesses(n) {
-			if a.Mode != "read" {
-				mem.owner[spaceKey(a.Space, a.Slot)].set(a.Offset, a.Offset+a.SizeBytes, int64(a.Buffer))
-			}
-		}
-		if !n.Last || (n.Kind != "kernel" && n.Kind != "copy") {
+		if a.Mode == "write" {
 			continue
 		}
-		op := f.Body[n.Op]
-		in := make([]*interp.Tensor, len(op.Operands))
-		for j, x := range op.Operands {
-			t, err := read(x)
-			if err != nil {
-				return fmt.Errorf("node %d: %v", i, err)
+		for _, w := range o.who(a.Offset, a.Offset+a.SizeBytes) {
+			if w == int64(a.Buffer) {
+				continue
 			}
-			if fingerprint(t) != ref.values[x] {
-				return fmt.Errorf("node %d (%s) reads %s, which differs from the interpreter's value%s", i, describe(p, n), x.Ref(), swappedHint(p, byName[x.Name], i))
+			if w < 0 {
+				return fmt.Errorf("%snode %d (%s) reads %s [%d, %d), which nothing has written", rr.name, i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes)
 			}
-			in[j] = t
+			return fmt.Errorf("%snode %d (%s) reads %s [%d, %d), but %s wrote those bytes last%s", rr.name, i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes, p.Buffers[w].Values[0], swappedHint(p, a.Buffer, i))
 		}
-		out, err := interp.EvalOp(op, in)
+	}
+	for _, a := range accesses(n) {
+		if a.Mode != "read" {
+			mem.owner[spaceKey(a.Space, a.Slot)].set(a.Offset, a.Offset+a.SizeBytes, int64(a.Buffer))
+		}
+	}
+	return nil
+}
+
+// operands reads op's operands at node i, each checked against the
+// interpreter's value.
+func (rr *rankReplay) operands(i int, n cuda.Node, op *ir.Op) ([]*interp.Tensor, error) {
+	in := make([]*interp.Tensor, len(op.Operands))
+	for j, x := range op.Operands {
+		t, err := rr.read(x)
 		if err != nil {
-			return fmt.Errorf("node %d: %v", i, err)
+			return nil, fmt.Errorf("%snode %d: %v", rr.name, i, err)
 		}
-		for j, r := range op.Results {
-			if err := write(r, out[j]); err != nil {
-				return fmt.Errorf("node %d: %v", i, err)
-			}
+		if fingerprint(t) != rr.ref.values[x] {
+			return nil, fmt.Errorf("%snode %d (%s) reads %s, which differs from the interpreter's value%s", rr.name, i, describe(rr.p, n), x.Ref(), swappedHint(rr.p, rr.byName[x.Name], i))
 		}
-		if d := op.Def(); d != nil {
-			for _, k := range d.Writes {
-				if err := write(op.Operands[k], in[k]); err != nil {
-					return fmt.Errorf("node %d: %v", i, err)
-				}
+		in[j] = t
+	}
+	return in, nil
+}
+
+// results writes op's results and the operands it updates in place.
+func (rr *rankReplay) results(i int, op *ir.Op, in, out []*interp.Tensor) error {
+	for j, r := range op.Results {
+		if err := rr.write(r, out[j]); err != nil {
+			return fmt.Errorf("%snode %d: %v", rr.name, i, err)
+		}
+	}
+	if d := op.Def(); d != nil {
+		for _, k := range d.Writes {
+			if err := rr.write(op.Operands[k], in[k]); err != nil {
+				return fmt.Errorf("%snode %d: %v", rr.name, i, err)
 			}
 		}
 	}
+	return nil
+}
+
+// final compares the results and updated arguments with the
+// interpreter's.
+func (rr *rankReplay) final() error {
+	f := rr.f
 	for i, r := range f.Results {
-		got, err := read(r.Value)
+		got, err := rr.read(r.Value)
 		if err != nil {
 			return err
 		}
-		if fingerprint(got) != ref.results[i] {
-			return fmt.Errorf("result %s differs from the interpreter", f.ResultName(i))
+		if fingerprint(got) != rr.ref.results[i] {
+			return fmt.Errorf("%sresult %s differs from the interpreter", rr.name, f.ResultName(i))
 		}
 	}
 	for i, a := range f.Args {
 		if !a.Arg.InOut {
 			continue
 		}
-		got, err := read(a)
+		got, err := rr.read(a)
 		if err != nil {
 			return err
 		}
-		if fingerprint(got) != ref.args[i] {
-			return fmt.Errorf("updated argument %s differs from the interpreter", a.Ref())
+		if fingerprint(got) != rr.ref.args[i] {
+			return fmt.Errorf("%supdated argument %s differs from the interpreter", rr.name, a.Ref())
 		}
 	}
 	return nil
 }
 
-// fingerprints are what the replay compares with: a hash of every value
 // the interpreter computed, of the results and of the final arguments.
 type fingerprints struct {
 	values        map[*ir.Value]uint64
 	results, args []uint64
 }
 
-// reference runs f in the interpreter and keeps only a fingerprint of
+// reference runs f in the interpreter on each rank's arguments (all
+// ranks at once when there are several) and keeps only a fingerprint of
 // each value, so that it holds no more than the interpreter's live set,
 // and nothing once it returns.
-func reference(f *ir.Func, args []*interp.Tensor, prog *progress.Reporter) (*fingerprints, error) {
-	ref := &fingerprints{values: map[*ir.Value]uint64{}}
-	for i, a := range f.Args {
-		ref.values[a] = fingerprint(args[i])
-	}
-	observe := func(i int, op *ir.Op, res []*interp.Tensor) {
-		prog.Step("plan-check: interpreting op %d of %d", i+1, len(f.Body))
-		for j, r := range op.Results {
-			ref.values[r] = fingerprint(res[j])
+func reference(f *ir.Func, args [][]*interp.Tensor, prog *progress.Reporter) ([]*fingerprints, error) {
+	refs := make([]*fingerprints, len(args))
+	for r := range refs {
+		refs[r] = &fingerprints{values: map[*ir.Value]uint64{}}
+		for i, a := range f.Args {
+			refs[r].values[a] = fingerprint(args[r][i])
 		}
 	}
-	want, final, err := interp.RunWithUpdates(f, args, interp.Options{Observe: observe})
+	var mu sync.Mutex
+	observe := func(rank, i int, op *ir.Op, res []*interp.Tensor) {
+		fps := make([]uint64, len(res))
+		for j := range res {
+			fps[j] = fingerprint(res[j])
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if rank == 0 {
+			prog.Step("plan-check: interpreting op %d of %d", i+1, len(f.Body))
+		}
+		for j, r := range op.Results {
+			refs[rank].values[r] = fps[j]
+		}
+	}
+	var want, final [][]*interp.Tensor
+	var err error
+	if len(args) == 1 {
+		var w, fi []*interp.Tensor
+		w, fi, err = interp.RunWithUpdates(f, args[0], interp.Options{Observe: func(i int, op *ir.Op, res []*interp.Tensor) { observe(0, i, op, res) }})
+		want, final = [][]*interp.Tensor{w}, [][]*interp.Tensor{fi}
+	} else {
+		want, final, err = interp.RunRanks(f, args, interp.Options{ObserveRank: observe})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("interpreter: %v", err)
 	}
-	for _, t := range want {
-		ref.results = append(ref.results, fingerprint(t))
+	for r := range refs {
+		for _, t := range want[r] {
+			refs[r].results = append(refs[r].results, fingerprint(t))
+		}
+		for _, t := range final[r] {
+			refs[r].args = append(refs[r].args, fingerprint(t))
+		}
 	}
-	for _, t := range final {
-		ref.args = append(ref.args, fingerprint(t))
-	}
-	return ref, nil
+	return refs, nil
 }
 
 // fingerprint hashes the numbers of t, counting every NaN as one value

@@ -47,6 +47,11 @@ type Plan struct {
 	Events    int              `json:"events"`
 	Nodes     []Node           `json:"nodes"`
 	CostModel costmodel.Device `json:"cost_model"`
+	// Ranks is how many ranks run the plan (an SPMD step of the parallel
+	// pass; absent for one): each runs this plan on its own part, with
+	// its rank from the runtime, and its collective nodes call NCCL on
+	// the communication stream.
+	Ranks int `json:"ranks,omitempty"`
 }
 
 // Target names the GPU architecture kernels.cu is written for.
@@ -97,8 +102,9 @@ type Stream struct {
 }
 
 // Node is one entry of the plan, in issue order. Kind is "kernel",
-// "copy", "event_record" or "event_wait". Deps are the nodes it waits
-// for: the previous node on its stream, and for an event wait the record.
+// "copy", "collective", "event_record" or "event_wait". Deps are the
+// nodes it waits for: the previous node on its stream, and for an event
+// wait the record.
 type Node struct {
 	ID     int    `json:"id"`
 	Kind   string `json:"kind"`
@@ -117,9 +123,38 @@ type Node struct {
 	Direction string  `json:"direction,omitempty"` // device_to_host or host_to_device
 	Src       *Access `json:"src,omitempty"`
 	Dst       *Access `json:"dst,omitempty"`
+	// collectives: an NCCL call from Src to Dst
+	Collective *Collective `json:"collective,omitempty"`
 	// events
 	Event *int `json:"event,omitempty"`
 }
+
+// Collective is the NCCL call of a collective node: Call
+// (ncclAllReduce, ncclReduceScatter, ncclAllGather or ncclBroadcast) of
+// Count elements of DType (the send count: ncclAllGather's sendcount,
+// ncclReduceScatter's recvcount times Size) with Reduce (ncclSum, ncclMax,
+// ncclMin; "" for gathers and broadcasts) over the group of Size ranks,
+// Stride apart, that holds this rank (ranks r0 + k·Stride; one
+// communicator per group, which the runtime makes with ncclCommSplit);
+// Root is the broadcast's root within the group.
+type Collective struct {
+	Call   string `json:"call"`
+	Reduce string `json:"reduce,omitempty"`
+	DType  string `json:"dtype"`
+	Count  int64  `json:"count"`
+	Size   int64  `json:"size"`
+	Stride int64  `json:"stride"`
+	Root   int64  `json:"root"`
+}
+
+// NCCL names of the collectives and reductions.
+var (
+	ncclCalls   = map[string]string{"all_reduce": "ncclAllReduce", "reduce_scatter": "ncclReduceScatter", "all_gather": "ncclAllGather", "broadcast": "ncclBroadcast"}
+	ncclReduces = map[string]string{"sum": "ncclSum", "max": "ncclMax", "min": "ncclMin"}
+)
+
+// CommStream is the stream collectives run on.
+const CommStream = 2
 
 // KArg is a kernel argument: a pointer into a buffer or an i64 scalar.
 type KArg struct {
@@ -171,6 +206,9 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 		Params: []Binding{}, Inputs: []Binding{}, Results: []Binding{}, Buffers: []Buffer{}, Nodes: []Node{},
 		Host:    Arena{SizeBytes: f.Attrs.Int("host_arena", 0), Alignment: align},
 		Streams: []Stream{{0, "compute"}, {1, "copy"}}, CostModel: dev}
+	if r := f.Attrs.Int("ranks", 1); r > 1 {
+		b.plan.Ranks = int(r)
+	}
 	b.buffers()
 	ws, err := b.nodes(arena)
 	if err != nil {
@@ -291,9 +329,16 @@ func (b *planner) nodes(arena int64) (int64, error) {
 			continue
 		}
 		launched[len(launched)-1].Last = true
-		per := float64(len(launched))
+		per := 0.0
+		for _, n := range launched {
+			if n.Kind == "kernel" {
+				per++
+			}
+		}
 		for j := range launched {
-			launched[j].Seconds = b.dev.KernelSeconds(int64(float64(c.FLOPs)/per), int64(float64(c.BytesRead+c.BytesWritten)/per))
+			if launched[j].Kind == "kernel" { // a collective has its own time
+				launched[j].Seconds = b.dev.KernelSeconds(int64(float64(c.FLOPs)/per), int64(float64(c.BytesRead+c.BytesWritten)/per))
+			}
 		}
 	}
 	return ws, nil
@@ -344,7 +389,9 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				}
 			}
 		case *loops.Collective:
-			return fmt.Errorf("%s over %d ranks: launch plans do not call NCCL yet", st.Kind, st.Size)
+			if err := b.collective(op, k, st, temps); err != nil {
+				return err
+			}
 		case *loops.Stage:
 			name := fmt.Sprintf("%s_s%d", k.Name, b.stageIndex(k, st))
 			threads := int64(1)
@@ -392,6 +439,48 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 			b.raw = append(b.raw, n)
 		}
 	}
+	return nil
+}
+
+// collective adds the NCCL call of st, on the communication stream.
+func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temps map[string]int64) error {
+	if st.Outer != 1 && (st.Kind == "reduce_scatter" || st.Kind == "all_gather") {
+		return fmt.Errorf("%s along a dimension after %d leading elements: NCCL exchanges contiguous parts, and launch plans do not transpose around it yet", st.Kind, st.Outer)
+	}
+	access := func(lb *loops.Buffer, mode string) (*Access, error) {
+		size := lb.Type.SizeBytes()
+		if lb.Storage == loops.Temp {
+			return &Access{Buffer: b.byName[k.Name+"."+lb.Name], Space: "device", Offset: temps[lb.Name], SizeBytes: size, Mode: mode}, nil
+		}
+		a, err := b.access(lb, size, mode)
+		if err != nil {
+			return nil, err
+		}
+		a.Offset = b.plan.Buffers[a.Buffer].Offset + lb.Offset - b.baseOffset(lb)
+		return a, nil
+	}
+	src, err := access(st.In, "read")
+	if err != nil {
+		return err
+	}
+	dst, err := access(st.Out, "write")
+	if err != nil {
+		return err
+	}
+	if len(b.plan.Streams) <= CommStream {
+		b.plan.Streams = append(b.plan.Streams, Stream{CommStream, "comm"})
+	}
+	c := &Collective{Call: ncclCalls[st.Kind], Reduce: ncclReduces[st.Reduce], DType: st.In.Type.DType.String(), Count: st.In.Type.NumElements(),
+		Size: st.Size, Stride: st.Stride, Root: st.Root}
+	if st.Kind == "all_reduce" || st.Kind == "reduce_scatter" {
+		if c.Reduce == "" {
+			return fmt.Errorf("%s with reduction %q: NCCL has no such reduction", st.Kind, st.Reduce)
+		}
+	} else {
+		c.Reduce = ""
+	}
+	b.raw = append(b.raw, Node{Kind: "collective", Stream: CommStream, Op: op, Src: src, Dst: dst, Collective: c, Last: true,
+		Seconds: b.dev.CollectiveSeconds(st.Kind, src.SizeBytes, st.Size)})
 	return nil
 }
 

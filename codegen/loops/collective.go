@@ -55,6 +55,9 @@ func init() {
 				c.D = x.Type.Shape[ax]
 				c.Inner, _ = x.Type.Shape[ax+1:].NumElements()
 				c.Reduce = "sum"
+				if c.Outer > 1 {
+					return contiguous(b, op, c, FromBuffer(src), out[0], ax)
+				}
 			case "broadcast":
 				c.Root = a.Int("root")
 			}
@@ -62,4 +65,40 @@ func init() {
 			return nil
 		}
 	}
+}
+
+// contiguous lowers a reduce_scatter or all_gather along a dimension
+// with leading elements (Outer > 1) as one over contiguous parts, as
+// NCCL's and MPI's calls exchange them: the operand's parts are packed
+// rank-major before a reduce_scatter ([size, outer, d, inner] with
+// d = D/size: each rank receives its part in its own layout), and an
+// all_gather's [size, outer, d, inner] result is unpacked after it.
+func contiguous(b *builder, op *ir.Op, c *Collective, x Tensor, out *Buffer, ax int) error { // x in a buffer
+	s := x.Type.Shape
+	lead, trail := s[:ax], s[ax+1:]
+	index := func(o, j, i Expr) []Expr { // x's index of outer o, axis j, inner i
+		return append(append(unflatten(o, lead), j), unflatten(i, trail)...)
+	}
+	if op.Kind == "reduce_scatter" {
+		d := c.D / c.Size
+		packed := b.temp("c", ir.Type{DType: x.Type.DType, Shape: ir.Shape{c.Size, c.Outer, d, c.Inner}})
+		b.store(packed, func(idx []Expr) Expr {
+			return x.At(index(idx[1], add(mul(idx[0], Int{V: d}), idx[2]), idx[3]))
+		})
+		c.In, c.Outer, c.D, c.Inner = packed, 1, c.Size, c.Outer*d*c.Inner
+		b.add(c)
+		return nil
+	}
+	d := c.D
+	gathered := b.temp("c", ir.Type{DType: x.Type.DType, Shape: ir.Shape{c.Size, c.Outer, d, c.Inner}})
+	c.In, c.Out, c.Outer, c.D, c.Inner = x.Buf, gathered, 1, 1, c.Outer*d*c.Inner
+	b.add(c)
+	g := FromBuffer(gathered)
+	b.store(out, func(idx []Expr) Expr {
+		o := flatten(idx[:ax], lead)
+		i := flatten(idx[ax+1:], trail)
+		j := idx[ax]
+		return g.At([]Expr{div(j, Int{V: d}), o, rem(j, Int{V: d}), i})
+	})
+	return nil
 }
