@@ -69,6 +69,10 @@ type fuser struct {
 	preds  [][]int
 	of     []*group // group of each op
 	result map[*ir.Value]bool
+	// seen marks the ops one path search visited: seen[i] == stamp.
+	seen  []int32
+	stamp int32
+	stack []int
 }
 
 func classOf(op *ir.Op) ir.FusionClass {
@@ -201,20 +205,37 @@ func Fuse(f *ir.Func, opt Options) Stats {
 // materialises and analyses the whole body).
 const readmitWork = 1_000_000
 
-// readmit tries the backed-out kernels again one at a time, the last
-// backed out (farthest from the peak) first: backing out doubles its
-// batch each round, so most of the last batch was not needed. A kernel
-// stays when the peak stays within before. It leaves f materialised with
-// the kernels kept.
+// readmit tries the backed-out kernels again, the last backed out
+// (farthest from the peak) first: backing out doubles its batch each
+// round, so most of the last batch was not needed. It admits a set at
+// once when the peak stays within before, and otherwise halves it, the
+// later half first (a kernel alone that raises the peak stays out), so
+// that a few kernels that must stay out cost a few tries each, not one
+// try per backed-out kernel. It leaves f materialised with the kernels
+// kept.
 func readmit(f *ir.Func, try func() (Stats, *liveness.Info), on []bool, dropped []int, before int64, ops int) Stats {
 	tries := max(8, readmitWork/max(ops, 1))
-	for k := len(dropped) - 1; k >= 0 && tries > 0; k-- {
+	var admit func(set []int)
+	admit = func(set []int) {
+		if len(set) == 0 || tries <= 0 {
+			return
+		}
 		tries--
-		on[dropped[k]] = true
-		if _, after := try(); after.Peak > before {
-			on[dropped[k]] = false
+		for _, g := range set {
+			on[g] = true
+		}
+		if _, after := try(); after.Peak <= before {
+			return
+		}
+		for _, g := range set {
+			on[g] = false
+		}
+		if len(set) > 1 {
+			admit(set[len(set)/2:])
+			admit(set[:len(set)/2])
 		}
 	}
+	admit(dropped)
 	st, _ := try()
 	for _, x := range on {
 		if !x {
@@ -316,12 +337,21 @@ func (fu *fuser) prologueFits(p, c *group) bool {
 // depended on by c (merging would then create a cycle).
 func (fu *fuser) path(p, c *group) bool {
 	limit := c.ops[len(c.ops)-1]
-	seen := map[int]bool{}
-	var stack []int
+	if len(fu.seen) < fu.n {
+		fu.seen = make([]int32, fu.n)
+	}
+	fu.stamp++
+	if fu.stamp == 0 { // wrapped: clear the marks
+		clear(fu.seen)
+		fu.stamp = 1
+	}
+	seen, stamp := fu.seen, fu.stamp
+	stack := fu.stack[:0]
+	defer func() { fu.stack = stack[:0] }()
 	for _, i := range p.ops {
 		for _, u := range fu.users[i] {
-			if fu.of[u] != p && fu.of[u] != c && !seen[u] {
-				seen[u] = true
+			if fu.of[u] != p && fu.of[u] != c && seen[u] != stamp && u <= limit {
+				seen[u] = stamp
 				stack = append(stack, u)
 			}
 		}
@@ -329,15 +359,12 @@ func (fu *fuser) path(p, c *group) bool {
 	for len(stack) > 0 {
 		i := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if i > limit {
-			continue
-		}
 		for _, u := range fu.users[i] {
 			if fu.of[u] == c {
 				return true
 			}
-			if fu.of[u] != p && !seen[u] {
-				seen[u] = true
+			if fu.of[u] != p && seen[u] != stamp && u <= limit {
+				seen[u] = stamp
 				stack = append(stack, u)
 			}
 		}
