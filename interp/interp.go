@@ -231,7 +231,8 @@ func describe(op *ir.Op) string {
 
 // IndexBound returns, for an integer argument used as indices (gather
 // indices or cross-entropy labels), the exclusive upper bound of valid
-// values; ok is false for other arguments.
+// values (lerp_gather's index vectors too); ok is false for other
+// arguments.
 func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 	found := false
 	// A fused kernel reads arg through the region argument at the same
@@ -269,6 +270,16 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 			ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(ds))
 			if err == nil {
 				if d := ds[ax]; !found || d < bound {
+					bound, found = d, true
+				}
+			}
+		case (op.Kind == "lerp_gather" || op.Kind == "lerp_gather_grad") && (uses[op.Operands[1]] || uses[op.Operands[2]]):
+			shape := op.Operands[0].Type.Shape
+			if op.Kind == "lerp_gather_grad" {
+				shape = ir.Shape(op.Attr().Ints("data_shape"))
+			}
+			if ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(shape)); err == nil {
+				if d := shape[ax]; !found || d < bound {
 					bound, found = d, true
 				}
 			}

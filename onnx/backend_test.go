@@ -2,12 +2,15 @@ package onnx
 
 import (
 	"fmt"
+	"github.com/stretchr/testify/require"
 	"math"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
@@ -168,4 +171,123 @@ func closeTo(got, want *interp.Tensor) error {
 		}
 	}
 	return nil
+}
+
+// TestResizeNodeTests runs the ONNX node tests of Resize (and Upsample),
+// their scales and sizes bound as constants: every linear and nearest
+// case imports (a nearest gather, or lerp_gather per axis) and matches
+// its reference outputs; cubic and tf_crop_and_resize, which Kiln does
+// not build, are errors, never wrong answers. It found align_corners
+// with scales using the rounded output length (ONNX uses length × scale).
+func TestResizeNodeTests(t *testing.T) {
+	dirs, _ := filepath.Glob(filepath.Join(backendData, "node", "test_resize_*"))
+	up, _ := filepath.Glob(filepath.Join(backendData, "node", "test_upsample_*"))
+	dirs = append(dirs, up...)
+	if len(dirs) == 0 {
+		t.Skip("the ONNX backend test data is not installed (apt-get install libonnx-testdata)")
+	}
+	passed, linear := 0, 0
+	for _, dir := range dirs {
+		name := filepath.Base(dir)
+		err := runWithConstantInputs(t, dir)
+		if _, wrong := err.(wrongResult); wrong {
+			t.Errorf("%s: silent wrong result: %v", name, err)
+			continue
+		}
+		if err == nil {
+			passed++
+			if strings.Contains(name, "linear") {
+				linear++
+			}
+			continue
+		}
+		if strings.Contains(name, "cubic") || strings.Contains(name, "tf_crop_and_resize") {
+			t.Logf("%s: %v", name, err) // modes Kiln does not build
+			continue
+		}
+		t.Errorf("%s: %v", name, err)
+	}
+	t.Logf("%d of %d Resize node tests pass (%d linear)", passed, len(dirs), linear)
+	require.Positive(t, linear)
+}
+
+// runWithConstantInputs is runBackendModel on a copy of the node test in
+// dir whose inputs after the first (Resize's roi, scales and sizes) are
+// Constant nodes holding their first test set's values: Kiln needs them
+// constant.
+func runWithConstantInputs(t *testing.T, dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, "model.onnx"))
+	require.NoError(t, err)
+	m, err := parseModel(data)
+	require.NoError(t, err)
+	var extra []byte // Constant nodes, as GraphProto fields
+	bound := map[string]bool{}
+	for i, in := range m.Graph.Inputs {
+		if i == 0 {
+			continue
+		}
+		pb, err := os.ReadFile(filepath.Join(dir, "test_data_set_0", fmt.Sprintf("input_%d.pb", i)))
+		require.NoError(t, err)
+		extra = appendMsg(extra, 1, encNode(tNode{outputs: []string{in.Name}, name: "bound_" + in.Name, op: "Constant", tensor: pb}))
+		bound[in.Name] = true
+	}
+	// The graph with those Constant nodes first and without those inputs
+	// (field 11).
+	var g []byte
+	copyFields := func(dst *[]byte, skip func(num protowire.Number, b []byte) bool) func(num protowire.Number, typ protowire.Type, v uint64, b []byte) error {
+		return func(num protowire.Number, typ protowire.Type, v uint64, b []byte) error {
+			switch {
+			case skip(num, b):
+			case typ == protowire.BytesType:
+				*dst = appendMsg(*dst, num, b)
+			case typ == protowire.VarintType:
+				*dst = appendVarint(*dst, num, int64(v))
+			default:
+				return fmt.Errorf("unexpected field %d of type %d", num, typ)
+			}
+			return nil
+		}
+	}
+	var graphBytes []byte
+	require.NoError(t, fields(data, func(num protowire.Number, typ protowire.Type, v uint64, b []byte) error {
+		if num == 7 {
+			graphBytes = b
+		}
+		return nil
+	}))
+	g = extra
+	require.NoError(t, fields(graphBytes, copyFields(&g, func(num protowire.Number, b []byte) bool {
+		if num != 11 {
+			return false
+		}
+		vi, err := parseValueInfo(b)
+		return err == nil && bound[vi.Name]
+	})))
+	var out []byte
+	require.NoError(t, fields(data, func(num protowire.Number, typ protowire.Type, v uint64, b []byte) error {
+		switch {
+		case num == 7 && typ == protowire.BytesType:
+			out = appendMsg(out, 7, g)
+		case typ == protowire.BytesType:
+			out = appendMsg(out, num, b)
+		case typ == protowire.VarintType:
+			out = appendVarint(out, num, int64(v))
+		default:
+			return fmt.Errorf("unexpected field %d of type %d", num, typ)
+		}
+		return nil
+	}))
+	tmp := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(tmp, "model.onnx"), out, 0o644))
+	sets, _ := filepath.Glob(filepath.Join(dir, "test_data_set_*"))
+	for _, set := range sets {
+		dst := filepath.Join(tmp, filepath.Base(set))
+		require.NoError(t, os.MkdirAll(dst, 0o755))
+		for _, f := range []string{"input_0.pb", "output_0.pb"} {
+			b, err := os.ReadFile(filepath.Join(set, f))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(dst, f), b, 0o644))
+		}
+	}
+	return runBackendModel(tmp)
 }

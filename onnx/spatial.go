@@ -371,8 +371,9 @@ func (im *importer) constFloats(in []entry, i int, what string) ([]float64, erro
 }
 
 // resize resamples x along every axis whose size changes, as gathers of
-// source elements (nearest) or a weighted sum of two gathers (linear):
-// exact, and differentiable through gather.
+// source elements (nearest) or a linear interpolation between two of
+// them (lerp_gather, whose gradient scatters both parts at once): exact,
+// and differentiable.
 func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([]entry, error) {
 	xs := x.typ().Shape
 	r := len(xs)
@@ -420,7 +421,7 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 		w := make([]float64, out[a])
 		for o := range lo {
 			var src float64
-			fo, in, on := float64(o), float64(xs[a]), float64(out[a])
+			fo, in := float64(o), float64(xs[a])
 			switch ctm {
 			case "half_pixel":
 				src = (fo+0.5)/scale[a] - 0.5
@@ -429,8 +430,10 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 					src = (fo+0.5)/scale[a] - 0.5
 				}
 			case "align_corners":
+				// length_resized is the input's length times the scale,
+				// not rounded (ONNX's reference; with sizes it is the size).
 				if out[a] > 1 {
-					src = fo * (in - 1) / (on - 1)
+					src = fo * (in - 1) / (in*scale[a] - 1)
 				}
 			case "asymmetric":
 				src = fo / scale[a]
@@ -465,35 +468,21 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 		idx := func(v []int64) entry {
 			return entry{k: interp.FromInts(ir.TensorOf(ir.I64, int64(len(v))), v)}
 		}
-		g0, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo))
-		if err != nil {
-			return nil, err
-		}
 		if mode == "nearest" {
-			y = g0
+			g, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo))
+			if err != nil {
+				return nil, err
+			}
+			y = g
 			continue
 		}
-		g1, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(hi))
+		// y = y[lo] + w * (y[hi] - y[lo]) along axis a.
+		wk := entry{k: interp.FromFloats(ir.Type{DType: x.typ().DType, Shape: ir.Shape{out[a]}}, w)}
+		l, err := im.one("lerp_gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo), idx(hi), wk)
 		if err != nil {
 			return nil, err
 		}
-		// y = g0 + w * (g1 - g0), w along axis a.
-		ws := make(ir.Shape, r)
-		for i := range ws {
-			ws[i] = 1
-		}
-		ws[a] = out[a]
-		wk := entry{k: interp.FromFloats(ir.Type{DType: x.typ().DType, Shape: ws}, w)}
-		d, err := im.one("sub", nil, g1, g0)
-		if err != nil {
-			return nil, err
-		}
-		if d, err = im.one("mul", nil, d, wk); err != nil {
-			return nil, err
-		}
-		if y, err = im.one("add", nil, g0, d); err != nil {
-			return nil, err
-		}
+		y = l
 	}
 	return []entry{y}, nil
 }

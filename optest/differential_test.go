@@ -337,11 +337,36 @@ func absEval(u use, args []*interp.Tensor) *interp.Tensor {
 	if u.inst.op == "swap_in" {
 		return abs[0]
 	}
+	if u.inst.op == "lerp_gather_grad" {
+		return lerpGradTerms(u.op, ins)
+	}
 	out, err := interp.EvalOp(op, abs)
 	if err != nil {
 		panic(err)
 	}
 	return out[0]
+}
+
+// lerpGradTerms is Σ|terms| of lerp_gather_grad: each element of dy adds
+// |dy − dy·w| ≤ |dy|·(1 + |w|) at lo and |dy·w| at hi.
+func lerpGradTerms(op *ir.Op, in []*interp.Tensor) *interp.Tensor {
+	dy, lo, hi, w := in[0], in[1], in[2], in[3]
+	data := ir.Shape(op.Attr().Ints("data_shape"))
+	s := interp.New(ir.Type{DType: dy.Type.DType, Shape: data})
+	ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), len(data))
+	outer, _ := data[:ax].NumElements()
+	inner, _ := data[ax+1:].NumElements()
+	d, n := data[ax], dy.Type.Shape[ax]
+	for o := int64(0); o < outer; o++ {
+		for k := int64(0); k < n; k++ {
+			for i := int64(0); i < inner; i++ {
+				g := math.Abs(dy.F[(o*n+k)*inner+i])
+				s.F[(o*d+lo.I[k])*inner+i] += g * (1 + math.Abs(w.F[k]))
+				s.F[(o*d+hi.I[k])*inner+i] += g * math.Abs(w.F[k])
+			}
+		}
+	}
+	return s
 }
 
 func unitRoundoff(d ir.DType) float64 {

@@ -93,6 +93,8 @@ func init() {
 	stageRules["avg_pool2d"] = lowerAvgPool
 	stageRules["avg_pool2d_grad"] = lowerAvgPoolGrad
 	stageRules["gather_grad"] = lowerGatherGrad
+	stageRules["lerp_gather"] = lowerLerpGather
+	stageRules["lerp_gather_grad"] = lowerLerpGatherGrad
 	stageRules["gather_elements_grad"] = lowerGatherElementsGrad
 }
 
@@ -458,6 +460,46 @@ func lowerGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 		},
 		nil,
 		func(idx []Expr) Expr { return dy.At(idx) })
+	return nil
+}
+
+// lerpIndex is lerp_gather's data index for result index idx, with the
+// axis coordinate taken from the index vector ind at idx[ax] (checked
+// against the extent d).
+func lerpIndex(idx []Expr, ax int, ind Tensor, d int64) []Expr {
+	j := checkedIndex(conv(ind.At([]Expr{idx[ax]}), I64), d)
+	out := append([]Expr(nil), idx...)
+	out[ax] = j
+	return out
+}
+
+func lowerLerpGather(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	x, lo, hi, w := in[0], in[1], in[2], in[3]
+	ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), x.Type.Rank())
+	if err != nil {
+		return err
+	}
+	d := x.Type.Shape[ax]
+	b.store(out[0], func(idx []Expr) Expr {
+		a := x.At(lerpIndex(idx, ax, lo, d))
+		return add(a, mul(sub(x.At(lerpIndex(idx, ax, hi, d)), a), w.At([]Expr{idx[ax]})))
+	})
+	return nil
+}
+
+func lowerLerpGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
+	dy, lo, hi, w := in[0], in[1], in[2], in[3]
+	data := out[0].Type.Shape
+	ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(data))
+	if err != nil {
+		return err
+	}
+	d := data[ax]
+	t := func(idx []Expr) Expr { return mul(dy.At(idx), w.At([]Expr{idx[ax]})) }
+	b.fill(out[0], 0)
+	b.scatter(out[0], dy.Type.Shape.Clone(), func(idx []Expr) []Expr { return lerpIndex(idx, ax, lo, d) }, nil,
+		func(idx []Expr) Expr { return sub(dy.At(idx), t(idx)) })
+	b.scatter(out[0], dy.Type.Shape.Clone(), func(idx []Expr) []Expr { return lerpIndex(idx, ax, hi, d) }, nil, t)
 	return nil
 }
 

@@ -500,6 +500,25 @@ func init() {
 	rules["gather_elements_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1)), nil}
 	}
+	rules["lerp_gather"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
+		xv := x(op, 0)
+		out := []*ir.Value{nil, nil, nil, nil}
+		if need[0] {
+			a := ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis")), "data_shape": ir.IntsAttr(xv.Type.Shape...)}
+			out[0] = b.one("lerp_gather_grad", a, grad(op), dys[0], x(op, 1), x(op, 2), x(op, 3))
+		}
+		if len(need) > 3 && need[3] {
+			out[3] = lerpWeightGrad(b, op, xv, dys[0])
+		}
+		return out
+	}
+	rules["lerp_gather_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
+		out := []*ir.Value{b.one("lerp_gather", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1), x(op, 2), x(op, 3)), nil, nil, nil}
+		if len(need) > 3 && need[3] {
+			out[3] = lerpWeightGrad(b, op, dys[0], x(op, 0))
+		}
+		return out
+	}
 	rules["gather"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		a := ir.Attrs{"data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)}
 		if v, ok := op.Attrs["axis"]; ok {
@@ -526,4 +545,24 @@ func swapLast(b *builder, v *ir.Value, base string) *ir.Value {
 	}
 	perm[r-1], perm[r-2] = perm[r-2], perm[r-1]
 	return b.one("transpose", ir.Attrs{"perm": ir.IntsAttr(perm...)}, base, v)
+}
+
+// lerpWeightGrad is the gradient of lerp_gather's (or its gradient's)
+// weights: dw[k] = Σ dy · (data[hi[k]] − data[lo[k]]) over the positions
+// whose axis coordinate is k, where data is lerp_gather's input (or the
+// gradient flowing into lerp_gather_grad's result) and dy the tensor of
+// the interpolation's shape.
+func lerpWeightGrad(b *builder, op *ir.Op, data, dy *ir.Value) *ir.Value {
+	axis := ir.IntAttr(op.Attr().Int("axis"))
+	lo, hi, w := op.Operands[1], op.Operands[2], op.Operands[3]
+	g1 := b.one("gather", ir.Attrs{"axis": axis}, grad(op), data, hi)
+	g0 := b.one("gather", ir.Attrs{"axis": axis}, grad(op), data, lo)
+	m := b.one("mul", nil, grad(op), dy, b.one("sub", nil, grad(op), g1, g0))
+	ax, _ := ir.NormalizeAxis(op.Attr().Int("axis"), data.Type.Rank())
+	keep := make(ir.Shape, data.Type.Rank())
+	for i := range keep {
+		keep[i] = 1
+	}
+	keep[ax] = w.Type.Shape[0]
+	return b.one("reshape", ir.Attrs{"shape": ir.IntsAttr(w.Type.Shape...)}, grad(op), b.sumTo(m, keep, grad(op)))
 }
