@@ -27,7 +27,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
+			plan := Plan{DP: o.DP, TP: o.TP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
 			if o.Devices > 0 {
 				if o.DP != 1 || o.Zero != 0 {
 					return fmt.Errorf("parallel: give devices (to search) or dp and zero, not both")
@@ -54,6 +54,7 @@ func init() {
 
 type options struct {
 	DP           int         `opt:"dp" default:"1" range:"[1,4096]" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	TP           int         `opt:"tp" default:"1" range:"[1,4096]" doc:"tensor-parallel ranks: the weights of each MLP block (two matrix products joined by elementwise ops) are split among them, Megatron's columns then rows, with one all_reduce forward and one backward"`
 	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 1 holds each parameter's optimizer state and update in parts across the ranks, its gradient whole until the backward ends, then reduce-scattered; 2 reduce-scatters each gradient once made (parameters gathered once); 3 also gathers each parameter separately for the forward and the backward"`
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
@@ -66,6 +67,7 @@ type options struct {
 // Plan is how a step is spread over ranks.
 type Plan struct {
 	DP     int   // data-parallel ranks
+	TP     int   // tensor-parallel ranks (0 or 1: none)
 	Zero   int   // ZeRO stage (0 to 3)
 	Bucket int64 // bytes of a gradient bucket without ZeRO (0: none)
 	// LocalBN keeps each rank's batch-norm statistics (DDP's default)
@@ -76,7 +78,7 @@ type Plan struct {
 }
 
 // Ranks is the number of ranks a plan runs on.
-func (p Plan) Ranks() int { return max(1, p.DP) }
+func (p Plan) Ranks() int { return max(1, p.DP) * max(1, p.TP) }
 
 // Partition rewrites f into the SPMD step of one rank of p and marks it
 // with the number of ranks (attribute ranks). On error f is unchanged.
@@ -85,6 +87,22 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
 	}
 
+	if p.TP > 1 {
+		if p.DP > 1 || p.Zero > 0 {
+			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: combining tensor parallelism with dp or zero is not built", p.TP)
+		}
+		if _, err := tensorParallel(f, int64(p.TP), 1); err != nil {
+			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: %v", p.TP, err)
+		}
+		if f.Attrs == nil {
+			f.Attrs = ir.Attrs{}
+		}
+		f.Attrs["ranks"] = ir.IntAttr(int64(p.TP))
+		if p.Microbatches > 1 {
+			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: microbatches with tensor parallelism are not built", p.TP)
+		}
+		return microbatch.Stats{}, nil
+	}
 	st, err := microbatch.ShardMicro(f, p.DP, max(1, p.Microbatches))
 	if err != nil {
 		// Shard speaks of microbatches; here a slice of the batch is a rank's.

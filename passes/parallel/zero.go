@@ -22,21 +22,7 @@ import (
 // that n divides stay whole, updated alike on every rank. It returns how
 // many parameters it sharded.
 func shardState(f *ir.Func, n int64, zero int) (int, error) {
-	// The backward: the ops that depend on the loss seed.
-	bwd := map[*ir.Op]bool{}
-	fromSeed := map[*ir.Value]bool{}
-	for _, op := range f.Body {
-		dep := op.Kind == "constant" && op.Attrs["role"].Str == "loss_seed"
-		for _, x := range op.Operands {
-			dep = dep || fromSeed[x]
-		}
-		if dep {
-			bwd[op] = true
-			for _, r := range op.Results {
-				fromSeed[r] = true
-			}
-		}
-	}
+	bwd := backwardOps(f)
 	producer := map[*ir.Value]*ir.Op{}
 	for _, op := range f.Body {
 		for _, r := range op.Results {
@@ -214,4 +200,24 @@ func uses(f *ir.Func, v *ir.Value) int {
 		}
 	}
 	return n
+}
+
+// backwardOps is the backward of a training step: the ops that depend on
+// the loss seed.
+func backwardOps(f *ir.Func) map[*ir.Op]bool {
+	bwd := map[*ir.Op]bool{}
+	fromSeed := map[*ir.Value]bool{}
+	for _, op := range f.Body {
+		dep := op.Kind == "constant" && op.Attrs["role"].Str == ir.RoleLossSeed
+		for _, x := range op.Operands {
+			dep = dep || fromSeed[x]
+		}
+		if dep {
+			bwd[op] = true
+			for _, r := range op.Results {
+				fromSeed[r] = true
+			}
+		}
+	}
+	return bwd
 }
