@@ -70,8 +70,8 @@ func verifyFunc(f *Func) diag.List {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %d has no argument info", i)))
 			continue
 		}
-		if sh, ok := a.Arg.Attrs["shard"]; ok && (sh.Kind != AttrInt || sh.Int < 0 || sh.Int >= int64(len(a.Type.Shape))) {
-			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: shard names dimension %s, which %s does not have", a.Ref(), sh, a.Type)))
+		if _, err := ShardLevels(f, a); err != nil {
+			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: %v", a.Ref(), err)))
 		}
 		if h, ok := a.Arg.Attrs["host"]; ok && (h.Kind != AttrBool || a.Arg.Kind == ArgData) {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: host must be true or false, on a param or state argument, not %s", a.Ref(), h)))
@@ -300,21 +300,6 @@ func checkResultAttrs(f *Func, r Result) error {
 		return fmt.Errorf("role must be %q, %q or %q, not %q", RoleLoss, RoleGrad, RoleGradsFinite, role.Str)
 	}
 	return nil
-}
-
-// InitType is the type of argument a's initial value: a's type, or for
-// an argument that holds a rank's part of dimension d (attribute shard =
-// d) of a function on ranks ranks, the whole tensor's, which the runner
-// cuts.
-func InitType(f *Func, a *Value) Type {
-	t := a.Type
-	sh, ok := a.Arg.Attrs["shard"]
-	if !ok || sh.Int < 0 || int(sh.Int) >= len(t.Shape) {
-		return t
-	}
-	t.Shape = append(Shape(nil), t.Shape...)
-	t.Shape[sh.Int] *= f.Attrs.Int("ranks", 1)
-	return t
 }
 
 // MaxRanks bounds the ranks a function may say it runs on (attribute

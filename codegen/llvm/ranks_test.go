@@ -53,7 +53,8 @@ func TestCollectivesUnderMPI(t *testing.T) {
 }
 
 // TestDataParallelStepUnderMPI: an f64 training step with Adam, under
-// ZeRO-3 on 4 ranks, compiled and run by mpirun, gives the one-device
+// ZeRO-3 on 4 ranks (and on 2 × 2 ranks with tensor parallelism and
+// ZeRO-2), compiled and run by mpirun, gives the one-device
 // step's loss, gradients' effect (the updated parameters and moments,
 // joined from the ranks' parts) within 1e-12: the ranks' partial sums
 // and MPI's reduction order change the order of f64 additions only.
@@ -66,10 +67,29 @@ func TestDataParallelStepUnderMPI(t *testing.T) {
   %y = matmul(%a, %w2) : f64[8,4]
   return %y
 }`
+	for _, spec := range []string{"dp=4,zero=3", "dp=2,tp=2,zero=2"} {
+		t.Run(spec, func(t *testing.T) { stepUnderMPI(t, src, spec) })
+	}
+}
+
+// TestTensorParallelBlocksUnderMPI: two transformer MLP blocks on a mesh
+// of 2 data-parallel × 2 tensor-parallel ranks with ZeRO-2, compiled and
+// run by mpirun, equal one device (the error model of
+// TestDataParallelStepUnderMPI).
+func TestTensorParallelBlocksUnderMPI(t *testing.T) {
+	requireMPI(t)
+	raw, err := os.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
+	require.NoError(t, err)
+	stepUnderMPI(t, string(raw), "dp=2,tp=2,zero=2")
+}
+
+// stepUnderMPI compiles src's Adam step partitioned by spec, runs its
+// ranks under mpirun and compares them with the one-device interpreter.
+func stepUnderMPI(t *testing.T, src, spec string) {
 	whole := passtest.Parse(t, src)
 	pipelineOn(t, whole, "autodiff{loss=mean},optimizer{kind=adam}")
 	m := passtest.Clone(t, whole)
-	pipelineOn(t, m, "parallel{dp=4,zero=3},assign")
+	pipelineOn(t, m, "parallel{"+spec+"},assign")
 	f, wf := m.Funcs[0], whole.Funcs[0]
 	args := interp.RandomArgs(wf, 9)
 	want, wantArgs, err := interp.RunWithUpdates(wf, interp.CloneAll(args), interp.Options{})

@@ -13,7 +13,7 @@ import (
 // any op reads one of its results (an early optimizer update), so no
 // reader waits for a later gradient. It returns the number of buckets of
 // more than one gradient.
-func bucket(f *ir.Func, n int64, limit int64) (int, error) {
+func bucket(f *ir.Func, n, stride int64, limit int64) (int, error) {
 	readers := map[*ir.Value][]int{}
 	for i, op := range f.Body {
 		for _, x := range op.Operands {
@@ -33,7 +33,7 @@ func bucket(f *ir.Func, n int64, limit int64) (int, error) {
 		return at
 	}
 	for i, op := range f.Body {
-		if op.Kind != "all_reduce" || op.Attr().String("op") != "sum" || op.Attr().Int("stride") != 1 || op.Attr().Int("size") != n {
+		if op.Kind != "all_reduce" || op.Attr().String("op") != "sum" || op.Attr().Int("stride") != stride || op.Attr().Int("size") != n {
 			continue
 		}
 		t := op.Operands[0].Type
@@ -58,7 +58,7 @@ func bucket(f *ir.Func, n int64, limit int64) (int, error) {
 			continue
 		}
 		readAt := firstRead(g)
-		pre, post, err := join(f, g, n)
+		pre, post, err := join(f, g, n, stride)
 		if err != nil {
 			return joined, err
 		}
@@ -87,7 +87,7 @@ func bucket(f *ir.Func, n int64, limit int64) (int, error) {
 // join builds the ops of one bucket, those that flatten, concatenate
 // and all-reduce its gradients and those that split it back, and points
 // the readers of each member's result at its part.
-func join(f *ir.Func, g []*ir.Op, n int64) (pre, post []*ir.Op, err error) {
+func join(f *ir.Func, g []*ir.Op, n, stride int64) (pre, post []*ir.Op, err error) {
 	var ops []*ir.Op
 	add := func(kind string, in []*ir.Value, attrs ir.Attrs, name string) (*ir.Op, error) {
 		op, err := f.NewOp(kind, in, attrs, g[0].Loc, name)
@@ -113,7 +113,7 @@ func join(f *ir.Func, g []*ir.Op, n int64) (pre, post []*ir.Op, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	ar, err := add("all_reduce", cat.Results, ir.Attrs{"size": ir.IntAttr(n)}, name)
+	ar, err := add("all_reduce", cat.Results, groupAttrs(n, stride), name)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,6 +10,7 @@ package parallel
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/interp"
@@ -86,22 +87,27 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	if p.DP < 1 {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
 	}
-
-	if p.TP > 1 {
-		if p.DP > 1 || p.Zero > 0 {
-			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: combining tensor parallelism with dp or zero is not built", p.TP)
-		}
-		if _, err := tensorParallel(f, int64(p.TP), 1); err != nil {
-			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: %v", p.TP, err)
-		}
+	tp := int64(max(1, p.TP))
+	if p.Ranks() > 1 {
 		if f.Attrs == nil {
 			f.Attrs = ir.Attrs{}
 		}
-		f.Attrs["ranks"] = ir.IntAttr(int64(p.TP))
+		f.Attrs["ranks"] = ir.IntAttr(int64(p.Ranks()))
+	}
+	// A mesh of dp × tp ranks: rank r is tensor-parallel rank r mod tp of
+	// data-parallel rank r / tp; tensor-parallel groups are tp
+	// consecutive ranks, data-parallel ones dp ranks tp apart.
+	if tp > 1 {
 		if p.Microbatches > 1 {
 			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: microbatches with tensor parallelism are not built", p.TP)
 		}
-		return microbatch.Stats{}, nil
+		if _, err := tensorParallel(f, tp, 1); err != nil {
+			delete(f.Attrs, "ranks")
+			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: %v", p.TP, err)
+		}
+		if p.DP == 1 {
+			return microbatch.Stats{}, nil
+		}
 	}
 	st, err := microbatch.ShardMicro(f, p.DP, max(1, p.Microbatches))
 	if err != nil {
@@ -110,27 +116,37 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 		msg = strings.ReplaceAll(msg, "is not divisible by n=", "is not divisible by dp=")
 		return st, fmt.Errorf("parallel{dp=%d}: %s", p.DP, msg)
 	}
-	if p.DP > 1 {
-		if f.Attrs == nil {
-			f.Attrs = ir.Attrs{}
-		}
-		f.Attrs["ranks"] = ir.IntAttr(int64(p.Ranks()))
-		if !p.LocalBN {
-			if _, err := syncBatchNorm(f, int64(p.DP)); err != nil {
-				return st, fmt.Errorf("parallel: whole-batch statistics: %v", err)
+	if tp > 1 {
+		// The data-parallel collectives and batch parts span the groups
+		// of ranks tp apart. Shard's collectives name no stride; the
+		// tensor-parallel ones (which its slices copy) name theirs.
+		for _, op := range f.Body {
+			if _, named := op.Attrs["stride"]; ir.IsCollective(op.Kind) && !named {
+				op.Attrs["stride"] = ir.IntAttr(tp)
 			}
+		}
+		for _, a := range f.Args {
+			if sh, ok := a.Arg.Attrs["shard"]; ok && sh.Kind == ir.AttrInt && a.Arg.Kind == ir.ArgData {
+				delete(a.Arg.Attrs, "shard")
+				ir.AddShardLevel(f, a, ir.ShardLevel{Dim: sh.Int, Size: int64(p.DP), Stride: tp})
+			}
+		}
+	}
+	if p.DP > 1 && !p.LocalBN {
+		if _, err := syncBatchNorm(f, int64(p.DP), tp); err != nil {
+			return st, fmt.Errorf("parallel: whole-batch statistics: %v", err)
 		}
 	}
 	switch p.Zero {
 	case 0:
 		if p.DP > 1 && p.Bucket > 0 {
-			if _, err := bucket(f, int64(p.DP), p.Bucket); err != nil {
+			if _, err := bucket(f, int64(p.DP), tp, p.Bucket); err != nil {
 				return st, fmt.Errorf("parallel{bucket}: %v", err)
 			}
 		}
 	case 1, 2, 3:
 		if p.DP > 1 {
-			if _, err := shardState(f, int64(p.DP), p.Zero); err != nil {
+			if _, err := shardState(f, int64(p.DP), tp, p.Zero); err != nil {
 				return st, fmt.Errorf("parallel{zero=%d}: %v", p.Zero, err)
 			}
 		}
@@ -145,48 +161,72 @@ func RanksOf(f *ir.Func) int { return int(f.Attrs.Int("ranks", 1)) }
 // WholeType is the type of the tensor whose rank part argument a holds
 // (a itself unless the argument is sharded) on a step of ranks ranks.
 func WholeType(a *ir.Value, ranks int) ir.Type {
-	t := a.Type
-	if a.Arg == nil || ranks <= 1 {
-		return t
+	f := &ir.Func{Attrs: ir.Attrs{"ranks": ir.IntAttr(int64(ranks))}}
+	return ir.InitType(f, a)
+}
+
+// block is the part of a whole tensor of shape whole that rank r holds
+// under levels: its first index and extent in every dimension.
+func block(whole ir.Shape, levels []ir.ShardLevel, r int) (start, extent []int64) {
+	start, extent = make([]int64, len(whole)), slices.Clone([]int64(whole))
+	for _, l := range levels {
+		i := (int64(r) / l.Stride) % l.Size
+		extent[l.Dim] /= l.Size
+		start[l.Dim] += i * extent[l.Dim]
 	}
-	if _, ok := a.Arg.Attrs["shard"]; !ok {
-		return t
+	return start, extent
+}
+
+// copyBlock copies between a whole tensor and a rank's part: the part's
+// element at index p is the whole's at start + p; toPart picks the
+// direction.
+func copyBlock(whole, part *interp.Tensor, start []int64, toPart bool) {
+	ws, ps := whole.Type.Shape.Strides(), part.Type.Shape.Strides()
+	n := part.Len()
+	idx := make([]int64, len(start))
+	for k := 0; k < n; k++ {
+		rem, w := int64(k), int64(0)
+		for d := range idx {
+			idx[d] = rem / ps[d]
+			rem %= ps[d]
+			w += (start[d] + idx[d]) * ws[d]
+		}
+		switch {
+		case toPart && part.F != nil:
+			part.F[k] = whole.F[w]
+		case toPart:
+			part.I[k] = whole.I[w]
+		case part.F != nil:
+			whole.F[w] = part.F[k]
+		default:
+			whole.I[w] = part.I[k]
+		}
 	}
-	d := a.Arg.Attrs.Int("shard", 0)
-	t.Shape = append(ir.Shape(nil), t.Shape...)
-	t.Shape[d] *= int64(ranks)
-	return t
 }
 
 // ShardValues gives each of f's ranks its arguments from the whole
-// values: rank r gets part r of each sharded argument along its shard
-// dimension and a copy of every other.
+// values: each rank gets its part of each sharded argument (its block
+// under the argument's ShardLevels) and a copy of every other.
 func ShardValues(f *ir.Func, whole []*interp.Tensor) ([][]*interp.Tensor, error) {
 	n := RanksOf(f)
 	out := make([][]*interp.Tensor, n)
 	for i, a := range f.Args {
-		wt := WholeType(a, n)
+		wt := ir.InitType(f, a)
 		if !whole[i].Type.Equal(wt) {
 			return nil, fmt.Errorf("argument %s: got %s, want %s", a.Ref(), whole[i].Type, wt)
 		}
-		d := int(a.Arg.Attrs.Int("shard", 0))
-		outer, _ := wt.Shape[:d].NumElements()
-		rowLen := whole[i].Len() / max(1, int(outer))
-		part := rowLen / n
+		levels, err := ir.ShardLevels(f, a)
+		if err != nil {
+			return nil, fmt.Errorf("argument %s: %v", a.Ref(), err)
+		}
 		for r := range out {
-			if wt.Equal(a.Type) {
+			if len(levels) == 0 {
 				out[r] = append(out[r], whole[i].Clone())
 				continue
 			}
 			p := interp.New(a.Type)
-			for o := 0; o < int(outer); o++ {
-				src := o*rowLen + r*part
-				if p.F != nil {
-					copy(p.F[o*part:(o+1)*part], whole[i].F[src:src+part])
-				} else {
-					copy(p.I[o*part:(o+1)*part], whole[i].I[src:src+part])
-				}
-			}
+			start, _ := block(wt.Shape, levels, r)
+			copyBlock(whole[i], p, start, true)
 			out[r] = append(out[r], p)
 		}
 	}
@@ -194,30 +234,21 @@ func ShardValues(f *ir.Func, whole []*interp.Tensor) ([][]*interp.Tensor, error)
 }
 
 // JoinValues is the whole of each argument from the ranks' final values:
-// a sharded argument's parts joined along its shard dimension in rank
-// order, rank 0's value of any other (the ranks agree on those).
+// a sharded argument's parts put back at their blocks (ranks that hold
+// the same block agree on it), rank 0's value of any other.
 func JoinValues(f *ir.Func, ranks [][]*interp.Tensor) []*interp.Tensor {
-	n := len(ranks)
 	out := make([]*interp.Tensor, len(f.Args))
 	for i, a := range f.Args {
-		wt := WholeType(a, n)
-		if wt.Equal(a.Type) {
+		levels, err := ir.ShardLevels(f, a)
+		if err != nil || len(levels) == 0 {
 			out[i] = ranks[0][i]
 			continue
 		}
-		d := int(a.Arg.Attrs.Int("shard", 0))
-		outer, _ := wt.Shape[:d].NumElements()
-		part := ranks[0][i].Len() / max(1, int(outer))
+		wt := ir.InitType(f, a)
 		w := interp.New(wt)
-		for r := 0; r < n; r++ {
-			for o := 0; o < int(outer); o++ {
-				dst := o*part*n + r*part
-				if w.F != nil {
-					copy(w.F[dst:dst+part], ranks[r][i].F[o*part:(o+1)*part])
-				} else {
-					copy(w.I[dst:dst+part], ranks[r][i].I[o*part:(o+1)*part])
-				}
-			}
+		for r := range ranks {
+			start, _ := block(wt.Shape, levels, r)
+			copyBlock(w, ranks[r][i], start, false)
 		}
 		out[i] = w
 	}

@@ -14,14 +14,14 @@ import (
 // does. The gradients of scale and bias stay this rank's share: the step
 // all-reduces them with the other gradients. It returns how many ops it
 // rewrote.
-func syncBatchNorm(f *ir.Func, n int64) (int, error) {
+func syncBatchNorm(f *ir.Func, n, stride int64) (int, error) {
 	rewritten := 0
 	for i := 0; i < len(f.Body); i++ {
 		op := f.Body[i]
 		if op.Kind != "batch_norm_train" && op.Kind != "batch_norm_grad" {
 			continue
 		}
-		e := &emitter{f: f, loc: op.Loc, n: n}
+		e := &emitter{f: f, loc: op.Loc, n: n, stride: stride}
 		var outs []*ir.Value
 		if op.Kind == "batch_norm_train" {
 			outs = e.forward(op)
@@ -43,11 +43,12 @@ func syncBatchNorm(f *ir.Func, n int64) (int, error) {
 
 // emitter builds the ops of one rewritten normalisation.
 type emitter struct {
-	f   *ir.Func
-	loc ir.Location
-	n   int64 // ranks
-	ops []*ir.Op
-	err error
+	f      *ir.Func
+	loc    ir.Location
+	n      int64 // ranks
+	stride int64 // between the ranks of a group
+	ops    []*ir.Op
+	err    error
 }
 
 func (e *emitter) op(kind string, attrs ir.Attrs, name string, in ...*ir.Value) *ir.Value {
@@ -97,7 +98,7 @@ func (e *emitter) layout(x *ir.Value) (axes, bshape []int64, count float64) {
 // sum is the per-channel sum of v over the whole batch, all ranks.
 func (e *emitter) sum(v *ir.Value, axes []int64, name string) (local, all *ir.Value) {
 	local = e.op("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)}, name, v)
-	return local, e.op("all_reduce", ir.Attrs{"size": ir.IntAttr(e.n)}, name+".all", local)
+	return local, e.op("all_reduce", groupAttrs(e.n, e.stride), name+".all", local)
 }
 
 // forward is batch_norm_train with whole-batch statistics: y, the new

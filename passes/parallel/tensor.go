@@ -53,7 +53,8 @@ func tensorParallel(f *ir.Func, n, stride int64) (int, error) {
 
 // megatronSplits chooses the weights to split: for each forward matrix
 // product by a 2-D parameter W1 whose output dimension n divides, the
-// values its result reaches through elementwise ops; where one of them is
+// values its result reaches through elementwise ops (and reshapes that
+// keep that dimension last); where one of them is
 // multiplied by a 2-D parameter W2 over that dimension, W1 splits by
 // columns, W2 by rows, and each 1-D parameter of that length added on the
 // way (a bias) with W1. It maps each weight to the dimension it splits.
@@ -71,6 +72,12 @@ func megatronSplits(f *ir.Func, n int64) map[*ir.Value]int {
 	// weight is a product's 2-D parameter operand, the dimension of its
 	// output columns and of its contraction; ok false for other ops.
 	weight := func(op *ir.Op) (w *ir.Value, out, in int, ok bool) {
+		if op.Kind == "matmul" && len(op.Operands) == 2 {
+			// nn.Linear as exported: x · transpose(W).
+			if t := op.Operands[1].Def; t != nil && t.Kind == "transpose" && isParam(t.Operands[0], 2) && slices.Equal(t.Attr().Ints("perm"), []int64{1, 0}) {
+				return t.Operands[0], 0, 1, true
+			}
+		}
 		switch {
 		case op.Kind == "matmul" && len(op.Operands) == 2 && isParam(op.Operands[1], 2):
 			return op.Operands[1], 1, 0, true
@@ -105,7 +112,17 @@ func megatronSplits(f *ir.Func, n int64) map[*ir.Value]int {
 					w2, w2dim = w, in
 					break
 				}
-				if d := u.Def(); d == nil || !elementwiseClass(d) || d.Impure || isRandom(u) || len(u.Results) != 1 || !u.Results[0].Type.Shape.Equal(v.Type.Shape) {
+				// Elementwise ops, and reshapes that keep the columns last
+				// (a batch folded into rows for a gemm, and back).
+				d := u.Def()
+				switch {
+				case d == nil || len(u.Results) != 1:
+					continue
+				case u.Kind == "reshape":
+					if s := u.Results[0].Type.Shape; len(s) == 0 || s[len(s)-1] != width {
+						continue
+					}
+				case !elementwiseClass(d) || d.Impure || isRandom(u) || !u.Results[0].Type.Shape.Equal(v.Type.Shape):
 					continue
 				}
 				for _, x := range u.Operands {
@@ -199,7 +216,7 @@ func (tp *tensorRewrite) run(splits map[*ir.Value]int) error {
 	}
 	for _, a := range append([]*ir.Value(nil), f.Args...) {
 		if dim, ok := splits[a]; ok {
-			part := shardArg(f, a, tp.n, dim)
+			part := shardArg(f, a, ir.ShardLevel{Dim: int64(dim), Size: tp.n, Stride: tp.stride})
 			tp.local[a], tp.state[part] = part, sharding{dim: dim}
 		} else {
 			tp.local[a], tp.state[a] = a, replicated

@@ -21,7 +21,7 @@ import (
 // move after it. Parameters with no dimension
 // that n divides stay whole, updated alike on every rank. It returns how
 // many parameters it sharded.
-func shardState(f *ir.Func, n int64, zero int) (int, error) {
+func shardState(f *ir.Func, n, stride int64, zero int) (int, error) {
 	bwd := backwardOps(f)
 	producer := map[*ir.Value]*ir.Op{}
 	for _, op := range f.Body {
@@ -50,11 +50,11 @@ func shardState(f *ir.Func, n int64, zero int) (int, error) {
 			continue
 		}
 		ar := producer[g]
-		if ar == nil || ar.Kind != "all_reduce" || isResult[g] || uses(f, g) > 1 {
+		if ar == nil || ar.Kind != "all_reduce" || ar.Attr().Int("size") != n || ar.Attr().Int("stride") != stride || isResult[g] || uses(f, g) > 1 {
 			continue // the whole gradient is needed elsewhere: keep it
 		}
 		// The rank's part of the gradient, summed over the ranks.
-		rs, err := f.NewOp("reduce_scatter", ar.Operands, ir.Attrs{"size": ir.IntAttr(n), "axis": ir.IntAttr(int64(dim))}, ar.Loc, g.Name+".part")
+		rs, err := f.NewOp("reduce_scatter", ar.Operands, withAxis(groupAttrs(n, stride), dim), ar.Loc, g.Name+".part")
 		if err != nil {
 			return sharded, err
 		}
@@ -68,7 +68,7 @@ func shardState(f *ir.Func, n int64, zero int) (int, error) {
 			if a.Arg == nil || !a.Type.Equal(p.Type) {
 				return sharded, fmt.Errorf("%s updates %s, which is not an argument shaped like %s", upd.Kind, a.Ref(), p.Ref())
 			}
-			part := shardArg(f, a, n, dim)
+			part := shardArg(f, a, ir.ShardLevel{Dim: int64(dim), Size: n, Stride: stride})
 			parts[a] = part
 			upd.Operands[k] = part
 		}
@@ -77,7 +77,7 @@ func shardState(f *ir.Func, n int64, zero int) (int, error) {
 		sharded++
 	}
 	for _, gt := range gathers {
-		if err := gt.place(f, n, zero, bwd); err != nil {
+		if err := gt.place(f, n, stride, zero, bwd); err != nil {
 			return sharded, err
 		}
 	}
@@ -119,7 +119,7 @@ type gather struct {
 	dim         int
 }
 
-func (gt gather) place(f *ir.Func, n int64, zero int, bwd map[*ir.Op]bool) error {
+func (gt gather) place(f *ir.Func, n, stride int64, zero int, bwd map[*ir.Op]bool) error {
 	var readers []int
 	for i, op := range f.Body {
 		if slices.Contains(op.Operands, gt.whole) {
@@ -156,7 +156,7 @@ func (gt gather) place(f *ir.Func, n int64, zero int, bwd map[*ir.Op]bool) error
 	var inserts []insert
 	for _, grp := range groups {
 		first := f.Body[grp[0]]
-		op, err := f.NewOp("all_gather", []*ir.Value{gt.part}, ir.Attrs{"size": ir.IntAttr(n), "axis": ir.IntAttr(int64(gt.dim))}, first.Loc, gt.whole.Name+".gathered")
+		op, err := f.NewOp("all_gather", []*ir.Value{gt.part}, withAxis(groupAttrs(n, stride), gt.dim), first.Loc, gt.whole.Name+".gathered")
 		if err != nil {
 			return err
 		}
@@ -175,17 +175,15 @@ func (gt gather) place(f *ir.Func, n int64, zero int, bwd map[*ir.Op]bool) error
 	return nil
 }
 
-// shardArg replaces argument a of f with the rank's part of dimension dim.
-func shardArg(f *ir.Func, a *ir.Value, n int64, dim int) *ir.Value {
+// shardArg replaces argument a of f with the rank's part under one more
+// level of cuts.
+func shardArg(f *ir.Func, a *ir.Value, l ir.ShardLevel) *ir.Value {
 	info := *a.Arg
 	info.Attrs = a.Arg.Attrs.Clone()
-	if info.Attrs == nil {
-		info.Attrs = ir.Attrs{}
-	}
-	info.Attrs["shard"] = ir.IntAttr(int64(dim)) // an initial value stays whole: the runner cuts it
 	part := &ir.Value{Name: a.Name, Type: a.Type, Index: a.Index, Offset: ir.NoOffset, Arg: &info}
+	ir.AddShardLevel(f, part, l) // an initial value stays whole: the runner cuts it
 	part.Type.Shape = append(ir.Shape(nil), a.Type.Shape...)
-	part.Type.Shape[dim] /= n
+	part.Type.Shape[l.Dim] /= l.Size
 	f.Args[a.Index] = part
 	return part
 }
@@ -220,4 +218,19 @@ func backwardOps(f *ir.Func) map[*ir.Op]bool {
 		}
 	}
 	return bwd
+}
+
+// groupAttrs names the group of n ranks, stride apart (the stride only
+// when it is not 1, its default).
+func groupAttrs(n, stride int64) ir.Attrs {
+	a := ir.Attrs{"size": ir.IntAttr(n)}
+	if stride != 1 {
+		a["stride"] = ir.IntAttr(stride)
+	}
+	return a
+}
+
+func withAxis(a ir.Attrs, axis int) ir.Attrs {
+	a["axis"] = ir.IntAttr(int64(axis))
+	return a
 }
