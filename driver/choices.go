@@ -199,9 +199,7 @@ type offloadTry struct {
 // microbatches), and swap{device-budget=B,peak=true} before assign (B
 // bounds the peak, as in remat) swaps, recomputes and offloads
 // parameters and gradients until the bytes live on the device fit B.
-// With params false (launch plans) only gradients move and swap does the
-// rest alone.
-func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool) ([]offloadTry, error) {
+func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]offloadTry, error) {
 	at := -1
 	for i, s := range pipe {
 		if s.Pass.Name == "remat" {
@@ -224,28 +222,18 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool
 				grads += r.Value.Type.SizeBytes()
 			}
 		}
-		if params {
-			movable = max(movable, info.ParamBytes+info.StateBytes+grads)
-		}
+		movable = max(movable, info.ParamBytes+info.StateBytes+grads)
 	}
-	swapStep, err := passes.ParsePipeline(fmt.Sprintf("swap{device-budget=%d,params=%t,peak=true}", b, params), nil)
+	swapStep, err := passes.ParsePipeline(fmt.Sprintf("swap{device-budget=%d,peak=true}", b), nil)
 	if err != nil {
 		return nil, err
 	}
-	what := "parameters, optimizer state and gradients"
-	if !params {
-		what = "gradients"
-	}
 	var tries []offloadTry
-	aims := []int64{movable, movable / 2, movable / 4}
-	if !params {
-		aims = []int64{-1} // no remat: it could not reach b
-	}
-	for _, extra := range aims {
+	for _, extra := range []int64{movable, movable / 2, movable / 4} {
 		var out passes.Pipeline
 		out = append(out, pipe[:at]...)
 		note := fmt.Sprintf("remat could not reach %s alone: ", memreport.Human(b))
-		if extra > 0 && b+extra < peak {
+		if b+extra < peak {
 			args := map[string]string{}
 			for k, v := range pipe[at].Args {
 				args[k] = v
@@ -264,7 +252,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify, params bool
 		if !placed {
 			out = append(out, swapStep...)
 		}
-		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving %s to host memory", memreport.Human(b), what)
+		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b))
 		tries = append(tries, offloadTry{out, note})
 	}
 	return tries, nil

@@ -28,9 +28,6 @@ type optLevels struct {
 	optimizer    string
 	microbatches int
 	parallel     string
-	// noHostUpdates keeps parameters on the device (launch plans cannot
-	// run optimizer updates on the host).
-	noHostUpdates bool
 }
 
 // trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
@@ -98,7 +95,6 @@ func (l *optLevels) apply(pf *pipelineFlags) error {
 	if l.budget != "" || l.deviceBudget != "" {
 		ref := strings.Join(pre, ",")
 		pf.budgetsOf = &ref
-		pf.noHostUpdates = l.noHostUpdates
 	}
 	if l.microbatches > 1 && l.parallel == "" {
 		pre = append(pre, fmt.Sprintf("microbatch{n=%d}", l.microbatches))
@@ -142,11 +138,7 @@ func (l *optLevels) pipeline(level int) (string, error) {
 	if (l.budget != "" || l.deviceBudget != "") && level < 2 {
 		return "", usageError{"--budget and --device-budget need -O2 or -O3"}
 	}
-	deviceBudget := l.deviceBudget
-	if deviceBudget != "" && l.noHostUpdates {
-		deviceBudget += ",params=false" // inside swap{…}
-	}
-	return OptPipeline(level, l.budget, deviceBudget), nil
+	return OptPipeline(level, l.budget, l.deviceBudget), nil
 }
 
 // OptPipeline is the pipeline of -O<level> (the Contracts in the design
@@ -227,7 +219,6 @@ func init() {
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			return func(e *env, args []string) error {
 				if *target == "cuda" {
-					ol.noHostUpdates = true
 					if err := ol.apply(&pf); err != nil {
 						return err
 					}

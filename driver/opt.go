@@ -38,9 +38,6 @@ type pipelineFlags struct {
 	// budgetsOf, when set, is the pipeline whose result the fractions of
 	// --budget and --device-budget refer to ("" for the input itself).
 	budgetsOf *string
-	// noHostUpdates keeps parameters on the device when --budget falls
-	// back to offloading (launch plans cannot run updates on the host).
-	noHostUpdates bool
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
@@ -148,7 +145,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	if orig != nil && errors.As(runErr, &pe) && pe.Pass == "remat" {
 		// The toolbox's next tool: offload and swap what recomputation
 		// and microbatching cannot reach.
-		tries, err := withOffload(e, orig, pipe, p.verifyEach, !p.noHostUpdates)
+		tries, err := withOffload(e, orig, pipe, p.verifyEach)
 		for _, try := range tries {
 			if p.printPipeline {
 				fmt.Fprintf(e.stderr, "pipeline: %s\n", try.pipe)

@@ -67,6 +67,9 @@ func init() {
 				fmt.Fprintf(e.stdout, "simulated step  %10.1f us\n", r.Seconds*1e6)
 				fmt.Fprintf(e.stdout, "compute         %10.1f us\n", r.ComputeSeconds*1e6)
 				fmt.Fprintf(e.stdout, "copies          %10.1f us\n", r.CopySeconds*1e6)
+				if r.HostCalls > 0 {
+					fmt.Fprintf(e.stdout, "host            %10.1f us (%d calls: updates of parameters held in host memory)\n", r.HostSeconds*1e6, r.HostCalls)
+				}
 				if r.Collectives > 0 {
 					fmt.Fprintf(e.stdout, "collectives     %10.1f us (NCCL, on the communication stream)\n", r.CommSeconds*1e6)
 				}

@@ -64,6 +64,7 @@ type Signature struct {
 	Bytes   []int64  // bytes each pointer parameter may touch
 	Modes   []string // how each pointer parameter is used: read, write or readwrite
 	Outer   []int64  // extent of each scalar parameter (an outer loop index)
+	Host    bool     // a C function called on the host, not a kernel
 }
 
 // Param is one kernel parameter: a pointer to Elem (Const: read only) or
@@ -76,15 +77,18 @@ type Param struct {
 
 var (
 	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" __global__ void __launch_bounds__\(\d+\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
-	paramRE  = regexp.MustCompile(`^(const )?([a-z ]+?) \*__restrict__ b\d+$|^long long v\d+$`)
+	// hostRE is a host function (an update of offloaded parameters).
+	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" void ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	paramRE = regexp.MustCompile(`^(const )?([a-z ]+?) \*__restrict__ b\d+$|^long long v\d+$`)
 )
 
 // signatures reads the __global__ kernels of kernels.cu.
 func signatures(src string) (map[string]Signature, error) {
 	out := map[string]Signature{}
-	for _, m := range kernelRE.FindAllStringSubmatch(src, -1) {
+	kernels := kernelRE.FindAllStringSubmatch(src, -1)
+	for i, m := range append(kernels, hostRE.FindAllStringSubmatch(src, -1)...) {
 		name := m[5]
-		var sig Signature
+		sig := Signature{Host: i >= len(kernels)}
 		for _, md := range strings.Split(m[3], ",") {
 			switch md {
 			case "r":
@@ -132,8 +136,8 @@ func signatures(src string) (map[string]Signature, error) {
 		}
 		out[name] = sig
 	}
-	if n := strings.Count(src, "__global__ void"); n != len(out) {
-		return nil, fmt.Errorf("%d kernels, of which %d in the form kiln writes (a launch line above each)", n, len(out))
+	if n := strings.Count(src, "__global__ void") + strings.Count(src, "\nextern \"C\" void "); n != len(out) {
+		return nil, fmt.Errorf("%d kernels and host functions, of which %d in the form kiln writes (a launch line above each)", n, len(out))
 	}
 	return out, nil
 }
@@ -182,21 +186,23 @@ func launches(p *cuda.Plan, f *ir.Func, kernels map[string]Signature) error {
 				written[n.Op][a.Buffer] = true
 			}
 		}
-		if n.Kind != "kernel" {
+		if n.Kind != "kernel" && n.Kind != "host" {
 			continue
 		}
 		sig, ok := kernels[n.Kernel]
-		if !ok {
-			return fmt.Errorf("node %d launches kernel %q, which kernels.cu does not define", i, n.Kernel)
+		if !ok || sig.Host != (n.Kind == "host") {
+			return fmt.Errorf("node %d launches %s %q, which kernels.cu does not define", i, map[bool]string{true: "host function", false: "kernel"}[n.Kind == "host"], n.Kernel)
 		}
 		if len(n.Args) != len(sig.Params) {
 			return fmt.Errorf("node %d: kernel %s takes %d arguments, the launch passes %d", i, n.Kernel, len(sig.Params), len(n.Args))
 		}
-		if threads := int64(n.Grid[0]) * int64(n.Grid[1]) * int64(n.Grid[2]) * int64(n.Block[0]) * int64(n.Block[1]) * int64(n.Block[2]); threads < sig.Threads {
-			return fmt.Errorf("node %d: kernel %s needs %d threads, the launch has %d", i, n.Kernel, sig.Threads, threads)
-		}
-		if b := n.Block; b[0]*b[1]*b[2] > 1024 || b[2] > 64 {
-			return fmt.Errorf("node %d: block %v is larger than CUDA allows (1024 threads, z at most 64)", i, *b)
+		if n.Kind == "kernel" {
+			if threads := int64(n.Grid[0]) * int64(n.Grid[1]) * int64(n.Grid[2]) * int64(n.Block[0]) * int64(n.Block[1]) * int64(n.Block[2]); threads < sig.Threads {
+				return fmt.Errorf("node %d: kernel %s needs %d threads, the launch has %d", i, n.Kernel, sig.Threads, threads)
+			}
+			if b := n.Block; b[0]*b[1]*b[2] > 1024 || b[2] > 64 {
+				return fmt.Errorf("node %d: block %v is larger than CUDA allows (1024 threads, z at most 64)", i, *b)
+			}
 		}
 		var tuple []int64
 		ptr, sc := 0, 0

@@ -38,6 +38,8 @@ type Report struct {
 	ComputeSeconds                 float64 // busy time of stream 0
 	CopySeconds                    float64 // busy time of the other streams' copies
 	CommSeconds                    float64 // busy time of the collectives
+	HostCalls                      int     // host functions (updates of offloaded parameters)
+	HostSeconds                    float64 // their busy time
 	StallSeconds                   float64 // time stream 0 waited for events
 	Replayed                       bool    // the numbers were replayed against the interpreter
 }
@@ -228,7 +230,7 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			if !within(b.Offset, b.SizeBytes, p.Host.SizeBytes) {
 				return fmt.Errorf("plan.json: buffer %d (%s) at %d (%d bytes) is outside the host arena of %d bytes", i, b.Values[0], b.Offset, b.SizeBytes, p.Host.SizeBytes)
 			}
-		case "param", "input":
+		case "param", "host_param", "input":
 		default:
 			return fmt.Errorf("plan.json: buffer %d has unknown space %q", i, b.Space)
 		}
@@ -250,7 +252,7 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			if !contains(b.Values, bd.Name) {
 				return fmt.Errorf("plan.json: %s %q is bound to buffer %d, which holds %v", bs.what, bd.Name, bd.Buffer, b.Values)
 			}
-			if bs.space != "" && (b.Space != bs.space || b.Slot != slot) {
+			if bs.space != "" && (b.Space != bs.space && !(bs.space == "param" && b.Space == "host_param") || b.Slot != slot) {
 				return fmt.Errorf("plan.json: %s %q is in %s slot %d, want %s slot %d", bs.what, bd.Name, b.Space, b.Slot, bs.space, slot)
 			}
 		}
@@ -274,7 +276,7 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			want = append(want, q)
 		}
 		switch n.Kind {
-		case "kernel", "copy":
+		case "kernel", "copy", "host":
 			if n.Op < 0 || n.Op >= len(f.Body) {
 				return fmt.Errorf("node %d: op %d is not in @%s", i, n.Op, f.Name)
 			}
@@ -504,6 +506,8 @@ func describe(p *cuda.Plan, n cuda.Node) string {
 		return n.Collective.Call + " of " + p.Buffers[n.Src.Buffer].Values[0]
 	case "kernel":
 		return "kernel " + n.Kernel
+	case "host":
+		return "host function " + n.Kernel
 	case "copy":
 		return "copy " + n.Direction + " of " + p.Buffers[n.Src.Buffer].Values[0]
 	}
@@ -532,6 +536,9 @@ func timeline(p *cuda.Plan) *Report {
 		case "copy":
 			r.Copies++
 			secs = p.CostModel.CopySeconds(n.Src.SizeBytes)
+		case "host":
+			r.HostCalls++
+			secs = n.Seconds
 		case "collective":
 			r.Collectives++
 			secs = p.CostModel.CollectiveSeconds(collectiveKinds[n.Collective.Call], n.Src.SizeBytes, n.Collective.Size)
@@ -545,6 +552,8 @@ func timeline(p *cuda.Plan) *Report {
 			r.ComputeSeconds += secs
 		case n.Kind == "collective":
 			r.CommSeconds += secs
+		case n.Kind == "host":
+			r.HostSeconds += secs
 		default:
 			r.CopySeconds += secs
 		}
@@ -657,7 +666,7 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) erro
 				return err
 			}
 		}
-		if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective") {
+		if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective" && nd.Kind != "host") {
 			continue
 		}
 		op := f.Body[nd.Op]
@@ -730,6 +739,13 @@ func newRankReplay(p *cuda.Plan, f *ir.Func, args []*interp.Tensor, ref *fingerp
 				return fmt.Errorf("plan.json: argument %q is not in @%s", bd.Name, f.Name)
 			}
 			raw := args[i].ToDense().RawBytes()
+			if bd.Buffer >= 0 && bd.Buffer < len(p.Buffers) && p.Buffers[bd.Buffer].Space == "host_param" {
+				space := "host_param" // an offloaded parameter, in host memory
+				key := spaceKey(space, slot)
+				mem.bytes[key] = append([]byte(nil), raw...)
+				mem.owner[key] = newOwners(int64(len(raw)), int64(bd.Buffer))
+				continue
+			}
 			key := spaceKey(space, slot)
 			mem.bytes[key] = append([]byte(nil), raw...)
 			mem.owner[key] = newOwners(int64(len(raw)), int64(bd.Buffer))

@@ -108,3 +108,56 @@ func TestPlantedMissingCollectiveEventIsCaught(t *testing.T) {
 	}
 	require.ErrorContains(t, check(t, dir, p), "over 3 ranks")
 }
+
+// TestOffloadedParametersReplay: a plan whose parameters and Adam moments
+// swap moved to host memory binds them in host_param slots, runs each
+// update as a host function on the host stream, ordered against the
+// copies that read the parameters and bring the gradients, and replays to
+// the interpreter's results and updated arguments bit for bit; dropping
+// any event wait that orders a host function is a race naming it.
+func TestOffloadedParametersReplay(t *testing.T) {
+	m := passtest.Parse(t, passtest.ReadFile("../testdata/examples/wide.kir"))
+	passtest.Run(t, m, "autodiff,optimizer{kind=adam,lr=0.01},fuse,reorder,swap{device-budget=0.3},assign")
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, cuda.Write(dir, out, m, nil))
+	validate(t, dir)
+	lp, err := plancheck.LoadDir(dir)
+	require.NoError(t, err)
+	r, err := plancheck.CheckPlan(lp, 5)
+	require.NoError(t, err)
+	require.True(t, r.Replayed)
+	require.Positive(t, r.HostCalls)
+	hostParams := 0
+	for _, b := range lp.Buffers {
+		if b.Space == "host_param" {
+			hostParams++
+		}
+	}
+	require.Positive(t, hostParams)
+	base := load(t, dir)
+	planted := 0
+	for i, n := range base.Nodes {
+		if n.Kind != "event_wait" {
+			continue
+		}
+		rec := -1
+		for j, o := range base.Nodes {
+			if o.Kind == "event_record" && *o.Event == *n.Event {
+				rec = j
+			}
+		}
+		if n.Stream != cuda.HostStream && base.Nodes[rec].Stream != cuda.HostStream {
+			continue
+		}
+		planted++
+		p := load(t, dir)
+		renumber(p, i)
+		err := check(t, dir, p)
+		require.ErrorContains(t, err, "race:", "dropping the wait at node %d", i)
+		require.ErrorContains(t, err, "host function", "dropping the wait at node %d", i)
+	}
+	require.Positive(t, planted)
+	t.Logf("%d host functions, %d host_param buffers, %d waits planted", r.HostCalls, hostParams, planted)
+}

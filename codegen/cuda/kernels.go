@@ -51,6 +51,9 @@ type stageKernel struct {
 	ptrs    []*pointerArg
 	threads int64
 	source  string
+	// host makes a C function that loops over the points on the host
+	// (an optimizer update of offloaded parameters) instead of a kernel.
+	host bool
 }
 
 // cw writes the C body of one kernel.
@@ -523,10 +526,17 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		params = append(params, "long long "+name)
 	}
 	w.indent = 1
+	constsBefore := len(consts.defs)
+	if k.host {
+		w.line("for (long long kiln_i = 0; kiln_i < %dLL; ++kiln_i) {", k.threads)
+		w.indent++
+	}
 	w.push()
 	s := k.stage
-	w.line("const long long kiln_i = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
-	w.line("if (kiln_i >= %dLL) return;", k.threads)
+	if !k.host {
+		w.line("const long long kiln_i = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+		w.line("if (kiln_i >= %dLL) return;", k.threads)
+	}
 	rest := "kiln_i"
 	for i := len(s.Vars) - 1; i >= 0; i-- {
 		name := fmt.Sprintf("v%d", s.Vars[i].ID)
@@ -542,7 +552,11 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	}
 	outKind := loops.ComputeKind(s.Out.Type.DType)
 	if s.Guard != nil {
-		w.line("if (!(%s)) return;", w.expr(s.Guard))
+		if k.host {
+			w.line("if (!(%s)) continue;", w.expr(s.Guard))
+		} else {
+			w.line("if (!(%s)) return;", w.expr(s.Guard))
+		}
 	}
 	var value string
 	if m := s.Matmul; m != nil {
@@ -573,8 +587,9 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	switch {
 	case !s.Accumulate:
 		w.line("%s[%s] = %s;", out, at, toStorage(value, d))
-	case s.Index == nil || s.Matmul != nil:
-		// Each thread owns its element: a plain read-modify-write.
+	case s.Index == nil || s.Matmul != nil || k.host:
+		// Each thread owns its element (or one host thread runs them
+		// all): a plain read-modify-write.
 		old := w.tmp()
 		w.line("const %s %s = %s;", cType(outKind), old, w.load(s.Out, idx))
 		w.line("%s[%s] = %s;", out, at, toStorage(w.binary(scalar.Add, outKind, old, value), d))
@@ -590,6 +605,13 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		return "", fmt.Errorf("the CUDA backend cannot accumulate into %s", d)
 	}
 	w.pop()
+	if k.host {
+		w.indent--
+		w.line("}")
+		if len(w.consts.defs) > constsBefore {
+			return "", fmt.Errorf("host function %s reads a constant table, which lives in device memory", k.name)
+		}
+	}
 	if w.err != nil {
 		return "", fmt.Errorf("kernel %s: %v", k.name, w.err)
 	}
@@ -612,6 +634,10 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		ext = append(ext, strconv.FormatInt(e, 10))
 	}
 	contract := fmt.Sprintf("// kiln launch: threads=%d bytes=%s modes=%s outer=%s\n", k.threads, strings.Join(bytes, ","), strings.Join(modes, ","), strings.Join(ext, ","))
+	if k.host {
+		contract = strings.Replace(contract, "kiln launch", "kiln host", 1)
+		return contract + fmt.Sprintf("extern \"C\" void %s(%s) {\n%s}\n", k.name, strings.Join(params, ", "), w.b.String()), nil
+	}
 	return contract + fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
 }
 

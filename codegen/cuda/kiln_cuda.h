@@ -1,7 +1,8 @@
 // kiln_cuda.h: what Kiln's generated kernels.cu needs from CUDA. Under
 // nvcc (or clang with the CUDA headers) it is the real runtime; for a
 // syntax check without them (clang -x cuda -nocudainc -nocudalib
-// -fsyntax-only) it declares the few builtins the kernels use.
+// -fsyntax-only) it declares the few builtins the kernels use (the math
+// functions for the host too: host functions update offloaded parameters).
 #ifndef KILN_CUDA_H
 #define KILN_CUDA_H
 
@@ -18,36 +19,36 @@ extern const __device__ uint3 threadIdx;
 extern const __device__ uint3 blockIdx;
 extern const __device__ dim3 blockDim;
 extern "C" {
-__device__ float sqrtf(float);
-__device__ float expf(float);
-__device__ float logf(float);
-__device__ float tanhf(float);
-__device__ float erff(float);
-__device__ float powf(float, float);
-__device__ float fmodf(float, float);
-__device__ float fabsf(float);
-__device__ float expm1f(float);
-__device__ float log1pf(float);
-__device__ float floorf(float);
-__device__ float ceilf(float);
-__device__ float rintf(float);
-__device__ float sinf(float);
-__device__ float cosf(float);
-__device__ double sqrt(double);
-__device__ double exp(double);
-__device__ double log(double);
-__device__ double tanh(double);
-__device__ double erf(double);
-__device__ double pow(double, double);
-__device__ double fmod(double, double);
-__device__ double fabs(double);
-__device__ double expm1(double);
-__device__ double log1p(double);
-__device__ double floor(double);
-__device__ double ceil(double);
-__device__ double rint(double);
-__device__ double sin(double);
-__device__ double cos(double);
+__host__ __device__ float sqrtf(float);
+__host__ __device__ float expf(float);
+__host__ __device__ float logf(float);
+__host__ __device__ float tanhf(float);
+__host__ __device__ float erff(float);
+__host__ __device__ float powf(float, float);
+__host__ __device__ float fmodf(float, float);
+__host__ __device__ float fabsf(float);
+__host__ __device__ float expm1f(float);
+__host__ __device__ float log1pf(float);
+__host__ __device__ float floorf(float);
+__host__ __device__ float ceilf(float);
+__host__ __device__ float rintf(float);
+__host__ __device__ float sinf(float);
+__host__ __device__ float cosf(float);
+__host__ __device__ double sqrt(double);
+__host__ __device__ double exp(double);
+__host__ __device__ double log(double);
+__host__ __device__ double tanh(double);
+__host__ __device__ double erf(double);
+__host__ __device__ double pow(double, double);
+__host__ __device__ double fmod(double, double);
+__host__ __device__ double fabs(double);
+__host__ __device__ double expm1(double);
+__host__ __device__ double log1p(double);
+__host__ __device__ double floor(double);
+__host__ __device__ double ceil(double);
+__host__ __device__ double rint(double);
+__host__ __device__ double sin(double);
+__host__ __device__ double cos(double);
 }
 __device__ float atomicAdd(float *, float);
 __device__ double atomicAdd(double *, double);

@@ -102,7 +102,9 @@ type Stream struct {
 }
 
 // Node is one entry of the plan, in issue order. Kind is "kernel",
-// "copy", "collective", "event_record" or "event_wait". Deps are the
+// "copy", "collective", "host" (a C function of kernels.cu called on the
+// host, with pointers into host memory), "event_record" or
+// "event_wait". Deps are the
 // nodes it waits for: the previous node on its stream, and for an event
 // wait the record.
 type Node struct {
@@ -153,8 +155,12 @@ var (
 	ncclReduces = map[string]string{"sum": "ncclSum", "max": "ncclMax", "min": "ncclMin"}
 )
 
-// CommStream is the stream collectives run on.
-const CommStream = 2
+// CommStream is the stream collectives run on; HostStream the one that
+// runs the host functions of updates to offloaded parameters.
+const (
+	CommStream = 2
+	HostStream = 3
+)
 
 // KArg is a kernel argument: a pointer into a buffer or an i64 scalar.
 type KArg struct {
@@ -187,11 +193,6 @@ const Arch = "sm_80"
 func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	if _, ok := f.Attrs["arena"]; !ok {
 		return nil, fmt.Errorf("@%s has no arena offsets (run the assign pass first)", f.Name)
-	}
-	for _, a := range f.Args {
-		if ir.HostArg(a) {
-			return nil, fmt.Errorf("argument %s is held in host memory (swap offloaded it), and launch plans do not run optimizer updates on the host yet: give swap{params=false} (kiln compile --target cuda does)", a.Ref())
-		}
 	}
 	prog, err := loops.Lower(f)
 	if err != nil {
@@ -233,6 +234,7 @@ type planner struct {
 	kernels   []string       // kernel sources in order
 	kernelSrc map[string]bool
 	raw       []Node // nodes before events
+	host      bool   // the op being planned runs on the host (ir.OnHost)
 }
 
 // buffers lists the liveness buffers: arguments, arena and host.
@@ -256,7 +258,11 @@ func (b *planner) buffers() {
 	for _, a := range f.Args {
 		lb := b.info.BufferOf[a]
 		if a.Arg.Kind == ir.ArgParam || a.Arg.Kind == ir.ArgState {
-			id := add(lb, "param", params, 0)
+			space := "param"
+			if ir.HostArg(a) {
+				space = "host_param" // pinned host memory (offloaded)
+			}
+			id := add(lb, space, params, 0)
 			b.plan.Params = append(b.plan.Params, Binding{Name: a.Name, Buffer: id})
 			params++
 		} else {
@@ -306,6 +312,7 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		if k == nil {
 			continue // a view: no memory, no launch
 		}
+		b.host = ir.OnHost(op)
 		// The kernel's workspace sits after the arena, one temp after
 		// another; kernels run one at a time on the compute stream.
 		temps := map[string]int64{}
@@ -331,13 +338,16 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		launched[len(launched)-1].Last = true
 		per := 0.0
 		for _, n := range launched {
-			if n.Kind == "kernel" {
+			if n.Kind == "kernel" || n.Kind == "host" {
 				per++
 			}
 		}
 		for j := range launched {
-			if launched[j].Kind == "kernel" { // a collective has its own time
+			switch launched[j].Kind { // a collective has its own time
+			case "kernel":
 				launched[j].Seconds = b.dev.KernelSeconds(int64(float64(c.FLOPs)/per), int64(float64(c.BytesRead+c.BytesWritten)/per))
+			case "host":
+				launched[j].Seconds = b.dev.OpSeconds(op) / per
 			}
 		}
 	}
@@ -398,7 +408,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 			for _, e := range st.Extents {
 				threads *= e
 			}
-			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st), threads: threads}
+			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st), threads: threads, host: b.host}
 			if !b.kernelSrc[name] {
 				src, err := kernelSource(sk, b.consts)
 				if err != nil {
@@ -411,6 +421,15 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				continue
 			}
 			n := Node{Kind: "kernel", Stream: 0, Op: op, Kernel: name, Grid: &[3]int{int((threads + BlockSize - 1) / BlockSize), 1, 1}, Block: &[3]int{BlockSize, 1, 1}}
+			if b.host {
+				// A C function the runtime calls on the host stream, in
+				// order with the copies and kernels its events name.
+				for len(b.plan.Streams) <= HostStream {
+					id := len(b.plan.Streams)
+					b.plan.Streams = append(b.plan.Streams, Stream{id, map[int]string{CommStream: "comm", HostStream: "host"}[id]})
+				}
+				n = Node{Kind: "host", Stream: HostStream, Op: op, Kernel: name}
+			}
 			for _, p := range sk.ptrs {
 				mode := "read"
 				switch {
