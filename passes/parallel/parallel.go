@@ -22,7 +22,7 @@ import (
 func init() {
 	passes.MustRegister(passes.Define(passes.Pass{
 		Name:        "parallel",
-		Summary:     "partition a training step over devices: dp = N ranks each take 1/N of the batch and all-reduce the gradients (data parallelism)",
+		Summary:     "partition a training step over devices: dp = N ranks each take 1/N of the batch and all-reduce the gradients (data parallelism, ZeRO); tp = T ranks split MLP blocks' weights (Megatron)",
 		Requires:    []passes.Property{passes.TrainingStep},
 		Excludes:    []passes.Property{passes.Fused, passes.Assigned},
 		Invalidates: []passes.Property{passes.Assigned},
@@ -30,8 +30,8 @@ func init() {
 		for _, f := range m.Funcs {
 			plan := Plan{DP: o.DP, TP: o.TP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
 			if o.Devices > 0 {
-				if o.DP != 1 || o.Zero != 0 {
-					return fmt.Errorf("parallel: give devices (to search) or dp and zero, not both")
+				if o.DP != 1 || o.TP != 1 || o.Zero != 0 {
+					return fmt.Errorf("parallel: give devices (to search) or dp, tp and zero, not both")
 				}
 				best, cands, err := Search(f, o.Devices, o.DeviceMemory.Of(0), plan.Bucket)
 				var lines []string
@@ -61,7 +61,7 @@ type options struct {
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
 	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
 	// Devices asks for the search instead of a plan.
-	Devices      int         `opt:"devices" default:"0" range:"[0,4096]" doc:"search dp (dividing devices) and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp and zero as given)"`
+	Devices      int         `opt:"devices" default:"0" range:"[0,4096]" doc:"search dp (dividing devices), tp and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp, tp and zero as given)"`
 	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
 }
 

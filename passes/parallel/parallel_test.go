@@ -150,7 +150,8 @@ func TestGradientsAllReduceInBuckets(t *testing.T) {
 }
 
 // TestSearchPicksTheFastestPlanThatFits: over 4 devices the search weighs
-// dp = 1, 2, 4 with ZeRO 0 to 3 (9 plans); with no memory limit it takes
+// dp = 1, 2, 4 with ZeRO 0 to 3 and tp dividing what dp leaves (15 plans:
+// the MLP has a block tensor parallelism splits); with no memory limit it takes
 // the fastest; with a limit between the plans' peaks it takes the fastest
 // of those under it; under every peak it says which plan comes closest.
 func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
@@ -160,7 +161,7 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 	before := f.String()
 	best, cands, err := parallel.Search(f, 4, 0, 0)
 	require.NoError(t, err)
-	require.Len(t, cands, 9)
+	require.Len(t, cands, 15)
 	require.Equal(t, before, f.String(), "the search leaves f alone")
 	for _, c := range cands {
 		require.NoError(t, c.Err)
@@ -187,7 +188,7 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 
 func indexOf(cands []parallel.Candidate, p parallel.Plan) int {
 	for i, c := range cands {
-		if c.Plan.DP == p.DP && c.Plan.Zero == p.Zero {
+		if c.Plan.DP == p.DP && c.Plan.TP == p.TP && c.Plan.Zero == p.Zero {
 			return i
 		}
 	}

@@ -22,7 +22,7 @@ type Candidate struct {
 }
 
 func (c Candidate) String() string {
-	name := fmt.Sprintf("dp=%d,zero=%d", c.Plan.DP, c.Plan.Zero)
+	name := c.Plan.String()
 	if c.Err != nil {
 		return name + ": " + c.Err.Error()
 	}
@@ -34,8 +34,10 @@ func (c Candidate) String() string {
 }
 
 // Search weighs the plans that spread f over at most devices ranks with
-// what parallel builds: dp dividing devices (the batch must divide too)
-// and ZeRO stages 0, 2 and 3. It returns the fastest plan in the cost
+// what parallel builds: dp dividing devices (the batch must divide too),
+// tp dividing devices / dp (tensor parallelism needs MLP blocks: a plan
+// it cannot make is listed with its error), and ZeRO stages 0 to 3 with
+// dp > 1. It returns the fastest plan in the cost
 // model whose peak fits memory per device (0: any), ties going to the
 // smaller peak, and every candidate it weighed. f is unchanged.
 func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, error) {
@@ -44,19 +46,16 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 		if devices%dp != 0 {
 			continue
 		}
-		for _, zero := range []int{0, 1, 2, 3} {
-			if dp == 1 && zero > 0 {
+		for tp := 1; tp <= devices/dp; tp++ {
+			if (devices/dp)%tp != 0 {
 				continue
 			}
-			c := Candidate{Plan: Plan{DP: dp, Zero: zero, Bucket: bucket}}
-			g := f.Clone()
-			if _, c.Err = Partition(g, c.Plan); c.Err == nil {
-				c.Peak = liveness.Analyze(g).Peak
-				fuse.Fuse(g, fuse.Options{MultiOutput: true})
-				c.Seconds = costmodel.Default.Simulate(g).Seconds
-				c.Fits = memory <= 0 || c.Peak <= memory
+			for _, zero := range []int{0, 1, 2, 3} {
+				if dp == 1 && zero > 0 {
+					continue
+				}
+				cands = append(cands, weigh(f, Plan{DP: dp, TP: tp, Zero: zero, Bucket: bucket}, memory))
 			}
-			cands = append(cands, c)
 		}
 	}
 	best := -1
@@ -83,4 +82,23 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 	return cands[best].Plan, cands, nil
 }
 
-func (p Plan) String() string { return fmt.Sprintf("dp=%d,zero=%d", p.DP, p.Zero) }
+// weigh partitions a copy of f by p and measures a rank's peak and step
+// time.
+func weigh(f *ir.Func, p Plan, memory int64) Candidate {
+	c := Candidate{Plan: p}
+	g := f.Clone()
+	if _, c.Err = Partition(g, p); c.Err == nil {
+		c.Peak = liveness.Analyze(g).Peak
+		fuse.Fuse(g, fuse.Options{MultiOutput: true})
+		c.Seconds = costmodel.Default.Simulate(g).Seconds
+		c.Fits = memory <= 0 || c.Peak <= memory
+	}
+	return c
+}
+
+func (p Plan) String() string {
+	if p.TP > 1 {
+		return fmt.Sprintf("dp=%d,tp=%d,zero=%d", p.DP, p.TP, p.Zero)
+	}
+	return fmt.Sprintf("dp=%d,zero=%d", p.DP, p.Zero)
+}
