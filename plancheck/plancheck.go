@@ -283,6 +283,19 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			if n.Kind == "copy" && (n.Src == nil || n.Dst == nil) {
 				return fmt.Errorf("node %d: a copy needs src and dst", i)
 			}
+			if n.Kind == "copy" {
+				break
+			}
+			// A host function dereferences host pointers only, a kernel
+			// device pointers only.
+			for _, a := range accesses(n) {
+				if a.Buffer < 0 || a.Buffer >= len(p.Buffers) {
+					continue // reported with the accesses
+				}
+				if b := p.Buffers[a.Buffer]; (b.Space == "host" || b.Space == "host_param") != (n.Kind == "host") {
+					return fmt.Errorf("node %d: %s gets a pointer to %s, in %s memory", i, describe(p, n), b.Values[0], b.Space)
+				}
+			}
 		case "collective":
 			if err := collectiveNode(p, f, i, n); err != nil {
 				return err

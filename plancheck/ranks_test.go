@@ -160,4 +160,26 @@ func TestOffloadedParametersReplay(t *testing.T) {
 	}
 	require.Positive(t, planted)
 	t.Logf("%d host functions, %d host_param buffers, %d waits planted", r.HostCalls, hostParams, planted)
+
+	// A parameter moved back to device memory while a host function still
+	// updates it: the host would dereference a device pointer.
+	p := load(t, dir)
+	moved := -1
+	for _, n := range p.Nodes {
+		if n.Kind == "host" {
+			moved = n.Args[0].Pointer.Buffer
+			break
+		}
+	}
+	require.GreaterOrEqual(t, moved, 0)
+	require.Equal(t, "host_param", p.Buffers[moved].Space)
+	p.Buffers[moved].Space = "param"
+	for _, n := range p.Nodes {
+		for _, a := range n.Args {
+			if a.Pointer != nil && a.Pointer.Buffer == moved {
+				a.Pointer.Space = "param"
+			}
+		}
+	}
+	require.ErrorContains(t, check(t, dir, p), "in param memory")
 }

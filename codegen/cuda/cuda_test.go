@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,10 +14,12 @@ import (
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/parser"
 	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/precision"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
 	"github.com/kiln-compiler/kiln/passes/swap"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -26,7 +29,16 @@ import (
 // temporary directory.
 func compile(t *testing.T, model, pipeline string) (string, *cuda.Output, *ir.Module) {
 	t.Helper()
-	m, err := onnx.ImportFile(model, onnx.Options{})
+	var m *ir.Module
+	var err error
+	if strings.HasSuffix(model, ".kir") {
+		var src []byte
+		src, err = os.ReadFile(model)
+		require.NoError(t, err)
+		m, err = parser.Parse(model, string(src))
+	} else {
+		m, err = onnx.ImportFile(model, onnx.Options{})
+	}
 	require.NoError(t, err)
 	passtest.Run(t, m, pipeline)
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
@@ -54,17 +66,27 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 	if clang == "" {
 		t.Skip("clang is not installed (.ci/run installs clang-14)")
 	}
-	for _, c := range []struct{ model, pipeline string }{
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.9,params=false},assign"},
-		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.7,params=false},assign"},
+	for _, c := range []struct {
+		model, pipeline string
+		host            bool // the plan calls host functions
+	}{
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.9,params=false},assign", false},
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.7,params=false},assign", false},
 		// Parameters and moments in host memory: host functions run the updates.
-		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign"},
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true},
+		// ... with bf16 copies of f32 master weights: the host functions
+		// convert between the encodings.
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true},
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=f16,loss-scale=1024},optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.75},assign", true},
+		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", true},
 	} {
 		dir, _, _ := compile(t, c.model, c.pipeline)
+		src, err := os.ReadFile(filepath.Join(dir, "kernels.cu"))
+		require.NoError(t, err)
+		require.Equal(t, c.host, strings.Contains(string(src), "// kiln host:"), "%s: host functions in kernels.cu", c.pipeline)
 		cmd := exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version", filepath.Join(dir, "kernels.cu"))
 		outb, err := cmd.CombinedOutput()
 		if err != nil {
-			src, _ := os.ReadFile(filepath.Join(dir, "kernels.cu"))
 			if len(src) > 4000 {
 				src = src[:4000]
 			}

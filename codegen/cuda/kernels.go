@@ -65,6 +65,7 @@ type cw struct {
 	vars   map[*loops.Var]string
 	ptrs   map[bufKey]string
 	consts *constTable
+	host   bool // writing a host function: no device-only state
 	err    error
 }
 
@@ -238,6 +239,10 @@ func (w *cw) emit(x loops.Expr) string {
 	case *loops.Mix:
 		return w.def(loops.I64, "kiln_mix("+w.expr(x.X)+")")
 	case *loops.Checked:
+		if w.host {
+			// kiln_status lives in device memory.
+			w.fail(fmt.Errorf("a host function cannot check an index (its status flag lives on the device)"))
+		}
 		w.line("if (!(%s)) kiln_status = %d;", w.expr(x.Cond), loops.StatusIndexOutOfRange)
 		return w.expr(x.X)
 	case *loops.Guarded:
@@ -505,7 +510,7 @@ func f16Bits(v float64, d ir.DType) uint16 {
 
 // kernelSource writes the CUDA C of one stage.
 func kernelSource(k *stageKernel, consts *constTable) (string, error) {
-	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts}
+	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host}
 	var params []string
 	for i, p := range k.ptrs {
 		name := fmt.Sprintf("b%d", i)

@@ -64,27 +64,27 @@ __device__ unsigned int atomicCAS(unsigned int *, unsigned int, unsigned int);
 __device__ int kiln_status;
 
 // The bits of a float, and back.
-__device__ static inline unsigned int kiln_bits(float f) {
+__host__ __device__ static inline unsigned int kiln_bits(float f) {
   union { float f; unsigned int u; } c;
   c.f = f;
   return c.u;
 }
-__device__ static inline float kiln_float(unsigned int u) {
+__host__ __device__ static inline float kiln_float(unsigned int u) {
   union { float f; unsigned int u; } c;
   c.u = u;
   return c.f;
 }
 
 // bfloat16: the high half of a float, rounded to nearest even.
-__device__ static inline float kiln_bf16_to_f32(unsigned short h) { return kiln_float((unsigned int)h << 16); }
-__device__ static inline unsigned short kiln_f32_to_bf16(float f) {
+__host__ __device__ static inline float kiln_bf16_to_f32(unsigned short h) { return kiln_float((unsigned int)h << 16); }
+__host__ __device__ static inline unsigned short kiln_f32_to_bf16(float f) {
   unsigned int u = kiln_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 // IEEE half, rounded to nearest even (subnormals included).
-__device__ static inline float kiln_f16_to_f32(unsigned short h) {
+__host__ __device__ static inline float kiln_f16_to_f32(unsigned short h) {
   unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
   if (exp == 0x1fu) return kiln_float(sign | 0x7f800000u | (man << 13));
   if (exp == 0) {
@@ -93,7 +93,7 @@ __device__ static inline float kiln_f16_to_f32(unsigned short h) {
   }
   return kiln_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
-__device__ static inline unsigned short kiln_f32_to_f16(float f) {
+__host__ __device__ static inline unsigned short kiln_f32_to_f16(float f) {
   unsigned int u = kiln_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
   if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // rounds to infinity
@@ -126,7 +126,7 @@ __device__ static inline void kiln_atomic_add_16(unsigned short *p, float v, boo
 
 // Float to int64 as Kiln's Convert defines it: truncation toward zero,
 // saturating at the int64 range, NaN to 0.
-__device__ static inline long long kiln_f2ll(double x) {
+__host__ __device__ static inline long long kiln_f2ll(double x) {
   if (x != x) return 0;
   if (x >= 9223372036854775808.0) return 9223372036854775807LL;
   if (x <= -9223372036854775808.0) return -9223372036854775807LL - 1;
@@ -135,7 +135,7 @@ __device__ static inline long long kiln_f2ll(double x) {
 
 // Integer a^b as Kiln's Pow defines it: by squaring, wrapping; for b < 0
 // the truncated 1/a^-b.
-__device__ static inline long long kiln_ipow(long long a, long long b) {
+__host__ __device__ static inline long long kiln_ipow(long long a, long long b) {
   if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
   unsigned long long r = 1, x = (unsigned long long)a;
   for (unsigned long long n = (unsigned long long)b; n; n >>= 1) {
@@ -146,7 +146,7 @@ __device__ static inline long long kiln_ipow(long long a, long long b) {
 }
 
 // SplitMix64's finaliser: dropout's counter-based random numbers.
-__device__ static inline long long kiln_mix(long long x) {
+__host__ __device__ static inline long long kiln_mix(long long x) {
   unsigned long long z = (unsigned long long)x + 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

@@ -441,6 +441,9 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				var a *Access
 				var err error
 				if p.buf.Storage == loops.Temp {
+					if b.host {
+						return fmt.Errorf("%s runs on the host, but its stage %s needs a temporary, and temporaries live in the device workspace", k.Name, name)
+					}
 					id := b.byName[k.Name+"."+p.buf.Name]
 					a = &Access{Buffer: id, Space: "device", Offset: temps[p.buf.Name], SizeBytes: p.size, Mode: mode}
 				} else {

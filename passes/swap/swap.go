@@ -198,6 +198,11 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 		target = budget
 	}
 	for round := 0; round < 8; round++ {
+		if target <= 0 {
+			restore()
+			return res, fmt.Errorf("@%s: the device budget of %s (%d bytes) leaves no room for tensors: the kernels' workspace takes %d bytes of it and packing the arena %d more",
+				f.Name, memreport.Human(budget), budget, ws, max(0, budget-ws-target))
+		}
 		if err := s.lower(target); err != nil {
 			restore()
 			return res, err
