@@ -277,7 +277,7 @@ func equalsOneDeviceWithin(t *testing.T, m *ir.Module, pipe, spec string, seed u
 // parallel test (partial products summed in another order, f64): 1e-12.
 func TestTensorParallelEqualsOneDevice(t *testing.T) {
 	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
-	for name, src := range map[string]string{"mlp": models["mlp"], "blocks": blocks} {
+	for name, src := range map[string]string{"mlp": models["mlp"], "blocks": blocks, "expanded": expandBiases(t, blocks)} {
 		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean},optimizer{kind=adam}", "autodiff{loss=sum},optimizer{kind=momentum,placement=end}"} {
 			for _, spec := range []string{"tp=2", "tp=4", "dp=2,tp=2", "dp=2,tp=2,zero=1", "dp=2,tp=2,zero=2", "dp=2,tp=2,zero=3", "dp=2,tp=2,bucket=0"} {
 				t.Run(fmt.Sprintf("%s/%s/%s", name, pipe, spec), func(t *testing.T) {
@@ -292,6 +292,17 @@ func TestTensorParallelEqualsOneDevice(t *testing.T) {
 	}
 }
 
+// expandBiases broadcasts the first linear biases of the MLP blocks by
+// expand: to the whole activation, and to a shape with ones before the
+// split dimension.
+func expandBiases(t *testing.T, blocks string) string {
+	expanded := strings.NewReplacer(
+		"%hb1 = add(%h1, %b1)", "%e1 = expand(%b1) {shape = [4, 5, 16]} : f64[4,5,16]\n  %hb1 = add(%h1, %e1)",
+		"%hb2 = add(%h2, %b3)", "%e3 = expand(%b3) {shape = [1, 1, 16]} : f64[1,1,16]\n  %hb2 = add(%h2, %e3)").Replace(blocks)
+	require.NotEqual(t, blocks, expanded)
+	return expanded
+}
+
 // TestTensorParallelIsMegatron: on two MLP blocks with Adam, tp=2 splits
 // W1 (and b1) by columns and W2 by rows, and communicates exactly as
 // Megatron-LM does: one all_reduce per block forward (after the row
@@ -299,7 +310,14 @@ func TestTensorParallelEqualsOneDevice(t *testing.T) {
 // and nothing else; each rank holds half of the split weights and their
 // moments.
 func TestTensorParallelIsMegatron(t *testing.T) {
-	m := passtest.Parse(t, passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir"))
+	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
+	for _, src := range []string{blocks, expandBiases(t, blocks)} {
+		isMegatron(t, src)
+	}
+}
+
+func isMegatron(t *testing.T, src string) {
+	m := passtest.Parse(t, src)
 	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
 	whole := passtest.Clone(t, m).Funcs[0]
 	passtest.Run(t, m, "parallel{tp=2}")

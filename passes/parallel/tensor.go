@@ -57,7 +57,7 @@ func tensorParallel(f *ir.Func, n, stride int64) (int, error) {
 // keep that dimension last); where one of them is
 // multiplied by a 2-D parameter W2 over that dimension, W1 splits by
 // columns, W2 by rows, and each 1-D parameter of that length added on the
-// way (a bias) with W1. It maps each weight to the dimension it splits.
+// way (a bias, perhaps through expand) with W1. It maps each weight to the dimension it splits.
 func megatronSplits(f *ir.Func, n int64) map[*ir.Value]int {
 	bwd := backwardOps(f)
 	users := map[*ir.Value][]*ir.Op{}
@@ -126,6 +126,10 @@ func megatronSplits(f *ir.Func, n int64) map[*ir.Value]int {
 					continue
 				}
 				for _, x := range u.Operands {
+					// A bias, perhaps broadcast by expand first.
+					for x.Def != nil && x.Def.Kind == "expand" {
+						x = x.Def.Operands[0]
+					}
 					if isParam(x, 1) && x.Type.Shape[0] == width {
 						biases = append(biases, x)
 					}
@@ -329,6 +333,8 @@ func (tp *tensorRewrite) rule(op *ir.Op, in []*ir.Value, st []sharding) (shardin
 		return tp.reshape(op, in, st)
 	case op.Kind == "reduce_sum" || op.Kind == "sum_to":
 		return tp.sum(op, in, st)
+	case op.Kind == "expand":
+		return tp.expand(op, in, st)
 	case elementwiseClass(d) && len(op.Results) == 1 && !isRandom(op):
 		return tp.elementwise(op, in, st)
 	}
@@ -336,9 +342,37 @@ func (tp *tensorRewrite) rule(op *ir.Op, in []*ir.Value, st []sharding) (shardin
 }
 
 // elementwiseClass reports whether ops of d compute each result element
-// from the operands' elements at its position (broadcasting).
+// from the operands' elements at its position, broadcasting them aligned
+// at the right as numpy does. batch_norm_infer aligns its statistics
+// with the channel axis instead, and expand's shape attribute names the
+// whole result: neither is one.
 func elementwiseClass(d *ir.OpDef) bool {
-	return d.Fusion == ir.Elementwise || d.Fusion == ir.Broadcast
+	return d.Fusion == ir.Elementwise || d.Fusion == ir.Broadcast && d.Name != "batch_norm_infer" && d.Name != "expand"
+}
+
+// expand keeps a broadcast local when its operand's split dimension is
+// not one it broadcasts: the rank's part broadcasts to its part of the
+// result.
+func (tp *tensorRewrite) expand(op *ir.Op, in []*ir.Value, st []sharding) (sharding, ir.Attrs, bool) {
+	s := st[0]
+	if s.partial {
+		return replicated, nil, false
+	}
+	out := op.Results[0].Type.Shape
+	dim := s.dim + len(out) - in[0].Type.Rank()
+	if op.Operands[0].Type.Shape[s.dim] != out[dim] {
+		return replicated, nil, false
+	}
+	shape := op.Attr().Ints("shape")
+	at := dim - (len(out) - len(shape))
+	attrs := op.Attrs
+	if at >= 0 && shape[at] != 1 {
+		local := slices.Clone(shape)
+		local[at] /= tp.n
+		attrs = op.Attrs.Clone()
+		attrs["shape"] = ir.IntsAttr(local...)
+	}
+	return sharding{dim: dim}, attrs, true
 }
 
 // isRandom reports whether op draws random numbers (a mask of its own
