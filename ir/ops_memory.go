@@ -20,7 +20,7 @@ func HostResult(v *Value) bool {
 // swap_in; an optimizer update that reads only host values runs on the
 // host (OnHost).
 func HostArg(v *Value) bool {
-	return v != nil && v.Arg != nil && v.Arg.Attrs["host"].Kind == AttrBool && v.Arg.Attrs["host"].Bool
+	return v != nil && v.Arg != nil && (v.Arg.Kind == ArgParam || v.Arg.Kind == ArgState) && v.Arg.Attrs["host"].Kind == AttrBool && v.Arg.Attrs["host"].Bool
 }
 
 // InHost reports whether v lives in host memory: a swap_out result or a

@@ -188,7 +188,7 @@ func Build(f *ir.Func, passes []Pass) *Report {
 	}
 	r.BytesByDType = map[string]int64{}
 	for _, b := range info.Buffers {
-		if b.Arg && !b.Host || (info.PeakAt >= 0 && b.Start <= info.PeakAt && info.PeakAt <= b.End) {
+		if !b.Host && (b.Arg || info.PeakAt >= 0 && b.Start <= info.PeakAt && info.PeakAt <= b.End) {
 			r.BytesByDType[b.Root().Type.DType.String()] += b.Size
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes"
@@ -171,6 +172,10 @@ func TestSwapOffloadsParametersAndState(t *testing.T) {
 				was := liveness.Analyze(before.Funcs[0])
 				require.Equal(t, was.ParamBytes+was.StateBytes+was.InputBytes, info.ParamBytes+info.StateBytes+info.InputBytes+info.HostArgBytes, name)
 				require.NoError(t, liveness.CheckOffsets(f), name)
+				// The report's bytes by dtype are the device's.
+				rep := memreport.Build(f, nil)
+				require.Equal(t, info.HostArgBytes, rep.OffloadedBytes, name)
+				require.LessOrEqual(t, rep.BytesByDType["f64"], rep.PlannedBytes, "%s: the bytes by dtype count host memory", name)
 				passtest.Equivalent(t, before.Funcs[0], f, 0)
 				t.Logf("%s: %d of %d arguments offloaded (%d bytes), %d updates on the host; device %d -> %d bytes (budget %d)", name, len(hosted), len(f.Args), info.HostArgBytes, onHost, device, got, budget)
 			}
@@ -231,7 +236,7 @@ func TestVerifierRejectsHostReads(t *testing.T) {
 		`func @f(%x: f32[4] {host = true}) -> (f32[4]) {
   %y = swap_in(%x) : f32[4]
   return %y
-}`: "argument %x: host must be true or false, on a param or state argument",
+}`: "argument %x: only parameters and optimizer state live in host memory",
 		`func @f(%w: f32[4] {param, host = 1}) -> (f32[4]) {
   %y = swap_in(%w) : f32[4]
   return %y
