@@ -330,6 +330,23 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 		}
 		prev[n.Stream] = i
 	}
+	// Each op's results are complete at its last node, which alone is
+	// marked last_of_op: the replay checks them there.
+	lastOf := map[int]int{}
+	for i, n := range p.Nodes {
+		if n.Kind == "event_record" || n.Kind == "event_wait" {
+			continue
+		}
+		if j, ok := lastOf[n.Op]; ok && p.Nodes[j].Last {
+			return fmt.Errorf("node %d: %s follows node %d, which is marked as the last of op %d", i, describe(p, n), j, n.Op)
+		}
+		lastOf[n.Op] = i
+	}
+	for i, n := range p.Nodes {
+		if lastOf[n.Op] == i && !n.Last && n.Kind != "event_record" && n.Kind != "event_wait" {
+			return fmt.Errorf("node %d: the last node of op %d is not marked last_of_op", i, n.Op)
+		}
+	}
 	return nil
 }
 

@@ -163,11 +163,11 @@ func TestPlantedBugsAreCaught(t *testing.T) {
 	p = load(t, dir)
 	for i := len(p.Nodes) - 1; i >= 0; i-- {
 		if p.Nodes[i].Kind == "kernel" && p.Nodes[i].Last && len(p.Nodes[i].Args) > 0 {
-			p.Nodes[i].Last = false // its op never runs: its results stay stale
+			p.Nodes[i].Last = false // the replay would never check its op's results
 			break
 		}
 	}
-	require.ErrorContains(t, check(t, dir, p), "differs from the interpreter")
+	require.ErrorContains(t, check(t, dir, p), "is not marked last_of_op")
 }
 
 // TestTimelineJSON: the simulated timeline has a span per launch and

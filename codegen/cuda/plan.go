@@ -501,7 +501,7 @@ func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temp
 	} else {
 		c.Reduce = ""
 	}
-	b.raw = append(b.raw, Node{Kind: "collective", Stream: CommStream, Op: op, Src: src, Dst: dst, Collective: c, Last: true,
+	b.raw = append(b.raw, Node{Kind: "collective", Stream: CommStream, Op: op, Src: src, Dst: dst, Collective: c,
 		Seconds: b.dev.CollectiveSeconds(st.Kind, src.SizeBytes, st.Size)})
 	return nil
 }

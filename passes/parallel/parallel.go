@@ -84,6 +84,16 @@ func (p Plan) Ranks() int { return max(1, p.DP) * max(1, p.TP) }
 // Partition rewrites f into the SPMD step of one rank of p and marks it
 // with the number of ranks (attribute ranks). On error f is unchanged.
 func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
+	g := f.Clone()
+	st, err := partition(g, p)
+	if err == nil {
+		*f = *g
+	}
+	return st, err
+}
+
+// partition is Partition, leaving f half rewritten on error.
+func partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	if p.DP < 1 {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
 	}
@@ -102,7 +112,6 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: microbatches with tensor parallelism are not built", p.TP)
 		}
 		if _, err := tensorParallel(f, tp, 1); err != nil {
-			delete(f.Attrs, "ranks")
 			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: %v", p.TP, err)
 		}
 		if p.DP == 1 {

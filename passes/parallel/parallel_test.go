@@ -364,3 +364,21 @@ func TestTensorParallelOnAPyTorchExport(t *testing.T) {
 	require.Equal(t, 4, n)
 	require.Equal(t, 4, equalsOneDeviceWithin(t, load(), "autodiff{loss=sum},optimizer{kind=adam}", "dp=2,tp=2,zero=2", 3, 1e-5))
 }
+
+// TestPartitionLeavesFAloneOnError: a plan that fails after tensor
+// parallelism rewrote the step (a batch of 4 that dp=3 cannot divide)
+// leaves the step as it was, ranks attribute included.
+func TestPartitionLeavesFAloneOnError(t *testing.T) {
+	m := passtest.Parse(t, passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir"))
+	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
+	f := m.Funcs[0]
+	before := f.String()
+	for _, p := range []parallel.Plan{{DP: 3, TP: 2}, {DP: 1, TP: 3}, {DP: 2, TP: 2, Zero: 2, Microbatches: 3}} {
+		_, err := parallel.Partition(f, p)
+		require.Error(t, err, "%+v", p)
+		require.Equal(t, before, f.String(), "%+v: %v", p, err)
+	}
+	_, err := parallel.Partition(f, parallel.Plan{DP: 2, TP: 2, Zero: 2})
+	require.NoError(t, err)
+	require.NotEqual(t, before, f.String())
+}
