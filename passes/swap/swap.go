@@ -67,7 +67,7 @@ type options struct {
 	DeviceBudget passes.Size `opt:"device-budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction, of the device memory when the pass starts (0.5): the arguments on the device, the arena and the kernels' workspace after it"`
 	Recompute    bool        `opt:"recompute" default:"true" doc:"also consider recomputing each tensor, and take whichever costs less time"`
 	Peak         bool        `opt:"peak" default:"false" doc:"bound the peak of the bytes live on the device, as remat{budget} does (no workspace, no packing losses), instead of the device memory (--budget uses it after remat)"`
-	Params       bool        `opt:"params" default:"true" doc:"also consider holding parameters and their optimizer state in host memory, the updates running on the host (ZeRO-Offload; launch plans cannot run them yet)"`
+	Params       bool        `opt:"params" default:"true" doc:"also consider holding parameters and their optimizer state in host memory, the updates running on the host (ZeRO-Offload); false leaves the arguments and their copies as they are"`
 	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
 	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
 	LinkBW       float64     `opt:"link-bw" default:"25e9" range:"(0,inf)" doc:"host link bytes/s of the cost model (each direction)"`
@@ -349,7 +349,7 @@ func (s *swapper) lower(target int64) error {
 			}
 		}
 		for _, a := range s.f.Args {
-			if ir.HostArg(a) && paramFailedAt[a] != peakOp {
+			if s.params && ir.HostArg(a) && paramFailedAt[a] != peakOp {
 				cands = append(cands, candidate{v: a, swap: true, respread: true, seconds: s.dev.CopySeconds(a.Type.SizeBytes()), freed: a.Type.SizeBytes(), peak: p})
 			}
 		}
