@@ -64,6 +64,9 @@ func (d Device) OpSeconds(op *ir.Op) float64 {
 		size, _ := ir.CollectiveGroup(op)
 		return d.CollectiveSeconds(op.Kind, op.Operands[0].Type.SizeBytes(), size)
 	}
+	if ir.IsPointToPoint(op.Kind) {
+		return d.CollectiveSeconds(op.Kind, ir.P2PBytes(op), 2)
+	}
 	if ir.OnHost(op) {
 		bw := d.HostBW
 		if bw <= 0 {
@@ -106,7 +109,7 @@ func (d Device) CollectiveSeconds(kind string, n, p int64) float64 {
 	case "all_gather":
 		return steps*alpha + steps*bytes/bw
 	}
-	return steps*alpha + bytes/bw
+	return steps*alpha + bytes/bw // a broadcast, or a send or recv (p = 2: α + n/B)
 }
 
 // CollectiveBytes is what one rank sends in a collective of kind over p
@@ -169,9 +172,11 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 			start = max(start, ready[x])
 		}
 		secs := d.OpSeconds(op)
-		if ir.IsCollective(op.Kind) {
-			// Collectives run in order on a stream of their own, each once
-			// its operand is ready; compute goes on until it reads a result.
+		if ir.IsCollective(op.Kind) || ir.IsPointToPoint(op.Kind) {
+			// Collectives (and sends and recvs) run in order on a stream of
+			// their own, each once its operand is ready; compute goes on
+			// until it reads a result. A recv's sender is on another rank:
+			// one function's timeline takes its tensor as sent at once.
 			commFree = max(start, commFree) + secs
 			tl.CommSeconds += secs
 			for _, r := range op.Results {

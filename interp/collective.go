@@ -19,6 +19,94 @@ type comm struct {
 	calls  map[callKey]*call
 	next   map[seqKey]int64 // each rank's count of collectives per group
 	failed error
+	// Sends waiting for their recvs, and the ranks that wait (in a recv
+	// or a collective) or have finished: when all of them do, none can
+	// go on.
+	mail    map[mailKey][]*Tensor
+	waiters map[*func() bool]bool
+	done    int64
+}
+
+// mailKey names the messages from one rank to another with one tag.
+type mailKey struct{ from, to, tag int64 }
+
+// errDeadlock is what every rank of a run returns when they all wait.
+var errDeadlock = errors.New("deadlock: every rank waits for a recv or collective that no rank can reach")
+
+// wait blocks until ready() holds or the run fails, counting the rank
+// as blocked meanwhile; c.mu is held.
+func (c *comm) wait(ready func() bool) error {
+	c.waiters[&ready] = true
+	defer delete(c.waiters, &ready)
+	for !ready() && c.failed == nil {
+		if c.stuck() {
+			c.failed = errDeadlock
+			c.wake.Broadcast()
+			break
+		}
+		c.wake.Wait()
+	}
+	if ready() {
+		return nil
+	}
+	if c.failed == errDeadlock {
+		return errDeadlock
+	}
+	return errOtherRank
+}
+
+// stuck reports whether every rank has finished or waits for what has
+// not come.
+func (c *comm) stuck() bool {
+	if int64(len(c.waiters))+c.done != c.ranks {
+		return false
+	}
+	for w := range c.waiters {
+		if (*w)() {
+			return false
+		}
+	}
+	return true
+}
+
+// finish marks a rank as done.
+func (c *comm) finish() {
+	c.mu.Lock()
+	c.done++
+	c.mu.Unlock()
+	c.wake.Broadcast()
+}
+
+// pointToPoint runs a send or recv of rank rt.rank.
+func pointToPoint(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
+	c := rt.comm
+	a := op.Attr()
+	peer := rt.rank + a.Int("offset")
+	if c == nil || peer < 0 || peer >= c.ranks {
+		n := int64(1)
+		if c != nil {
+			n = c.ranks
+		}
+		return nil, fmt.Errorf("rank %d %ss with rank %d, which is not in this run of %d ranks", rt.rank, op.Kind, peer, n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if op.Kind == "send" {
+		k := mailKey{rt.rank, peer, a.Int("tag")}
+		c.mail[k] = append(c.mail[k], in[0].Clone())
+		c.wake.Broadcast()
+		return nil, nil
+	}
+	k := mailKey{peer, rt.rank, a.Int("tag")}
+	if err := c.wait(func() bool { return len(c.mail[k]) > 0 }); err != nil {
+		return nil, err
+	}
+	x := c.mail[k][0]
+	c.mail[k] = c.mail[k][1:]
+	if !x.Type.Equal(out[0]) {
+		return nil, fmt.Errorf("rank %d receives %s with tag %d from rank %d, which sent %s", rt.rank, out[0], a.Int("tag"), peer, x.Type)
+	}
+	return []*Tensor{x}, nil
 }
 
 // A group is named by its first rank, size and stride; its n-th
@@ -47,7 +135,7 @@ type call struct {
 var errOtherRank = errors.New("another rank failed")
 
 func newComm(ranks int64) *comm {
-	c := &comm{ranks: ranks, calls: map[callKey]*call{}, next: map[seqKey]int64{}}
+	c := &comm{ranks: ranks, calls: map[callKey]*call{}, next: map[seqKey]int64{}, mail: map[mailKey][]*Tensor{}, waiters: map[*func() bool]bool{}}
 	c.wake = sync.NewCond(&c.mu)
 	return c
 }
@@ -99,11 +187,8 @@ func collective(op *ir.Op, x *Tensor, out ir.Type, rt *runtime) (*Tensor, error)
 		cl.done = true
 		c.wake.Broadcast()
 	}
-	for !cl.done && c.failed == nil {
-		c.wake.Wait()
-	}
-	if !cl.done {
-		return nil, errOtherRank
+	if err := c.wait(func() bool { return cl.done }); err != nil {
+		return nil, err
 	}
 	cl.served++
 	if cl.served == int(size) {
@@ -264,6 +349,8 @@ func gatherAll(in []*Tensor, op *ir.Op, out ir.Type) *Tensor {
 }
 
 func init() {
+	kernels["send"] = pointToPoint
+	kernels["recv"] = pointToPoint
 	for _, name := range []string{"all_reduce", "reduce_scatter", "all_gather", "broadcast"} {
 		kernels[name] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 			y, err := collective(op, in[0], out[0], rt)

@@ -105,3 +105,54 @@ func TestCollectiveErrors(t *testing.T) {
 	require.ErrorContains(t, err, "rank 1:")
 	require.ErrorContains(t, err, "out of range")
 }
+
+// TestSendRecv: rank 0 sends two tensors to rank 1 with different tags
+// and rank 1 takes them in the other order; rank 1 sends back the
+// product. A rank that receives what nobody sends, or a different type,
+// is an error, never a hang.
+func TestSendRecv(t *testing.T) {
+	parse := func(src string) *ir.Func {
+		m, err := parser.Parse("t.kir", src)
+		require.NoError(t, err)
+		require.NoError(t, ir.Verify(m))
+		return m.Funcs[0]
+	}
+	first := parse(`func @first(%x: f32[3]) -> (f32[3]) {
+  %y = neg(%x) : f32[3]
+  send(%x) {offset = 1, tag = 1}
+  send(%y) {offset = 1, tag = 2}
+  %p = recv() {offset = 1, tag = 3, shape = [3], dtype = f32} : f32[3]
+  return %p
+}`)
+	second := parse(`func @second(%x: f32[3]) -> (f32[3]) {
+  %b = recv() {offset = -1, tag = 2, shape = [3], dtype = f32} : f32[3]
+  %a = recv() {offset = -1, tag = 1, shape = [3], dtype = f32} : f32[3]
+  %p = mul(%a, %b) : f32[3]
+  send(%p) {offset = -1, tag = 3}
+  return %a
+}`)
+	x := New(first.Args[0].Type)
+	copy(x.F, []float64{1, 2, 3})
+	res, _, err := RunPrograms([]*ir.Func{first, second}, [][]*Tensor{{x}, {New(x.Type)}}, Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{-1, -4, -9}, res[0][0].F)
+	require.Equal(t, []float64{1, 2, 3}, res[1][0].F)
+
+	// Both wait for the other: a deadlock.
+	lonely := parse(`func @lonely(%x: f32[3]) -> (f32[3]) {
+  %p = recv() {offset = 1, tag = 3, shape = [3], dtype = f32} : f32[3]
+  return %p
+}`)
+	_, _, err = RunPrograms([]*ir.Func{lonely, second}, [][]*Tensor{{x}, {New(x.Type)}}, Options{})
+	require.ErrorContains(t, err, "deadlock")
+	// A recv of another type than was sent.
+	wrong := parse(`func @wrong(%x: f32[3]) -> (f32[3]) {
+  %b = recv() {offset = -1, tag = 2, shape = [1, 3], dtype = f32} : f32[1,3]
+  return %x
+}`)
+	_, _, err = RunPrograms([]*ir.Func{first, wrong}, [][]*Tensor{{x}, {New(x.Type)}}, Options{})
+	require.ErrorContains(t, err, "which sent f32[3]")
+	// A peer outside the run.
+	_, _, err = RunRanks(first, [][]*Tensor{{x}}, Options{})
+	require.ErrorContains(t, err, "not in this run of 1 ranks")
+}

@@ -52,7 +52,21 @@ func runFunc(f *ir.Func, args []*Tensor, opt Options) ([]*Tensor, []*Tensor, err
 // it). It returns each rank's results and final arguments; when a rank
 // fails, the error names it.
 func RunRanks(f *ir.Func, args [][]*Tensor, opt Options) ([][]*Tensor, [][]*Tensor, error) {
+	fs := make([]*ir.Func, len(args))
+	for r := range fs {
+		fs[r] = f
+	}
+	return RunPrograms(fs, args, opt)
+}
+
+// RunPrograms is RunRanks where rank r runs fs[r] (the stages of a
+// pipeline): their sends and recvs meet across the ranks, and a run in
+// which every rank waits is an error rather than a hang.
+func RunPrograms(fs []*ir.Func, args [][]*Tensor, opt Options) ([][]*Tensor, [][]*Tensor, error) {
 	n := len(args)
+	if len(fs) != n {
+		return nil, nil, fmt.Errorf("%d programs for %d ranks", len(fs), n)
+	}
 	c := newComm(int64(n))
 	res, final, errs := make([][]*Tensor, n), make([][]*Tensor, n), make([]error, n)
 	var wg sync.WaitGroup
@@ -60,10 +74,11 @@ func RunRanks(f *ir.Func, args [][]*Tensor, opt Options) ([][]*Tensor, [][]*Tens
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[r], final[r], errs[r] = runOn(f, args[r], opt, &runtime{rank: int64(r), comm: c})
+			res[r], final[r], errs[r] = runOn(fs[r], args[r], opt, &runtime{rank: int64(r), comm: c})
 			if errs[r] != nil {
 				c.fail(errs[r])
 			}
+			c.finish()
 		}()
 	}
 	wg.Wait()

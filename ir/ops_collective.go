@@ -135,3 +135,60 @@ func init() {
 		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true, Grad: NoGrad,
 	})
 }
+
+// Point-to-point ops move a tensor between two ranks, as pipeline stages
+// exchange activations and gradients: send gives its operand to rank
+// r+offset, and recv takes the tensor of the given type that rank
+// r+offset sent with the same tag. A send does not wait for its recv (the
+// runtime buffers it); a recv waits for its send. Both are impure.
+
+// IsPointToPoint reports whether kind is send or recv.
+func IsPointToPoint(kind string) bool { return kind == "send" || kind == "recv" }
+
+// P2PBytes is the bytes a send or recv moves.
+func P2PBytes(op *Op) int64 {
+	if op.Kind == "send" {
+		return op.Operands[0].Type.SizeBytes()
+	}
+	return op.Results[0].Type.SizeBytes()
+}
+
+func init() {
+	peer := []AttrSpec{{Name: "offset", Kind: AttrInt, Required: true}, {Name: "tag", Kind: AttrInt, Required: true}}
+	checkPeer := func(a AttrValues) error {
+		if a.Int("offset") == 0 || a.Int("offset") < -MaxRanks || a.Int("offset") > MaxRanks {
+			return fmt.Errorf("offset must name another rank (a nonzero offset of at most %d), got %d", MaxRanks, a.Int("offset"))
+		}
+		if t := a.Int("tag"); t < 0 || t > MaxTag {
+			return fmt.Errorf("tag must be from 0 to %d, got %d", MaxTag, t)
+		}
+		return nil
+	}
+	Register(&OpDef{
+		Name: "send", Summary: "give the tensor to rank r+offset, which takes it with a recv of the same tag; defines nothing",
+		MinOperands: 1, MaxOperands: 1, Attrs: peer,
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			return nil, checkPeer(a)
+		},
+		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true, Grad: NoGrad,
+	})
+	Register(&OpDef{
+		Name: "recv", Summary: "the tensor (of type dtype[shape]) that rank r+offset sent with the same tag",
+		MaxOperands: 0, Attrs: append(append([]AttrSpec(nil), peer...), AttrSpec{Name: "shape", Kind: AttrList, Required: true}, AttrSpec{Name: "dtype", Kind: AttrType, Required: true}),
+		Infer: func(_ []Type, a AttrValues) ([]Type, error) {
+			if err := checkPeer(a); err != nil {
+				return nil, err
+			}
+			s := Shape(a.Ints("shape"))
+			if _, ok := s.NumElements(); !ok {
+				return nil, fmt.Errorf("shape %s is not valid", s)
+			}
+			return []Type{{DType: a.DType("dtype"), Shape: s}}, nil
+		},
+		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true, Grad: NoGrad,
+	})
+}
+
+// MaxTag is the largest tag of a send or recv (MPI guarantees tags up to
+// 32767).
+const MaxTag = 32767

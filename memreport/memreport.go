@@ -120,13 +120,16 @@ func RankOf(f *ir.Func, rep *Report, r int) RankReport {
 		CommBytes: CommBytes(f), CommSeconds: costmodel.Default.Simulate(f).CommSeconds, ExposedCommSeconds: costmodel.Default.ExposedComm(f)}
 }
 
-// CommBytes is what a rank of f sends in f's collectives.
+// CommBytes is what a rank of f sends in f's collectives and sends.
 func CommBytes(f *ir.Func) int64 {
 	var n int64
 	for _, op := range f.Body {
 		if ir.IsCollective(op.Kind) {
 			size, _ := ir.CollectiveGroup(op)
 			n += costmodel.CollectiveBytes(op.Kind, op.Operands[0].Type.SizeBytes(), size)
+		}
+		if op.Kind == "send" {
+			n += ir.P2PBytes(op)
 		}
 	}
 	return n
