@@ -253,6 +253,9 @@ func init() {
 				if err != nil {
 					return err
 				}
+				if err := noStages(in, *fn); err != nil {
+					return err
+				}
 				p, err := lowerForLLVM(e, &pf, in, f)
 				if err != nil {
 					return err
@@ -300,6 +303,9 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 	if err != nil {
 		return err
 	}
+	if err := noStages(in, fn); err != nil {
+		return err
+	}
 	if needsAssign(f) {
 		if _, err := pf.run(e, in, "assign"); err != nil {
 			return err
@@ -338,4 +344,13 @@ func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*inter
 		return nil, nil, fmt.Errorf("kiln: %v", err)
 	}
 	return res, final, nil
+}
+
+// noStages refuses to compile one function of a pipeline (of several
+// stages) as if it were the step.
+func noStages(in *input, fn string) error {
+	if stages := parallel.Stages(in.module); len(stages) > 1 && fn == "" {
+		return fmt.Errorf("%s: error: the step is cut into %d pipeline stages; compiling them is not built yet (kiln run and kiln mem take them; --func names one stage)", in.name, len(stages))
+	}
+	return nil
 }

@@ -90,8 +90,20 @@ func init() {
 					ps = append(ps, p)
 				}
 				rep := memreport.Build(f, ps)
-				// The ranks of an SPMD step plan alike.
-				if n := parallel.RanksOf(f); n > 1 {
+				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
+					// Pipeline stages: a plan each; the report is the
+					// largest's, with every stage's as its ranks.
+					var ranks []memreport.RankReport
+					for s, g := range stages {
+						r := memreport.Build(g, ps)
+						ranks = append(ranks, memreport.RankOf(g, r, s))
+						if r.PlannedBytes > rep.PlannedBytes || s == 0 {
+							f, rep = g, r
+						}
+					}
+					rep.Ranks = ranks
+				} else if n := parallel.RanksOf(f); n > 1 {
+					// The ranks of an SPMD step plan alike.
 					r0 := memreport.RankOf(f, rep, 0)
 					for r := 0; r < n; r++ {
 						rr := r0

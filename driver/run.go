@@ -72,6 +72,12 @@ func init() {
 				if err := checkHostMemory(args[0], f, *backend == "interp", availableMemory()); err != nil {
 					return err
 				}
+				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
+					if *backend != "interp" {
+						return fmt.Errorf("%s: error: pipeline stages run in the interpreter (--backend interp); compiled stage programs are not built yet", args[0])
+					}
+					return runStages(e, stages, inputs, *inputsDir, *seed, *outDir)
+				}
 				ranks := parallel.RanksOf(f)
 				vals, err := argumentValues(e, wholeView(f, ranks), inputs, *inputsDir, *seed)
 				if err != nil {
@@ -123,6 +129,40 @@ func init() {
 			}
 		},
 	})
+}
+
+// runStages runs pipeline stages in the interpreter, a rank each, on
+// the values of the step they were cut from, and writes what the
+// one-device run writes.
+func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, seed uint64, outDir string) error {
+	whole, err := parallel.WholeStep(stages)
+	if err != nil {
+		return err
+	}
+	vals, err := argumentValues(e, whole, inputs, inputsDir, seed)
+	if err != nil {
+		return err
+	}
+	parts, err := parallel.StageValues(stages, whole.Args, interp.CloneAll(vals))
+	if err != nil {
+		return err
+	}
+	res, final, err := interp.RunPrograms(stages, parts, interp.Options{})
+	if err != nil {
+		return fmt.Errorf("kiln: run failed: %v", err)
+	}
+	out, updated := parallel.JoinStages(stages, whole.Args, vals, res, final)
+	var names []string
+	for i := range whole.Results {
+		names = append(names, whole.ResultName(i))
+	}
+	for i, a := range whole.Args {
+		if a.Arg.InOut {
+			names = append(names, "updated."+a.Name)
+			out = append(out, updated[i])
+		}
+	}
+	return writeResults(e, names, out, outDir)
 }
 
 // pickFunc returns the named function, or the first one.

@@ -125,7 +125,9 @@ func TestRunIndexOutOfRange(t *testing.T) {
 
 // TestRunParallelEqualsOneDevice: kiln run --parallel dp=N (with ZeRO
 // stages 2 and 3, whose parameters and moments are joined from the
-// ranks' parts; in the interpreter and compiled under mpirun) writes what
+// ranks' parts; in the interpreter and compiled under mpirun), and
+// pp=P with and without microbatches (the stages' results and updates
+// joined) writes what
 // the one-device run writes: loss, gradients, updated parameters and
 // Adam's moments, from the same inputs and seed. Error model: f32, the
 // ranks' partial sums added in another order, a few hundred terms per
@@ -137,7 +139,7 @@ func TestRunParallelEqualsOneDevice(t *testing.T) {
 		base := append([]string{"run", "../testdata/examples/mlp.kir", "--seed", "5"}, extra...)
 		_, stderr, code := kiln(t, append(base, "--output-dir", one)...)
 		require.Equal(t, 0, code, stderr)
-		specs := [][]string{{"dp=2"}, {"dp=4"}, {"dp=2,zero=2"}, {"dp=4,zero=3"}, {"dp=2", "--microbatches", "2"}}
+		specs := [][]string{{"dp=2"}, {"dp=4"}, {"dp=2,zero=2"}, {"dp=4,zero=3"}, {"dp=2", "--microbatches", "2"}, {"pp=2"}, {"pp=2,microbatches=4"}, {"pp=3,microbatches=2"}}
 		if _, err := exec.LookPath("mpirun"); err == nil {
 			// The compiled ranks under mpirun.
 			specs = append(specs, []string{"dp=2", "--backend", "llvm"}, []string{"dp=4,zero=3", "--backend", "llvm"})

@@ -417,6 +417,9 @@ func (d *OpDef) InferTypes(in []Type, a Attrs) ([]Type, error) {
 	if err := d.CheckAttrs(a); err != nil {
 		return nil, err
 	}
+	if d.Infer == nil {
+		return nil, fmt.Errorf("op %s takes its result types from its region, not from its operands", d.Name)
+	}
 	return d.Infer(in, d.Values(a))
 }
 

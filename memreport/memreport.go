@@ -354,11 +354,22 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "mechanism\t%s: %s\n", name, m.describe(r.FLOPs))
 		}
 	}
-	if len(r.Ranks) > 0 {
+	alike := true
+	for _, k := range r.Ranks {
+		k.Rank = r.Ranks[0].Rank
+		alike = alike && k == r.Ranks[0]
+	}
+	if len(r.Ranks) > 0 && alike {
 		// The ranks of an SPMD step plan alike: one line says it for all.
 		k := r.Ranks[0]
 		fmt.Fprintf(tw, "ranks\t%d, each planning %s: parameters %s, state %s; sends %s in collectives, %.1f µs of which %.1f µs the step waits for\n",
 			len(r.Ranks), Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6)
+	} else {
+		// Pipeline stages: a line each.
+		for _, k := range r.Ranks {
+			fmt.Fprintf(tw, "rank %d\tplanning %s: parameters %s, state %s; sends %s, %.1f µs of which %.1f µs the step waits for\n",
+				k.Rank, Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

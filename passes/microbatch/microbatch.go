@@ -70,7 +70,24 @@ type Stats struct {
 // results are joined along their sliced dimension. Dropout draws each
 // slice's mask from its own seed. Batch normalisation in training mode
 // takes each slice's statistics.
-func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, 0) }
+func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, 0, nil) }
+
+// Origin is where an op of a split step comes from: the op of the whole
+// step it copies for slice Slice (Op is nil for the slice of a batch
+// argument; a running sum's add has the op that made the slice's value).
+type Origin struct {
+	Op    *ir.Op
+	Slice int64
+}
+
+// SplitTraced is Split, returning the origin of every op it made for a
+// slice; the ops before and after the slices (parameter-only work, the
+// updates, the results' joins) have none.
+func SplitTraced(f *ir.Func, n int) (Stats, map[*ir.Op]Origin, error) {
+	trace := map[*ir.Op]Origin{}
+	st, err := split(f, n, 0, trace)
+	return st, trace, err
+}
 
 // Shard rewrites the training step f into the step of one of n ranks
 // that share its batch (data parallelism): the batch arguments hold 1/n
@@ -81,7 +98,7 @@ func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, 0) }
 // every rank returns the whole step's results and in-place updates see
 // the whole batch's gradients. Sharded arguments carry shard = 0. On
 // error f is unchanged.
-func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, n) }
+func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, n, nil) }
 
 // ShardMicro is Shard on ranks ranks, each of which runs its part of the
 // batch as m microbatches (Split) before the all-reduces.
@@ -89,14 +106,25 @@ func ShardMicro(f *ir.Func, ranks, m int) (Stats, error) {
 	if ranks == 1 {
 		return Split(f, m)
 	}
-	return split(f, ranks*m, ranks)
+	return split(f, ranks*m, ranks, nil)
 }
 
 // split cuts f's batch into n slices: on one device (ranks = 0), or on
-// ranks ranks that run n/ranks slices each.
-func split(f *ir.Func, n int, ranks int) (Stats, error) {
+// ranks ranks that run n/ranks slices each. A non-nil trace gets the
+// origin of each op made for a slice.
+func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin) (Stats, error) {
+	record := func(op *ir.Op, o Origin) {
+		if trace != nil {
+			trace[op] = o
+		}
+	}
 	if n == 1 {
 		return Stats{}, nil
+	}
+	for _, op := range f.Body {
+		if ir.IsPointToPoint(op.Kind) {
+			return Stats{}, fmt.Errorf("%s: microbatch: @%s is a pipeline stage (it has %ss), whose microbatches parallel{pp, microbatches} makes", loc(op), f.Name, op.Kind)
+		}
 	}
 	s := &splitter{f: f, n: int64(n), sliced: map[*ir.Value]cut{}}
 	if err := s.findBatch(); err != nil {
@@ -186,6 +214,7 @@ func split(f *ir.Func, n int, ranks int) (Stats, error) {
 				return st, err
 			}
 			body = append(body, op)
+			record(op, Origin{Slice: k})
 			m[a] = op.Results[0]
 			s.sliced[op.Results[0]] = cut{dim: 0, inner: 1}
 		}
@@ -200,6 +229,9 @@ func split(f *ir.Func, n int, ranks int) (Stats, error) {
 				return st, err
 			}
 			body = append(append(body, pre...), c)
+			for _, p := range append(pre, c) {
+				record(p, Origin{op, k})
+			}
 			for i, r := range op.Results {
 				v := c.Results[i]
 				m[r] = v
@@ -227,6 +259,7 @@ func split(f *ir.Func, n int, ranks int) (Stats, error) {
 					// The product adds the running sum as it stores, over
 					// the sum's buffer: no second gradient-sized buffer.
 					body[len(body)-1] = acc
+					record(acc, Origin{op, k})
 					sum[r] = acc.Results[0]
 					continue
 				}
@@ -235,6 +268,7 @@ func split(f *ir.Func, n int, ranks int) (Stats, error) {
 					return st, fmt.Errorf("%s: microbatch: accumulating %s: %v", loc(op), r.Ref(), err)
 				}
 				body = append(body, add)
+				record(add, Origin{op, k})
 				sum[r] = add.Results[0]
 			}
 		}

@@ -1,11 +1,12 @@
 // Package parallel is the `parallel` pass: it partitions a training step
-// over devices. Today it builds data parallelism: with dp = N the step
+// over devices. With dp = N (data parallelism) the step
 // becomes the SPMD program of one of N ranks, each holding 1/N of the
 // batch and every parameter, the gradients (and a summed loss)
 // all-reduced before the optimizer's updates, so every rank updates its
 // parameters alike (microbatch.Shard); ZeRO stages 1 to 3 shard the
-// optimizer state, gradients and parameters (zero.go). Tensor and
-// pipeline parallelism are not built.
+// optimizer state, gradients and parameters (zero.go). Tensor
+// parallelism splits MLP blocks (tensor.go); pipeline parallelism cuts
+// the step into a function per stage (pipeline.go).
 package parallel
 
 import (
@@ -22,11 +23,38 @@ import (
 func init() {
 	passes.MustRegister(passes.Define(passes.Pass{
 		Name:        "parallel",
-		Summary:     "partition a training step over devices: dp = N ranks each take 1/N of the batch and all-reduce the gradients (data parallelism, ZeRO); tp = T ranks split MLP blocks' weights (Megatron)",
+		Summary:     "partition a training step over devices: dp = N ranks each take 1/N of the batch and all-reduce the gradients (data parallelism, ZeRO); tp = T ranks split MLP blocks' weights (Megatron); pp = P stages pass activations and gradients along (pipeline, 1F1B)",
 		Requires:    []passes.Property{passes.TrainingStep},
 		Excludes:    []passes.Property{passes.Fused, passes.Assigned},
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		if o.PP > 1 {
+			if o.DP != 1 || o.TP != 1 || o.Zero != 0 || o.Devices != 0 {
+				return fmt.Errorf("parallel{pp=%d}: pipeline stages beside data or tensor parallelism, ZeRO or the search are not built", o.PP)
+			}
+			var funcs []*ir.Func
+			for _, f := range m.Funcs {
+				stages, st, err := Pipeline(f, o.PP, o.Microbatches)
+				if err != nil {
+					return fmt.Errorf("parallel{pp=%d}: @%s: %v", o.PP, f.Name, err)
+				}
+				funcs = append(funcs, stages...)
+				ctx.AddStat("ranks", int64(o.PP))
+				ctx.AddStat("sends", int64(st.Sends))
+				ctx.AddStat("sent-bytes", st.SentBytes)
+				order := "1F1B"
+				if !st.Interleave {
+					order = "each microbatch's forward and backward in turn (1F1B could deadlock)"
+				}
+				var secs []string
+				for s, x := range st.Seconds {
+					secs = append(secs, fmt.Sprintf("stage %d %.3g s", s, x))
+				}
+				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled time %s", f.Name, o.PP, max(1, o.Microbatches), order, strings.Join(secs, ", ")))
+			}
+			m.Funcs = funcs
+			return nil
+		}
 		for _, f := range m.Funcs {
 			plan := Plan{DP: o.DP, TP: o.TP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
 			if o.Devices > 0 {
@@ -55,6 +83,7 @@ func init() {
 
 type options struct {
 	DP           int         `opt:"dp" default:"1" range:"[1,4096]" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
+	PP           int         `opt:"pp" default:"1" range:"[1,64]" doc:"pipeline stages: the step is cut into pp functions, one per rank, balanced by the cost model, that send activations forward and gradients back; with microbatches they run 1F1B"`
 	TP           int         `opt:"tp" default:"1" range:"[1,4096]" doc:"tensor-parallel ranks: the weights of each MLP block (two matrix products joined by elementwise ops) are split among them, Megatron's columns then rows, with one all_reduce forward and one backward"`
 	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 1 holds each parameter's optimizer state and update in parts across the ranks, its gradient whole until the backward ends, then reduce-scattered; 2 reduce-scatters each gradient once made (parameters gathered once); 3 also gathers each parameter separately for the forward and the backward"`
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`

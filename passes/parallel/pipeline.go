@@ -1,0 +1,844 @@
+package parallel
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/passes/microbatch"
+)
+
+// Pipeline parallelism cuts a training step into stages, one per rank,
+// that pass activations forward and gradients back with send and recv.
+//
+// Stages. The forward ops, in schedule order, are cut into pp contiguous
+// runs. Every other op goes where the forward values it reads are at
+// hand: a backward op to the last stage that reads (in the forward) each
+// forward value it reads, so a layer's gradients are made where the
+// layer ran; a backward op reading no forward value to the earliest
+// stage of its operands (gradients flow back); an optimizer update to
+// its parameter's stage, the stage of the parameter's first reader. The
+// cuts balance the stages' modelled time (forward, backward and updates
+// together). Data arguments, constants and what is made from them alone
+// are at hand everywhere: each stage that reads them makes its own copy.
+// Any other value one stage makes and another reads is sent once to it.
+//
+// Microbatches. With m > 1 the step is first split into m slices
+// (microbatch.SplitTraced, gradients summed), and each stage runs its
+// slices' forwards and backwards in the 1F1B order: stage s of p runs
+// p−1−s forwards ahead, then alternates one forward and one backward, so
+// at most p−s slices' activations are live on it at a time, and the
+// backward of the first slice starts before the forward of the last has
+// finished. When that order could deadlock (a value sent against the
+// flow between slices), the stage keeps the slices in turn.
+
+// Stage attributes of the functions Pipeline makes.
+const (
+	// StageAttr is the function's stage (its rank), StagesAttr their number.
+	StageAttr  = "stage"
+	StagesAttr = "stages"
+	// ResultsAttr lists, for each result of a stage, the index of the
+	// whole step's result it is; ArgsAttr, for each argument, the whole
+	// step's argument.
+	ResultsAttr = "results"
+	ArgsAttr    = "args"
+)
+
+// Stages returns the pipeline stages of m in rank order (the functions
+// with a stage attribute), or nil when m is not a pipeline.
+func Stages(m *ir.Module) []*ir.Func {
+	var out []*ir.Func
+	for _, f := range m.Funcs {
+		if _, ok := f.Attrs[StageAttr]; ok {
+			out = append(out, f)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Attrs.Int(StageAttr, 0) < out[j].Attrs.Int(StageAttr, 0) })
+	return out
+}
+
+// PipelineStats is what Pipeline did.
+type PipelineStats struct {
+	Micro      microbatch.Stats
+	Sends      int       // send ops over all stages
+	SentBytes  int64     // their bytes
+	Seconds    []float64 // each stage's modelled time
+	Interleave bool      // the stages run 1F1B; false: slices in turn
+}
+
+// Pipeline cuts the training step f into pp stages running m microbatches
+// each. f is left as it was.
+func Pipeline(f *ir.Func, pp, m int) ([]*ir.Func, PipelineStats, error) {
+	var st PipelineStats
+	if pp < 2 {
+		return nil, st, fmt.Errorf("a pipeline needs at least 2 stages, got pp=%d", pp)
+	}
+	g := f.Clone()
+	pl := &pipeliner{g: g, pp: pp, stage: map[*ir.Op]int{}}
+	if err := pl.cut(); err != nil {
+		return nil, st, err
+	}
+	whole := map[*ir.Op]int{}
+	for op, s := range pl.stage {
+		whole[op] = s
+	}
+	trace := map[*ir.Op]microbatch.Origin{}
+	if m > 1 {
+		var err error
+		if st.Micro, trace, err = microbatch.SplitTraced(g, m); err != nil {
+			return nil, st, err
+		}
+	}
+	pl.origin = func(op *ir.Op) (*ir.Op, int64, bool) {
+		if o, ok := trace[op]; ok {
+			return o.Op, o.Slice, true
+		}
+		return op, 0, false
+	}
+	pl.place(whole)
+	stages, err := pl.build(m, true)
+	if err == nil {
+		st.Interleave = true
+	} else if stages, err = pl.build(m, false); err != nil {
+		return nil, st, err
+	}
+	for _, s := range stages {
+		st.Seconds = append(st.Seconds, costmodel.Default.Simulate(s).Seconds)
+		for _, op := range s.Body {
+			if op.Kind == "send" {
+				st.Sends++
+				st.SentBytes += ir.P2PBytes(op)
+			}
+		}
+	}
+	return stages, st, nil
+}
+
+type pipeliner struct {
+	g      *ir.Func
+	pp     int
+	stage  map[*ir.Op]int // of every op that is not free
+	free   map[*ir.Value]bool
+	home   map[*ir.Value]int // stage of each parameter and state argument
+	fwd    map[*ir.Op]bool   // the forward: what the loss and outputs need, not the gradients
+	origin func(op *ir.Op) (whole *ir.Op, slice int64, perSlice bool)
+}
+
+// cut places the ops of the whole step g.
+func (pl *pipeliner) cut() error {
+	g := pl.g
+	pl.free = freeValues(g)
+	pl.fwd = forwardOps(g)
+	var fwd []*ir.Op
+	index := map[*ir.Op]int{}
+	for _, op := range g.Body {
+		if !pl.fwd[op] || allFree(op, pl.free) {
+			continue
+		}
+		index[op] = len(fwd)
+		fwd = append(fwd, op)
+	}
+	if len(fwd) < pl.pp {
+		return fmt.Errorf("the forward has %d ops, fewer than pp=%d stages", len(fwd), pl.pp)
+	}
+	// lo and hi: the forward ops that make a forward value (for an
+	// argument, its first reader) and the last that reads it.
+	lo, hi := map[*ir.Value]int{}, map[*ir.Value]int{}
+	for i, op := range fwd {
+		for _, x := range op.Operands {
+			if pl.free[x] {
+				continue
+			}
+			if _, ok := lo[x]; !ok {
+				lo[x] = i
+			}
+			hi[x] = max(hi[x], i)
+		}
+		for _, r := range op.Results {
+			lo[r], hi[r] = i, i
+		}
+	}
+	// Each op is attributed to a forward op; its stage is that op's.
+	attr := map[*ir.Op]int{}
+	noForward := map[*ir.Op]bool{}
+	weight := make([]float64, len(fwd))
+	for _, op := range g.Body {
+		if allFree(op, pl.free) && !isUpdate(op) {
+			continue
+		}
+		a := -1
+		switch {
+		case pl.fwd[op]:
+			a = index[op]
+		case isUpdate(op):
+			p := op.Operands[op.Def().Writes[0]]
+			l, ok := lo[p]
+			if !ok {
+				return fmt.Errorf("%s updates %s, which no forward op reads", op.Kind, p.Ref())
+			}
+			a = l
+		default:
+			a = attribute(op, pl.free, lo, hi, attr)
+			if !readsForward(op, hi) {
+				noForward[op] = true
+			}
+		}
+		if a < 0 {
+			return fmt.Errorf("%s defining %s reads nothing a stage holds", op.Kind, defName(op))
+		}
+		attr[op] = a
+		weight[a] += costmodel.Default.OpSeconds(op)
+	}
+	bounds := balance(weight, pl.pp)
+	stageOf := func(i int) int { return sort.SearchInts(bounds, i+1) }
+	pl.home = map[*ir.Value]int{}
+	for _, a := range g.Args {
+		if l, ok := lo[a]; ok && !pl.free[a] {
+			pl.home[a] = stageOf(l)
+		}
+	}
+	for op, a := range attr {
+		pl.stage[op] = stageOf(a)
+	}
+	pl.follow(noForward)
+	for _, op := range g.Body {
+		if isUpdate(op) {
+			// Moments and other state live with their parameter.
+			for _, k := range op.Def().Writes {
+				pl.home[op.Operands[k]] = pl.stage[op]
+			}
+		}
+	}
+	return nil
+}
+
+// follow moves each op of a gradient's own (one operand, no forward
+// value: a reshape or transpose of a gradient) to the stage that reads
+// it, when one stage alone does: the gradient crosses once, not each of
+// its views. Ops are visited last first, so chains of views move
+// together.
+func (pl *pipeliner) follow(candidates map[*ir.Op]bool) {
+	users := map[*ir.Value][]*ir.Op{}
+	for _, op := range pl.g.Body {
+		for _, x := range op.Operands {
+			users[x] = append(users[x], op)
+		}
+	}
+	results := map[*ir.Value]bool{}
+	for _, r := range pl.g.Results {
+		results[r.Value] = true
+	}
+	for i := len(pl.g.Body) - 1; i >= 0; i-- {
+		op := pl.g.Body[i]
+		if !candidates[op] || len(op.Results) != 1 || results[op.Results[0]] {
+			continue
+		}
+		inputs := 0
+		for _, x := range op.Operands {
+			if !pl.free[x] {
+				inputs++
+			}
+		}
+		to := -1
+		for _, u := range users[op.Results[0]] {
+			s, ok := pl.stage[u]
+			if !ok || to >= 0 && s != to {
+				to = -1
+				break
+			}
+			to = s
+		}
+		if inputs == 1 && to >= 0 {
+			pl.stage[op] = to
+		}
+	}
+}
+
+// readsForward reports whether op reads a forward value.
+func readsForward(op *ir.Op, hi map[*ir.Value]int) bool {
+	for _, x := range op.Operands {
+		if _, ok := hi[x]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// attribute is the forward op a backward op goes with: the last forward
+// reader common to the forward values it reads (but not before any of
+// them is made); without forward operands, the earliest of its
+// operands'.
+func attribute(op *ir.Op, free map[*ir.Value]bool, lo, hi map[*ir.Value]int, attr map[*ir.Op]int) int {
+	minHi, maxLo, minBwd := math.MaxInt, -1, math.MaxInt
+	for _, x := range op.Operands {
+		if free[x] {
+			continue
+		}
+		if h, ok := hi[x]; ok {
+			minHi, maxLo = min(minHi, h), max(maxLo, lo[x])
+			continue
+		}
+		if x.Def != nil {
+			if a, ok := attr[x.Def]; ok {
+				minBwd = min(minBwd, a)
+			}
+		}
+	}
+	switch {
+	case maxLo >= 0:
+		return max(minHi, maxLo)
+	case minBwd < math.MaxInt:
+		return minBwd
+	}
+	return -1
+}
+
+// balance cuts weights into n contiguous nonempty runs whose largest sum
+// is least (to the bisection's precision): the exclusive ends of the runs.
+func balance(w []float64, n int) []int {
+	total, most := 0.0, 0.0
+	for _, x := range w {
+		total += x
+		most = max(most, x)
+	}
+	cuts := func(limit float64) []int {
+		var ends []int
+		sum := 0.0
+		for i, x := range w {
+			// Close the run when x would overflow it, or when the ops
+			// left are only enough for one run each.
+			if left := n - 1 - len(ends); i > 0 && left > 0 && (sum+x > limit || len(w)-i == left) {
+				ends = append(ends, i)
+				sum = 0
+			}
+			sum += x
+		}
+		return append(ends, len(w))
+	}
+	fits := func(limit float64) bool {
+		ends := cuts(limit)
+		start := 0
+		for _, e := range ends {
+			s := 0.0
+			for _, x := range w[start:e] {
+				s += x
+			}
+			if s > limit*(1+1e-12) {
+				return false
+			}
+			start = e
+		}
+		return true
+	}
+	low, high := max(most, total/float64(n)), total
+	for range 100 {
+		mid := (low + high) / 2
+		if fits(mid) {
+			high = mid
+		} else {
+			low = mid
+		}
+	}
+	return cuts(high)
+}
+
+// freeValues are the values every stage can make for itself: data
+// arguments, and results of pure ops that read only free values (or
+// nothing: constants).
+func freeValues(g *ir.Func) map[*ir.Value]bool {
+	free := map[*ir.Value]bool{}
+	for _, a := range g.Args {
+		if a.Arg.Kind == ir.ArgData {
+			free[a] = true
+		}
+	}
+	for _, op := range g.Body {
+		if d := op.Def(); d == nil || len(d.Writes) > 0 || d.Impure && op.Kind != "random_uniform" {
+			continue
+		}
+		reads := true
+		for _, x := range op.Operands {
+			reads = reads && free[x]
+		}
+		if reads {
+			for _, r := range op.Results {
+				free[r] = true
+			}
+		}
+	}
+	return free
+}
+
+func allFree(op *ir.Op, free map[*ir.Value]bool) bool {
+	if len(op.Results) == 0 {
+		return false
+	}
+	for _, r := range op.Results {
+		if !free[r] {
+			return false
+		}
+	}
+	return true
+}
+
+// forwardOps are the ops that the step's results other than gradients
+// need, the backward's ops aside: the forward proper.
+func forwardOps(g *ir.Func) map[*ir.Op]bool {
+	bwd := backwardOps(g)
+	need := map[*ir.Value]bool{}
+	for _, r := range g.Results {
+		if r.Role() != ir.RoleGrad {
+			need[r.Value] = true
+		}
+	}
+	fwd := map[*ir.Op]bool{}
+	for i := len(g.Body) - 1; i >= 0; i-- {
+		op := g.Body[i]
+		if bwd[op] || isUpdate(op) {
+			continue
+		}
+		for _, r := range op.Results {
+			if need[r] {
+				fwd[op] = true
+			}
+		}
+		if fwd[op] {
+			for _, x := range op.Operands {
+				need[x] = true
+			}
+		}
+	}
+	return fwd
+}
+
+func isUpdate(op *ir.Op) bool {
+	d := op.Def()
+	return d != nil && len(d.Writes) > 0
+}
+
+func defName(op *ir.Op) string {
+	if len(op.Results) > 0 {
+		return op.Results[0].Ref()
+	}
+	return "nothing"
+}
+
+// place gives every op of the (perhaps split) step its stage: a copy of
+// a whole-step op takes its original's; ops the split made without one
+// (the results' joins) take their operands' latest.
+func (pl *pipeliner) place(whole map[*ir.Op]int) {
+	pl.free = freeValues(pl.g)
+	pl.stage = map[*ir.Op]int{}
+	for _, op := range pl.g.Body {
+		if allFree(op, pl.free) && !isUpdate(op) {
+			continue
+		}
+		orig, _, _ := pl.origin(op)
+		if s, ok := whole[orig]; ok {
+			pl.stage[op] = s
+			continue
+		}
+		s := 0
+		for _, x := range op.Operands {
+			if x.Def != nil {
+				s = max(s, pl.stage[x.Def])
+			} else if h, ok := pl.home[x]; ok {
+				s = max(s, h)
+			}
+		}
+		pl.stage[op] = s
+	}
+}
+
+// class is where an op runs in a stage's order: before the slices (-1),
+// in slice k's forward or backward, or after them (+1).
+type class struct {
+	edge     int // -1 before the slices, 0 in one, +1 after
+	slice    int64
+	backward bool
+}
+
+// build makes the stage functions; interleave asks for the 1F1B order.
+func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
+	g := pl.g
+	// Each op's class.
+	cls := map[*ir.Op]class{}
+	seenSlice := false
+	for _, op := range g.Body {
+		orig, k, per := pl.origin(op)
+		switch {
+		case per && orig == nil: // a batch argument's slice
+			seenSlice = true
+			cls[op] = class{slice: k}
+		case per:
+			seenSlice = true
+			cls[op] = class{slice: k, backward: !pl.fwd[orig]}
+		case m > 1 && !seenSlice:
+			cls[op] = class{edge: -1}
+		case m > 1:
+			cls[op] = class{edge: 1}
+		default:
+			cls[op] = class{backward: !pl.fwd[op]}
+		}
+	}
+	// The slices' order on stage s.
+	rank := func(s int, c class) int64 {
+		switch {
+		case c.edge < 0:
+			return -1
+		case c.edge > 0:
+			return math.MaxInt64
+		}
+		// 1F1B: forwards 0 to warm−1, then forward warm+i and
+		// backward i for each i (without interleaving, warm = 0: each
+		// slice's forward and backward in turn).
+		warm := int64(0)
+		if interleave {
+			warm = min(int64(pl.pp-1-s), int64(m))
+		}
+		switch {
+		case c.backward:
+			return warm + 2*c.slice + 1
+		case c.slice < warm:
+			return c.slice
+		}
+		return warm + 2*(c.slice-warm)
+	}
+	per := make([][]*ir.Op, pl.pp)
+	for _, op := range g.Body {
+		if s, ok := pl.stage[op]; ok {
+			per[s] = append(per[s], op)
+		}
+	}
+	for s := range per {
+		sort.SliceStable(per[s], func(i, j int) bool { return rank(s, cls[per[s][i]]) < rank(s, cls[per[s][j]]) })
+	}
+	// Sends and recvs, and each stage's copies of free values.
+	type need struct {
+		v  *ir.Value
+		to int
+	}
+	tags := map[need]int64{}
+	var order []need
+	stages := make([]*ir.Func, pl.pp)
+	bodies := make([][]*ir.Op, pl.pp)
+	args := make([]map[*ir.Value]*ir.Value, pl.pp)
+	for s := range stages {
+		stages[s] = &ir.Func{Name: fmt.Sprintf("%s.stage%d", g.Name, s), Attrs: g.Attrs.Clone()}
+		if stages[s].Attrs == nil {
+			stages[s].Attrs = ir.Attrs{}
+		}
+		stages[s].Attrs[StageAttr] = ir.IntAttr(int64(s))
+		stages[s].Attrs[StagesAttr] = ir.IntAttr(int64(pl.pp))
+		args[s] = map[*ir.Value]*ir.Value{}
+	}
+	local := make([]map[*ir.Value]*ir.Value, pl.pp) // value -> the stage's
+	var failed error
+	var localOf func(s int, x *ir.Value) *ir.Value
+	arg := func(s int, a *ir.Value) *ir.Value {
+		if v, ok := args[s][a]; ok {
+			return v
+		}
+		info := *a.Arg
+		info.Attrs = a.Arg.Attrs.Clone()
+		v := &ir.Value{Name: a.Name, Type: a.Type, Index: len(stages[s].Args), Offset: ir.NoOffset, Arg: &info}
+		stages[s].Args = append(stages[s].Args, v)
+		args[s][a] = v
+		return v
+	}
+	localOf = func(s int, x *ir.Value) *ir.Value {
+		if v, ok := local[s][x]; ok {
+			return v
+		}
+		var v *ir.Value
+		switch {
+		case pl.free[x] && x.Def == nil:
+			v = arg(s, x)
+		case pl.free[x]:
+			// The stage makes its own copy.
+			in := make([]*ir.Value, len(x.Def.Operands))
+			for i, y := range x.Def.Operands {
+				in[i] = localOf(s, y)
+			}
+			c, err := g.NewOp(x.Def.Kind, in, x.Def.Attrs.Clone(), x.Def.Loc, x.Name)
+			if err != nil {
+				failed = err
+				return x
+			}
+			bodies[s] = append(bodies[s], c)
+			for i, r := range x.Def.Results {
+				local[s][r] = c.Results[i]
+			}
+			return c.Results[x.Index]
+		case x.Def == nil && pl.home[x] == s:
+			v = arg(s, x)
+		default:
+			// Made on another stage: received.
+			n := need{x, s}
+			tag := int64(len(order))
+			tags[n] = tag
+			order = append(order, n)
+			from := pl.home[x]
+			if x.Def != nil {
+				from = pl.stage[x.Def]
+			}
+			r, err := g.NewOp("recv", nil, ir.Attrs{"offset": ir.IntAttr(int64(from - s)), "tag": ir.IntAttr(tag),
+				"shape": ir.IntsAttr(x.Type.Shape...), "dtype": ir.TypeAttr(x.Type.DType)}, ir.Location{}, x.Name+".recv")
+			if err != nil {
+				failed = err
+				return x
+			}
+			bodies[s] = append(bodies[s], r)
+			v = r.Results[0]
+		}
+		local[s][x] = v
+		return v
+	}
+	for s := range per {
+		local[s] = map[*ir.Value]*ir.Value{}
+	}
+	for s, ops := range per {
+		for _, op := range ops {
+			for i, x := range op.Operands {
+				op.Operands[i] = localOf(s, x)
+			}
+			bodies[s] = append(bodies[s], op)
+			for _, r := range op.Results {
+				local[s][r] = r
+			}
+		}
+	}
+	// Results: each stage returns those it makes, and the gradients of
+	// the parameters it holds.
+	resultIndex := make([][]int64, pl.pp)
+	homeByName := map[string]int{}
+	for a, h := range pl.home {
+		homeByName[a.Name] = h
+	}
+	for i, r := range g.Results {
+		s := pl.home[r.Value]
+		if r.Value.Def != nil {
+			if st, ok := pl.stage[r.Value.Def]; ok {
+				s = st
+			}
+		}
+		if h, ok := homeByName[r.Attrs.String("param", "")]; ok && r.Role() == ir.RoleGrad {
+			s = h
+		}
+		v := localOf(s, r.Value)
+		stages[s].Results = append(stages[s].Results, ir.Result{Name: r.Name, Value: v, Attrs: r.Attrs.Clone()})
+		resultIndex[s] = append(resultIndex[s], int64(i))
+	}
+	for s, idx := range resultIndex {
+		stages[s].Attrs[ResultsAttr] = ir.IntsAttr(idx...)
+	}
+	// Arguments no stage reads stay the step's: stage 0 takes them.
+	for _, a := range g.Args {
+		taken := false
+		for s := range args {
+			_, ok := args[s][a]
+			taken = taken || ok
+		}
+		if !taken {
+			arg(0, a)
+		}
+	}
+	for s, f := range stages {
+		var idx []int64
+		for _, a := range f.Args {
+			for w, v := range args[s] {
+				if v == a {
+					idx = append(idx, int64(w.Index))
+				}
+			}
+		}
+		stages[s].Attrs[ArgsAttr] = ir.IntsAttr(idx...)
+	}
+	if failed != nil {
+		return nil, failed
+	}
+	if len(order) > ir.MaxTag+1 {
+		return nil, fmt.Errorf("%d values cross between stages, more than the %d tags sends can name", len(order), ir.MaxTag+1)
+	}
+	// Each send right after its value is made (arguments: first).
+	sends := map[*ir.Value][]need{}
+	for _, n := range order {
+		sends[n.v] = append(sends[n.v], n)
+	}
+	send := func(s int, n need) (*ir.Op, error) {
+		return g.NewOp("send", []*ir.Value{localOf(s, n.v)}, ir.Attrs{"offset": ir.IntAttr(int64(n.to - s)), "tag": ir.IntAttr(tags[n])}, ir.Location{}, n.v.Name+".send")
+	}
+	for s := range bodies {
+		var body []*ir.Op
+		for _, a := range g.Args {
+			if pl.home[a] == s && !pl.free[a] {
+				for _, n := range sends[a] {
+					op, err := send(s, n)
+					if err != nil {
+						return nil, err
+					}
+					body = append(body, op)
+				}
+			}
+		}
+		for _, op := range bodies[s] {
+			body = append(body, op)
+			if pl.stage[op] != s {
+				continue // a recv or a copy
+			}
+			for _, r := range op.Results {
+				for _, n := range sends[r] {
+					sop, err := send(s, n)
+					if err != nil {
+						return nil, err
+					}
+					body = append(body, sop)
+				}
+			}
+		}
+		stages[s].Body = body
+	}
+	if failed != nil {
+		return nil, failed
+	}
+	for _, s := range stages {
+		passes.RemoveDeadOps(s)
+	}
+	if err := deadlockFree(stages); err != nil {
+		return nil, err
+	}
+	return stages, nil
+}
+
+// deadlockFree runs the stages' sends and recvs in their order, sends
+// never waiting: an error when every stage waits.
+func deadlockFree(stages []*ir.Func) error {
+	at := make([]int, len(stages))
+	sent := map[[2]int64]int{} // (to, tag) -> messages waiting
+	for {
+		moved, done := false, true
+		for s, f := range stages {
+			for at[s] < len(f.Body) {
+				op := f.Body[at[s]]
+				if op.Kind == "recv" {
+					k := [2]int64{int64(s), op.Attrs["tag"].Int}
+					if sent[k] == 0 {
+						break
+					}
+					sent[k]--
+				}
+				if op.Kind == "send" {
+					sent[[2]int64{int64(s) + op.Attrs["offset"].Int, op.Attrs["tag"].Int}]++
+				}
+				at[s]++
+				moved = true
+			}
+			done = done && at[s] == len(f.Body)
+		}
+		if done {
+			return nil
+		}
+		if !moved {
+			return fmt.Errorf("the stages' order deadlocks")
+		}
+	}
+}
+
+// StageValues gives each stage its arguments, taken by name from the
+// whole step's (wholeArgs, with their values args).
+func StageValues(stages []*ir.Func, wholeArgs []*ir.Value, args []*interp.Tensor) ([][]*interp.Tensor, error) {
+	byName := map[string]*interp.Tensor{}
+	for i, a := range wholeArgs {
+		byName[a.Name] = args[i]
+	}
+	out := make([][]*interp.Tensor, len(stages))
+	for s, f := range stages {
+		for _, a := range f.Args {
+			v, ok := byName[a.Name]
+			if !ok {
+				return nil, fmt.Errorf("stage %d reads %s, which the step does not take", s, a.Ref())
+			}
+			out[s] = append(out[s], v)
+		}
+	}
+	return out, nil
+}
+
+// JoinStages is the whole step's results, and its arguments after the
+// run (each from the stage that updates it, else as given), from the
+// stages' results and final arguments.
+func JoinStages(stages []*ir.Func, wholeArgs []*ir.Value, args []*interp.Tensor, results, finals [][]*interp.Tensor) ([]*interp.Tensor, []*interp.Tensor) {
+	n := 0
+	for _, f := range stages {
+		for _, i := range f.Attrs.Ints(ResultsAttr, nil) {
+			n = max(n, int(i)+1)
+		}
+	}
+	res := make([]*interp.Tensor, n)
+	final := map[string]*interp.Tensor{}
+	for s, f := range stages {
+		for j, i := range f.Attrs.Ints(ResultsAttr, nil) {
+			res[i] = results[s][j]
+		}
+		for j, a := range f.Args {
+			if a.Arg.InOut {
+				final[a.Name] = finals[s][j]
+			}
+		}
+	}
+	out := make([]*interp.Tensor, len(wholeArgs))
+	for i, a := range wholeArgs {
+		out[i] = args[i]
+		if v, ok := final[a.Name]; ok {
+			out[i] = v
+		}
+	}
+	return res, out
+}
+
+// WholeStep is a view of the step the stages were cut from: its
+// arguments (each as a stage takes it) and results (each as a stage
+// returns it), in the step's order. It is for naming and drawing the
+// step's values; it has no body.
+func WholeStep(stages []*ir.Func) (*ir.Func, error) {
+	if len(stages) == 0 {
+		return nil, fmt.Errorf("no stages")
+	}
+	w := &ir.Func{Name: strings.TrimSuffix(stages[0].Name, ".stage0")}
+	args := map[int64]*ir.Value{}
+	results := map[int64]ir.Result{}
+	for _, f := range stages {
+		ai, ri := f.Attrs.Ints(ArgsAttr, nil), f.Attrs.Ints(ResultsAttr, nil)
+		if len(ai) != len(f.Args) || len(ri) != len(f.Results) {
+			return nil, fmt.Errorf("@%s: its %s and %s attributes do not match its arguments and results", f.Name, ArgsAttr, ResultsAttr)
+		}
+		for j, i := range ai {
+			args[i] = f.Args[j]
+		}
+		for j, i := range ri {
+			results[i] = f.Results[j]
+		}
+	}
+	for i := int64(0); i < int64(len(args)); i++ {
+		a, ok := args[i]
+		if !ok {
+			return nil, fmt.Errorf("no stage takes argument %d of the step", i)
+		}
+		c := *a
+		c.Index = int(i)
+		w.Args = append(w.Args, &c)
+	}
+	for i := int64(0); i < int64(len(results)); i++ {
+		r, ok := results[i]
+		if !ok {
+			return nil, fmt.Errorf("no stage returns result %d of the step", i)
+		}
+		w.Results = append(w.Results, r)
+	}
+	return w, nil
+}

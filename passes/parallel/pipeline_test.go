@@ -1,0 +1,75 @@
+package parallel_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes/parallel"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// pipelineEqualsOneDevice cuts the step of src (after pipe) into pp
+// stages of m microbatches, runs them on pp ranks and compares the
+// loss, gradients and updated arguments with the one-device step.
+func pipelineEqualsOneDevice(t *testing.T, src, pipe string, pp, m int, tol float64) ([]*ir.Func, parallel.PipelineStats) {
+	t.Helper()
+	mod := passtest.Parse(t, src)
+	passtest.Run(t, mod, pipe)
+	whole := mod.Funcs[0]
+	before := whole.String()
+	stages, st, err := parallel.Pipeline(whole, pp, m)
+	require.NoError(t, err)
+	require.Equal(t, before, whole.String(), "Pipeline leaves the step alone")
+	require.Len(t, stages, pp)
+	require.NoError(t, ir.Verify(&ir.Module{Funcs: stages}))
+	args := interp.RandomArgs(whole, 7)
+	want, wantArgs, err := interp.RunWithUpdates(whole, interp.CloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	parts, err := parallel.StageValues(stages, whole.Args, interp.CloneAll(args))
+	require.NoError(t, err)
+	res, finals, err := interp.RunPrograms(stages, parts, interp.Options{})
+	require.NoError(t, err)
+	got, gotArgs := parallel.JoinStages(stages, whole.Args, args, res, finals)
+	require.Len(t, got, len(want))
+	for i := range want {
+		require.LessOrEqual(t, passtest.RelErr(got[i], want[i]), tol, "result %s", whole.ResultName(i))
+	}
+	for i, a := range whole.Args {
+		if a.Arg.InOut {
+			require.LessOrEqual(t, passtest.RelErr(gotArgs[i], wantArgs[i]), tol, "updated %s", a.Name)
+		}
+	}
+	for s, f := range stages {
+		require.NotEmpty(t, f.Body, "stage %d", s)
+	}
+	return stages, st
+}
+
+// TestPipelineEqualsOneDevice: two transformer MLP blocks, an MLP, a CNN
+// and an attention block, cut into 2 to 4 stages with 1 to 4
+// microbatches, with and without optimizers, give the one-device loss,
+// gradients and updated parameters and state. Error model: microbatches
+// sum the gradients in another order (f64): 1e-12; without microbatches
+// the stages compute exactly what one device does.
+func TestPipelineEqualsOneDevice(t *testing.T) {
+	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
+	srcs := map[string]string{"blocks": blocks, "mlp": models["mlp"], "cnn": models["cnn"], "attention": models["attention"]}
+	for name, src := range srcs {
+		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean},optimizer{kind=adam}", "autodiff{loss=sum},optimizer{kind=momentum,placement=end}"} {
+			for _, pm := range [][2]int{{2, 1}, {2, 2}, {2, 4}, {3, 4}, {4, 2}} {
+				t.Run(fmt.Sprintf("%s/%s/pp=%d,m=%d", name, pipe, pm[0], pm[1]), func(t *testing.T) {
+					tol := 1e-12
+					if pm[1] == 1 {
+						tol = 0
+					}
+					_, st := pipelineEqualsOneDevice(t, src, pipe, pm[0], pm[1], tol)
+					require.Positive(t, st.Sends)
+				})
+			}
+		}
+	}
+}
