@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
@@ -73,10 +74,23 @@ func init() {
 					return err
 				}
 				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
-					if *backend != "interp" {
-						return fmt.Errorf("%s: error: pipeline stages run in the interpreter (--backend interp); compiled stage programs are not built yet", args[0])
+					run := func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
+						return interp.RunPrograms(stages, parts, interp.Options{})
 					}
-					return runStages(e, stages, inputs, *inputsDir, *seed, *outDir)
+					if *backend == "llvm" {
+						run = func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
+							var ps []*loops.Program
+							for _, g := range stages {
+								p, err := lowerForLLVM(e, &pf, in, g)
+								if err != nil {
+									return nil, nil, err
+								}
+								ps = append(ps, p)
+							}
+							return llvm.RunStages(ps, parts, llvm.Options{Threads: *threads})
+						}
+					}
+					return runStages(e, stages, inputs, *inputsDir, *seed, *outDir, run)
 				}
 				ranks := parallel.RanksOf(f)
 				vals, err := argumentValues(e, wholeView(f, ranks), inputs, *inputsDir, *seed)
@@ -131,10 +145,11 @@ func init() {
 	})
 }
 
-// runStages runs pipeline stages in the interpreter, a rank each, on
-// the values of the step they were cut from, and writes what the
-// one-device run writes.
-func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, seed uint64, outDir string) error {
+// runStages runs pipeline stages (run: in the interpreter or compiled),
+// a rank each, on the values of the step they were cut from, and writes
+// what the one-device run writes.
+func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, seed uint64, outDir string,
+	run func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error)) error {
 	whole, err := parallel.WholeStep(stages)
 	if err != nil {
 		return err
@@ -147,7 +162,7 @@ func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, see
 	if err != nil {
 		return err
 	}
-	res, final, err := interp.RunPrograms(stages, parts, interp.Options{})
+	res, final, err := run(parts)
 	if err != nil {
 		return fmt.Errorf("kiln: run failed: %v", err)
 	}

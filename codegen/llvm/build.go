@@ -244,7 +244,12 @@ func InitFiles(p *loops.Program) map[string][]byte {
 // Ranks is the number of MPI ranks p runs as (1 unless a parallel pass
 // made it an SPMD step). A rank's part of a sharded argument's initial
 // value is not embedded: the runner gives every rank its part.
-func Ranks(p *loops.Program) int64 { return p.Func.Attrs.Int("ranks", 1) }
+func Ranks(p *loops.Program) int64 {
+	if s := p.Func.Attrs.Int("stages", 0); s > 1 {
+		return s // a pipeline stage: one of as many ranks
+	}
+	return p.Func.Attrs.Int("ranks", 1)
+}
 
 // mpiFlags are the compiler and linker flags of Open MPI's mpicc.
 func mpiFlags() ([]string, error) {

@@ -825,8 +825,23 @@ var (
 	collectiveTypes = map[kir.DType]int64{kir.F32: 0, kir.F64: 1, kir.I64: 2}
 )
 
-// collective calls the driver's kiln_collective on the step's buffers.
+// collective calls the driver's kiln_collective on the step's buffers
+// (kiln_send or kiln_recv for a send or recv).
 func (e *fn) collective(c *loops.Collective) {
+	if c.Kind == "send" || c.Kind == "recv" {
+		if e.md.ranks <= 1 {
+			e.fail(fmt.Errorf("%s in a program of one rank: pipeline stages say how many there are (attribute stages)", c.Kind))
+			return
+		}
+		buf := c.In
+		if c.Kind == "recv" {
+			buf = c.Out
+		}
+		fn := e.md.declare("kiln_"+c.Kind, types.Void, i8p, types.I64, types.I64, types.I64)
+		p := e.cur.NewBitCast(e.base(buf), i8p)
+		e.cur.NewCall(fn, p, i64(buf.Type.SizeBytes()), i64(c.Peer), i64(c.Tag))
+		return
+	}
 	if e.md.ranks <= 1 {
 		e.fail(fmt.Errorf("%s over %d ranks in a program of one rank: steps made by the parallel pass say how many ranks they run on (attribute ranks)", c.Kind, c.Size))
 		return

@@ -168,6 +168,71 @@ func RunRanks(p *loops.Program, args [][]*interp.Tensor, opts ...RunOptions) (re
 	return results, final, nil
 }
 
+// RunStages runs the programs of a pipeline's stages, stage r as MPI
+// rank r (mpirun with a program per rank) on args[r]: each stage's
+// results and final arguments.
+func RunStages(ps []*loops.Program, args [][]*interp.Tensor, opt Options) (results, final [][]*interp.Tensor, err error) {
+	if len(ps) != len(args) {
+		return nil, nil, fmt.Errorf("%d stages, arguments for %d", len(ps), len(args))
+	}
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		return nil, nil, fmt.Errorf("running %d pipeline stages needs mpirun: apt-get install -y openmpi-bin libopenmpi-dev", len(ps))
+	}
+	dir, err := os.MkdirTemp("", "kiln-stages-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+	cmdArgs := []string{"--oversubscribe"}
+	if os.Geteuid() == 0 {
+		cmdArgs = append(cmdArgs, "--allow-run-as-root")
+	}
+	for r, p := range ps {
+		if Ranks(p) != int64(len(ps)) {
+			return nil, nil, fmt.Errorf("@%s is a stage of %d, not of %d", p.Func.Name, Ranks(p), len(ps))
+		}
+		exe, err := Build(p, "exe", opt)
+		if err != nil {
+			return nil, nil, fmt.Errorf("@%s: %v", p.Func.Name, err)
+		}
+		bin := filepath.Join(dir, fmt.Sprintf("stage%d", r))
+		if err := os.WriteFile(bin, exe, 0o755); err != nil {
+			return nil, nil, err
+		}
+		rd := filepath.Join(in, fmt.Sprintf("rank%d", r))
+		if err := os.MkdirAll(rd, 0o755); err != nil {
+			return nil, nil, err
+		}
+		f := p.Func
+		if len(args[r]) != len(f.Args) {
+			return nil, nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args[r]))
+		}
+		for i, a := range f.Args {
+			if err := writeNpy(filepath.Join(rd, FileName(a.Name)+".npy"), args[r][i]); err != nil {
+				return nil, nil, err
+			}
+		}
+		if r > 0 {
+			cmdArgs = append(cmdArgs, ":")
+		}
+		cmdArgs = append(cmdArgs, "-np", "1", bin, "--inputs", in, "--output-dir", out)
+	}
+	msg, err := exec.Command(mpirun, cmdArgs...).CombinedOutput()
+	if err != nil {
+		return nil, nil, fmt.Errorf("mpirun of the stages failed: %v\n%s", err, strings.TrimSpace(string(msg)))
+	}
+	for r, p := range ps {
+		res, fin, err := readOutputs(filepath.Join(out, fmt.Sprintf("rank%d", r)), p.Func, args[r])
+		if err != nil {
+			return nil, nil, fmt.Errorf("stage %d: %v", r, err)
+		}
+		results, final = append(results, res), append(final, fin)
+	}
+	return results, final, nil
+}
+
 func writeNpy(path string, t *interp.Tensor) error {
 	fh, err := os.Create(path)
 	if err != nil {

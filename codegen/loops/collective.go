@@ -12,17 +12,37 @@ import (
 // the axis's extent in In; Outer = 1 and Inner = the element count for
 // ops without an axis); Out is the op's result. Reduce is sum, max or
 // min; Root is broadcast's root within the group.
+//
+// A send (In, nil Out) or recv (Out, nil In) moves its buffer to or from
+// rank r+Peer, matched by Tag.
 type Collective struct {
 	Kind               string
 	Reduce             string
 	In, Out            *Buffer
 	Outer, D, Inner    int64
 	Size, Stride, Root int64
+	Peer, Tag          int64
 }
 
 // Collectives lower as copies on a group of one rank; across ranks, as a
 // Collective step on the operand in a buffer of its own.
 func init() {
+	stageRules["send"] = func(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
+		x := in[0]
+		src := x.Buf
+		if src == nil || src.Storage == Const {
+			src = b.temp("c", x.Type)
+			b.store(src, x.At)
+		}
+		a := op.Attr()
+		b.add(&Collective{Kind: "send", In: src, Outer: 1, D: 1, Inner: x.Type.NumElements(), Peer: a.Int("offset"), Tag: a.Int("tag")})
+		return nil
+	}
+	stageRules["recv"] = func(b *builder, op *ir.Op, _ []Tensor, out []*Buffer) error {
+		a := op.Attr()
+		b.add(&Collective{Kind: "recv", Out: out[0], Outer: 1, D: 1, Inner: out[0].Type.NumElements(), Peer: a.Int("offset"), Tag: a.Int("tag")})
+		return nil
+	}
 	for _, name := range []string{"all_reduce", "reduce_scatter", "all_gather", "broadcast"} {
 		stageRules[name] = func(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 			size, stride := ir.CollectiveGroup(op)
