@@ -1,0 +1,64 @@
+package parallel_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passes/microbatch"
+	"github.com/kiln-compiler/kiln/passes/parallel"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// TestPipelineOnCIModels: ResNet-50, BERT and GPT-2 at CI size, with
+// Adam, cut into 2 stages of 2 microbatches (and 4 stages without), equal
+// the one-device step split into the same microbatches, exactly: every
+// stage computes its ops as one device does, on the same values, and the
+// slices' sums are added in the same order. (With microbatches, batch
+// normalisation takes each slice's statistics and dropout draws each
+// slice's mask, as under microbatch{n}: the reference is that step.)
+func TestPipelineOnCIModels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("model-scale")
+	}
+	for _, name := range []string{"resnet50_ci", "bert_base_ci", "gpt2_small_ci"} {
+		for _, pm := range [][2]int{{2, 2}, {4, 1}} {
+			t.Run(fmt.Sprintf("%s/pp=%d,m=%d", name, pm[0], pm[1]), func(t *testing.T) {
+				m, err := onnx.ImportFile("../../testdata/models/ci/"+name+".onnx", onnx.Options{})
+				require.NoError(t, err)
+				passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
+				whole := m.Funcs[0]
+				start := time.Now()
+				stages, st, err := parallel.Pipeline(whole, pm[0], pm[1])
+				require.NoError(t, err)
+				cut := time.Since(start)
+				ref := passtest.Clone(t, m).Funcs[0]
+				if pm[1] > 1 {
+					_, err := microbatch.Split(ref, pm[1])
+					require.NoError(t, err)
+				}
+				args := interp.RandomArgs(whole, 3)
+				want, wantArgs, err := interp.RunWithUpdates(ref, interp.CloneAll(args), interp.Options{})
+				require.NoError(t, err)
+				parts, err := parallel.StageValues(stages, whole.Args, interp.CloneAll(args))
+				require.NoError(t, err)
+				res, finals, err := interp.RunPrograms(stages, parts, interp.Options{})
+				require.NoError(t, err)
+				got, gotArgs := parallel.JoinStages(stages, whole.Args, args, res, finals)
+				for i := range want {
+					require.Zero(t, passtest.RelErr(got[i], want[i]), "result %s", whole.ResultName(i))
+				}
+				for i, a := range whole.Args {
+					if a.Arg.InOut {
+						require.Zero(t, passtest.RelErr(gotArgs[i], wantArgs[i]), "updated %s", a.Name)
+					}
+				}
+				t.Logf("%d ops cut in %v; %d sends, %d bytes; stage seconds %v; 1F1B %v", len(whole.Body), cut, st.Sends, st.SentBytes, st.Seconds, st.Interleave)
+			})
+		}
+	}
+}
