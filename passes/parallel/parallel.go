@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
@@ -46,11 +47,8 @@ func init() {
 				if !st.Interleave {
 					order = "each microbatch's forward and backward in turn (1F1B could deadlock)"
 				}
-				var secs []string
-				for s, x := range st.Seconds {
-					secs = append(secs, fmt.Sprintf("stage %d %.3g s", s, x))
-				}
-				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled time %s", f.Name, o.PP, max(1, o.Microbatches), order, strings.Join(secs, ", ")))
+				one := costmodel.Default.Simulate(f).Seconds
+				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled step %.3g s (one device: %.3g s), %.0f%% of the stages' time idle", f.Name, o.PP, max(1, o.Microbatches), order, st.Step, one, 100*st.Bubble()))
 			}
 			m.Funcs = funcs
 			return nil

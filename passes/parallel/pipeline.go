@@ -64,11 +64,72 @@ func Stages(m *ir.Module) []*ir.Func {
 
 // PipelineStats is what Pipeline did.
 type PipelineStats struct {
-	Micro      microbatch.Stats
-	Sends      int       // send ops over all stages
-	SentBytes  int64     // their bytes
-	Seconds    []float64 // each stage's modelled time
-	Interleave bool      // the stages run 1F1B; false: slices in turn
+	Micro     microbatch.Stats
+	Sends     int   // send ops over all stages
+	SentBytes int64 // their bytes
+	// Step is the modelled step time (PipelineTime); Busy each stage's
+	// time computing in it.
+	Step       float64
+	Busy       []float64
+	Interleave bool // the stages run 1F1B; false: slices in turn
+}
+
+// Bubble is the fraction of the stages' time spent waiting.
+func (st PipelineStats) Bubble() float64 {
+	if st.Step <= 0 || len(st.Busy) == 0 {
+		return 0
+	}
+	busy := 0.0
+	for _, b := range st.Busy {
+		busy += b
+	}
+	return 1 - busy/(st.Step*float64(len(st.Busy)))
+}
+
+// PipelineTime models the stages running together, a rank each: each
+// runs its ops in order, a send's tensor arrives after the link's time
+// (α + n/B, the sender going on at once) and a recv waits for it. It
+// returns the step's time (the last stage to finish) and each stage's
+// busy time.
+func PipelineTime(stages []*ir.Func, dev costmodel.Device) (step float64, busy []float64) {
+	at := make([]int, len(stages))
+	clock := make([]float64, len(stages))
+	busy = make([]float64, len(stages))
+	arrive := map[[2]int64][]float64{} // (to, tag) -> arrival times
+	for {
+		moved := false
+		for s, f := range stages {
+		ops:
+			for at[s] < len(f.Body) {
+				op := f.Body[at[s]]
+				secs := dev.OpSeconds(op)
+				switch op.Kind {
+				case "recv":
+					k := [2]int64{int64(s), op.Attrs["tag"].Int}
+					if len(arrive[k]) == 0 {
+						break ops // its tensor has not been sent yet
+					}
+					clock[s] = max(clock[s], arrive[k][0])
+					arrive[k] = arrive[k][1:]
+				case "send":
+					k := [2]int64{int64(s) + op.Attrs["offset"].Int, op.Attrs["tag"].Int}
+					arrive[k] = append(arrive[k], clock[s]+secs)
+				default:
+					clock[s] += secs
+					busy[s] += secs
+				}
+				at[s]++
+				moved = true
+			}
+		}
+		if !moved {
+			break
+		}
+	}
+	for _, c := range clock {
+		step = max(step, c)
+	}
+	return step, busy
 }
 
 // Pipeline cuts the training step f into pp stages running m microbatches
@@ -107,8 +168,8 @@ func Pipeline(f *ir.Func, pp, m int) ([]*ir.Func, PipelineStats, error) {
 	} else if stages, err = pl.build(m, false); err != nil {
 		return nil, st, err
 	}
+	st.Step, st.Busy = PipelineTime(stages, costmodel.Default)
 	for _, s := range stages {
-		st.Seconds = append(st.Seconds, costmodel.Default.Simulate(s).Seconds)
 		for _, op := range s.Body {
 			if op.Kind == "send" {
 				st.Sends++

@@ -57,7 +57,7 @@ func TestPipelineOnCIModels(t *testing.T) {
 						require.Zero(t, passtest.RelErr(gotArgs[i], wantArgs[i]), "updated %s", a.Name)
 					}
 				}
-				t.Logf("%d ops cut in %v; %d sends, %d bytes; stage seconds %v; 1F1B %v", len(whole.Body), cut, st.Sends, st.SentBytes, st.Seconds, st.Interleave)
+				t.Logf("%d ops cut in %v; %d sends, %d bytes; step %.3g s, busy %v, bubble %.2f; 1F1B %v", len(whole.Body), cut, st.Sends, st.SentBytes, st.Step, st.Busy, st.Bubble(), st.Interleave)
 			})
 		}
 	}

@@ -2,6 +2,8 @@ package parallel_test
 
 import (
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -72,4 +74,50 @@ func TestPipelineEqualsOneDevice(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPipelineIs1F1B: two MLP blocks in 2 stages of 4 microbatches send
+// one activation forward and one gradient back per slice and nothing
+// else; stage s holds at most 2−s slices in flight (1F1B), so the
+// backward of the first slice runs before the forward of the last; and
+// the modelled step idles about as GPipe's bound says, (p−1)/(m+p−1) of
+// the stages' time, plus the links' latency.
+func TestPipelineIs1F1B(t *testing.T) {
+	const pp, m = 2, 4
+	stages, st := pipelineEqualsOneDevice(t, passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir"), "autodiff{loss=sum},optimizer{kind=adam}", pp, m, 1e-12)
+	require.True(t, st.Interleave)
+	require.Equal(t, 2*m, st.Sends)
+	slice := regexp.MustCompile(`\.mb(\d+)`)
+	for s, f := range stages {
+		started, done := map[string]bool{}, map[string]bool{}
+		most := 0
+		firstBackward, lastForward := -1, -1
+		for i, op := range f.Body {
+			if len(op.Results) == 0 {
+				continue
+			}
+			name := op.Results[0].Name
+			k := slice.FindStringSubmatch(name)
+			if k == nil {
+				continue
+			}
+			if strings.Contains(name, ".bwd") || strings.Contains(name, ".grad") {
+				done[k[1]] = true
+				if firstBackward < 0 {
+					firstBackward = i
+				}
+			} else if !done[k[1]] {
+				started[k[1]] = true
+				lastForward = i
+			}
+			most = max(most, len(started)-len(done))
+		}
+		require.LessOrEqual(t, most, pp-s, "stage %d: slices in flight", s)
+		if s == 0 {
+			require.Less(t, firstBackward, lastForward, "stage 0 starts the first backward before the last forward")
+		}
+	}
+	bound := float64(pp-1) / float64(m+pp-1)
+	require.InDelta(t, bound, st.Bubble(), 0.1, "idle fraction")
+	t.Logf("step %.3g s, busy %v, idle %.3f (bound %.3f)", st.Step, st.Busy, st.Bubble(), bound)
 }
