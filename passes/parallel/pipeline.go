@@ -255,7 +255,21 @@ func (pl *pipeliner) cut() error {
 		attr[op] = a
 		weight[a] += costmodel.Default.OpSeconds(op)
 	}
-	bounds := balance(weight, pl.pp)
+	// A cut at i sends the forward values made before i and read from i
+	// on, and their gradients back: the link's time counts against the
+	// stages on both sides.
+	cross := make([]float64, len(fwd)+1)
+	for x, l := range lo {
+		if h := hi[x]; h > l && x.Type.SizeBytes() > 0 {
+			secs := 2 * costmodel.Default.CollectiveSeconds("send", x.Type.SizeBytes(), 2)
+			cross[l+1] += secs
+			cross[h+1] -= secs
+		}
+	}
+	for i := 1; i <= len(fwd); i++ {
+		cross[i] += cross[i-1]
+	}
+	bounds := balance(weight, cross, pl.pp)
 	stageOf := func(i int) int { return sort.SearchInts(bounds, i+1) }
 	pl.home = map[*ir.Value]int{}
 	for _, a := range g.Args {
@@ -359,53 +373,53 @@ func attribute(op *ir.Op, free map[*ir.Value]bool, lo, hi map[*ir.Value]int, att
 	return -1
 }
 
-// balance cuts weights into n contiguous nonempty runs whose largest sum
-// is least (to the bisection's precision): the exclusive ends of the runs.
-func balance(w []float64, n int) []int {
-	total, most := 0.0, 0.0
-	for _, x := range w {
-		total += x
-		most = max(most, x)
+// balance cuts w into n contiguous nonempty runs, a run [a, b) costing
+// w's sum over it plus cross[a] and cross[b] (the cuts' traffic; cross[0]
+// and cross[len(w)] count nothing), so that the costliest run costs
+// least: the runs' exclusive ends. A dynamic program over the cuts,
+// pruned where a run alone costs more than the best found.
+func balance(w, cross []float64, n int) []int {
+	m := len(w)
+	pre := make([]float64, m+1)
+	for i, x := range w {
+		pre[i+1] = pre[i] + x
 	}
-	cuts := func(limit float64) []int {
-		var ends []int
-		sum := 0.0
-		for i, x := range w {
-			// Close the run when x would overflow it, or when the ops
-			// left are only enough for one run each.
-			if left := n - 1 - len(ends); i > 0 && left > 0 && (sum+x > limit || len(w)-i == left) {
-				ends = append(ends, i)
-				sum = 0
-			}
-			sum += x
+	edge := func(i int) float64 {
+		if i == 0 || i == m {
+			return 0
 		}
-		return append(ends, len(w))
+		return cross[i]
 	}
-	fits := func(limit float64) bool {
-		ends := cuts(limit)
-		start := 0
-		for _, e := range ends {
-			s := 0.0
-			for _, x := range w[start:e] {
-				s += x
-			}
-			if s > limit*(1+1e-12) {
-				return false
-			}
-			start = e
-		}
-		return true
-	}
-	low, high := max(most, total/float64(n)), total
-	for range 100 {
-		mid := (low + high) / 2
-		if fits(mid) {
-			high = mid
-		} else {
-			low = mid
+	cost := func(a, b int) float64 { return pre[b] - pre[a] + edge(a) + edge(b) }
+	inf := math.Inf(1)
+	best := make([][]float64, n+1) // best[k][i]: the first i ops in k runs
+	from := make([][]int, n+1)
+	for k := range best {
+		best[k] = make([]float64, m+1)
+		from[k] = make([]int, m+1)
+		for i := range best[k] {
+			best[k][i] = inf
 		}
 	}
-	return cuts(high)
+	best[0][0] = 0
+	for k := 1; k <= n; k++ {
+		for i := k; i <= m-(n-k); i++ {
+			for j := i - 1; j >= k-1; j-- {
+				if pre[i]-pre[j] >= best[k][i] {
+					break // longer runs only cost more
+				}
+				if c := max(best[k-1][j], cost(j, i)); c < best[k][i] {
+					best[k][i], from[k][i] = c, j
+				}
+			}
+		}
+	}
+	ends := make([]int, n)
+	for k, i := n, m; k > 0; k-- {
+		ends[k-1] = i
+		i = from[k][i]
+	}
+	return ends
 }
 
 // freeValues are the values every stage can make for itself: data
