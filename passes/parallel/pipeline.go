@@ -140,6 +140,7 @@ func Pipeline(f *ir.Func, pp, m int) ([]*ir.Func, PipelineStats, error) {
 		return nil, st, fmt.Errorf("a pipeline needs at least 2 stages, got pp=%d", pp)
 	}
 	g := f.Clone()
+	passes.RemoveDeadOps(g) // a dead forward op belongs to no stage
 	pl := &pipeliner{g: g, pp: pp, stage: map[*ir.Op]int{}}
 	if err := pl.cut(); err != nil {
 		return nil, st, err
@@ -237,20 +238,16 @@ func (pl *pipeliner) cut() error {
 		case pl.fwd[op]:
 			a = index[op]
 		case isUpdate(op):
-			p := op.Operands[op.Def().Writes[0]]
-			l, ok := lo[p]
-			if !ok {
-				return fmt.Errorf("%s updates %s, which no forward op reads", op.Kind, p.Ref())
-			}
-			a = l
+			// With its parameter (on the first stage when no forward op
+			// reads it: its gradient is zero).
+			a = max(0, lo[op.Operands[op.Def().Writes[0]]])
 		default:
-			a = attribute(op, pl.free, lo, hi, attr)
+			// Anything else reading nothing a stage holds (parameters
+			// no forward op reads) goes on the first stage.
+			a = max(0, attribute(op, pl.free, lo, hi, attr))
 			if !readsForward(op, hi) {
 				noForward[op] = true
 			}
-		}
-		if a < 0 {
-			return fmt.Errorf("%s defining %s reads nothing a stage holds", op.Kind, defName(op))
 		}
 		attr[op] = a
 		weight[a] += costmodel.Default.OpSeconds(op)
@@ -494,13 +491,6 @@ func forwardOps(g *ir.Func) map[*ir.Op]bool {
 func isUpdate(op *ir.Op) bool {
 	d := op.Def()
 	return d != nil && len(d.Writes) > 0
-}
-
-func defName(op *ir.Op) string {
-	if len(op.Results) > 0 {
-		return op.Results[0].Ref()
-	}
-	return "nothing"
 }
 
 // place gives every op of the (perhaps split) step its stage: a copy of

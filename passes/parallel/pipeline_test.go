@@ -2,6 +2,7 @@ package parallel_test
 
 import (
 	"fmt"
+	"math/rand"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes/microbatch"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passtest"
 )
@@ -21,7 +23,13 @@ func pipelineEqualsOneDevice(t *testing.T, src, pipe string, pp, m int, tol floa
 	t.Helper()
 	mod := passtest.Parse(t, src)
 	passtest.Run(t, mod, pipe)
-	whole := mod.Funcs[0]
+	return pipelineEquals(t, mod.Funcs[0], mod.Funcs[0], pp, m, tol)
+}
+
+// pipelineEquals cuts whole into pp stages of m microbatches and
+// compares their run with ref's.
+func pipelineEquals(t *testing.T, whole, ref *ir.Func, pp, m int, tol float64) ([]*ir.Func, parallel.PipelineStats) {
+	t.Helper()
 	before := whole.String()
 	stages, st, err := parallel.Pipeline(whole, pp, m)
 	require.NoError(t, err)
@@ -29,7 +37,7 @@ func pipelineEqualsOneDevice(t *testing.T, src, pipe string, pp, m int, tol floa
 	require.Len(t, stages, pp)
 	require.NoError(t, ir.Verify(&ir.Module{Funcs: stages}))
 	args := interp.RandomArgs(whole, 7)
-	want, wantArgs, err := interp.RunWithUpdates(whole, interp.CloneAll(args), interp.Options{})
+	want, wantArgs, err := interp.RunWithUpdates(ref, interp.CloneAll(args), interp.Options{})
 	require.NoError(t, err)
 	parts, err := parallel.StageValues(stages, whole.Args, interp.CloneAll(args))
 	require.NoError(t, err)
@@ -120,4 +128,39 @@ func TestPipelineIs1F1B(t *testing.T) {
 	bound := float64(pp-1) / float64(m+pp-1)
 	require.InDelta(t, bound, st.Bubble(), 0.1, "idle fraction")
 	t.Logf("step %.3g s, busy %v, idle %.3f (bound %.3f)", st.Step, st.Busy, st.Bubble(), bound)
+}
+
+// TestPipelineOnRandomSteps: random forward graphs (matmuls with their
+// weights, unary and binary ops, dropout, skip links) as training steps
+// with momentum, cut into 2 or 3 stages of 1 or 2 microbatches, equal the
+// one-device step (f64, 1e-12: microbatches sum in another order).
+func TestPipelineOnRandomSteps(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	ran := 0
+	defer func() { t.Logf("%d of 40 steps cut", ran); require.GreaterOrEqual(t, ran, 30, "steps cut") }()
+	for trial := 0; trial < 40; trial++ {
+		src := passtest.RandomForward(r, 6+r.Intn(20), 8)
+		pp, m := 2+r.Intn(2), 1+r.Intn(2)
+		t.Run(fmt.Sprintf("%d/pp=%d,m=%d", trial, pp, m), func(t *testing.T) {
+			mod := passtest.Parse(t, src)
+			passtest.Run(t, mod, "autodiff{loss=sum},optimizer{kind=momentum}")
+			if _, _, err := parallel.Pipeline(mod.Funcs[0], pp, m); err != nil {
+				// A forward of fewer ops than stages (what only the data
+				// argument makes, every stage makes for itself) is refused.
+				require.ErrorContains(t, err, fmt.Sprintf("fewer than pp=%d stages", pp))
+				return
+			}
+			ran++
+			if m > 1 {
+				// Dropout draws each slice's mask: the reference is the step
+				// split into the same slices.
+				ref := passtest.Clone(t, mod)
+				_, err := microbatch.Split(ref.Funcs[0], m)
+				require.NoError(t, err)
+				pipelineEquals(t, mod.Funcs[0], ref.Funcs[0], pp, m, 0)
+				return
+			}
+			pipelineEquals(t, mod.Funcs[0], mod.Funcs[0], pp, m, 0)
+		})
+	}
 }

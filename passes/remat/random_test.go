@@ -21,52 +21,6 @@ import (
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
-// randomForward writes a random f64 forward graph: a DAG of matmuls with
-// weights, cheap unary ops, dropout and binary ops over earlier values,
-// all [rows, 8], whose training step saves a dozen or so values.
-func randomForward(r *rand.Rand, ops, rows int) string {
-	const cols = 8
-	var b strings.Builder
-	var args []string
-	vals := []string{"%x"}
-	params := 0
-	var body strings.Builder
-	t := fmt.Sprintf("f64[%d,%d]", rows, cols)
-	for i := 0; i < ops; i++ {
-		name := fmt.Sprintf("%%v%d", i)
-		pick := func() string {
-			// Mostly the last values, sometimes an older one (skip links).
-			if r.Intn(3) == 0 {
-				return vals[r.Intn(len(vals))]
-			}
-			return vals[len(vals)-1-r.Intn(min(2, len(vals)))]
-		}
-		switch k := r.Intn(8); {
-		case k < 2:
-			w := fmt.Sprintf("%%w%d", params)
-			params++
-			args = append(args, fmt.Sprintf("%s: f64[%d,%d] {param}", w, cols, cols))
-			fmt.Fprintf(&body, "  %s = matmul(%s, %s) : %s\n", name, pick(), w, t)
-		case k < 5:
-			op := []string{"tanh", "sigmoid", "relu", "neg"}[r.Intn(4)]
-			fmt.Fprintf(&body, "  %s = %s(%s) : %s\n", name, op, pick(), t)
-		case k < 6:
-			fmt.Fprintf(&body, "  %s, %%m%d = dropout(%s) {ratio = 0.25, seed = %d} : %s, bool[%d,%d]\n", name, i, pick(), i, t, rows, cols)
-		default:
-			op := []string{"add", "mul", "sub"}[r.Intn(3)]
-			fmt.Fprintf(&body, "  %s = %s(%s, %s) : %s\n", name, op, pick(), pick(), t)
-		}
-		vals = append(vals, name)
-	}
-	if params == 0 {
-		args = append(args, fmt.Sprintf("%%w0: f64[%d,%d] {param}", cols, cols))
-		fmt.Fprintf(&body, "  %%out = matmul(%s, %%w0) : %s\n", vals[len(vals)-1], t)
-		vals = append(vals, "%out")
-	}
-	fmt.Fprintf(&b, "func @random(%%x: %s, %s) -> (%s) {\n%s  return %s\n}\n", t, strings.Join(args, ", "), t, body.String(), vals[len(vals)-1])
-	return b.String()
-}
-
 // subsetPlan is the peak and the added FLOPs of one subset of saved
 // values, and whether it recomputes cheap ops only.
 type subsetPlan struct {
@@ -141,7 +95,7 @@ func TestBestMatchesBruteForce(t *testing.T) {
 	r := rand.New(rand.NewSource(7))
 	graphs, cheapMatches := 0, 0
 	for graphs < 40 {
-		step := trainingStep(t, randomForward(r, 6+r.Intn(6), 32))
+		step := trainingStep(t, passtest.RandomForward(r, 6+r.Intn(6), 32))
 		f := passtest.Parse(t, step).Funcs[0]
 		if n := len(savedValues(f)); n < 3 || n > 12 {
 			continue
@@ -178,7 +132,7 @@ func TestBestMatchesBruteForce(t *testing.T) {
 func TestRandomBudgets(t *testing.T) {
 	r := rand.New(rand.NewSource(11))
 	for i := 0; i < 30; i++ {
-		step := trainingStep(t, randomForward(r, 10+r.Intn(30), 32))
+		step := trainingStep(t, passtest.RandomForward(r, 10+r.Intn(30), 32))
 		f := passtest.Parse(t, step).Funcs[0]
 		peak := liveness.Analyze(f).Peak
 		budget := int64(math.Max(1, (0.2+0.8*r.Float64())*float64(peak)))

@@ -24,7 +24,7 @@ func TestSelectSavedAgainstBruteForce(t *testing.T) {
 	graphs, lowered, optimal, better := 0, 0, 0, 0
 	gap := 0.0
 	for graphs < 40 {
-		step := trainingStep(t, randomForward(r, 6+r.Intn(6), 32))
+		step := trainingStep(t, passtest.RandomForward(r, 6+r.Intn(6), 32))
 		f := passtest.Parse(t, step).Funcs[0]
 		if n := len(savedValues(f)); n < 3 || n > 12 {
 			continue
