@@ -29,35 +29,12 @@ func init() {
 		Excludes:    []passes.Property{passes.Fused, passes.Assigned},
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
-		if o.PP > 1 {
-			if o.DP != 1 || o.TP != 1 || o.Zero != 0 || o.Devices != 0 {
-				return fmt.Errorf("parallel{pp=%d}: pipeline stages beside data or tensor parallelism, ZeRO or the search are not built", o.PP)
-			}
-			var funcs []*ir.Func
-			for _, f := range m.Funcs {
-				stages, st, err := Pipeline(f, o.PP, o.Microbatches)
-				if err != nil {
-					return fmt.Errorf("parallel{pp=%d}: @%s: %v", o.PP, f.Name, err)
-				}
-				funcs = append(funcs, stages...)
-				ctx.AddStat("ranks", int64(o.PP))
-				ctx.AddStat("sends", int64(st.Sends))
-				ctx.AddStat("sent-bytes", st.SentBytes)
-				order := "1F1B"
-				if !st.Interleave {
-					order = "each microbatch's forward and backward in turn (1F1B could deadlock)"
-				}
-				one := costmodel.Default.Simulate(f).Seconds
-				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled step %.3g s (one device: %.3g s), %.0f%% of the stages' time idle", f.Name, o.PP, max(1, o.Microbatches), order, st.Step, one, 100*st.Bubble()))
-			}
-			m.Funcs = funcs
-			return nil
-		}
+		var funcs []*ir.Func
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, TP: o.TP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
+			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
 			if o.Devices > 0 {
-				if o.DP != 1 || o.TP != 1 || o.Zero != 0 {
-					return fmt.Errorf("parallel: give devices (to search) or dp, tp and zero, not both")
+				if o.DP != 1 || o.TP != 1 || o.PP != 1 || o.Zero != 0 {
+					return fmt.Errorf("parallel: give devices (to search) or dp, tp, pp and zero, not both")
 				}
 				best, cands, err := Search(f, o.Devices, o.DeviceMemory.Of(0), plan.Bucket)
 				var lines []string
@@ -70,11 +47,33 @@ func init() {
 				ctx.Stat("note", fmt.Sprintf("chose %s, the fastest in the cost model that fits; weighed %s", best, strings.Join(lines, "; ")))
 				plan = best
 			}
+			if plan.PP > 1 {
+				if plan.DP != 1 || plan.TP > 1 || plan.Zero != 0 {
+					return fmt.Errorf("parallel{pp=%d}: pipeline stages beside data or tensor parallelism or ZeRO are not built", plan.PP)
+				}
+				stages, st, err := Pipeline(f, plan.PP, plan.Microbatches)
+				if err != nil {
+					return fmt.Errorf("parallel{pp=%d}: @%s: %v", plan.PP, f.Name, err)
+				}
+				funcs = append(funcs, stages...)
+				ctx.AddStat("ranks", int64(plan.PP))
+				ctx.AddStat("sends", int64(st.Sends))
+				ctx.AddStat("sent-bytes", st.SentBytes)
+				order := "1F1B"
+				if !st.Interleave {
+					order = "each microbatch's forward and backward in turn (1F1B could deadlock)"
+				}
+				one := costmodel.Default.Simulate(f).Seconds
+				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled step %.3g s (one device: %.3g s), %.0f%% of the stages' time idle", f.Name, plan.PP, max(1, plan.Microbatches), order, st.Step, one, 100*st.Bubble()))
+				continue
+			}
 			if _, err := Partition(f, plan); err != nil {
 				return err
 			}
+			funcs = append(funcs, f)
 			ctx.AddStat("ranks", int64(plan.Ranks()))
 		}
+		m.Funcs = funcs
 		return nil
 	}))
 }
@@ -96,6 +95,7 @@ type options struct {
 type Plan struct {
 	DP     int   // data-parallel ranks
 	TP     int   // tensor-parallel ranks (0 or 1: none)
+	PP     int   // pipeline stages (0 or 1: none; Pipeline makes them)
 	Zero   int   // ZeRO stage (0 to 3)
 	Bucket int64 // bytes of a gradient bucket without ZeRO (0: none)
 	// LocalBN keeps each rank's batch-norm statistics (DDP's default)
@@ -106,7 +106,7 @@ type Plan struct {
 }
 
 // Ranks is the number of ranks a plan runs on.
-func (p Plan) Ranks() int { return max(1, p.DP) * max(1, p.TP) }
+func (p Plan) Ranks() int { return max(1, p.DP) * max(1, p.TP) * max(1, p.PP) }
 
 // Partition rewrites f into the SPMD step of one rank of p and marks it
 // with the number of ranks (attribute ranks). On error f is unchanged.

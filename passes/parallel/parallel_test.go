@@ -151,7 +151,8 @@ func TestGradientsAllReduceInBuckets(t *testing.T) {
 
 // TestSearchPicksTheFastestPlanThatFits: over 4 devices the search weighs
 // dp = 1, 2, 4 with ZeRO 0 to 3 and tp dividing what dp leaves (15 plans:
-// the MLP has a block tensor parallelism splits); with no memory limit it takes
+// the MLP has a block tensor parallelism splits) and pipelines of 2 and 4
+// stages (6 plans, 3 of which the batch allows); with no memory limit it takes
 // the fastest; with a limit between the plans' peaks it takes the fastest
 // of those under it; under every peak it says which plan comes closest.
 func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
@@ -161,16 +162,27 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 	before := f.String()
 	best, cands, err := parallel.Search(f, 4, 0, 0)
 	require.NoError(t, err)
-	require.Len(t, cands, 15)
+	require.Len(t, cands, 21)
 	require.Equal(t, before, f.String(), "the search leaves f alone")
+	pipelines := 0
 	for _, c := range cands {
+		if c.Plan.PP > 1 && c.Err != nil {
+			require.ErrorContains(t, c.Err, "is not divisible by n=") // a batch of 12 in 8 or 16 slices
+			continue
+		}
 		require.NoError(t, c.Err)
 		require.GreaterOrEqual(t, c.Seconds, cands[indexOf(cands, best)].Seconds)
+		if c.Plan.PP > 1 {
+			pipelines++
+		}
 	}
+	require.Equal(t, 3, pipelines, "pp=2 with 2 and 4 microbatches, pp=4 with 4")
 	// A limit that only the smallest peaks meet.
 	least, most := cands[0].Peak, cands[0].Peak
 	for _, c := range cands {
-		least, most = min(least, c.Peak), max(most, c.Peak)
+		if c.Err == nil {
+			least, most = min(least, c.Peak), max(most, c.Peak)
+		}
 	}
 	limit := (least + most) / 2
 	best, cands, err = parallel.Search(f, 4, limit, 0)
@@ -188,7 +200,7 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 
 func indexOf(cands []parallel.Candidate, p parallel.Plan) int {
 	for i, c := range cands {
-		if c.Plan.DP == p.DP && c.Plan.TP == p.TP && c.Plan.Zero == p.Zero {
+		if c.Plan.DP == p.DP && c.Plan.TP == p.TP && c.Plan.PP == p.PP && c.Plan.Microbatches == p.Microbatches && c.Plan.Zero == p.Zero {
 			return i
 		}
 	}

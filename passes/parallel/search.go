@@ -37,7 +37,8 @@ func (c Candidate) String() string {
 // what parallel builds: dp dividing devices (the batch must divide too),
 // tp dividing devices / dp (tensor parallelism needs MLP blocks: a plan
 // it cannot make is listed with its error), and ZeRO stages 0 to 3 with
-// dp > 1. It returns the fastest plan in the cost
+// dp > 1; and pipelines of pp stages dividing devices with pp, 2·pp or
+// 4·pp microbatches. It returns the fastest plan in the cost
 // model whose peak fits memory per device (0: any), ties going to the
 // smaller peak, and every candidate it weighed. f is unchanged.
 func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, error) {
@@ -56,6 +57,17 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 				}
 				cands = append(cands, weigh(f, Plan{DP: dp, TP: tp, Zero: zero, Bucket: bucket}, memory))
 			}
+		}
+	}
+	// Pipelines of pp stages dividing devices (alone: stages beside the
+	// other kinds are not built), of pp, 2·pp and 4·pp microbatches (a
+	// count the batch does not divide is listed with its error).
+	for pp := 2; pp <= devices; pp++ {
+		if devices%pp != 0 {
+			continue
+		}
+		for _, m := range []int{pp, 2 * pp, 4 * pp} {
+			cands = append(cands, weighPipeline(f, Plan{DP: 1, PP: pp, Microbatches: m}, memory))
 		}
 	}
 	best := -1
@@ -96,7 +108,28 @@ func weigh(f *ir.Func, p Plan, memory int64) Candidate {
 	return c
 }
 
+// weighPipeline cuts a copy of f into p's stages and measures the
+// largest stage's peak and the pipeline's step time (PipelineTime, each
+// stage fused).
+func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
+	c := Candidate{Plan: p}
+	stages, _, err := Pipeline(f, p.PP, p.Microbatches)
+	if c.Err = err; err != nil {
+		return c
+	}
+	for _, s := range stages {
+		c.Peak = max(c.Peak, liveness.Analyze(s).Peak)
+		fuse.Fuse(s, fuse.Options{MultiOutput: true})
+	}
+	c.Seconds, _ = PipelineTime(stages, costmodel.Default)
+	c.Fits = memory <= 0 || c.Peak <= memory
+	return c
+}
+
 func (p Plan) String() string {
+	if p.PP > 1 {
+		return fmt.Sprintf("pp=%d,microbatches=%d", p.PP, p.Microbatches)
+	}
 	if p.TP > 1 {
 		return fmt.Sprintf("dp=%d,tp=%d,zero=%d", p.DP, p.TP, p.Zero)
 	}
