@@ -92,11 +92,13 @@ func init() {
 				rep := memreport.Build(f, ps)
 				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
 					// Pipeline stages: a plan each; the report is the
-					// largest's, with every stage's as its ranks.
+					// largest's, with each stage's as its ranks'.
 					var ranks []memreport.RankReport
 					for s, g := range stages {
 						r := memreport.Build(g, ps)
-						ranks = append(ranks, memreport.RankOf(g, r, s))
+						for range parallel.RanksOf(g) {
+							ranks = append(ranks, memreport.RankOf(g, r, len(ranks)))
+						}
 						if r.PlannedBytes > rep.PlannedBytes || s == 0 {
 							f, rep = g, r
 						}

@@ -75,7 +75,7 @@ func init() {
 				}
 				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
 					run := func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
-						return interp.RunPrograms(stages, parts, interp.Options{})
+						return interp.RunPrograms(parallel.RankPrograms(stages), parts, interp.Options{})
 					}
 					if *backend == "llvm" {
 						run = func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
@@ -158,7 +158,7 @@ func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, see
 	if err != nil {
 		return err
 	}
-	parts, err := parallel.StageValues(stages, whole.Args, interp.CloneAll(vals))
+	parts, err := parallel.RankValues(stages, whole.Args, interp.CloneAll(vals))
 	if err != nil {
 		return err
 	}
@@ -166,7 +166,7 @@ func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, see
 	if err != nil {
 		return fmt.Errorf("kiln: run failed: %v", err)
 	}
-	out, updated := parallel.JoinStages(stages, whole.Args, vals, res, final)
+	out, updated := parallel.JoinRanks(stages, whole.Args, vals, res, final)
 	var names []string
 	for i := range whole.Results {
 		names = append(names, whole.ResultName(i))

@@ -139,10 +139,10 @@ func TestRunParallelEqualsOneDevice(t *testing.T) {
 		base := append([]string{"run", "../testdata/examples/mlp.kir", "--seed", "5"}, extra...)
 		_, stderr, code := kiln(t, append(base, "--output-dir", one)...)
 		require.Equal(t, 0, code, stderr)
-		specs := [][]string{{"dp=2"}, {"dp=4"}, {"dp=2,zero=2"}, {"dp=4,zero=3"}, {"dp=2", "--microbatches", "2"}, {"pp=2"}, {"pp=2,microbatches=4"}, {"pp=3,microbatches=2"}}
+		specs := [][]string{{"dp=2"}, {"dp=4"}, {"dp=2,zero=2"}, {"dp=4,zero=3"}, {"dp=2", "--microbatches", "2"}, {"pp=2"}, {"pp=2,microbatches=4"}, {"pp=3,microbatches=2"}, {"dp=2,pp=2,zero=2,microbatches=2"}}
 		if _, err := exec.LookPath("mpirun"); err == nil {
 			// The compiled ranks under mpirun.
-			specs = append(specs, []string{"dp=2", "--backend", "llvm"}, []string{"dp=4,zero=3", "--backend", "llvm"}, []string{"pp=2,microbatches=4", "--backend", "llvm"})
+			specs = append(specs, []string{"dp=2", "--backend", "llvm"}, []string{"dp=4,zero=3", "--backend", "llvm"}, []string{"pp=2,microbatches=4", "--backend", "llvm"}, []string{"dp=2,pp=2,zero=3", "--backend", "llvm"})
 		} else if os.Getenv("CI") != "" {
 			t.Fatal("CI installs Open MPI: mpirun is missing")
 		}

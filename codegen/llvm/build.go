@@ -246,7 +246,7 @@ func InitFiles(p *loops.Program) map[string][]byte {
 // value is not embedded: the runner gives every rank its part.
 func Ranks(p *loops.Program) int64 {
 	if s := p.Func.Attrs.Int("stages", 0); s > 1 {
-		return s // a pipeline stage: one of as many ranks
+		return s * p.Func.Attrs.Int("ranks", 1) // a pipeline stage: its ranks times the stages
 	}
 	return p.Func.Attrs.Int("ranks", 1)
 }

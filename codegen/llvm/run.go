@@ -1,11 +1,13 @@
 package llvm
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
@@ -154,7 +156,7 @@ func RunRanks(p *loops.Program, args [][]*interp.Tensor, opts ...RunOptions) (re
 		cmdArgs = append(cmdArgs, "--allow-run-as-root")
 	}
 	cmdArgs = append(cmdArgs, bin, "--inputs", in, "--output-dir", out)
-	msg, err := exec.Command(mpirun, cmdArgs...).CombinedOutput()
+	msg, err := runMPI(mpirun, cmdArgs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("mpirun of the compiled program failed: %v\n%s", err, strings.TrimSpace(string(msg)))
 	}
@@ -168,12 +170,17 @@ func RunRanks(p *loops.Program, args [][]*interp.Tensor, opts ...RunOptions) (re
 	return results, final, nil
 }
 
-// RunStages runs the programs of a pipeline's stages, stage r as MPI
-// rank r (mpirun with a program per rank) on args[r]: each stage's
-// results and final arguments.
+// RunStages runs the programs of a pipeline's stages under mpirun, each
+// on as many ranks as its ranks attribute says (stage s on the ranks
+// after the earlier stages'), rank r on args[r]: each rank's results and
+// final arguments.
 func RunStages(ps []*loops.Program, args [][]*interp.Tensor, opt Options) (results, final [][]*interp.Tensor, err error) {
-	if len(ps) != len(args) {
-		return nil, nil, fmt.Errorf("%d stages, arguments for %d", len(ps), len(args))
+	total := 0
+	for _, p := range ps {
+		total += int(p.Func.Attrs.Int("ranks", 1))
+	}
+	if total != len(args) {
+		return nil, nil, fmt.Errorf("the stages run on %d ranks, arguments for %d", total, len(args))
 	}
 	mpirun, err := exec.LookPath("mpirun")
 	if err != nil {
@@ -189,48 +196,68 @@ func RunStages(ps []*loops.Program, args [][]*interp.Tensor, opt Options) (resul
 	if os.Geteuid() == 0 {
 		cmdArgs = append(cmdArgs, "--allow-run-as-root")
 	}
-	for r, p := range ps {
-		if Ranks(p) != int64(len(ps)) {
-			return nil, nil, fmt.Errorf("@%s is a stage of %d, not of %d", p.Func.Name, Ranks(p), len(ps))
+	var rankFunc []*kir.Func // the function rank r runs
+	for s, p := range ps {
+		if Ranks(p) != int64(total) {
+			return nil, nil, fmt.Errorf("@%s is a stage of a pipeline on %d ranks, not %d", p.Func.Name, Ranks(p), total)
 		}
 		exe, err := Build(p, "exe", opt)
 		if err != nil {
 			return nil, nil, fmt.Errorf("@%s: %v", p.Func.Name, err)
 		}
-		bin := filepath.Join(dir, fmt.Sprintf("stage%d", r))
+		bin := filepath.Join(dir, fmt.Sprintf("stage%d", s))
 		if err := os.WriteFile(bin, exe, 0o755); err != nil {
 			return nil, nil, err
 		}
-		rd := filepath.Join(in, fmt.Sprintf("rank%d", r))
-		if err := os.MkdirAll(rd, 0o755); err != nil {
-			return nil, nil, err
-		}
 		f := p.Func
-		if len(args[r]) != len(f.Args) {
-			return nil, nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args[r]))
-		}
-		for i, a := range f.Args {
-			if err := writeNpy(filepath.Join(rd, FileName(a.Name)+".npy"), args[r][i]); err != nil {
+		n := int(f.Attrs.Int("ranks", 1))
+		for range n {
+			r := len(rankFunc)
+			rankFunc = append(rankFunc, f)
+			rd := filepath.Join(in, fmt.Sprintf("rank%d", r))
+			if err := os.MkdirAll(rd, 0o755); err != nil {
 				return nil, nil, err
 			}
+			if len(args[r]) != len(f.Args) {
+				return nil, nil, fmt.Errorf("@%s takes %d arguments, rank %d got %d", f.Name, len(f.Args), r, len(args[r]))
+			}
+			for i, a := range f.Args {
+				if err := writeNpy(filepath.Join(rd, FileName(a.Name)+".npy"), args[r][i]); err != nil {
+					return nil, nil, err
+				}
+			}
 		}
-		if r > 0 {
+		if s > 0 {
 			cmdArgs = append(cmdArgs, ":")
 		}
-		cmdArgs = append(cmdArgs, "-np", "1", bin, "--inputs", in, "--output-dir", out)
+		cmdArgs = append(cmdArgs, "-np", fmt.Sprint(n), bin, "--inputs", in, "--output-dir", out)
 	}
-	msg, err := exec.Command(mpirun, cmdArgs...).CombinedOutput()
+	msg, err := runMPI(mpirun, cmdArgs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("mpirun of the stages failed: %v\n%s", err, strings.TrimSpace(string(msg)))
 	}
-	for r, p := range ps {
-		res, fin, err := readOutputs(filepath.Join(out, fmt.Sprintf("rank%d", r)), p.Func, args[r])
+	for r, f := range rankFunc {
+		res, fin, err := readOutputs(filepath.Join(out, fmt.Sprintf("rank%d", r)), f, args[r])
 		if err != nil {
-			return nil, nil, fmt.Errorf("stage %d: %v", r, err)
+			return nil, nil, fmt.Errorf("rank %d: %v", r, err)
 		}
 		results, final = append(results, res), append(final, fin)
 	}
 	return results, final, nil
+}
+
+// MPITimeout bounds an mpirun: ranks that wait for each other forever
+// (a recv no rank sends) end as an error, not a hang.
+var MPITimeout = 30 * time.Minute
+
+func runMPI(mpirun string, args []string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), MPITimeout)
+	defer cancel()
+	msg, err := exec.CommandContext(ctx, mpirun, args...).CombinedOutput()
+	if ctx.Err() != nil {
+		return msg, fmt.Errorf("the ranks did not finish within %v (do they wait for each other?)", MPITimeout)
+	}
+	return msg, err
 }
 
 func writeNpy(path string, t *interp.Tensor) error {

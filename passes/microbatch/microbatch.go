@@ -102,11 +102,15 @@ func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, n, nil) }
 
 // ShardMicro is Shard on ranks ranks, each of which runs its part of the
 // batch as m microbatches (Split) before the all-reduces.
-func ShardMicro(f *ir.Func, ranks, m int) (Stats, error) {
+func ShardMicro(f *ir.Func, ranks, m int) (Stats, error) { return ShardMicroTraced(f, ranks, m, nil) }
+
+// ShardMicroTraced is ShardMicro recording in trace (when not nil) the
+// origin of every op it made for a slice, as SplitTraced does.
+func ShardMicroTraced(f *ir.Func, ranks, m int, trace map[*ir.Op]Origin) (Stats, error) {
 	if ranks == 1 {
-		return Split(f, m)
+		return split(f, m, 0, trace)
 	}
-	return split(f, ranks*m, ranks, nil)
+	return split(f, ranks*m, ranks, trace)
 }
 
 // split cuts f's batch into n slices: on one device (ranks = 0), or on

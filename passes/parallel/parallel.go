@@ -48,15 +48,15 @@ func init() {
 				plan = best
 			}
 			if plan.PP > 1 {
-				if plan.DP != 1 || plan.TP > 1 || plan.Zero != 0 {
-					return fmt.Errorf("parallel{pp=%d}: pipeline stages beside data or tensor parallelism or ZeRO are not built", plan.PP)
+				if plan.TP > 1 {
+					return fmt.Errorf("parallel{pp=%d,tp=%d}: pipeline stages beside tensor parallelism are not built", plan.PP, plan.TP)
 				}
-				stages, st, err := Pipeline(f, plan.PP, plan.Microbatches)
+				stages, st, err := PipelinePlan(f, plan)
 				if err != nil {
 					return fmt.Errorf("parallel{pp=%d}: @%s: %v", plan.PP, f.Name, err)
 				}
 				funcs = append(funcs, stages...)
-				ctx.AddStat("ranks", int64(plan.PP))
+				ctx.AddStat("ranks", int64(plan.Ranks()))
 				ctx.AddStat("sends", int64(st.Sends))
 				ctx.AddStat("sent-bytes", st.SentBytes)
 				order := "1F1B"
@@ -80,7 +80,7 @@ func init() {
 
 type options struct {
 	DP           int         `opt:"dp" default:"1" range:"[1,4096]" doc:"data-parallel ranks: each takes 1/dp of the batch (dp must divide it)"`
-	PP           int         `opt:"pp" default:"1" range:"[1,64]" doc:"pipeline stages: the step is cut into pp functions, one per rank, balanced by the cost model, that send activations forward and gradients back; with microbatches they run 1F1B"`
+	PP           int         `opt:"pp" default:"1" range:"[1,64]" doc:"pipeline stages: the step is cut into pp functions balanced by the cost model that send activations forward and gradients back, each run by dp ranks (stage s on ranks s·dp to s·dp+dp−1); with microbatches they run 1F1B"`
 	TP           int         `opt:"tp" default:"1" range:"[1,4096]" doc:"tensor-parallel ranks: the weights of each MLP block (two matrix products joined by elementwise ops) are split among them, Megatron's columns then rows, with one all_reduce forward and one backward"`
 	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 1 holds each parameter's optimizer state and update in parts across the ranks, its gradient whole until the backward ends, then reduce-scattered; 2 reduce-scatters each gradient once made (parameters gathered once); 3 also gathers each parameter separately for the forward and the backward"`
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
@@ -112,15 +112,16 @@ func (p Plan) Ranks() int { return max(1, p.DP) * max(1, p.TP) * max(1, p.PP) }
 // with the number of ranks (attribute ranks). On error f is unchanged.
 func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	g := f.Clone()
-	st, err := partition(g, p)
+	st, err := partition(g, p, nil)
 	if err == nil {
 		*f = *g
 	}
 	return st, err
 }
 
-// partition is Partition, leaving f half rewritten on error.
-func partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
+// partition is Partition, leaving f half rewritten on error; a non-nil
+// trace gets the origin of each op made for a microbatch (ShardMicroTraced).
+func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin) (microbatch.Stats, error) {
 	if p.DP < 1 {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
 	}
@@ -145,7 +146,10 @@ func partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 			return microbatch.Stats{}, nil
 		}
 	}
-	st, err := microbatch.ShardMicro(f, p.DP, max(1, p.Microbatches))
+	st, err := microbatch.ShardMicroTraced(f, p.DP, max(1, p.Microbatches), trace)
+	if err != nil && p.DP == 1 {
+		return st, err
+	}
 	if err != nil {
 		// Shard speaks of microbatches; here a slice of the batch is a rank's.
 		msg := strings.ReplaceAll(err.Error(), "microbatch: ", "")

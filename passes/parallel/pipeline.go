@@ -112,7 +112,7 @@ func PipelineTime(stages []*ir.Func, dev costmodel.Device) (step float64, busy [
 					clock[s] = max(clock[s], arrive[k][0])
 					arrive[k] = arrive[k][1:]
 				case "send":
-					k := [2]int64{int64(s) + op.Attrs["offset"].Int, op.Attrs["tag"].Int}
+					k := [2]int64{int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), op.Attrs["tag"].Int}
 					arrive[k] = append(arrive[k], clock[s]+secs)
 				default:
 					clock[s] += secs
@@ -135,13 +135,26 @@ func PipelineTime(stages []*ir.Func, dev costmodel.Device) (step float64, busy [
 // Pipeline cuts the training step f into pp stages running m microbatches
 // each. f is left as it was.
 func Pipeline(f *ir.Func, pp, m int) ([]*ir.Func, PipelineStats, error) {
+	return PipelinePlan(f, Plan{DP: 1, PP: pp, Microbatches: m})
+}
+
+// PipelinePlan is Pipeline with data parallelism inside each stage: with
+// p.DP > 1 the step is first partitioned as Partition does for dp (ZeRO,
+// buckets and batch-norm statistics as p says), and each stage is the
+// SPMD program of dp ranks: ranks s·dp to s·dp+dp−1 run stage s, and a
+// send goes to the same data-parallel rank of the other stage.
+func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	var st PipelineStats
+	pp, m, dp := p.PP, max(1, p.Microbatches), max(1, p.DP)
 	if pp < 2 {
 		return nil, st, fmt.Errorf("a pipeline needs at least 2 stages, got pp=%d", pp)
 	}
+	if p.TP > 1 {
+		return nil, st, fmt.Errorf("pipeline stages beside tensor parallelism are not built")
+	}
 	g := f.Clone()
 	passes.RemoveDeadOps(g) // a dead forward op belongs to no stage
-	pl := &pipeliner{g: g, pp: pp, stage: map[*ir.Op]int{}}
+	pl := &pipeliner{g: g, pp: pp, dp: dp, stage: map[*ir.Op]int{}}
 	if err := pl.cut(); err != nil {
 		return nil, st, err
 	}
@@ -150,11 +163,11 @@ func Pipeline(f *ir.Func, pp, m int) ([]*ir.Func, PipelineStats, error) {
 		whole[op] = s
 	}
 	trace := map[*ir.Op]microbatch.Origin{}
-	if m > 1 {
-		var err error
-		if st.Micro, trace, err = microbatch.SplitTraced(g, m); err != nil {
-			return nil, st, err
-		}
+	sub := p
+	sub.PP, sub.DP, sub.Microbatches = 0, dp, m
+	var err error
+	if st.Micro, err = partition(g, sub, trace); err != nil {
+		return nil, st, err
 	}
 	pl.origin = func(op *ir.Op) (*ir.Op, int64, bool) {
 		if o, ok := trace[op]; ok {
@@ -163,11 +176,21 @@ func Pipeline(f *ir.Func, pp, m int) ([]*ir.Func, PipelineStats, error) {
 		return op, 0, false
 	}
 	pl.place(whole)
+	// build rewrites the ops' operands: a second try starts from them.
+	operands := map[*ir.Op][]*ir.Value{}
+	for _, op := range g.Body {
+		operands[op] = append([]*ir.Value(nil), op.Operands...)
+	}
 	stages, err := pl.build(m, true)
 	if err == nil {
 		st.Interleave = true
-	} else if stages, err = pl.build(m, false); err != nil {
-		return nil, st, err
+	} else {
+		for op, xs := range operands {
+			op.Operands = xs
+		}
+		if stages, err = pl.build(m, false); err != nil {
+			return nil, st, err
+		}
 	}
 	st.Step, st.Busy = PipelineTime(stages, costmodel.Default)
 	for _, s := range stages {
@@ -186,8 +209,10 @@ type pipeliner struct {
 	pp     int
 	stage  map[*ir.Op]int // of every op that is not free
 	free   map[*ir.Value]bool
-	home   map[*ir.Value]int // stage of each parameter and state argument
-	fwd    map[*ir.Op]bool   // the forward: what the loss and outputs need, not the gradients
+	home   map[int]int     // stage of each parameter and state argument, by index (partition may replace the values)
+	dp     int             // ranks per stage: stage s runs on ranks s·dp to s·dp+dp−1
+	fwd    map[*ir.Op]bool // the forward: what the loss and outputs need, not the gradients
+	bwd    map[*ir.Op]bool // the backward: what the loss seed reaches
 	origin func(op *ir.Op) (whole *ir.Op, slice int64, perSlice bool)
 }
 
@@ -195,7 +220,7 @@ type pipeliner struct {
 func (pl *pipeliner) cut() error {
 	g := pl.g
 	pl.free = freeValues(g)
-	pl.fwd = forwardOps(g)
+	pl.fwd, pl.bwd = forwardOps(g), backwardOps(g)
 	var fwd []*ir.Op
 	index := map[*ir.Op]int{}
 	for _, op := range g.Body {
@@ -268,10 +293,10 @@ func (pl *pipeliner) cut() error {
 	}
 	bounds := balance(weight, cross, pl.pp)
 	stageOf := func(i int) int { return sort.SearchInts(bounds, i+1) }
-	pl.home = map[*ir.Value]int{}
+	pl.home = map[int]int{}
 	for _, a := range g.Args {
 		if l, ok := lo[a]; ok && !pl.free[a] {
-			pl.home[a] = stageOf(l)
+			pl.home[a.Index] = stageOf(l)
 		}
 	}
 	for op, a := range attr {
@@ -282,7 +307,7 @@ func (pl *pipeliner) cut() error {
 		if isUpdate(op) {
 			// Moments and other state live with their parameter.
 			for _, k := range op.Def().Writes {
-				pl.home[op.Operands[k]] = pl.stage[op]
+				pl.home[op.Operands[k].Index] = pl.stage[op]
 			}
 		}
 	}
@@ -493,6 +518,21 @@ func isUpdate(op *ir.Op) bool {
 	return d != nil && len(d.Writes) > 0
 }
 
+// homeOf is the stage of argument v (ok false for values that are not
+// arguments, or arguments no stage holds); homeAt is it, or 0.
+func (pl *pipeliner) homeOf(v *ir.Value) (int, bool) {
+	if v.Arg == nil {
+		return 0, false
+	}
+	h, ok := pl.home[v.Index]
+	return h, ok
+}
+
+func (pl *pipeliner) homeAt(v *ir.Value) int {
+	h, _ := pl.homeOf(v)
+	return h
+}
+
 // place gives every op of the (perhaps split) step its stage: a copy of
 // a whole-step op takes its original's; ops the split made without one
 // (the results' joins) take their operands' latest.
@@ -512,7 +552,7 @@ func (pl *pipeliner) place(whole map[*ir.Op]int) {
 		for _, x := range op.Operands {
 			if x.Def != nil {
 				s = max(s, pl.stage[x.Def])
-			} else if h, ok := pl.home[x]; ok {
+			} else if h, ok := pl.homeOf(x); ok {
 				s = max(s, h)
 			}
 		}
@@ -520,10 +560,10 @@ func (pl *pipeliner) place(whole map[*ir.Op]int) {
 	}
 }
 
-// class is where an op runs in a stage's order: before the slices (-1),
-// in slice k's forward or backward, or after them (+1).
+// class is where an op runs in a stage's order: in slice k's forward or
+// backward, or (edge −1) wherever what it reads is ready.
 type class struct {
-	edge     int // -1 before the slices, 0 in one, +1 after
+	edge     int
 	slice    int64
 	backward bool
 }
@@ -531,33 +571,27 @@ type class struct {
 // build makes the stage functions; interleave asks for the 1F1B order.
 func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 	g := pl.g
-	// Each op's class.
+	// Each op's class: the slice it copies, forward or backward (a
+	// whole-step op without slices is slice 0's); ops the split made for
+	// no slice (work on parameters alone, the updates, collectives over
+	// the sums) have none.
 	cls := map[*ir.Op]class{}
-	seenSlice := false
 	for _, op := range g.Body {
-		orig, k, per := pl.origin(op)
-		switch {
+		switch orig, k, per := pl.origin(op); {
 		case per && orig == nil: // a batch argument's slice
-			seenSlice = true
 			cls[op] = class{slice: k}
 		case per:
-			seenSlice = true
 			cls[op] = class{slice: k, backward: !pl.fwd[orig]}
-		case m > 1 && !seenSlice:
-			cls[op] = class{edge: -1}
-		case m > 1:
-			cls[op] = class{edge: 1}
-		default:
+		case m == 1 && (pl.fwd[op] || pl.bwd[op]):
 			cls[op] = class{backward: !pl.fwd[op]}
+		default:
+			cls[op] = class{edge: -1}
 		}
 	}
 	// The slices' order on stage s.
 	rank := func(s int, c class) int64 {
-		switch {
-		case c.edge < 0:
+		if c.edge < 0 {
 			return -1
-		case c.edge > 0:
-			return math.MaxInt64
 		}
 		// 1F1B: forwards 0 to warm−1, then forward warm+i and
 		// backward i for each i (without interleaving, warm = 0: each
@@ -574,14 +608,46 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 		}
 		return warm + 2*(c.slice-warm)
 	}
+	// An op runs in the turn of its class, and no earlier than the ops
+	// of its stage it reads (an op without a class: as soon as they
+	// have run). Keys only grow along the step's order, so sorting by
+	// them keeps every value made before it is read.
 	per := make([][]*ir.Op, pl.pp)
+	key := map[*ir.Op]int64{}
+	readers := map[*ir.Value][]*ir.Op{}
 	for _, op := range g.Body {
-		if s, ok := pl.stage[op]; ok {
-			per[s] = append(per[s], op)
+		for _, x := range op.Operands {
+			readers[x] = append(readers[x], op)
 		}
 	}
+	for _, op := range g.Body {
+		s, ok := pl.stage[op]
+		if !ok {
+			continue
+		}
+		k := rank(s, cls[op])
+		for _, x := range op.Operands {
+			if x.Def != nil && pl.stage[x.Def] == s {
+				if kx, ok := key[x.Def]; ok {
+					k = max(k, kx)
+				}
+			}
+		}
+		if isUpdate(op) {
+			// It overwrites its parameter: after every read of it.
+			for _, w := range op.Def().Writes {
+				for _, u := range readers[op.Operands[w]] {
+					if ku, ok := key[u]; ok && u != op && pl.stage[u] == s {
+						k = max(k, ku)
+					}
+				}
+			}
+		}
+		key[op] = k
+		per[s] = append(per[s], op)
+	}
 	for s := range per {
-		sort.SliceStable(per[s], func(i, j int) bool { return rank(s, cls[per[s][i]]) < rank(s, cls[per[s][j]]) })
+		sort.SliceStable(per[s], func(i, j int) bool { return key[per[s][i]] < key[per[s][j]] })
 	}
 	// Sends and recvs, and each stage's copies of free values.
 	type need struct {
@@ -640,7 +706,7 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 				local[s][r] = c.Results[i]
 			}
 			return c.Results[x.Index]
-		case x.Def == nil && pl.home[x] == s:
+		case x.Def == nil && pl.homeAt(x) == s:
 			v = arg(s, x)
 		default:
 			// Made on another stage: received.
@@ -648,11 +714,11 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 			tag := int64(len(order))
 			tags[n] = tag
 			order = append(order, n)
-			from := pl.home[x]
+			from := pl.homeAt(x)
 			if x.Def != nil {
 				from = pl.stage[x.Def]
 			}
-			r, err := g.NewOp("recv", nil, ir.Attrs{"offset": ir.IntAttr(int64(from - s)), "tag": ir.IntAttr(tag),
+			r, err := g.NewOp("recv", nil, ir.Attrs{"offset": ir.IntAttr(int64((from - s) * pl.dp)), "tag": ir.IntAttr(tag),
 				"shape": ir.IntsAttr(x.Type.Shape...), "dtype": ir.TypeAttr(x.Type.DType)}, ir.Location{}, x.Name+".recv")
 			if err != nil {
 				failed = err
@@ -682,11 +748,11 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 	// the parameters it holds.
 	resultIndex := make([][]int64, pl.pp)
 	homeByName := map[string]int{}
-	for a, h := range pl.home {
-		homeByName[a.Name] = h
+	for _, a := range g.Args {
+		homeByName[a.Name] = pl.homeAt(a)
 	}
 	for i, r := range g.Results {
-		s := pl.home[r.Value]
+		s := pl.homeAt(r.Value)
 		if r.Value.Def != nil {
 			if st, ok := pl.stage[r.Value.Def]; ok {
 				s = st
@@ -736,12 +802,12 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 		sends[n.v] = append(sends[n.v], n)
 	}
 	send := func(s int, n need) (*ir.Op, error) {
-		return g.NewOp("send", []*ir.Value{localOf(s, n.v)}, ir.Attrs{"offset": ir.IntAttr(int64(n.to - s)), "tag": ir.IntAttr(tags[n])}, ir.Location{}, n.v.Name+".send")
+		return g.NewOp("send", []*ir.Value{localOf(s, n.v)}, ir.Attrs{"offset": ir.IntAttr(int64((n.to - s) * pl.dp)), "tag": ir.IntAttr(tags[n])}, ir.Location{}, n.v.Name+".send")
 	}
 	for s := range bodies {
 		var body []*ir.Op
 		for _, a := range g.Args {
-			if pl.home[a] == s && !pl.free[a] {
+			if pl.homeAt(a) == s && !pl.free[a] {
 				for _, n := range sends[a] {
 					op, err := send(s, n)
 					if err != nil {
@@ -798,7 +864,7 @@ func deadlockFree(stages []*ir.Func) error {
 					sent[k]--
 				}
 				if op.Kind == "send" {
-					sent[[2]int64{int64(s) + op.Attrs["offset"].Int, op.Attrs["tag"].Int}]++
+					sent[[2]int64{int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), op.Attrs["tag"].Int}]++
 				}
 				at[s]++
 				moved = true
@@ -876,6 +942,7 @@ func WholeStep(stages []*ir.Func) (*ir.Func, error) {
 	}
 	w := &ir.Func{Name: strings.TrimSuffix(stages[0].Name, ".stage0")}
 	args := map[int64]*ir.Value{}
+	owner := map[int64]*ir.Func{}
 	results := map[int64]ir.Result{}
 	for _, f := range stages {
 		ai, ri := f.Attrs.Ints(ArgsAttr, nil), f.Attrs.Ints(ResultsAttr, nil)
@@ -884,6 +951,7 @@ func WholeStep(stages []*ir.Func) (*ir.Func, error) {
 		}
 		for j, i := range ai {
 			args[i] = f.Args[j]
+			owner[i] = f
 		}
 		for j, i := range ri {
 			results[i] = f.Results[j]
@@ -896,6 +964,7 @@ func WholeStep(stages []*ir.Func) (*ir.Func, error) {
 		}
 		c := *a
 		c.Index = int(i)
+		c.Type = WholeType(a, RanksOf(owner[i]))
 		w.Args = append(w.Args, &c)
 	}
 	for i := int64(0); i < int64(len(results)); i++ {
@@ -906,4 +975,49 @@ func WholeStep(stages []*ir.Func) (*ir.Func, error) {
 		w.Results = append(w.Results, r)
 	}
 	return w, nil
+}
+
+// RankPrograms lists the stage each rank runs: stage s on ranks s·dp to
+// s·dp+dp−1, dp its ranks attribute.
+func RankPrograms(stages []*ir.Func) []*ir.Func {
+	var out []*ir.Func
+	for _, f := range stages {
+		for range RanksOf(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// RankValues gives each rank its arguments, cut from the whole step's
+// (wholeArgs, args) as its stage takes them.
+func RankValues(stages []*ir.Func, wholeArgs []*ir.Value, args []*interp.Tensor) ([][]*interp.Tensor, error) {
+	per, err := StageValues(stages, wholeArgs, args)
+	if err != nil {
+		return nil, err
+	}
+	var out [][]*interp.Tensor
+	for s, f := range stages {
+		parts, err := ShardValues(f, per[s])
+		if err != nil {
+			return nil, fmt.Errorf("stage %d: %v", s, err)
+		}
+		out = append(out, parts...)
+	}
+	return out, nil
+}
+
+// JoinRanks is JoinStages over the ranks' results and final arguments:
+// each stage's results as its first rank has them (its ranks agree), and
+// its arguments joined from its ranks' parts.
+func JoinRanks(stages []*ir.Func, wholeArgs []*ir.Value, args []*interp.Tensor, results, finals [][]*interp.Tensor) ([]*interp.Tensor, []*interp.Tensor) {
+	var res, fin [][]*interp.Tensor
+	r := 0
+	for _, f := range stages {
+		n := RanksOf(f)
+		res = append(res, results[r])
+		fin = append(fin, JoinValues(f, finals[r:r+n]))
+		r += n
+	}
+	return JoinStages(stages, wholeArgs, args, res, fin)
 }
