@@ -153,7 +153,11 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin) (microbat
 	if err != nil {
 		// Shard speaks of microbatches; here a slice of the batch is a rank's.
 		msg := strings.ReplaceAll(err.Error(), "microbatch: ", "")
-		msg = strings.ReplaceAll(msg, "is not divisible by n=", "is not divisible by dp=")
+		if m := max(1, p.Microbatches); m > 1 {
+			msg = strings.ReplaceAll(msg, "is not divisible by n=", fmt.Sprintf("is not divisible by dp × microbatches = %d × %d = ", p.DP, m))
+		} else {
+			msg = strings.ReplaceAll(msg, "is not divisible by n=", "is not divisible by dp=")
+		}
 		return st, fmt.Errorf("parallel{dp=%d}: %s", p.DP, msg)
 	}
 	if tp > 1 {

@@ -37,8 +37,8 @@ func (c Candidate) String() string {
 // what parallel builds: dp dividing devices (the batch must divide too),
 // tp dividing devices / dp (tensor parallelism needs MLP blocks: a plan
 // it cannot make is listed with its error), and ZeRO stages 0 to 3 with
-// dp > 1; and pipelines of pp stages dividing devices with pp, 2·pp or
-// 4·pp microbatches. It returns the fastest plan in the cost
+// dp > 1; and pipelines of pp stages of dp ranks each (dp·pp dividing
+// devices, ZeRO 0 or 2) with pp, 2·pp or 4·pp microbatches. It returns the fastest plan in the cost
 // model whose peak fits memory per device (0: any), ties going to the
 // smaller peak, and every candidate it weighed. f is unchanged.
 func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, error) {
@@ -59,15 +59,23 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 			}
 		}
 	}
-	// Pipelines of pp stages dividing devices (alone: stages beside the
-	// other kinds are not built), of pp, 2·pp and 4·pp microbatches (a
-	// count the batch does not divide is listed with its error).
+	// Pipelines of pp stages, each run by dp ranks (dp·pp dividing
+	// devices; ZeRO 0 or 2 with dp > 1), of pp, 2·pp and 4·pp
+	// microbatches (a count the batch does not divide is listed with its
+	// error).
 	for pp := 2; pp <= devices; pp++ {
-		if devices%pp != 0 {
-			continue
-		}
-		for _, m := range []int{pp, 2 * pp, 4 * pp} {
-			cands = append(cands, weighPipeline(f, Plan{DP: 1, PP: pp, Microbatches: m}, memory))
+		for dp := 1; dp*pp <= devices; dp++ {
+			if devices%(dp*pp) != 0 {
+				continue
+			}
+			for _, zero := range []int{0, 2} {
+				if dp == 1 && zero > 0 {
+					continue
+				}
+				for _, m := range []int{pp, 2 * pp, 4 * pp} {
+					cands = append(cands, weighPipeline(f, Plan{DP: dp, PP: pp, Zero: zero, Bucket: bucket, Microbatches: m}, memory))
+				}
+			}
 		}
 	}
 	best := -1
@@ -113,7 +121,7 @@ func weigh(f *ir.Func, p Plan, memory int64) Candidate {
 // stage fused).
 func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
 	c := Candidate{Plan: p}
-	stages, _, err := Pipeline(f, p.PP, p.Microbatches)
+	stages, _, err := PipelinePlan(f, p)
 	if c.Err = err; err != nil {
 		return c
 	}
@@ -127,6 +135,9 @@ func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
 }
 
 func (p Plan) String() string {
+	if p.PP > 1 && p.DP > 1 {
+		return fmt.Sprintf("dp=%d,pp=%d,zero=%d,microbatches=%d", p.DP, p.PP, p.Zero, p.Microbatches)
+	}
 	if p.PP > 1 {
 		return fmt.Sprintf("pp=%d,microbatches=%d", p.PP, p.Microbatches)
 	}
