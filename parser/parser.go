@@ -521,11 +521,10 @@ func (l *lowerer) lowerDense(da *denseAST, p lexer.Position) *ir.Dense {
 			d.Floats = append(d.Floats, ir.RoundTo(t.DType, f))
 		} else if a.Kind == ir.AttrFloat {
 			l.errorf(e.Pos, "%s constant holds a non-integer %s", t.DType, ir.FormatFloat(f))
+		} else if a.Kind == ir.AttrInt {
+			d.Ints = append(d.Ints, a.Int)
 		} else {
-			d.Ints = append(d.Ints, int64(ir.RoundTo(t.DType, float64(a.Int))))
-			if a.Kind == ir.AttrInt {
-				d.Ints[len(d.Ints)-1] = a.Int
-			}
+			d.Ints = append(d.Ints, int64(f)) // a bool: 0 or 1
 		}
 	}
 	if err := d.Validate(); err != nil {

@@ -250,3 +250,23 @@ func TestAnyNameRoundTrips(t *testing.T) {
 		require.Equal(t, text, back.String())
 	}
 }
+
+// TestBoolConstantsKeepTheirValues: bool constants, listed and splat,
+// parse to the values they print (true was read as false, so every
+// printed and reparsed mask inverted or cleared).
+func TestBoolConstantsKeepTheirValues(t *testing.T) {
+	src := `func @f() -> (bool[4], bool[2,3], bool[2]) {
+  %a = constant() {value = dense<bool[4]: [true, false, true, true]>} : bool[4]
+  %b = constant() {value = dense<bool[2,3]: true>} : bool[2,3]
+  %c = constant() {value = dense<bool[2]: [1, 0]>} : bool[2]
+  return %a, %b, %c
+}
+`
+	m, err := Parse("b.kir", src)
+	require.NoError(t, err)
+	want := map[string][]int64{"a": {1, 0, 1, 1}, "b": {1}, "c": {1, 0}}
+	for _, op := range m.Funcs[0].Body {
+		require.Equal(t, want[op.Results[0].Name], op.Attrs["value"].Dense.Ints, op.Results[0].Name)
+	}
+	require.Equal(t, strings.Replace(src, "[1, 0]", "[true, false]", 1), m.String(), "printed canonically")
+}
