@@ -162,6 +162,10 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	for op, s := range pl.stage {
 		whole[op] = s
 	}
+	pl.whole = map[*ir.Op]bool{}
+	for _, op := range g.Body {
+		pl.whole[op] = true
+	}
 	trace := map[*ir.Op]microbatch.Origin{}
 	sub := p
 	sub.PP, sub.DP, sub.Microbatches = 0, dp, m
@@ -213,6 +217,7 @@ type pipeliner struct {
 	dp     int             // ranks per stage: stage s runs on ranks s·dp to s·dp+dp−1
 	fwd    map[*ir.Op]bool // the forward: what the loss and outputs need, not the gradients
 	bwd    map[*ir.Op]bool // the backward: what the loss seed reaches
+	whole  map[*ir.Op]bool // the ops of the step before the partition
 	origin func(op *ir.Op) (whole *ir.Op, slice int64, perSlice bool)
 }
 
@@ -572,9 +577,8 @@ type class struct {
 func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 	g := pl.g
 	// Each op's class: the slice it copies, forward or backward (a
-	// whole-step op without slices is slice 0's); ops the split made for
-	// no slice (work on parameters alone, the updates, collectives over
-	// the sums) have none.
+	// whole-step op without slices is slice 0's); ops the partition made
+	// for no slice (collectives over the sums, ZeRO's gathers) have none.
 	cls := map[*ir.Op]class{}
 	for _, op := range g.Body {
 		switch orig, k, per := pl.origin(op); {
@@ -582,7 +586,10 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 			cls[op] = class{slice: k}
 		case per:
 			cls[op] = class{slice: k, backward: !pl.fwd[orig]}
-		case m == 1 && (pl.fwd[op] || pl.bwd[op]):
+		case pl.whole[op]:
+			// Work on parameters alone, updates and (without slices) the
+			// whole step: the forward's, or the backward's (what autodiff
+			// derives from forward values alone, too).
 			cls[op] = class{backward: !pl.fwd[op]}
 		default:
 			cls[op] = class{edge: -1}
