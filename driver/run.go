@@ -127,19 +127,7 @@ func init() {
 				if err != nil {
 					return fmt.Errorf("kiln: run failed: %v", err)
 				}
-				// Arguments updated in place (optimizer steps) are written
-				// as updated.<name>.npy, after the results.
-				var names []string
-				for i := range f.Results {
-					names = append(names, f.ResultName(i))
-				}
-				for i, a := range f.Args {
-					if a.Arg.InOut {
-						names = append(names, "updated."+a.Name)
-						res = append(res, final[i])
-					}
-				}
-				return writeResults(e, names, res, *outDir)
+				return writeStep(e, f, res, final, *outDir)
 			}
 		},
 	})
@@ -167,17 +155,23 @@ func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, see
 		return fmt.Errorf("kiln: run failed: %v", err)
 	}
 	out, updated := parallel.JoinRanks(stages, whole.Args, vals, res, final)
+	return writeStep(e, whole, out, updated, outDir)
+}
+
+// writeStep writes f's results, then the arguments it updates in place
+// (optimizer steps) as updated.<name>.npy.
+func writeStep(e *env, f *ir.Func, res, final []*interp.Tensor, outDir string) error {
 	var names []string
-	for i := range whole.Results {
-		names = append(names, whole.ResultName(i))
+	for i := range f.Results {
+		names = append(names, f.ResultName(i))
 	}
-	for i, a := range whole.Args {
+	for i, a := range f.Args {
 		if a.Arg.InOut {
 			names = append(names, "updated."+a.Name)
-			out = append(out, updated[i])
+			res = append(res, final[i])
 		}
 	}
-	return writeResults(e, names, out, outDir)
+	return writeResults(e, names, res, outDir)
 }
 
 // pickFunc returns the named function, or the first one.
