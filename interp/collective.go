@@ -69,6 +69,19 @@ func (c *comm) stuck() bool {
 	return true
 }
 
+// unread is the first (by sender, receiver, tag) of the messages no recv
+// took, and how many there are under its key.
+func (c *comm) unread() (mailKey, int) {
+	var first mailKey
+	n := 0
+	for k, m := range c.mail {
+		if len(m) > 0 && (n == 0 || k.from < first.from || k.from == first.from && (k.to < first.to || k.to == first.to && k.tag < first.tag)) {
+			first, n = k, len(m)
+		}
+	}
+	return first, n
+}
+
 // finish marks a rank as done.
 func (c *comm) finish() {
 	c.mu.Lock()

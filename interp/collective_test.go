@@ -152,6 +152,16 @@ func TestSendRecv(t *testing.T) {
 }`)
 	_, _, err = RunPrograms([]*ir.Func{first, wrong}, [][]*Tensor{{x}, {New(x.Type)}}, Options{})
 	require.ErrorContains(t, err, "which sent f32[3]")
+	// A send that no recv takes.
+	deaf := parse(`func @deaf(%x: f32[3]) -> (f32[3]) {
+  %a = recv() {offset = -1, tag = 1, shape = [3], dtype = f32} : f32[3]
+  %p = recv() {offset = -1, tag = 2, shape = [3], dtype = f32} : f32[3]
+  send(%p) {offset = -1, tag = 3}
+  send(%p) {offset = -1, tag = 4}
+  return %a
+}`)
+	_, _, err = RunPrograms([]*ir.Func{first, deaf}, [][]*Tensor{{x}, {New(x.Type)}}, Options{})
+	require.ErrorContains(t, err, "rank 1 sent 1 tensors with tag 4 to rank 0 that no recv took")
 	// A peer outside the run.
 	_, _, err = RunRanks(first, [][]*Tensor{{x}}, Options{})
 	require.ErrorContains(t, err, "not in this run of 1 ranks")

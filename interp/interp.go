@@ -87,6 +87,9 @@ func RunPrograms(fs []*ir.Func, args [][]*Tensor, opt Options) ([][]*Tensor, [][
 			return nil, nil, fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
+	if k, n := c.unread(); n > 0 {
+		return nil, nil, fmt.Errorf("rank %d sent %d tensors with tag %d to rank %d that no recv took", k.from, n, k.tag, k.to)
+	}
 	return res, final, nil
 }
 

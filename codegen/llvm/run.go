@@ -253,7 +253,9 @@ var MPITimeout = 30 * time.Minute
 func runMPI(mpirun string, args []string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), MPITimeout)
 	defer cancel()
-	msg, err := exec.CommandContext(ctx, mpirun, args...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, mpirun, args...)
+	cmd.WaitDelay = 10 * time.Second // ranks that outlive a killed mpirun keep its output open
+	msg, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		return msg, fmt.Errorf("the ranks did not finish within %v (do they wait for each other?)", MPITimeout)
 	}

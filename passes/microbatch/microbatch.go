@@ -122,13 +122,13 @@ func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin) (Stats, error)
 			trace[op] = o
 		}
 	}
-	if n == 1 {
-		return Stats{}, nil
-	}
 	for _, op := range f.Body {
 		if ir.IsPointToPoint(op.Kind) {
 			return Stats{}, fmt.Errorf("%s: microbatch: @%s is a pipeline stage (it has %ss), whose microbatches parallel{pp, microbatches} makes", loc(op), f.Name, op.Kind)
 		}
+	}
+	if n == 1 {
+		return Stats{}, nil
 	}
 	s := &splitter{f: f, n: int64(n), sliced: map[*ir.Value]cut{}}
 	if err := s.findBatch(); err != nil {

@@ -48,6 +48,9 @@ func init() {
 				plan = best
 			}
 			if plan.PP > 1 {
+				if len(m.Funcs) > 1 {
+					return fmt.Errorf("parallel{pp=%d}: the module has %d functions; a pipeline cuts one step", plan.PP, len(m.Funcs))
+				}
 				if plan.TP > 1 {
 					return fmt.Errorf("parallel{pp=%d,tp=%d}: pipeline stages beside tensor parallelism are not built", plan.PP, plan.TP)
 				}

@@ -92,17 +92,29 @@ func (st PipelineStats) Bubble() float64 {
 // returns the step's time (the last stage to finish) and each stage's
 // busy time.
 func PipelineTime(stages []*ir.Func, dev costmodel.Device) (step float64, busy []float64) {
+	clock, busy, _ := simulateStages(stages, dev.OpSeconds)
+	for _, c := range clock {
+		step = max(step, c)
+	}
+	return step, busy
+}
+
+// simulateStages runs the stages together, a rank each: each runs its ops in
+// order, taking secs(op) (a send's tensor arrives that long after it
+// starts, the sender going on at once); a recv waits for its tensor. It
+// returns each stage's clock and busy time at the end, and an error
+// naming a waiting recv when every unfinished stage waits.
+func simulateStages(stages []*ir.Func, secs func(*ir.Op) float64) (clock, busy []float64, err error) {
 	at := make([]int, len(stages))
-	clock := make([]float64, len(stages))
-	busy = make([]float64, len(stages))
+	clock, busy = make([]float64, len(stages)), make([]float64, len(stages))
 	arrive := map[[2]int64][]float64{} // (to, tag) -> arrival times
 	for {
-		moved := false
+		moved, done := false, true
 		for s, f := range stages {
 		ops:
 			for at[s] < len(f.Body) {
 				op := f.Body[at[s]]
-				secs := dev.OpSeconds(op)
+				t := secs(op)
 				switch op.Kind {
 				case "recv":
 					k := [2]int64{int64(s), op.Attrs["tag"].Int}
@@ -113,23 +125,28 @@ func PipelineTime(stages []*ir.Func, dev costmodel.Device) (step float64, busy [
 					arrive[k] = arrive[k][1:]
 				case "send":
 					k := [2]int64{int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), op.Attrs["tag"].Int}
-					arrive[k] = append(arrive[k], clock[s]+secs)
+					arrive[k] = append(arrive[k], clock[s]+t)
 				default:
-					clock[s] += secs
-					busy[s] += secs
+					clock[s] += t
+					busy[s] += t
 				}
 				at[s]++
 				moved = true
 			}
+			done = done && at[s] == len(f.Body)
 		}
-		if !moved {
-			break
+		switch {
+		case done:
+			return clock, busy, nil
+		case !moved:
+			for s, f := range stages {
+				if at[s] < len(f.Body) {
+					op := f.Body[at[s]]
+					return clock, busy, fmt.Errorf("the stages' order deadlocks: stage %d waits in its op %d for %s (tag %d), which no stage can send", s, at[s], op.Results[0].Ref(), op.Attrs["tag"].Int)
+				}
+			}
 		}
 	}
-	for _, c := range clock {
-		step = max(step, c)
-	}
-	return step, busy
 }
 
 // Pipeline cuts the training step f into pp stages running m microbatches
@@ -151,6 +168,14 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	}
 	if p.TP > 1 {
 		return nil, st, fmt.Errorf("pipeline stages beside tensor parallelism are not built")
+	}
+	if _, ok := f.Attrs[StageAttr]; ok {
+		return nil, st, fmt.Errorf("@%s is already a pipeline stage", f.Name)
+	}
+	for _, op := range f.Body {
+		if ir.IsPointToPoint(op.Kind) || ir.IsCollective(op.Kind) {
+			return nil, st, fmt.Errorf("@%s already exchanges tensors between ranks (%s): parallel partitions a one-device step", f.Name, op.Kind)
+		}
 	}
 	g := f.Clone()
 	passes.RemoveDeadOps(g) // a dead forward op belongs to no stage
@@ -580,17 +605,24 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 	// whole-step op without slices is slice 0's); ops the partition made
 	// for no slice (collectives over the sums, ZeRO's gathers) have none.
 	cls := map[*ir.Op]class{}
+	sliced := false // an op of a slice has been seen
 	for _, op := range g.Body {
-		switch orig, k, per := pl.origin(op); {
+		orig, k, per := pl.origin(op)
+		sliced = sliced || per
+		switch {
 		case per && orig == nil: // a batch argument's slice
 			cls[op] = class{slice: k}
 		case per:
 			cls[op] = class{slice: k, backward: !pl.fwd[orig]}
-		case pl.whole[op]:
-			// Work on parameters alone, updates and (without slices) the
-			// whole step: the forward's, or the backward's (what autodiff
-			// derives from forward values alone, too).
+		case pl.whole[op] && (m == 1 || !sliced):
+			// Without slices the whole step; before them, work on
+			// parameters alone: the forward's, or the backward's (what
+			// autodiff derives from forward values alone, too).
 			cls[op] = class{backward: !pl.fwd[op]}
+		case pl.whole[op]:
+			// After the slices (updates, work on the gradients' sums):
+			// in the last slice's backward turn.
+			cls[op] = class{slice: int64(m - 1), backward: true}
 		default:
 			cls[op] = class{edge: -1}
 		}
@@ -627,12 +659,9 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 			readers[x] = append(readers[x], op)
 		}
 	}
-	for _, op := range g.Body {
-		s, ok := pl.stage[op]
-		if !ok {
-			continue
-		}
-		k := rank(s, cls[op])
+	// settle gives op the least key its class, its operands and (for an
+	// update) the reads of what it overwrites allow.
+	settle := func(op *ir.Op, s int, k int64) {
 		for _, x := range op.Operands {
 			if x.Def != nil && pl.stage[x.Def] == s {
 				if kx, ok := key[x.Def]; ok {
@@ -651,7 +680,38 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 			}
 		}
 		key[op] = k
-		per[s] = append(per[s], op)
+	}
+	for _, op := range g.Body {
+		if s, ok := pl.stage[op]; ok {
+			settle(op, s, rank(s, cls[op]))
+			per[s] = append(per[s], op)
+		}
+	}
+	// An op without a class (ZeRO-3's gather of a parameter) runs in its
+	// first reader's turn rather than at the start, where what it makes
+	// would stay live for the whole step; then the keys settle again.
+	for i := len(g.Body) - 1; i >= 0; i-- {
+		op := g.Body[i]
+		s, ok := pl.stage[op]
+		if !ok || cls[op].edge >= 0 {
+			continue
+		}
+		first := int64(math.MaxInt64)
+		for _, r := range op.Results {
+			for _, u := range readers[r] {
+				if ku, ok := key[u]; ok && pl.stage[u] == s {
+					first = min(first, ku)
+				}
+			}
+		}
+		if first < math.MaxInt64 {
+			key[op] = max(key[op], first)
+		}
+	}
+	for _, op := range g.Body {
+		if s, ok := pl.stage[op]; ok {
+			settle(op, s, key[op])
+		}
 	}
 	for s := range per {
 		sort.SliceStable(per[s], func(i, j int) bool { return key[per[s][i]] < key[per[s][j]] })
@@ -856,35 +916,8 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 // deadlockFree runs the stages' sends and recvs in their order, sends
 // never waiting: an error when every stage waits.
 func deadlockFree(stages []*ir.Func) error {
-	at := make([]int, len(stages))
-	sent := map[[2]int64]int{} // (to, tag) -> messages waiting
-	for {
-		moved, done := false, true
-		for s, f := range stages {
-			for at[s] < len(f.Body) {
-				op := f.Body[at[s]]
-				if op.Kind == "recv" {
-					k := [2]int64{int64(s), op.Attrs["tag"].Int}
-					if sent[k] == 0 {
-						break
-					}
-					sent[k]--
-				}
-				if op.Kind == "send" {
-					sent[[2]int64{int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), op.Attrs["tag"].Int}]++
-				}
-				at[s]++
-				moved = true
-			}
-			done = done && at[s] == len(f.Body)
-		}
-		if done {
-			return nil
-		}
-		if !moved {
-			return fmt.Errorf("the stages' order deadlocks")
-		}
-	}
+	_, _, err := simulateStages(stages, func(*ir.Op) float64 { return 0 })
+	return err
 }
 
 // StageValues gives each stage its arguments, taken by name from the

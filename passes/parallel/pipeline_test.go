@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -194,6 +195,18 @@ func TestPipelineWithDataParallelism(t *testing.T) {
 						}
 						require.Positive(t, sends)
 						require.Positive(t, collectives, "the stage's ranks combine their gradients")
+						if zero == 3 {
+							// Each parameter is gathered in its reader's turn, not
+							// all at the start (where they would stay live).
+							last := -1
+							for i, op := range f.Body {
+								if op.Kind == "all_gather" {
+									last = i
+								}
+							}
+							first := slices.IndexFunc(f.Body, func(op *ir.Op) bool { return op.Kind == "matmul" || op.Kind == "gemm" })
+							require.Greater(t, last, first, "%s: a gather after the first product", f.Name)
+						}
 					}
 				})
 			}
@@ -202,3 +215,31 @@ func TestPipelineWithDataParallelism(t *testing.T) {
 }
 
 func abs(x int64) int64 { return max(x, -x) }
+
+// TestPipelineLongSkipsAndSharedWeights: a skip from the first layer
+// into the last and a weight read by both puts gradient sums on another
+// stage than their parameter: the updates wait for the last slice's
+// backward, in every order (the review found them in slice 0's turn,
+// which deadlocked).
+func TestPipelineLongSkipsAndSharedWeights(t *testing.T) {
+	src := `func @skips(%x: f64[8,4], %w1: f64[4,4] {param}, %w2: f64[4,4] {param}, %w3: f64[4,4] {param}, %w4: f64[4,4] {param}) -> (f64[8,4]) {
+  %h1 = matmul(%x, %w1) : f64[8,4]
+  %a1 = tanh(%h1) : f64[8,4]
+  %h2 = matmul(%a1, %w2) : f64[8,4]
+  %a2 = tanh(%h2) : f64[8,4]
+  %h3 = matmul(%a2, %w3) : f64[8,4]
+  %a3 = tanh(%h3) : f64[8,4]
+  %h4 = matmul(%a3, %w4) : f64[8,4]
+  %s = add(%h4, %a1) : f64[8,4]
+  %r = matmul(%s, %w1) : f64[8,4]
+  return %r
+}`
+	for _, p := range []parallel.Plan{{DP: 1, PP: 2, Microbatches: 2}, {DP: 1, PP: 3, Microbatches: 4}, {DP: 1, PP: 4, Microbatches: 4}, {DP: 2, PP: 2, Microbatches: 2}, {DP: 2, PP: 2, Zero: 3, Microbatches: 2}} {
+		t.Run(p.String(), func(t *testing.T) {
+			mod := passtest.Parse(t, src)
+			passtest.Run(t, mod, "autodiff{loss=sum},optimizer{kind=adam}")
+			_, st := pipelineEquals(t, mod.Funcs[0], mod.Funcs[0], p, 1e-12)
+			require.True(t, st.Interleave, "1F1B")
+		})
+	}
+}
