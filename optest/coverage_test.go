@@ -38,7 +38,9 @@ func TestEveryOpIsComplete(t *testing.T) {
 				t.Errorf("op %s is marked not differentiable, but autodiff has a rule for it", name)
 			}
 		}
-		if !covered[name] {
+		// send and recv need a peer: their differential test is across
+		// ranks (interp's TestSendRecv, codegen/llvm's TestSendRecvUnderMPI).
+		if !covered[name] && !ir.IsPointToPoint(name) {
 			t.Errorf("op %s has no instance in the differential test (instances_test.go)", name)
 		}
 	}
