@@ -107,7 +107,7 @@ func PipelineTime(stages []*ir.Func, dev costmodel.Device) (step float64, busy [
 func simulateStages(stages []*ir.Func, secs func(*ir.Op) float64) (clock, busy []float64, err error) {
 	at := make([]int, len(stages))
 	clock, busy = make([]float64, len(stages)), make([]float64, len(stages))
-	arrive := map[[2]int64][]float64{} // (to, tag) -> arrival times
+	arrive := map[[3]int64][]float64{} // (from, to, tag) -> arrival times
 	for {
 		moved, done := false, true
 		for s, f := range stages {
@@ -117,14 +117,14 @@ func simulateStages(stages []*ir.Func, secs func(*ir.Op) float64) (clock, busy [
 				t := secs(op)
 				switch op.Kind {
 				case "recv":
-					k := [2]int64{int64(s), op.Attrs["tag"].Int}
+					k := [3]int64{int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), int64(s), op.Attrs["tag"].Int}
 					if len(arrive[k]) == 0 {
 						break ops // its tensor has not been sent yet
 					}
 					clock[s] = max(clock[s], arrive[k][0])
 					arrive[k] = arrive[k][1:]
 				case "send":
-					k := [2]int64{int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), op.Attrs["tag"].Int}
+					k := [3]int64{int64(s), int64(s) + op.Attrs["offset"].Int/int64(RanksOf(f)), op.Attrs["tag"].Int}
 					arrive[k] = append(arrive[k], clock[s]+t)
 				default:
 					clock[s] += t
@@ -569,6 +569,7 @@ func (pl *pipeliner) homeAt(v *ir.Value) int {
 func (pl *pipeliner) place(whole map[*ir.Op]int) {
 	pl.free = freeValues(pl.g)
 	pl.stage = map[*ir.Op]int{}
+	var unheld []*ir.Op
 	for _, op := range pl.g.Body {
 		if allFree(op, pl.free) && !isUpdate(op) {
 			continue
@@ -578,15 +579,40 @@ func (pl *pipeliner) place(whole map[*ir.Op]int) {
 			pl.stage[op] = s
 			continue
 		}
-		s := 0
+		s, held := 0, false
 		for _, x := range op.Operands {
 			if x.Def != nil {
-				s = max(s, pl.stage[x.Def])
+				if t, ok := pl.stage[x.Def]; ok {
+					s, held = max(s, t), true
+				}
 			} else if h, ok := pl.homeOf(x); ok {
-				s = max(s, h)
+				s, held = max(s, h), true
 			}
 		}
 		pl.stage[op] = s
+		if !held {
+			unheld = append(unheld, op)
+		}
+	}
+	// An op that reads only what every stage makes (a collective over the
+	// gradient of the last bias, made from the loss seed alone) goes with
+	// its first reader rather than to stage 0.
+	users := map[*ir.Value][]*ir.Op{}
+	for _, op := range pl.g.Body {
+		for _, x := range op.Operands {
+			users[x] = append(users[x], op)
+		}
+	}
+	for i := len(unheld) - 1; i >= 0; i-- {
+		op := unheld[i]
+		for _, r := range op.Results {
+			if us := users[r]; len(us) > 0 {
+				if t, ok := pl.stage[us[0]]; ok {
+					pl.stage[op] = t
+				}
+				break
+			}
+		}
 	}
 }
 
@@ -722,6 +748,7 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 		to int
 	}
 	tags := map[need]int64{}
+	pairTags := map[[2]int]int64{}
 	var order []need
 	stages := make([]*ir.Func, pl.pp)
 	bodies := make([][]*ir.Op, pl.pp)
@@ -778,13 +805,19 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 		default:
 			// Made on another stage: received.
 			n := need{x, s}
-			tag := int64(len(order))
-			tags[n] = tag
-			order = append(order, n)
 			from := pl.homeAt(x)
 			if x.Def != nil {
 				from = pl.stage[x.Def]
 			}
+			// Tags count the values each stage sends each other.
+			tag := pairTags[[2]int{from, s}]
+			if tag > ir.MaxTag {
+				failed = fmt.Errorf("more than %d values cross from stage %d to stage %d, more than sends' tags can name", ir.MaxTag+1, from, s)
+				return x
+			}
+			pairTags[[2]int{from, s}]++
+			tags[n] = tag
+			order = append(order, n)
 			r, err := g.NewOp("recv", nil, ir.Attrs{"offset": ir.IntAttr(int64((from - s) * pl.dp)), "tag": ir.IntAttr(tag),
 				"shape": ir.IntsAttr(x.Type.Shape...), "dtype": ir.TypeAttr(x.Type.DType)}, ir.Location{}, x.Name+".recv")
 			if err != nil {
@@ -859,9 +892,6 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 	}
 	if failed != nil {
 		return nil, failed
-	}
-	if len(order) > ir.MaxTag+1 {
-		return nil, fmt.Errorf("%d values cross between stages, more than the %d tags sends can name", len(order), ir.MaxTag+1)
 	}
 	// Each send right after its value is made (arguments: first).
 	sends := map[*ir.Value][]need{}

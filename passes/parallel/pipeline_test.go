@@ -189,6 +189,9 @@ func TestPipelineWithDataParallelism(t *testing.T) {
 							case ir.IsPointToPoint(op.Kind):
 								sends++
 								require.Equal(t, int64(2), abs(op.Attrs["offset"].Int), "the same data-parallel rank of the other stage")
+								if op.Kind == "send" && op.Operands[0].Def != nil {
+									require.False(t, ir.IsCollective(op.Operands[0].Def.Kind), "%s: a collective's result is sent: it runs on the stage that reads it", op.Operands[0].Ref())
+								}
 							case ir.IsCollective(op.Kind):
 								collectives++
 							}
