@@ -78,6 +78,9 @@ func init() {
 						return interp.RunPrograms(parallel.RankPrograms(stages), parts, interp.Options{})
 					}
 					if *backend == "llvm" {
+						if *repeat > 1 {
+							return usageError{"--repeat times the compiled program of one device; pipeline stages under mpirun are not timed yet (use --backend interp)"}
+						}
 						run = func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
 							var ps []*loops.Program
 							for _, g := range stages {
@@ -89,6 +92,17 @@ func init() {
 							}
 							return llvm.RunStages(ps, parts, llvm.Options{Threads: *threads})
 						}
+					}
+					timed := run
+					run = func(parts [][]*interp.Tensor) (res [][]*interp.Tensor, final [][]*interp.Tensor, err error) {
+						start := time.Now()
+						for r := 0; r < max(1, *repeat) && err == nil; r++ {
+							res, final, err = timed(parts)
+						}
+						if *repeat > 1 && err == nil {
+							fmt.Fprintf(e.stderr, "kiln: %s backend: %d runs, %.6f seconds per run\n", *backend, *repeat, time.Since(start).Seconds()/float64(*repeat))
+						}
+						return res, final, err
 					}
 					return runStages(e, stages, inputs, *inputsDir, *seed, *outDir, run)
 				}
