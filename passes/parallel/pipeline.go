@@ -13,29 +13,32 @@ import (
 	"github.com/kiln-compiler/kiln/passes/microbatch"
 )
 
-// Pipeline parallelism cuts a training step into stages, one per rank,
-// that pass activations forward and gradients back with send and recv.
+// Pipeline parallelism cuts a training step into stages, a function
+// each, that pass activations forward and gradients back with send and
+// recv; each stage runs on dp ranks (one without data parallelism).
 //
 // Stages. The forward ops, in schedule order, are cut into pp contiguous
 // runs. Every other op goes where the forward values it reads are at
 // hand: a backward op to the last stage that reads (in the forward) each
 // forward value it reads, so a layer's gradients are made where the
 // layer ran; a backward op reading no forward value to the earliest
-// stage of its operands (gradients flow back); an optimizer update to
-// its parameter's stage, the stage of the parameter's first reader. The
-// cuts balance the stages' modelled time (forward, backward and updates
-// together). Data arguments, constants and what is made from them alone
-// are at hand everywhere: each stage that reads them makes its own copy.
-// Any other value one stage makes and another reads is sent once to it.
+// stage of its operands (gradients flow back), or, when it is a view of
+// one gradient, to its readers' stage; an optimizer update to its
+// parameter's stage, the stage of the parameter's first reader. The cuts
+// minimise the costliest stage: its modelled time (forward, backward and
+// updates) plus the link time of what crosses its edges. Data
+// arguments, constants and what is made from them alone are at hand
+// everywhere: each stage that reads them makes its own copy. Any other
+// value one stage makes and another reads is sent once to it.
 //
-// Microbatches. With m > 1 the step is first split into m slices
-// (microbatch.SplitTraced, gradients summed), and each stage runs its
-// slices' forwards and backwards in the 1F1B order: stage s of p runs
-// p−1−s forwards ahead, then alternates one forward and one backward, so
-// at most p−s slices' activations are live on it at a time, and the
-// backward of the first slice starts before the forward of the last has
-// finished. When that order could deadlock (a value sent against the
-// flow between slices), the stage keeps the slices in turn.
+// Microbatches. With m > 1 the step is first split into m slices (the
+// microbatch machinery, traced, with dp's partition when dp > 1), and
+// each stage runs its slices' forwards and backwards in the 1F1B order:
+// stage s of p runs p−1−s forwards ahead, then alternates one forward
+// and one backward, so at most p−s slices' activations are live on it at
+// a time, and the backward of the first slice starts before the forward
+// of the last has finished. When that order could deadlock (a value sent
+// against the flow between slices), the stage keeps the slices in turn.
 
 // Stage attributes of the functions Pipeline makes.
 const (
