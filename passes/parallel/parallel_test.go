@@ -154,7 +154,9 @@ func TestGradientsAllReduceInBuckets(t *testing.T) {
 // the MLP has a block tensor parallelism splits) and pipelines of 2 and 4
 // stages and 2 × 2 ranks (12 plans, 5 of which the batch allows); with no memory limit it takes
 // the fastest; with a limit between the plans' peaks it takes the fastest
-// of those under it; under every peak it says which plan comes closest.
+// of those under it; under every peak it takes the fastest that recomputation
+// brings under it; under what recomputation reaches it says which plan comes
+// closest.
 func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 	m := passtest.Parse(t, models["mlp"])
 	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
@@ -194,7 +196,20 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 			require.GreaterOrEqual(t, c.Seconds, chosen.Seconds)
 		}
 	}
-	_, _, err = parallel.Search(f, 4, least-1, 0)
+	// Under every peak: recomputation makes some plans fit, at a cost.
+	best, cands, err = parallel.Search(f, 4, least-1, 0)
+	require.NoError(t, err)
+	chosen = cands[indexOf(cands, best)]
+	require.True(t, chosen.Remat, "%s fits by recomputing", chosen)
+	for _, c := range cands {
+		if c.Fits {
+			require.True(t, c.Remat)
+			require.GreaterOrEqual(t, c.Seconds, chosen.Seconds)
+		}
+	}
+	// Under what recomputation reaches: nothing fits, and the search says
+	// which plan came closest.
+	_, _, err = parallel.Search(f, 4, 256, 0)
 	require.ErrorContains(t, err, "no plan over 4 devices fits")
 }
 

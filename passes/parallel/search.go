@@ -9,6 +9,7 @@ import (
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes/fuse"
+	"github.com/kiln-compiler/kiln/passes/remat"
 )
 
 // Candidate is one plan Search weighed: each rank's peak and its step
@@ -18,7 +19,10 @@ type Candidate struct {
 	Peak    int64
 	Seconds float64
 	Fits    bool
-	Err     error
+	// Remat: the plan fits only with recomputation (remat{budget} at the
+	// device's memory, per rank or stage), whose time Seconds counts.
+	Remat bool
+	Err   error
 }
 
 func (c Candidate) String() string {
@@ -27,8 +31,11 @@ func (c Candidate) String() string {
 		return name + ": " + c.Err.Error()
 	}
 	fits := "fits"
-	if !c.Fits {
+	switch {
+	case !c.Fits:
 		fits = "does not fit"
+	case c.Remat:
+		fits = "fits with recomputation"
 	}
 	return fmt.Sprintf("%s: peak %s per rank (%s), %.1f µs per step", name, memreport.Human(c.Peak), fits, c.Seconds*1e6)
 }
@@ -38,9 +45,11 @@ func (c Candidate) String() string {
 // tp dividing devices / dp (tensor parallelism needs MLP blocks: a plan
 // it cannot make is listed with its error), and ZeRO stages 0 to 3 with
 // dp > 1; and pipelines of pp stages of dp ranks each (dp·pp dividing
-// devices, ZeRO 0 or 2) with pp, 2·pp or 4·pp microbatches. It returns the fastest plan in the cost
-// model whose peak fits memory per device (0: any), ties going to the
-// smaller peak, and every candidate it weighed. f is unchanged.
+// devices, ZeRO 0 or 2) with pp, 2·pp or 4·pp microbatches. A plan above
+// memory is made to fit by recomputation where it can (remat{budget},
+// per rank or stage), at the time that adds. It returns the fastest plan
+// in the cost model that fits memory per device (0: any), ties going to
+// the smaller peak, and every candidate it weighed. f is unchanged.
 func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, error) {
 	var cands []Candidate
 	for dp := 1; dp <= devices; dp++ {
@@ -109,11 +118,26 @@ func weigh(f *ir.Func, p Plan, memory int64) Candidate {
 	g := f.Clone()
 	if _, c.Err = Partition(g, p); c.Err == nil {
 		c.Peak = liveness.Analyze(g).Peak
+		c.Remat = fitByRemat(&g, memory)
 		fuse.Fuse(g, fuse.Options{MultiOutput: true})
 		c.Seconds = costmodel.Default.Simulate(g).Seconds
-		c.Fits = memory <= 0 || c.Peak <= memory
+		c.Fits = memory <= 0 || c.Peak <= memory || c.Remat
 	}
 	return c
+}
+
+// fitByRemat reports whether recomputation brings *g, above memory, to
+// it; if so *g becomes the recomputing function.
+func fitByRemat(g **ir.Func, memory int64) bool {
+	if memory <= 0 || liveness.Analyze(*g).Peak <= memory {
+		return false
+	}
+	h := (*g).Clone()
+	if _, err := remat.Rematerialize(h, memory, "greedy"); err != nil {
+		return false
+	}
+	*g = h
+	return true
 }
 
 // weighPipeline cuts a copy of f into p's stages and measures the
@@ -125,12 +149,18 @@ func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
 	if c.Err = err; err != nil {
 		return c
 	}
-	for _, s := range stages {
-		c.Peak = max(c.Peak, liveness.Analyze(s).Peak)
-		fuse.Fuse(s, fuse.Options{MultiOutput: true})
+	fits := true
+	for i := range stages {
+		c.Peak = max(c.Peak, liveness.Analyze(stages[i]).Peak)
+		if fitByRemat(&stages[i], memory) {
+			c.Remat = true
+		} else if memory > 0 && liveness.Analyze(stages[i]).Peak > memory {
+			fits = false
+		}
+		fuse.Fuse(stages[i], fuse.Options{MultiOutput: true})
 	}
 	c.Seconds, _ = PipelineTime(stages, costmodel.Default)
-	c.Fits = memory <= 0 || c.Peak <= memory
+	c.Fits = fits
 	return c
 }
 
