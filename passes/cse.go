@@ -22,7 +22,9 @@ func init() {
 
 // eliminateCommon replaces each pure op that repeats an earlier one (same
 // kind, operands, attributes and result types; operands in either order
-// for commutative ops) by the earlier op's results, and deletes it.
+// for commutative ops) by the earlier op's results, and deletes it. Ops
+// marked recomputed repeat others on purpose, to free memory between
+// the uses, and stay.
 func eliminateCommon(f *ir.Func) int {
 	seen := map[string]*ir.Op{}
 	ids := map[*ir.Value]int{}
@@ -39,7 +41,7 @@ func eliminateCommon(f *ir.Func) int {
 				op.Operands[i] = w
 			}
 		}
-		if isImpure(op) || op.Region != nil || len(op.Results) == 0 {
+		if isImpure(op) || op.Region != nil || len(op.Results) == 0 || op.Attr().Bool("recomputed") {
 			for _, r := range op.Results {
 				ids[r] = next
 				next++

@@ -23,14 +23,22 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			st, err := Split(f, o.N)
+			split := Split
+			if o.ExactBN {
+				split = SplitExact
+			}
+			st, err := split(f, o.N)
 			if err != nil {
 				return err
 			}
 			ctx.AddStat("microbatches", int64(o.N))
 			ctx.AddStat("batch", st.Batch)
-			if st.BatchNorms > 0 {
-				ctx.Stat("note", fmt.Sprintf("batch normalisation (%d ops) takes its statistics per microbatch of %d, as PyTorch does under gradient accumulation", st.BatchNorms, st.Batch/int64(o.N)))
+			switch {
+			case st.Phases > 0:
+				ctx.AddStat("phases", int64(st.Phases))
+				ctx.Stat("note", fmt.Sprintf("batch normalisation (%d ops) takes the whole batch's statistics: each slice runs in %d phases", st.BatchNorms, st.Phases))
+			case st.BatchNorms > 0:
+				ctx.Stat("note", fmt.Sprintf("batch normalisation (%d ops) takes its statistics per microbatch of %d, as PyTorch does under gradient accumulation (exact-bn=true keeps the whole batch's)", st.BatchNorms, st.Batch/int64(o.N)))
 			}
 		}
 		return nil
@@ -38,7 +46,8 @@ func init() {
 }
 
 type options struct {
-	N int `opt:"n" default:"2" range:"[1,inf)" doc:"number of slices of the batch (it must divide the batch)"`
+	N       int  `opt:"n" default:"2" range:"[1,inf)" doc:"number of slices of the batch (it must divide the batch)"`
+	ExactBN bool `opt:"exact-bn" default:"false" doc:"keep the whole batch's statistics in batch normalisation: the slices run in three phases per batch norm, recomputing their forward up to it (about L/2 extra forwards for L norms)"`
 }
 
 // Stats is what Split did.
@@ -46,6 +55,8 @@ type Stats struct {
 	Batch      int64 // the batch that was split
 	BatchNorms int   // batch_norm_train ops, whose statistics are now per slice
 	Dropouts   int   // dropout ops, which now draw a mask per slice
+	Phases     int   // SplitExact: the passes over the slices
+	Kept       int64 // SplitExact: the most bytes one phase reads from the last and keeps for the next, all slices
 }
 
 // Split rewrites the training step f (autodiff ran; the optimizer may

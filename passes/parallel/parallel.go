@@ -180,7 +180,7 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin) (microbat
 		}
 	}
 	if p.DP > 1 && !p.LocalBN {
-		if _, err := syncBatchNorm(f, int64(p.DP), tp); err != nil {
+		if _, err := microbatch.SyncBatchNorm(f, int64(p.DP), tp); err != nil {
 			return st, fmt.Errorf("parallel: whole-batch statistics: %v", err)
 		}
 	}

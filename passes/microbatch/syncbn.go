@@ -1,4 +1,4 @@
-package parallel
+package microbatch
 
 import (
 	"slices"
@@ -6,15 +6,15 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// syncBatchNorm rewrites every batch_norm_train and batch_norm_grad of
-// the SPMD step f of n data-parallel ranks to use the statistics of the
+// SyncBatchNorm rewrites every batch_norm_train and batch_norm_grad of
+// the SPMD step f of n data-parallel ranks (stride apart) to use the statistics of the
 // whole batch, as PyTorch's SyncBatchNorm does: the per-channel sums the
 // ops need are all-reduced over the ranks (two small all_reduces forward,
 // two backward), so that the step computes what the one-device step
 // does. The gradients of scale and bias stay this rank's share: the step
 // all-reduces them with the other gradients. It returns how many ops it
 // rewrote.
-func syncBatchNorm(f *ir.Func, n, stride int64) (int, error) {
+func SyncBatchNorm(f *ir.Func, n, stride int64) (int, error) {
 	rewritten := 0
 	for i := 0; i < len(f.Body); i++ {
 		op := f.Body[i]
@@ -98,7 +98,7 @@ func (e *emitter) layout(x *ir.Value) (axes, bshape []int64, count float64) {
 // sum is the per-channel sum of v over the whole batch, all ranks.
 func (e *emitter) sum(v *ir.Value, axes []int64, name string) (local, all *ir.Value) {
 	local = e.op("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)}, name, v)
-	return local, e.op("all_reduce", groupAttrs(e.n, e.stride), name+".all", local)
+	return local, e.op("all_reduce", e.group(), name+".all", local)
 }
 
 // forward is batch_norm_train with whole-batch statistics: y, the new
@@ -154,4 +154,13 @@ func (e *emitter) backward(op *ir.Op) []*ir.Value {
 		e.op("mul", nil, name+".d2", xhat, e.op("mul", nil, name+".mdyx", allDYX, c)))
 	dx := e.op("mul", nil, name, k, inner)
 	return []*ir.Value{dx, e.op("reshape", perChannel, op.Results[1].Name, sdyx), e.op("reshape", perChannel, op.Results[2].Name, sdy)}
+}
+
+// group names the all_reduce's group: n ranks, stride apart.
+func (e *emitter) group() ir.Attrs {
+	a := ir.Attrs{"size": ir.IntAttr(e.n)}
+	if e.stride != 1 {
+		a["stride"] = ir.IntAttr(e.stride)
+	}
+	return a
 }
