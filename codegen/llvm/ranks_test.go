@@ -84,6 +84,19 @@ func TestTensorParallelBlocksUnderMPI(t *testing.T) {
 	stepUnderMPI(t, string(raw), "dp=2,tp=2,zero=2")
 }
 
+// TestTensorParallelAttentionUnderMPI: attention split by heads, both
+// with separate projections (beside dp=2 and ZeRO-2) and with a fused
+// one whose parts hold each rank's heads of the query, key and value
+// rows (shard_outer), compiled and run on its ranks, equals one device.
+func TestTensorParallelAttentionUnderMPI(t *testing.T) {
+	requireMPI(t)
+	for file, spec := range map[string]string{"mha_f64.kir": "dp=2,tp=2,zero=2", "mha_fused_f64.kir": "tp=2"} {
+		raw, err := os.ReadFile("../../testdata/steps/" + file)
+		require.NoError(t, err)
+		t.Run(file, func(t *testing.T) { stepUnderMPI(t, string(raw), spec) })
+	}
+}
+
 // stepUnderMPI compiles src's Adam step partitioned by spec, runs its
 // ranks under mpirun and compares them with the one-device interpreter.
 func stepUnderMPI(t *testing.T, src, spec string) {

@@ -212,31 +212,38 @@ func WholeType(a *ir.Value, ranks int) ir.Type {
 	return ir.InitType(f, a)
 }
 
-// block is the part of a whole tensor of shape whole that rank r holds
-// under levels: its first index and extent in every dimension.
-func block(whole ir.Shape, levels []ir.ShardLevel, r int) (start, extent []int64) {
-	start, extent = make([]int64, len(whole)), slices.Clone([]int64(whole))
-	for _, l := range levels {
-		i := (int64(r) / l.Stride) % l.Size
-		extent[l.Dim] /= l.Size
-		start[l.Dim] += i * extent[l.Dim]
+// blockIndex maps each index along every dimension of rank r's part
+// (of shape part) under levels to the whole tensor's.
+func blockIndex(part ir.Shape, levels []ir.ShardLevel, r int) [][]int64 {
+	idx := make([][]int64, len(part))
+	extent := slices.Clone([]int64(part))
+	for d := range part {
+		idx[d] = make([]int64, part[d])
+		for p := range idx[d] {
+			idx[d][p] = int64(p)
+		}
 	}
-	return start, extent
+	for i := len(levels) - 1; i >= 0; i-- { // from the rank's part outwards
+		l := levels[i]
+		for p, x := range idx[l.Dim] {
+			idx[l.Dim][p] = l.WholeIndex(x, extent[l.Dim], int64(r))
+		}
+		extent[l.Dim] *= l.Size
+	}
+	return idx
 }
 
 // copyBlock copies between a whole tensor and a rank's part: the part's
-// element at index p is the whole's at start + p; toPart picks the
+// element at index p is the whole's at (idx[d][p[d]]); toPart picks the
 // direction.
-func copyBlock(whole, part *interp.Tensor, start []int64, toPart bool) {
+func copyBlock(whole, part *interp.Tensor, idx [][]int64, toPart bool) {
 	ws, ps := whole.Type.Shape.Strides(), part.Type.Shape.Strides()
 	n := part.Len()
-	idx := make([]int64, len(start))
 	for k := 0; k < n; k++ {
 		rem, w := int64(k), int64(0)
 		for d := range idx {
-			idx[d] = rem / ps[d]
+			w += idx[d][rem/ps[d]] * ws[d]
 			rem %= ps[d]
-			w += (start[d] + idx[d]) * ws[d]
 		}
 		switch {
 		case toPart && part.F != nil:
@@ -272,8 +279,7 @@ func ShardValues(f *ir.Func, whole []*interp.Tensor) ([][]*interp.Tensor, error)
 				continue
 			}
 			p := interp.New(a.Type)
-			start, _ := block(wt.Shape, levels, r)
-			copyBlock(whole[i], p, start, true)
+			copyBlock(whole[i], p, blockIndex(a.Type.Shape, levels, r), true)
 			out[r] = append(out[r], p)
 		}
 	}
@@ -294,8 +300,7 @@ func JoinValues(f *ir.Func, ranks [][]*interp.Tensor) []*interp.Tensor {
 		wt := ir.InitType(f, a)
 		w := interp.New(wt)
 		for r := range ranks {
-			start, _ := block(wt.Shape, levels, r)
-			copyBlock(w, ranks[r][i], start, false)
+			copyBlock(w, ranks[r][i], blockIndex(a.Type.Shape, levels, r), false)
 		}
 		out[i] = w
 	}
