@@ -3,7 +3,6 @@ package parallel_test
 import (
 	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,31 +58,7 @@ func TestTensorParallelAttentionIsMegatron(t *testing.T) {
 		"fused":    {"w": {0, 3}, "b": {0, 3}, "wo": {1, 1}},
 	}
 	for name, src := range attentions {
-		t.Run(name, func(t *testing.T) {
-			m := passtest.Parse(t, src)
-			passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
-			whole := passtest.Clone(t, m).Funcs[0]
-			passtest.Run(t, m, "parallel{tp=2}")
-			f := m.Funcs[0]
-			kinds := map[string]int{}
-			for _, op := range f.Body {
-				kinds[op.Kind]++
-			}
-			require.Equal(t, 2, kinds["all_reduce"])
-			require.Zero(t, kinds["all_gather"])
-			for i, a := range f.Args {
-				cut, ok := cuts[name][strings.TrimPrefix(strings.TrimPrefix(a.Name, "adam.m."), "adam.v.")]
-				levels, err := ir.ShardLevels(f, a)
-				require.NoError(t, err)
-				if !ok {
-					require.Empty(t, levels, "%s stays whole", a.Name)
-					continue
-				}
-				require.Len(t, levels, 1, a.Name)
-				require.Equal(t, cut, [2]int64{levels[0].Dim, levels[0].Segments()}, a.Name)
-				require.Equal(t, whole.Args[i].Type.SizeBytes()/2, a.Type.SizeBytes(), a.Name)
-			}
-		})
+		t.Run(name, func(t *testing.T) { isMegatron(t, src, 2, cuts[name]) })
 	}
 }
 

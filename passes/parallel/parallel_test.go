@@ -339,11 +339,16 @@ func expandBiases(t *testing.T, blocks string) string {
 func TestTensorParallelIsMegatron(t *testing.T) {
 	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
 	for _, src := range []string{blocks, expandBiases(t, blocks)} {
-		isMegatron(t, src)
+		isMegatron(t, src, 4, map[string][2]int64{"w1": {1, 1}, "b1": {0, 1}, "w2": {0, 1}, "w3": {1, 1}, "b3": {0, 1}, "w4": {0, 1}})
 	}
 }
 
-func isMegatron(t *testing.T, src string) {
+// isMegatron splits src's Adam step over 2 tensor-parallel ranks and
+// requires allReduces all_reduces, nothing gathered, and each weight named
+// in cuts (or its Adam moments) split along its dimension in its number
+// of segments, half of it on each rank; every other argument stays whole.
+func isMegatron(t *testing.T, src string, allReduces int, cuts map[string][2]int64) {
+	t.Helper()
 	m := passtest.Parse(t, src)
 	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
 	whole := passtest.Clone(t, m).Funcs[0]
@@ -353,18 +358,19 @@ func isMegatron(t *testing.T, src string) {
 	for _, op := range f.Body {
 		kinds[op.Kind]++
 	}
-	require.Equal(t, 4, kinds["all_reduce"])
+	require.Equal(t, allReduces, kinds["all_reduce"])
 	require.Zero(t, kinds["all_gather"])
-	split := map[string]int64{"w1": 1, "b1": 0, "w2": 0, "w3": 1, "b3": 0, "w4": 0}
 	for i, a := range f.Args {
-		w := whole.Args[i]
-		d, ok := split[strings.TrimPrefix(strings.TrimPrefix(a.Name, "adam.m."), "adam.v.")]
+		cut, ok := cuts[strings.TrimPrefix(strings.TrimPrefix(a.Name, "adam.m."), "adam.v.")]
+		levels, err := ir.ShardLevels(f, a)
+		require.NoError(t, err)
 		if !ok {
-			require.True(t, a.Type.Equal(w.Type), "%s stays whole", a.Name)
+			require.Empty(t, levels, "%s stays whole", a.Name)
 			continue
 		}
-		require.Equal(t, d, a.Arg.Attrs.Int("shard", -1), "%s", a.Name)
-		require.Equal(t, w.Type.SizeBytes()/2, a.Type.SizeBytes(), "%s", a.Name)
+		require.Len(t, levels, 1, a.Name)
+		require.Equal(t, cut, [2]int64{levels[0].Dim, levels[0].Segments()}, a.Name)
+		require.Equal(t, whole.Args[i].Type.SizeBytes()/2, a.Type.SizeBytes(), a.Name)
 	}
 }
 
