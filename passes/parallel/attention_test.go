@@ -96,3 +96,24 @@ func TestTensorParallelBreadthZoo(t *testing.T) {
 	t.Logf("%d of %d models split: %v", len(split), len(paths), split)
 	require.GreaterOrEqual(t, len(split), 8)
 }
+
+// TestTensorParallelWithMicrobatches: each rank of a tensor-parallel
+// group (alone, or on a dp × tp mesh with ZeRO-2) runs its part of the
+// batch as microbatches, the tensor-parallel all_reduces inside each
+// slice, and the step equals one device (error model of
+// TestTensorParallelEqualsOneDevice: 1e-12 in f64).
+func TestTensorParallelWithMicrobatches(t *testing.T) {
+	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
+	cases := map[string][]string{
+		"blocks":    {"tp=2,microbatches=2", "tp=2,microbatches=4", "dp=2,tp=2,microbatches=2", "dp=2,tp=2,zero=2,microbatches=2"},
+		"attention": {"tp=2,microbatches=2"},
+	}
+	srcs := map[string]string{"blocks": blocks, "attention": attentions["separate"]}
+	for name, specs := range cases {
+		for _, spec := range specs {
+			for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean},optimizer{kind=adam}"} {
+				t.Run(fmt.Sprintf("%s/%s/%s", name, spec, pipe), func(t *testing.T) { equalsOneDevice(t, srcs[name], pipe, spec, 5) })
+			}
+		}
+	}
+}

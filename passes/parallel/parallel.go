@@ -139,13 +139,10 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin) (microbat
 	// data-parallel rank r / tp; tensor-parallel groups are tp
 	// consecutive ranks, data-parallel ones dp ranks tp apart.
 	if tp > 1 {
-		if p.Microbatches > 1 {
-			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: microbatches with tensor parallelism are not built", p.TP)
-		}
 		if _, err := tensorParallel(f, tp, 1); err != nil {
 			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: %v", p.TP, err)
 		}
-		if p.DP == 1 {
+		if p.DP == 1 && p.Microbatches <= 1 {
 			return microbatch.Stats{}, nil
 		}
 	}
