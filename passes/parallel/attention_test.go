@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -114,6 +115,44 @@ func TestTensorParallelWithMicrobatches(t *testing.T) {
 			for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean},optimizer{kind=adam}"} {
 				t.Run(fmt.Sprintf("%s/%s/%s", name, spec, pipe), func(t *testing.T) { equalsOneDevice(t, srcs[name], pipe, spec, 5) })
 			}
+		}
+	}
+}
+
+// TestPipelineWithTensorParallelism: pipeline stages whose ranks split
+// MLP and attention blocks by Megatron's pattern (tp=2 per stage, and
+// beside dp=2 with ZeRO-2: 8 ranks), with 1 and 2 microbatches and Adam,
+// equal one device (f64, 1e-12: microbatches and partial products sum in
+// another order). A stage runs on dp × tp ranks and sends to the same
+// rank of the other stage.
+func TestPipelineWithTensorParallelism(t *testing.T) {
+	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
+	for name, src := range map[string]string{"blocks": blocks, "attention": attentions["separate"]} {
+		for _, plan := range []parallel.Plan{{DP: 1, TP: 2, PP: 2, Microbatches: 1}, {DP: 1, TP: 2, PP: 2, Microbatches: 2}, {DP: 2, TP: 2, PP: 2, Zero: 2, Microbatches: 1}} {
+			t.Run(fmt.Sprintf("%s/dp=%d,tp=%d,m=%d", name, plan.DP, plan.TP, plan.Microbatches), func(t *testing.T) {
+				mod := passtest.Parse(t, src)
+				passtest.Run(t, mod, "autodiff{loss=mean},optimizer{kind=adam}")
+				stages, _ := pipelineEquals(t, mod.Funcs[0], mod.Funcs[0], plan, 1e-12)
+				tpReduces, splitArgs := 0, 0
+				for _, f := range stages {
+					require.Equal(t, plan.DP*plan.TP, parallel.RanksOf(f))
+					for _, op := range f.Body {
+						if ir.IsPointToPoint(op.Kind) {
+							require.Equal(t, int64(plan.DP*plan.TP), abs(op.Attrs["offset"].Int), "the same rank of the other stage")
+						}
+						if op.Kind == "all_reduce" && op.Attrs.Int("stride", 1) == 1 && op.Attrs.Int("size", 0) == int64(plan.TP) {
+							tpReduces++
+						}
+					}
+					for _, a := range f.Args {
+						if levels, _ := ir.ShardLevels(f, a); len(levels) > 0 && levels[0].Size == int64(plan.TP) && levels[0].Stride == 1 {
+							splitArgs++
+						}
+					}
+				}
+				require.Positive(t, tpReduces, "the stages' blocks are split")
+				require.Positive(t, splitArgs)
+			})
 		}
 	}
 }

@@ -51,9 +51,6 @@ func init() {
 				if len(m.Funcs) > 1 {
 					return fmt.Errorf("parallel{pp=%d}: the module has %d functions; a pipeline cuts one step", plan.PP, len(m.Funcs))
 				}
-				if plan.TP > 1 {
-					return fmt.Errorf("parallel{pp=%d,tp=%d}: pipeline stages beside tensor parallelism are not built", plan.PP, plan.TP)
-				}
 				stages, st, err := PipelinePlan(f, plan)
 				if err != nil {
 					return fmt.Errorf("parallel{pp=%d}: @%s: %v", plan.PP, f.Name, err)
@@ -115,7 +112,7 @@ func (p Plan) Ranks() int { return max(1, p.DP) * max(1, p.TP) * max(1, p.PP) }
 // with the number of ranks (attribute ranks). On error f is unchanged.
 func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 	g := f.Clone()
-	st, err := partition(g, p, nil)
+	st, err := partition(g, p, nil, nil)
 	if err == nil {
 		*f = *g
 	}
@@ -123,8 +120,10 @@ func Partition(f *ir.Func, p Plan) (microbatch.Stats, error) {
 }
 
 // partition is Partition, leaving f half rewritten on error; a non-nil
-// trace gets the origin of each op made for a microbatch (ShardMicroTraced).
-func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin) (microbatch.Stats, error) {
+// trace gets the origin of each op made for a microbatch (ShardMicroTraced),
+// and a non-nil tpTrace the op of f each op of the tensor-parallel
+// rewrite comes from.
+func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin, tpTrace map[*ir.Op]*ir.Op) (microbatch.Stats, error) {
 	if p.DP < 1 {
 		return microbatch.Stats{}, fmt.Errorf("dp must be at least 1, got %d", p.DP)
 	}
@@ -139,7 +138,7 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin) (microbat
 	// data-parallel rank r / tp; tensor-parallel groups are tp
 	// consecutive ranks, data-parallel ones dp ranks tp apart.
 	if tp > 1 {
-		if _, err := tensorParallel(f, tp, 1); err != nil {
+		if _, err := tensorParallelTraced(f, tp, 1, tpTrace); err != nil {
 			return microbatch.Stats{}, fmt.Errorf("parallel{tp=%d}: %v", p.TP, err)
 		}
 		if p.DP == 1 && p.Microbatches <= 1 {

@@ -169,9 +169,6 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	if pp < 2 {
 		return nil, st, fmt.Errorf("a pipeline needs at least 2 stages, got pp=%d", pp)
 	}
-	if p.TP > 1 {
-		return nil, st, fmt.Errorf("pipeline stages beside tensor parallelism are not built")
-	}
 	if _, ok := f.Attrs[StageAttr]; ok {
 		return nil, st, fmt.Errorf("@%s is already a pipeline stage", f.Name)
 	}
@@ -182,7 +179,7 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	}
 	g := f.Clone()
 	passes.RemoveDeadOps(g) // a dead forward op belongs to no stage
-	pl := &pipeliner{g: g, pp: pp, dp: dp, stage: map[*ir.Op]int{}}
+	pl := &pipeliner{g: g, pp: pp, dp: dp * max(1, p.TP), stage: map[*ir.Op]int{}}
 	if err := pl.cut(); err != nil {
 		return nil, st, err
 	}
@@ -194,18 +191,29 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	for _, op := range g.Body {
 		pl.whole[op] = true
 	}
-	trace := map[*ir.Op]microbatch.Origin{}
+	trace, tpTrace := map[*ir.Op]microbatch.Origin{}, map[*ir.Op]*ir.Op{}
 	sub := p
 	sub.PP, sub.DP, sub.Microbatches = 0, dp, m
 	var err error
-	if st.Micro, err = partition(g, sub, trace); err != nil {
+	if st.Micro, err = partition(g, sub, trace, tpTrace); err != nil {
 		return nil, st, err
+	}
+	// An op's origin in the whole step: through the microbatch split's
+	// copy, then through the tensor-parallel rewrite.
+	beforeTP := func(op *ir.Op) *ir.Op {
+		if o, ok := tpTrace[op]; ok {
+			return o
+		}
+		return op
 	}
 	pl.origin = func(op *ir.Op) (*ir.Op, int64, bool) {
 		if o, ok := trace[op]; ok {
-			return o.Op, o.Slice, true
+			if o.Op == nil {
+				return nil, o.Slice, true
+			}
+			return beforeTP(o.Op), o.Slice, true
 		}
-		return op, 0, false
+		return beforeTP(op), 0, false
 	}
 	pl.place(whole)
 	// build rewrites the ops' operands: a second try starts from them.
@@ -242,7 +250,7 @@ type pipeliner struct {
 	stage  map[*ir.Op]int // of every op that is not free
 	free   map[*ir.Value]bool
 	home   map[int]int     // stage of each parameter and state argument, by index (partition may replace the values)
-	dp     int             // ranks per stage: stage s runs on ranks s·dp to s·dp+dp−1
+	dp     int             // ranks per stage (dp × tp): stage s runs on ranks s·dp to s·dp+dp−1
 	fwd    map[*ir.Op]bool // the forward: what the loss and outputs need, not the gradients
 	bwd    map[*ir.Op]bool // the backward: what the loss seed reaches
 	whole  map[*ir.Op]bool // the ops of the step before the partition
@@ -643,12 +651,12 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 			cls[op] = class{slice: k}
 		case per:
 			cls[op] = class{slice: k, backward: !pl.fwd[orig]}
-		case pl.whole[op] && (m == 1 || !sliced):
+		case pl.whole[orig] && (m == 1 || !sliced):
 			// Without slices the whole step; before them, work on
 			// parameters alone: the forward's, or the backward's (what
 			// autodiff derives from forward values alone, too).
-			cls[op] = class{backward: !pl.fwd[op]}
-		case pl.whole[op]:
+			cls[op] = class{backward: !pl.fwd[orig]}
+		case pl.whole[orig]:
 			// After the slices (updates, work on the gradients' sums):
 			// in the last slice's backward turn.
 			cls[op] = class{slice: int64(m - 1), backward: true}

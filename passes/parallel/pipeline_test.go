@@ -42,7 +42,7 @@ func pipelineEquals(t *testing.T, whole, ref *ir.Func, p parallel.Plan, tol floa
 	require.NoError(t, err)
 	parts, err := parallel.RankValues(stages, whole.Args, interp.CloneAll(args))
 	require.NoError(t, err)
-	require.Len(t, parts, p.PP*max(1, p.DP))
+	require.Len(t, parts, p.PP*max(1, p.DP)*max(1, p.TP))
 	res, finals, err := interp.RunPrograms(parallel.RankPrograms(stages), parts, interp.Options{})
 	require.NoError(t, err)
 	got, gotArgs := parallel.JoinRanks(stages, whole.Args, args, res, finals)

@@ -66,6 +66,13 @@ type split struct {
 // divide, so the propagation gathered them), stays whole: the rewrite
 // runs again without it.
 func tensorParallel(f *ir.Func, n, stride int64) (int, error) {
+	return tensorParallelTraced(f, n, stride, nil)
+}
+
+// tensorParallelTraced is tensorParallel recording in trace (when not
+// nil) the op of f each op of the rewritten step comes from (the ops its
+// rewrite emitted); the results' gathers at the end have none.
+func tensorParallelTraced(f *ir.Func, n, stride int64, trace map[*ir.Op]*ir.Op) (int, error) {
 	banned := map[*ir.Value]bool{} // weights that failed as a block's first
 	for {
 		splits := megatronSplits(f, n, banned)
@@ -80,11 +87,20 @@ func tensorParallel(f *ir.Func, n, stride int64) (int, error) {
 			}
 		}
 		tp := &tensorRewrite{f: g, n: n, stride: stride, state: map[*ir.Value]sharding{}, local: map[*ir.Value]*ir.Value{},
-			whole: map[*ir.Value]*ir.Value{}}
+			whole: map[*ir.Value]*ir.Value{}, origin: map[*ir.Op]*ir.Op{}}
+		orig := map[*ir.Op]*ir.Op{} // g's ops (a clone) -> f's
+		for i, op := range g.Body {
+			orig[op] = f.Body[i]
+		}
 		err := tp.run(own)
 		var whole *needsWhole
 		switch {
 		case err == nil:
+			if trace != nil {
+				for op, o := range tp.origin {
+					trace[op] = orig[o]
+				}
+			}
 			*f = *g
 			return len(splits), nil
 		case !errors.As(err, &whole):
@@ -252,6 +268,8 @@ type tensorRewrite struct {
 	local     map[*ir.Value]*ir.Value // old value -> the rank's value
 	whole     map[*ir.Value]*ir.Value // new value -> its replicated form, made once
 	readers   map[*ir.Value][]*ir.Op  // old value -> the ops that read it
+	origin    map[*ir.Op]*ir.Op       // new op -> the old op whose rewrite emitted it
+	current   *ir.Op                  // the old op being rewritten
 }
 
 // sumsOnly reports whether only additions and subtractions read v (an
@@ -271,6 +289,9 @@ func (tp *tensorRewrite) emit(kind string, operands []*ir.Value, attrs ir.Attrs,
 		return nil, err
 	}
 	tp.body = append(tp.body, op)
+	if tp.current != nil {
+		tp.origin[op] = tp.current
+	}
 	return op, nil
 }
 
@@ -352,10 +373,12 @@ func (tp *tensorRewrite) run(splits map[*ir.Value]split) error {
 		}
 	}
 	for _, op := range f.Body {
+		tp.current = op
 		if err := tp.rewrite(op); err != nil {
 			return fmt.Errorf("tensor parallel: %s defining %s: %w", op.Kind, resultRef(op), err)
 		}
 	}
+	tp.current = nil
 	for i, r := range f.Results {
 		v, err := tp.replicate(tp.local[r.Value], ir.Location{})
 		if err != nil {
