@@ -265,7 +265,7 @@ func combine(ops []*ir.Op, in []*Tensor, out ir.Type) ([]*Tensor, error) {
 			res[i] = r.Clone()
 		}
 	case "reduce_scatter":
-		r := reduceAll(in, "sum")
+		r := reduceAll(in, op.Attr().String("op"))
 		for i := range res {
 			res[i] = part(r, op, out, i)
 		}

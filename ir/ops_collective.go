@@ -97,8 +97,8 @@ func init() {
 		}
 	}
 	Register(&OpDef{
-		Name: "reduce_scatter", Summary: "the group's tensors summed, and cut along axis into size parts: rank i of the group gets part i",
-		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis),
+		Name: "reduce_scatter", Summary: "the group's tensors summed (or their max, min), and cut along axis into size parts: rank i of the group gets part i",
+		MinOperands: 1, MaxOperands: 1, Attrs: withGroup(axis, reduction),
 		Infer: alongAxis(func(extent, size int64) (int64, error) {
 			if extent%size != 0 {
 				return 0, fmt.Errorf("%d does not divide into %d parts", extent, size)

@@ -75,6 +75,9 @@ func init() {
 				c.D = x.Type.Shape[ax]
 				c.Inner, _ = x.Type.Shape[ax+1:].NumElements()
 				c.Reduce = "sum"
+				if op.Kind == "reduce_scatter" {
+					c.Reduce = a.String("op")
+				}
 				if c.Outer > 1 {
 					return contiguous(b, op, c, FromBuffer(src), out[0], ax)
 				}

@@ -1,6 +1,10 @@
 package autodiff
 
-import "github.com/kiln-compiler/kiln/ir"
+import (
+	"fmt"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
 
 // Gradients of collectives, for the loss summed over the ranks (each
 // rank's loss counts once): the gradient of an all_reduce sum is the
@@ -26,6 +30,9 @@ func init() {
 		return []*ir.Value{b.one("reduce_scatter", a, grad(op), dys[0])}
 	}
 	rules["reduce_scatter"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
+		if r := op.Attr().String("op"); r != "sum" && b.err == nil {
+			b.err = fmt.Errorf("%s: the gradient of a reduce_scatter by %s is not built (only a sum's)", op.Results[0].Ref(), r)
+		}
 		a := group(op)
 		a["axis"] = ir.IntAttr(op.Attr().Int("axis"))
 		return []*ir.Value{b.one("all_gather", a, grad(op), dys[0])}

@@ -28,6 +28,14 @@ func SplitExact(f *ir.Func, n int) (Stats, error) {
 	if n == 1 || !slices.ContainsFunc(f.Body, func(op *ir.Op) bool { return op.Kind == "batch_norm_train" }) {
 		return Split(f, n)
 	}
+	// The phases are cut at the collectives: a step that has its own
+	// (one rank's of a parallel step) would have them taken for its
+	// slices' sums.
+	for _, op := range f.Body {
+		if ir.IsCollective(op.Kind) || ir.IsPointToPoint(op.Kind) {
+			return Stats{}, fmt.Errorf("%s: microbatch{exact-bn}: @%s already exchanges tensors between ranks (%s); split the one-device step, then partition it", loc(op), f.Name, op.Kind)
+		}
+	}
 	g := f.Clone()
 	st, err := Shard(g, n)
 	if err != nil {
@@ -233,7 +241,7 @@ func (q *sequencer) phase(colls, next []*ir.Op) error {
 			if !cone[op] {
 				continue
 			}
-			q.emit(q.recomputed(q.copy(op, m, k), op.Results[0]))
+			q.emit(q.recomputed(q.copy(op, m, k), op.Results...))
 			for _, r := range op.Results {
 				made[r] = append(made[r], m[r])
 			}
@@ -291,7 +299,7 @@ func (q *sequencer) phase(colls, next []*ir.Op) error {
 		have[v] = copies
 	}
 	for v, copies := range made {
-		if !absorbed[v] {
+		if !absorbed[v] && q.whole[v] == nil { // a batch argument is sliced again, not kept
 			have[v] = copies
 		}
 	}
@@ -307,10 +315,10 @@ func (q *sequencer) phase(colls, next []*ir.Op) error {
 	return nil
 }
 
-// recomputed marks op, the copy that computes v for a slice, as a
-// recomputation when an earlier phase computed v: CSE keeps it.
-func (q *sequencer) recomputed(op *ir.Op, v *ir.Value) *ir.Op {
-	if q.computed[v] {
+// recomputed marks op, the copy that computes vs for a slice, as a
+// recomputation when an earlier phase computed one of them: CSE keeps it.
+func (q *sequencer) recomputed(op *ir.Op, vs ...*ir.Value) *ir.Op {
+	if slices.ContainsFunc(vs, func(v *ir.Value) bool { return q.computed[v] }) {
 		if op.Attrs == nil {
 			op.Attrs = ir.Attrs{}
 		}

@@ -114,3 +114,19 @@ func TestExactBNWithoutBatchNormIsSplit(t *testing.T) {
 	passtest.Run(t, b, "microbatch{n=2,exact-bn=true}")
 	require.Equal(t, a.String(), b.String())
 }
+
+// TestExactBNRefusesAPartitionedStep: the phases are cut at collectives,
+// so a step that already has its own (a rank's of tensor parallelism,
+// whose group happens to be as large as n) is refused, not split with its
+// all_reduce taken for the slices' sum.
+func TestExactBNRefusesAPartitionedStep(t *testing.T) {
+	m := passtest.Parse(t, `func @f(%x: f64[4,2,2,2], %g: f64[2] {param}, %b: f64[2] {param}, %m: f64[2] {state}, %v: f64[2] {state}) -> (f64[4,2,2,2]) attributes {ranks = 2} {
+  %n, %rm, %rv, %sm, %si = batch_norm_train(%x, %g, %b, %m, %v) {epsilon = 1e-05, momentum = 0.9} : f64[4,2,2,2], f64[2], f64[2], f64[2], f64[2]
+  %s = all_reduce(%n) {size = 2} : f64[4,2,2,2]
+  return %s
+}`)
+	before := m.String()
+	_, err := microbatch.SplitExact(m.Funcs[0], 2)
+	require.ErrorContains(t, err, "already exchanges tensors")
+	require.Equal(t, before, m.String())
+}

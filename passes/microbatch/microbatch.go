@@ -737,7 +737,7 @@ func (s *splitter) acrossBatch(op *ir.Op, operands []*ir.Value, dims []int) erro
 // cut dimension of the same whole extent: a slice of one row broadcast
 // against a whole operand, which would compute the wrong thing.
 func (s *splitter) broadcastsCut(op *ir.Op, operands []*ir.Value, dims []int) bool {
-	if op.Def().Fusion != ir.Elementwise && op.Kind != "expand" {
+	if f := op.Def().Fusion; f != ir.Elementwise && f != ir.Broadcast && op.Kind != "expand" {
 		return false // only these broadcast
 	}
 	for j, v := range operands {

@@ -162,3 +162,21 @@ func TestGemmGradientsAccumulateInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestSliceOfOneMeetsAWholeOperand: a slice of one row multiplied by a
+// whole tensor of the batch's shape (a parameter expanded to it) must
+// take that tensor's row, not broadcast to the whole batch: mul is of
+// the broadcasting class, which the check once missed (a slice then
+// counted every row, and the summed loss doubled silently).
+func TestSliceOfOneMeetsAWholeOperand(t *testing.T) {
+	m := passtest.Parse(t, `func @f(%x: f64[2,3], %q: f64[3] {param}) -> (f64[2,3]) {
+  %e = expand(%q) {shape = [2, 3]} : f64[2,3]
+  %s = exp(%e) : f64[2,3]
+  %y = mul(%x, %s) : f64[2,3]
+  return %y
+}`)
+	passtest.Run(t, m, "autodiff{loss=sum}")
+	split := passtest.Clone(t, m)
+	passtest.Run(t, split, "microbatch{n=2}")
+	passtest.Equivalent(t, m.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
+}

@@ -3,6 +3,7 @@ package parallel_test
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -154,5 +155,44 @@ func TestPipelineWithTensorParallelism(t *testing.T) {
 				require.Positive(t, splitArgs)
 			})
 		}
+	}
+}
+
+// withDropout puts dropouts inside the split blocks: after the first
+// block's activation (between the two products) and on the attention's
+// probabilities.
+func withDropout(t *testing.T, src string) string {
+	out := strings.NewReplacer(
+		"%o1 = matmul(%a1, %w2)", "%d1, %k1 = dropout(%a1) {ratio = 0.25, seed = 11} : f64[4,5,16], bool[4,5,16]\n  %o1 = matmul(%d1, %w2)",
+		"%o = matmul(%p, %vt)", "%pd, %pk = dropout(%p) {ratio = 0.25, seed = 12} : f64[2,2,3,3], bool[2,2,3,3]\n  %o = matmul(%pd, %vt)",
+	).Replace(src)
+	require.NotEqual(t, src, out)
+	return out
+}
+
+// TestTensorParallelDropout: a dropout inside a split block (between an
+// MLP's products, on an attention's probabilities) draws on each rank its
+// part of the one-device mask, so the step still equals one device (f64,
+// 1e-12), with and without Adam; the blocks stay split, nothing is
+// gathered, and each mask's part is taken twice (by the dropout, and by
+// its gradient, which autodiff makes to draw the mask again from the
+// seed rather than keep it). (Beside dp, each rank draws its slice's
+// mask from the same seed, as data parallelism does without tp: that
+// step is not the one-device step's, with or without tp.)
+func TestTensorParallelDropout(t *testing.T) {
+	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
+	for name, src := range map[string]string{"blocks": withDropout(t, blocks), "attention": withDropout(t, attentions["separate"])} {
+		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean},optimizer{kind=adam}"} {
+			t.Run(name+"/"+pipe, func(t *testing.T) { equalsOneDevice(t, src, pipe, "tp=2", 5) })
+		}
+		m := passtest.Parse(t, src)
+		passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam},parallel{tp=2}")
+		kinds := map[string]int{}
+		for _, op := range m.Funcs[0].Body {
+			kinds[op.Kind]++
+		}
+		require.Zero(t, kinds["all_gather"], name)
+		require.Equal(t, 2, kinds["reduce_scatter"], name)
+		require.Positive(t, kinds["all_reduce"], name)
 	}
 }

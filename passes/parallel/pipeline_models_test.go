@@ -62,3 +62,40 @@ func TestPipelineOnCIModels(t *testing.T) {
 		}
 	}
 }
+
+// TestTensorParallelOnCIModels: BERT and GPT-2 at CI size, with SGD,
+// split by Megatron's pattern over 2 ranks (attention by heads, MLPs,
+// each dropout drawing its part of the one-device mask) equal the
+// one-device step in f32 within 1e-5 (partial products summed in another
+// order, unit roundoff 6e-8 over sums of at most a few thousand terms);
+// GPT-2 also in 2 pipeline stages of 2 tensor-parallel ranks each, within
+// 1e-4: f32 sums over the widest contraction (128) and the batch's rows
+// (32), compounded over the backward of 2 layers, have a worst case of
+// 4 · 128 · 32 · u ≈ 1e-3 and a random-sign estimate of √16384 · u ≈ 8e-6,
+// which measured errors reach (1.04e-5 on one updated norm weight).
+// (With microbatches too, a dropout inside a split block draws the whole
+// batch's mask and each slice takes its rows, while one outside draws
+// the slice's own, as under microbatch{n}: that step is neither the
+// one-device step nor the microbatched one, so it is compared on models
+// without dropout, TestPipelineWithTensorParallelism.) (Adam's first
+// step divides each gradient by its own magnitude: a gradient near zero
+// turns its roundoff into a different update, which no relative bound on
+// the parameters can hold; SGD's update is linear in the gradient.)
+func TestTensorParallelOnCIModels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("model-scale")
+	}
+	for _, name := range []string{"bert_base_ci", "gpt2_small_ci"} {
+		t.Run(name, func(t *testing.T) {
+			m, err := onnx.ImportFile("../../testdata/models/ci/"+name+".onnx", onnx.Options{})
+			require.NoError(t, err)
+			require.Equal(t, 2, equalsOneDeviceWithin(t, m, "autodiff{loss=sum},optimizer{kind=sgd}", "tp=2", 3, 1e-5))
+		})
+	}
+	t.Run("gpt2_small_ci/pp=2,tp=2", func(t *testing.T) {
+		m, err := onnx.ImportFile("../../testdata/models/ci/gpt2_small_ci.onnx", onnx.Options{})
+		require.NoError(t, err)
+		passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=sgd}")
+		pipelineEquals(t, m.Funcs[0], m.Funcs[0], parallel.Plan{DP: 1, TP: 2, PP: 2, Microbatches: 1}, 1e-4)
+	})
+}

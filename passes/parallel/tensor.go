@@ -87,7 +87,7 @@ func tensorParallelTraced(f *ir.Func, n, stride int64, trace map[*ir.Op]*ir.Op) 
 			}
 		}
 		tp := &tensorRewrite{f: g, n: n, stride: stride, state: map[*ir.Value]sharding{}, local: map[*ir.Value]*ir.Value{},
-			whole: map[*ir.Value]*ir.Value{}, origin: map[*ir.Op]*ir.Op{}}
+			whole: map[*ir.Value]*ir.Value{}, origin: map[*ir.Op]*ir.Op{}, scales: map[*ir.Value]*ir.Value{}}
 		orig := map[*ir.Op]*ir.Op{} // g's ops (a clone) -> f's
 		for i, op := range g.Body {
 			orig[op] = f.Body[i]
@@ -177,7 +177,7 @@ func megatronSplits(f *ir.Func, n int64, banned map[*ir.Value]bool) map[*ir.Valu
 	// broadcasts v.
 	follows := func(v *ir.Value, u *ir.Op) bool {
 		d := u.Def()
-		if d == nil || d.Impure || isRandom(u) {
+		if d == nil || d.Impure || isRandom(u) && u.Kind != "dropout" {
 			return false
 		}
 		switch u.Kind {
@@ -269,6 +269,7 @@ type tensorRewrite struct {
 	whole     map[*ir.Value]*ir.Value // new value -> its replicated form, made once
 	readers   map[*ir.Value][]*ir.Op  // old value -> the ops that read it
 	origin    map[*ir.Op]*ir.Op       // new op -> the old op whose rewrite emitted it
+	scales    map[*ir.Value]*ir.Value // a split dropout's mask (old) -> the rank's part of its scale
 	current   *ir.Op                  // the old op being rewritten
 }
 
@@ -405,6 +406,11 @@ func (tp *tensorRewrite) rewrite(op *ir.Op) error {
 	for i, x := range op.Operands {
 		in[i] = tp.local[x]
 		st[i] = tp.state[in[i]]
+	}
+	if op.Kind == "dropout" || op.Kind == "dropout_grad" {
+		if done, err := tp.dropout(op, in, st); done || err != nil {
+			return err
+		}
 	}
 	if op.Kind == "gemm" && len(in) == 3 && st[2] == replicated {
 		if done, err := tp.rowProductWithBias(op, in, st); done || err != nil {
@@ -904,4 +910,94 @@ func (tp *tensorRewrite) concat(op *ir.Op, in []*ir.Value, st []sharding) (shard
 		return s, op.Attrs, true
 	}
 	return splitAt(s.dim, segments), op.Attrs, true
+}
+
+// dropout runs a dropout (or its gradient) on the rank's part of a split
+// operand with the one-device step's mask: every rank draws the whole
+// mask (the dropout of ones of the whole shape: its scale, 0 or
+// 1/(1−ratio), from the same seed and indices) and keeps its part, taken
+// by a reduce_scatter by max over identical tensors (exact; it moves the
+// mask, as an all_gather of the activation would). The mask result is the
+// whole mask, on every rank; a gradient reading it multiplies by the
+// forward's part. It reports whether it did.
+func (tp *tensorRewrite) dropout(op *ir.Op, in []*ir.Value, st []sharding) (bool, error) {
+	s := st[0]
+	if s.dim < 0 || s.partial {
+		return false, nil
+	}
+	r := op.Results[0]
+	var scale *ir.Value
+	if op.Kind == "dropout_grad" && len(in) == 2 {
+		if scale = tp.scales[op.Operands[1]]; scale == nil || tp.state[scale] != s {
+			return false, nil
+		}
+	} else {
+		var mask *ir.Value
+		var err error
+		if scale, mask, err = tp.dropoutScale(op, op.Operands[0].Type, s); err != nil {
+			return false, err
+		}
+		if op.Kind == "dropout" {
+			mask.Name = op.Results[1].Name // the old mask leaves the body
+			tp.local[op.Results[1]], tp.state[mask] = mask, replicated
+			tp.scales[op.Results[1]] = scale
+		}
+	}
+	y, err := tp.emit("mul", []*ir.Value{in[0], scale}, nil, op.Loc, r.Name)
+	if err != nil {
+		return false, err
+	}
+	y.Results[0].Name = r.Name
+	tp.local[r], tp.state[y.Results[0]] = y.Results[0], s
+	return true, nil
+}
+
+// dropoutScale is the rank's part (split as s) of the scale of the
+// dropout mask op draws for a tensor of type whole, and the whole mask.
+func (tp *tensorRewrite) dropoutScale(op *ir.Op, whole ir.Type, s sharding) (scale, mask *ir.Value, err error) {
+	name := op.Results[0].Name + ".scale"
+	one, err := tp.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: whole.DType, Shape: ir.Shape{}}, Floats: []float64{1}})}, op.Loc, name+".one")
+	if err != nil {
+		return nil, nil, err
+	}
+	ones, err := tp.emit("expand", one.Results, ir.Attrs{"shape": ir.IntsAttr(whole.Shape...)}, op.Loc, name+".ones")
+	if err != nil {
+		return nil, nil, err
+	}
+	attrs := ir.Attrs{"seed": op.Attrs["seed"]}
+	if ratio, ok := op.Attrs["ratio"]; ok {
+		attrs["ratio"] = ratio
+	}
+	drawn, err := tp.emit("dropout", ones.Results, attrs, op.Loc, name+".whole")
+	if err != nil {
+		return nil, nil, err
+	}
+	v := drawn.Results[0]
+	group := ir.Attrs{"size": ir.IntAttr(tp.n), "stride": ir.IntAttr(tp.stride), "op": ir.StringAttr("max"), "axis": ir.IntAttr(int64(s.dim))}
+	if s.outer > 1 {
+		// Each segment's part: the dimension as [segments, segment].
+		shape := whole.Shape
+		seg := slices.Concat(shape[:s.dim], []int64{s.outer, shape[s.dim] / s.outer}, shape[s.dim+1:])
+		view, err := tp.emit("reshape", []*ir.Value{v}, ir.Attrs{"shape": ir.IntsAttr(seg...)}, op.Loc, name+".segments")
+		if err != nil {
+			return nil, nil, err
+		}
+		v, group["axis"] = view.Results[0], ir.IntAttr(int64(s.dim+1))
+	}
+	part, err := tp.emit("reduce_scatter", []*ir.Value{v}, group, op.Loc, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	scale = part.Results[0]
+	if s.outer > 1 {
+		local := slices.Clone([]int64(whole.Shape))
+		local[s.dim] /= tp.n
+		back, err := tp.emit("reshape", part.Results, ir.Attrs{"shape": ir.IntsAttr(local...)}, op.Loc, name+".part")
+		if err != nil {
+			return nil, nil, err
+		}
+		scale = back.Results[0]
+	}
+	tp.state[scale] = s
+	return scale, drawn.Results[1], nil
 }
