@@ -152,7 +152,8 @@ func TestGradientsAllReduceInBuckets(t *testing.T) {
 // TestSearchPicksTheFastestPlanThatFits: over 4 devices the search weighs
 // dp = 1, 2, 4 with ZeRO 0 to 3 and tp dividing what dp leaves (15 plans:
 // the MLP has a block tensor parallelism splits) and pipelines of 2 and 4
-// stages and 2 × 2 ranks (12 plans, 5 of which the batch allows); with no memory limit it takes
+// stages, 2 × 2 ranks and 2 stages of 2 tensor-parallel ranks (13 plans, 6
+// of which the batch allows); with no memory limit it takes
 // the fastest; with a limit between the plans' peaks it takes the fastest
 // of those under it; under every peak it takes the fastest that recomputation
 // brings under it; under what recomputation reaches it says which plan comes
@@ -164,7 +165,7 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 	before := f.String()
 	best, cands, err := parallel.Search(f, 4, 0, 0)
 	require.NoError(t, err)
-	require.Len(t, cands, 27)
+	require.Len(t, cands, 28)
 	require.Equal(t, before, f.String(), "the search leaves f alone")
 	pipelines := 0
 	for _, c := range cands {
@@ -178,7 +179,7 @@ func TestSearchPicksTheFastestPlanThatFits(t *testing.T) {
 			pipelines++
 		}
 	}
-	require.Equal(t, 5, pipelines, "pp=2 with 2 and 4 microbatches, pp=4 with 4, and dp=2 × pp=2 (ZeRO 0 and 2) with 2 (4 or 8 per rank do not divide 12)")
+	require.Equal(t, 6, pipelines, "pp=2 with 2 and 4 microbatches, pp=4 with 4, dp=2 × pp=2 (ZeRO 0 and 2) with 2 (4 or 8 per rank do not divide 12), and tp=2 × pp=2 with 4")
 	// A limit that only the smallest peaks meet.
 	least, most := cands[0].Peak, cands[0].Peak
 	for _, c := range cands {

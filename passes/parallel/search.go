@@ -42,10 +42,11 @@ func (c Candidate) String() string {
 
 // Search weighs the plans that spread f over at most devices ranks with
 // what parallel builds: dp dividing devices (the batch must divide too),
-// tp dividing devices / dp (tensor parallelism needs MLP blocks: a plan
-// it cannot make is listed with its error), and ZeRO stages 0 to 3 with
-// dp > 1; and pipelines of pp stages of dp ranks each (dp·pp dividing
-// devices, ZeRO 0 or 2) with pp, 2·pp or 4·pp microbatches. A plan above
+// tp dividing devices / dp (tensor parallelism needs MLP or attention
+// blocks: a plan it cannot make is listed with its error), and ZeRO
+// stages 0 to 3 with dp > 1; and pipelines of pp stages of dp × tp ranks
+// each (dp·tp·pp dividing devices, ZeRO 0 or 2) with pp, 2·pp or 4·pp
+// microbatches (2·pp beside tp). A plan above
 // memory is made to fit by recomputation where it can (remat{budget},
 // per rank or stage), at the time that adds. It returns the fastest plan
 // in the cost model that fits memory per device (0: any), ties going to
@@ -68,21 +69,27 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 			}
 		}
 	}
-	// Pipelines of pp stages, each run by dp ranks (dp·pp dividing
-	// devices; ZeRO 0 or 2 with dp > 1), of pp, 2·pp and 4·pp
-	// microbatches (a count the batch does not divide is listed with its
-	// error).
+	// Pipelines of pp stages, each run by dp × tp ranks (dp·tp·pp
+	// dividing devices; ZeRO 0 or 2 with dp > 1), of pp, 2·pp and 4·pp
+	// microbatches (2·pp beside tp; a count the batch does not divide is
+	// listed with its error).
 	for pp := 2; pp <= devices; pp++ {
 		for dp := 1; dp*pp <= devices; dp++ {
-			if devices%(dp*pp) != 0 {
-				continue
-			}
-			for _, zero := range []int{0, 2} {
-				if dp == 1 && zero > 0 {
+			for tp := 1; dp*tp*pp <= devices; tp++ {
+				if devices%(dp*tp*pp) != 0 {
 					continue
 				}
-				for _, m := range []int{pp, 2 * pp, 4 * pp} {
-					cands = append(cands, weighPipeline(f, Plan{DP: dp, PP: pp, Zero: zero, Bucket: bucket, Microbatches: m}, memory))
+				for _, zero := range []int{0, 2} {
+					if dp == 1 && zero > 0 {
+						continue
+					}
+					ms := []int{pp, 2 * pp, 4 * pp}
+					if tp > 1 {
+						ms = []int{2 * pp}
+					}
+					for _, m := range ms {
+						cands = append(cands, weighPipeline(f, Plan{DP: dp, TP: tp, PP: pp, Zero: zero, Bucket: bucket, Microbatches: m}, memory))
+					}
 				}
 			}
 		}
@@ -165,6 +172,9 @@ func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
 }
 
 func (p Plan) String() string {
+	if p.PP > 1 && p.TP > 1 {
+		return fmt.Sprintf("dp=%d,tp=%d,pp=%d,zero=%d,microbatches=%d", p.DP, p.TP, p.PP, p.Zero, p.Microbatches)
+	}
 	if p.PP > 1 && p.DP > 1 {
 		return fmt.Sprintf("dp=%d,pp=%d,zero=%d,microbatches=%d", p.DP, p.PP, p.Zero, p.Microbatches)
 	}
