@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -303,20 +304,29 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 	if err != nil {
 		return err
 	}
-	if err := noStages(in, fn); err != nil {
-		return err
+	funcs, dirs := []*ir.Func{f}, []string{out}
+	if stages := parallel.Stages(in.module); len(stages) > 1 && fn == "" {
+		// A pipeline: a plan per stage, in DIR/stage0, DIR/stage1, …
+		funcs, dirs = stages, nil
+		for s := range stages {
+			dirs = append(dirs, filepath.Join(out, fmt.Sprintf("stage%d", s)))
+		}
 	}
-	if needsAssign(f) {
+	if slices.ContainsFunc(funcs, needsAssign) {
 		if _, err := pf.run(e, in, "assign"); err != nil {
 			return err
 		}
 	}
-	plan, err := cuda.Lower(f, costmodel.Default)
-	if err != nil {
-		return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+	plans := make([]*cuda.Output, len(funcs))
+	for i, f := range funcs {
+		if plans[i], err = cuda.Lower(f, costmodel.Default); err != nil {
+			return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+		}
 	}
-	if err := cuda.Write(out, plan, in.module, e.files); err != nil {
-		return fmt.Errorf("kiln: cannot write %s: %v", out, unwrapPathError(err))
+	for i, plan := range plans {
+		if err := cuda.Write(dirs[i], plan, in.module, e.files); err != nil {
+			return fmt.Errorf("kiln: cannot write %s: %v", dirs[i], unwrapPathError(err))
+		}
 	}
 	return nil
 }
@@ -350,7 +360,7 @@ func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*inter
 // stages) as if it were the step.
 func noStages(in *input, fn string) error {
 	if stages := parallel.Stages(in.module); len(stages) > 1 && fn == "" {
-		return fmt.Errorf("%s: error: the step is cut into %d pipeline stages; compiling them is not built yet (kiln run and kiln mem take them; --func names one stage)", in.name, len(stages))
+		return fmt.Errorf("%s: error: the step is cut into %d pipeline stages; compiling them for the LLVM target is not built yet (kiln run --backend llvm runs them under mpirun, --target cuda writes a plan per stage, --func names one stage)", in.name, len(stages))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 
@@ -33,6 +34,12 @@ func init() {
 				}
 				if *forceReplay && *fast {
 					return usageError{"give --replay or --fast, not both"}
+				}
+				if !fileExists(filepath.Join(args[0], "plan.json")) && fileExists(filepath.Join(args[0], "stage0", "plan.json")) {
+					if *tl != "" || *htmlOut != "" {
+						return usageError{"--timeline and --html show one plan: give a stage's directory (DIR/stage0, …) with --fast"}
+					}
+					return planCheckStages(e, args[0], *seed, *forceReplay, *fast)
 				}
 				lp, err := plancheck.LoadDir(args[0])
 				if err != nil {
@@ -149,4 +156,49 @@ func traceJSON(r *plancheck.Report, p *cuda.Plan) ([]byte, error) {
 	}
 	b, err := json.MarshalIndent(map[string]any{"traceEvents": events, "displayTimeUnit": "ms"}, "", " ")
 	return append(b, '\n'), err
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// planCheckStages checks the plans of a pipeline's stages, DIR/stage0,
+// DIR/stage1, …, replaying them together (their sends meet their recvs).
+func planCheckStages(e *env, dir string, seed uint64, forceReplay, fast bool) error {
+	var lps []*plancheck.Plan
+	flops := 0.0
+	for s := 0; fileExists(filepath.Join(dir, fmt.Sprintf("stage%d", s), "plan.json")); s++ {
+		sub := filepath.Join(dir, fmt.Sprintf("stage%d", s))
+		for _, name := range cuda.Files {
+			e.files.Read(filepath.Join(sub, name))
+		}
+		lp, err := plancheck.LoadDir(sub)
+		if err != nil {
+			return fmt.Errorf("%s: error: %v", sub, err)
+		}
+		flops += plancheck.StepFLOPs(lp.Func) * float64(max(1, lp.Ranks))
+		lps = append(lps, lp)
+	}
+	lps[0].Progress = progress.For(e.stderr)
+	lps[0].MemoryLimit = availableMemory() / 2
+	replay := forceReplay || !fast && flops <= plancheck.ReplayFLOPs
+	reports, err := plancheck.CheckStages(lps, seed, replay)
+	if err != nil {
+		return fmt.Errorf("%s: error: %v", dir, err)
+	}
+	ranks := max(1, lps[0].Ranks)
+	fmt.Fprintf(e.stdout, "pipeline %s: ok (%d stages of %d rank(s) each)\n", dir, len(lps), ranks)
+	for s, r := range reports {
+		fmt.Fprintf(e.stdout, "stage %d         %d nodes: %d kernel launches, %d copies, %d NCCL calls, %d events; simulated %.1f us\n", s, r.Nodes, r.Kernels, r.Copies, r.Collectives, r.Events, r.Seconds*1e6)
+	}
+	switch {
+	case replay:
+		fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes of each stage; results replayed against the interpreter on all %d ranks together, sends meeting recvs\n", len(lps)*ranks)
+	case fast:
+		fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes of each stage (--fast: results not replayed)\n")
+	default:
+		fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes of each stage; results not replayed: the stages' %.1f GFLOPs are above %.0f (--replay forces it)\n", flops/1e9, plancheck.ReplayFLOPs/1e9)
+	}
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
@@ -154,6 +155,44 @@ func CheckPlan(lp *Plan, seed uint64) (*Report, error) {
 	}
 	r.Replayed = true
 	return r, nil
+}
+
+// CheckStages checks the plans of a pipeline's stages (in stage order):
+// each one's structure, then, with replay, the numbers of all of them
+// together (their sends meeting their recvs). It returns each stage's
+// report.
+func CheckStages(lps []*Plan, seed uint64, replay bool) ([]*Report, error) {
+	var reports []*Report
+	var need int64
+	for s, lp := range lps {
+		if lp.Stage != s || lp.Stages != len(lps) {
+			return nil, fmt.Errorf("stage %d's plan says it is stage %d of %d", s, lp.Stage, lp.Stages)
+		}
+		r, err := CheckStructure(lp)
+		if err != nil {
+			return nil, fmt.Errorf("stage %d: %v", s, err)
+		}
+		reports = append(reports, r)
+		need += (lp.Arena.SizeBytes + lp.Host.SizeBytes) * int64(max(1, lp.Ranks))
+	}
+	if !replay {
+		return reports, nil
+	}
+	defer lps[0].Progress.Done()
+	limit := lps[0].MemoryLimit
+	if limit <= 0 {
+		limit = DefaultReplayMemory
+	}
+	if need > limit {
+		return nil, fmt.Errorf("replaying the stages needs their ranks' device and host arenas in memory, %d bytes, above the %d this replay may use (--fast checks the plans without replaying them)", need, limit)
+	}
+	if err := replayStages(lps, seed, lps[0].Progress); err != nil {
+		return nil, err
+	}
+	for _, r := range reports {
+		r.Replayed = true
+	}
+	return reports, nil
 }
 
 // CheckStructure is CheckPlan without the numeric replay: the structure
@@ -493,6 +532,9 @@ func collectiveNode(p *cuda.Plan, f *ir.Func, i int, n cuda.Node) error {
 		return fmt.Errorf("node %d: op %d is not in @%s", i, n.Op, f.Name)
 	}
 	c := n.Collective
+	if c != nil && (c.Call == "ncclSend" || c.Call == "ncclRecv") {
+		return p2pNode(p, f, i, n)
+	}
 	if c == nil || n.Src == nil || n.Dst == nil {
 		return fmt.Errorf("node %d: a collective needs collective, src and dst", i)
 	}
@@ -530,10 +572,47 @@ func collectiveNode(p *cuda.Plan, f *ir.Func, i int, n cuda.Node) error {
 	return nil
 }
 
+// p2pNode checks a pipeline stage's ncclSend or ncclRecv: the op it runs
+// is that send or recv, to the same peer and tag, moving its bytes, on
+// the stream of its direction, to a rank of another stage.
+func p2pNode(p *cuda.Plan, f *ir.Func, i int, n cuda.Node) error {
+	c, op := n.Collective, f.Body[n.Op]
+	recv := c.Call == "ncclRecv"
+	want, buf, mode := "send", n.Src, "read"
+	if recv {
+		want, buf, mode = "recv", n.Dst, "write"
+	}
+	if op.Kind != want || buf == nil || (recv && n.Src != nil) || (!recv && n.Dst != nil) {
+		return fmt.Errorf("node %d calls %s (from src to its peer, or from its peer to dst), but op %d is %s", i, c.Call, n.Op, op.Kind)
+	}
+	if a := op.Attr(); a.Int("offset") != c.Peer || a.Int("tag") != c.Tag {
+		return fmt.Errorf("node %d: %s to rank r%+d, tag %d, but op %d sends to r%+d, tag %d", i, c.Call, c.Peer, c.Tag, n.Op, a.Int("offset"), a.Int("tag"))
+	}
+	ranks := int64(max(1, p.Ranks))
+	if to := int64(p.Stage) + c.Peer/ranks; p.Stages < 2 || c.Peer%ranks != 0 || c.Peer == 0 || to < 0 || to >= int64(p.Stages) {
+		return fmt.Errorf("node %d: %s to rank r%+d is not the same rank of another of the pipeline's %d stages of %d ranks", i, c.Call, c.Peer, p.Stages, ranks)
+	}
+	if n.Stream != cuda.P2PStream(recv, c.Peer) {
+		return fmt.Errorf("node %d: %s to rank r%+d runs on stream %d, not on its direction's, %d (a send waiting behind a receive the other way can deadlock the pipeline)", i, c.Call, c.Peer, n.Stream, cuda.P2PStream(recv, c.Peer))
+	}
+	dt, ok := ir.ParseDType(c.DType)
+	if !ok {
+		return fmt.Errorf("node %d: unknown dtype %q", i, c.DType)
+	}
+	if size := c.Count * (ir.Type{DType: dt}).SizeBytes(); buf.SizeBytes != size || buf.Mode != mode {
+		return fmt.Errorf("node %d: %s of %d %s elements moves %d bytes, but its buffer has %d (mode %s)", i, c.Call, c.Count, c.DType, size, buf.SizeBytes, buf.Mode)
+	}
+	return nil
+}
+
 func describe(p *cuda.Plan, n cuda.Node) string {
 	switch n.Kind {
 	case "collective":
-		return n.Collective.Call + " of " + p.Buffers[n.Src.Buffer].Values[0]
+		buf := n.Src
+		if buf == nil { // a recv
+			buf = n.Dst
+		}
+		return n.Collective.Call + " of " + p.Buffers[buf.Buffer].Values[0]
 	case "kernel":
 		return "kernel " + n.Kernel
 	case "host":
@@ -547,7 +626,7 @@ func describe(p *cuda.Plan, n cuda.Node) string {
 // timeline simulates the plan: a node starts when its deps have finished
 // and takes its cost-model seconds.
 // collectiveKinds are the IR ops of the NCCL calls, for the cost model.
-var collectiveKinds = map[string]string{"ncclAllReduce": "all_reduce", "ncclReduceScatter": "reduce_scatter", "ncclAllGather": "all_gather", "ncclBroadcast": "broadcast"}
+var collectiveKinds = map[string]string{"ncclAllReduce": "all_reduce", "ncclReduceScatter": "reduce_scatter", "ncclAllGather": "all_gather", "ncclBroadcast": "broadcast", "ncclSend": "send", "ncclRecv": "recv"}
 
 func timeline(p *cuda.Plan) *Report {
 	r := &Report{Nodes: len(p.Nodes), Events: p.Events, Ranks: max(1, p.Ranks)}
@@ -571,7 +650,11 @@ func timeline(p *cuda.Plan) *Report {
 			secs = n.Seconds
 		case "collective":
 			r.Collectives++
-			secs = p.CostModel.CollectiveSeconds(collectiveKinds[n.Collective.Call], n.Src.SizeBytes, n.Collective.Size)
+			if c := n.Collective; c.Call == "ncclSend" || c.Call == "ncclRecv" {
+				secs = n.Seconds
+			} else {
+				secs = p.CostModel.CollectiveSeconds(collectiveKinds[c.Call], n.Src.SizeBytes, c.Size)
+			}
 		}
 		if n.Stream == 0 && secs > 0 {
 			r.StallSeconds += max(0, start-streamEnd[0])
@@ -664,77 +747,173 @@ func (o *owners) who(lo, hi int64) []int64 {
 // it holds the plan's arenas and one op's tensors, and only fingerprints
 // of the interpreter's values.
 func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) error {
-	n := max(1, p.Ranks)
-	args := make([][]*interp.Tensor, n)
-	for r := range args {
-		args[r] = interp.RandomArgs(f, seed+uint64(r)) // each rank its own data
+	if p.Stages > 1 {
+		return fmt.Errorf("@%s is stage %d of a pipeline of %d: its sends and recvs replay with the other stages' plans (plan-check the directory that holds stage0, stage1, …)", f.Name, p.Stage, p.Stages)
 	}
-	refs, err := reference(f, args, prog)
+	return replayStages([]*Plan{{Plan: p, Func: f}}, seed, prog)
+}
+
+// mailKey names the tensors rank from sends rank to with tag.
+type mailKey struct{ from, to, tag int64 }
+
+// replayStages replays the plans of a pipeline's stages together (one
+// plan: a step), each on its ranks (stage s on ranks s·R to s·R+R−1):
+// the ranks of a stage run its nodes in issue order, meeting at its
+// collectives; a send leaves its tensor for the rank it names, and a
+// recv waits until the tensor is there. A replay in which every stage
+// waits is a deadlock, and an error naming the recvs that wait.
+func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
+	per := max(1, stages[0].Ranks)
+	for s, st := range stages {
+		if max(1, st.Ranks) != per {
+			return fmt.Errorf("stage %d runs on %d ranks, stage 0 on %d", s, max(1, st.Ranks), per)
+		}
+	}
+	n := len(stages) * per
+	fs, args := make([]*ir.Func, n), make([][]*interp.Tensor, n)
+	for g := range n {
+		fs[g] = stages[g/per].Func
+		args[g] = interp.RandomArgs(fs[g], seed+uint64(g)) // each rank its own data
+	}
+	refs, err := reference(fs, args, prog)
 	if err != nil {
 		return err
 	}
-	byName := map[string]int{}
-	for _, b := range p.Buffers {
-		for _, v := range b.Values {
-			byName[v] = b.ID
-		}
-	}
 	ranks := make([]*rankReplay, n)
-	for r := range ranks {
-		if ranks[r], err = newRankReplay(p, f, args[r], refs[r], byName); err != nil {
-			return err
+	for s, st := range stages {
+		byName := map[string]int{}
+		for _, b := range st.Buffers {
+			for _, v := range b.Values {
+				byName[v] = b.ID
+			}
 		}
-		if n > 1 {
-			ranks[r].name = fmt.Sprintf("rank %d: ", r)
+		for g := s * per; g < (s+1)*per; g++ {
+			if ranks[g], err = newRankReplay(st.Plan, st.Func, args[g], refs[g], byName); err != nil {
+				return err
+			}
+			if n > 1 {
+				ranks[g].name = fmt.Sprintf("rank %d: ", g)
+			}
 		}
 	}
 	args = nil // the slots hold the arguments' bytes now
-	for i, nd := range p.Nodes {
-		prog.Step("plan-check: replaying node %d of %d", i+1, len(p.Nodes))
-		for _, rr := range ranks {
-			if err := rr.access(i, nd); err != nil {
-				return err
+	mail := map[mailKey][]*interp.Tensor{}
+	next := make([]int, len(stages))
+	for {
+		moved, done := false, true
+		for s, st := range stages {
+			group := ranks[s*per : (s+1)*per]
+			for next[s] < len(st.Nodes) && !waits(st, next[s], s*per, mail) {
+				prog.Step("plan-check: replaying node %d of %d", next[s]+1, len(st.Nodes))
+				if err := replayNode(st, next[s], group, int64(s*per), mail); err != nil {
+					return err
+				}
+				next[s]++
+				moved = true
 			}
+			done = done && next[s] == len(st.Nodes)
 		}
-		if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective" && nd.Kind != "host") {
-			continue
+		if done {
+			break
 		}
-		op := f.Body[nd.Op]
-		ins := make([][]*interp.Tensor, n)
-		for r, rr := range ranks {
-			if ins[r], err = rr.operands(i, nd, op); err != nil {
-				return err
-			}
-		}
-		outs := make([][]*interp.Tensor, n)
-		if ir.IsCollective(op.Kind) && op.Attr().Int("size") > 1 {
-			// The ranks meet: each brings its operand, takes its part.
-			col := make([]*interp.Tensor, n)
-			for r := range ranks {
-				col[r] = ins[r][0]
-			}
-			res, err := interp.Collective(op, col)
-			if err != nil {
-				return fmt.Errorf("node %d (%s): %v", i, describe(p, nd), err)
-			}
-			for r := range ranks {
-				outs[r] = []*interp.Tensor{res[r]}
-			}
-		} else {
-			for r, rr := range ranks {
-				if outs[r], err = interp.EvalOp(op, ins[r]); err != nil {
-					return fmt.Errorf("%snode %d: %v", rr.name, i, err)
+		if !moved {
+			var waiting []string
+			for s, st := range stages {
+				if i := next[s]; i < len(st.Nodes) {
+					waiting = append(waiting, fmt.Sprintf("stage %d at node %d (%s)", s, i, describe(st.Plan, st.Nodes[i])))
 				}
 			}
-		}
-		for r, rr := range ranks {
-			if err := rr.results(i, op, ins[r], outs[r]); err != nil {
-				return err
-			}
+			return fmt.Errorf("the stages deadlock: every one waits in a recv: %s", strings.Join(waiting, "; "))
 		}
 	}
 	for _, rr := range ranks {
 		if err := rr.final(); err != nil {
+			return err
+		}
+	}
+	for k, ts := range mail {
+		if len(ts) > 0 {
+			return fmt.Errorf("rank %d sent %d tensors with tag %d to rank %d that no recv took", k.from, len(ts), k.tag, k.to)
+		}
+	}
+	return nil
+}
+
+// waits reports whether node i of stage st (on ranks from base) is a
+// recv whose tensor some rank of the stage has not been sent yet.
+func waits(st *Plan, i, base int, mail map[mailKey][]*interp.Tensor) bool {
+	nd := st.Nodes[i]
+	if nd.Kind != "collective" || !nd.Last || nd.Collective == nil || nd.Collective.Call != "ncclRecv" {
+		return false
+	}
+	for r := range max(1, st.Ranks) {
+		g := int64(base + r)
+		if len(mail[mailKey{g + nd.Collective.Peer, g, nd.Collective.Tag}]) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// replayNode runs node i of stage st on the stage's ranks (global ranks
+// from base): its accesses, and at an op's last node the op, whose
+// operands must equal the interpreter's.
+func replayNode(st *Plan, i int, ranks []*rankReplay, base int64, mail map[mailKey][]*interp.Tensor) error {
+	p, f, nd := st.Plan, st.Func, st.Nodes[i]
+	for _, rr := range ranks {
+		if err := rr.access(i, nd); err != nil {
+			return err
+		}
+	}
+	if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective" && nd.Kind != "host") {
+		return nil
+	}
+	op := f.Body[nd.Op]
+	n := len(ranks)
+	ins := make([][]*interp.Tensor, n)
+	var err error
+	for r, rr := range ranks {
+		if ins[r], err = rr.operands(i, nd, op); err != nil {
+			return err
+		}
+	}
+	outs := make([][]*interp.Tensor, n)
+	switch {
+	case op.Kind == "send" || op.Kind == "recv":
+		c := nd.Collective
+		for r := range ranks {
+			g := base + int64(r)
+			if op.Kind == "send" {
+				k := mailKey{g, g + c.Peer, c.Tag}
+				mail[k] = append(mail[k], ins[r][0].Clone())
+				continue
+			}
+			k := mailKey{g + c.Peer, g, c.Tag}
+			outs[r] = []*interp.Tensor{mail[k][0]}
+			mail[k] = mail[k][1:]
+		}
+	case ir.IsCollective(op.Kind) && op.Attr().Int("size") > 1:
+		// The ranks meet: each brings its operand, takes its part.
+		col := make([]*interp.Tensor, n)
+		for r := range ranks {
+			col[r] = ins[r][0]
+		}
+		res, err := interp.Collective(op, col)
+		if err != nil {
+			return fmt.Errorf("node %d (%s): %v", i, describe(p, nd), err)
+		}
+		for r := range ranks {
+			outs[r] = []*interp.Tensor{res[r]}
+		}
+	default:
+		for r, rr := range ranks {
+			if outs[r], err = interp.EvalOp(op, ins[r]); err != nil {
+				return fmt.Errorf("%snode %d: %v", rr.name, i, err)
+			}
+		}
+	}
+	for r, rr := range ranks {
+		if err := rr.results(i, op, ins[r], outs[r]); err != nil {
 			return err
 		}
 	}
@@ -936,11 +1115,12 @@ type fingerprints struct {
 // ranks at once when there are several) and keeps only a fingerprint of
 // each value, so that it holds no more than the interpreter's live set,
 // and nothing once it returns.
-func reference(f *ir.Func, args [][]*interp.Tensor, prog *progress.Reporter) ([]*fingerprints, error) {
+func reference(fs []*ir.Func, args [][]*interp.Tensor, prog *progress.Reporter) ([]*fingerprints, error) {
+	f := fs[0]
 	refs := make([]*fingerprints, len(args))
 	for r := range refs {
 		refs[r] = &fingerprints{values: map[*ir.Value]uint64{}}
-		for i, a := range f.Args {
+		for i, a := range fs[r].Args {
 			refs[r].values[a] = fingerprint(args[r][i])
 		}
 	}
@@ -966,7 +1146,7 @@ func reference(f *ir.Func, args [][]*interp.Tensor, prog *progress.Reporter) ([]
 		w, fi, err = interp.RunWithUpdates(f, args[0], interp.Options{Observe: func(i int, op *ir.Op, res []*interp.Tensor) { observe(0, i, op, res) }})
 		want, final = [][]*interp.Tensor{w}, [][]*interp.Tensor{fi}
 	} else {
-		want, final, err = interp.RunRanks(f, args, interp.Options{ObserveRank: observe})
+		want, final, err = interp.RunPrograms(fs, args, interp.Options{ObserveRank: observe})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("interpreter: %v", err)

@@ -52,6 +52,10 @@ type Plan struct {
 	// its rank from the runtime, and its collective nodes call NCCL on
 	// the communication stream.
 	Ranks int `json:"ranks,omitempty"`
+	// Stage and Stages place a pipeline stage's plan (stage s of Stages,
+	// on ranks s·Ranks to s·Ranks+Ranks−1); absent for a step.
+	Stage  int `json:"stage,omitempty"`
+	Stages int `json:"stages,omitempty"`
 }
 
 // Target names the GPU architecture kernels.cu is written for.
@@ -139,14 +143,21 @@ type Node struct {
 // Stride apart, that holds this rank (ranks r0 + k·Stride; one
 // communicator per group, which the runtime makes with ncclCommSplit);
 // Root is the broadcast's root within the group.
+//
+// A pipeline stage's ncclSend (Src only) and ncclRecv (Dst only) move
+// Count elements to or from rank r+Peer, matched in issue order by Tag;
+// each runs on the stream of its direction (P2PStream), so that the
+// sends one way never wait behind the receives the other way.
 type Collective struct {
 	Call   string `json:"call"`
 	Reduce string `json:"reduce,omitempty"`
 	DType  string `json:"dtype"`
 	Count  int64  `json:"count"`
-	Size   int64  `json:"size"`
-	Stride int64  `json:"stride"`
+	Size   int64  `json:"size,omitempty"`
+	Stride int64  `json:"stride,omitempty"`
 	Root   int64  `json:"root"`
+	Peer   int64  `json:"peer,omitempty"`
+	Tag    int64  `json:"tag,omitempty"`
 }
 
 // NCCL names of the collectives and reductions.
@@ -161,6 +172,31 @@ const (
 	CommStream = 2
 	HostStream = 3
 )
+
+// P2PStream is the stream of a pipeline stage's sends or receives
+// (recv) to or from a later stage (peer > 0) or an earlier one: 4 to 7.
+func P2PStream(recv bool, peer int64) int {
+	id := 4
+	if peer < 0 {
+		id = 6
+	}
+	if recv {
+		id++
+	}
+	return id
+}
+
+// streamNames names the streams by ID; a plan's streams are numbered
+// from 0 without gaps.
+var streamNames = []string{"compute", "copy", "comm", "host", "send_next", "recv_next", "send_prev", "recv_prev"}
+
+// stream makes sure the plan has stream id (and those below it).
+func (b *planner) stream(id int) {
+	for len(b.plan.Streams) <= id {
+		n := len(b.plan.Streams)
+		b.plan.Streams = append(b.plan.Streams, Stream{n, streamNames[n]})
+	}
+}
 
 // KArg is a kernel argument: a pointer into a buffer or an i64 scalar.
 type KArg struct {
@@ -209,6 +245,9 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 		Streams: []Stream{{0, "compute"}, {1, "copy"}}, CostModel: dev}
 	if r := f.Attrs.Int("ranks", 1); r > 1 {
 		b.plan.Ranks = int(r)
+	}
+	if s := f.Attrs.Int("stages", 0); s > 1 {
+		b.plan.Stage, b.plan.Stages = int(f.Attrs.Int("stage", 0)), int(s)
 	}
 	b.buffers()
 	ws, err := b.nodes(arena)
@@ -424,10 +463,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 			if b.host {
 				// A C function the runtime calls on the host stream, in
 				// order with the copies and kernels its events name.
-				for len(b.plan.Streams) <= HostStream {
-					id := len(b.plan.Streams)
-					b.plan.Streams = append(b.plan.Streams, Stream{id, map[int]string{CommStream: "comm", HostStream: "host"}[id]})
-				}
+				b.stream(HostStream)
 				n = Node{Kind: "host", Stream: HostStream, Op: op, Kernel: name}
 			}
 			for _, p := range sk.ptrs {
@@ -464,7 +500,8 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 	return nil
 }
 
-// collective adds the NCCL call of st, on the communication stream.
+// collective adds the NCCL call of st, on the communication stream (a
+// send or recv on the stream of its direction).
 func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temps map[string]int64) error {
 	if st.Outer != 1 && (st.Kind == "reduce_scatter" || st.Kind == "all_gather") {
 		return fmt.Errorf("%s along a dimension after %d leading elements: NCCL exchanges contiguous parts, and launch plans do not transpose around it yet", st.Kind, st.Outer)
@@ -481,6 +518,30 @@ func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temp
 		a.Offset = b.plan.Buffers[a.Buffer].Offset + lb.Offset - b.baseOffset(lb)
 		return a, nil
 	}
+	if st.Kind == "send" || st.Kind == "recv" {
+		buf, mode := st.In, "read"
+		if st.Kind == "recv" {
+			buf, mode = st.Out, "write"
+		}
+		a, err := access(buf, mode)
+		if err != nil {
+			return err
+		}
+		if d := buf.Type.DType; d != ir.F32 && d != ir.F64 && d != ir.I64 {
+			return fmt.Errorf("%s of %s: launch plans send f32, f64 and i64 tensors", st.Kind, buf.Type)
+		}
+		id := P2PStream(st.Kind == "recv", st.Peer)
+		b.stream(id)
+		n := Node{Kind: "collective", Stream: id, Op: op, Seconds: b.dev.CollectiveSeconds("send", a.SizeBytes, 2),
+			Collective: &Collective{Call: "ncclSend", DType: buf.Type.DType.String(), Count: buf.Type.NumElements(), Peer: st.Peer, Tag: st.Tag}}
+		if st.Kind == "recv" {
+			n.Collective.Call, n.Dst = "ncclRecv", a
+		} else {
+			n.Src = a
+		}
+		b.raw = append(b.raw, n)
+		return nil
+	}
 	src, err := access(st.In, "read")
 	if err != nil {
 		return err
@@ -489,9 +550,7 @@ func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temp
 	if err != nil {
 		return err
 	}
-	if len(b.plan.Streams) <= CommStream {
-		b.plan.Streams = append(b.plan.Streams, Stream{CommStream, "comm"})
-	}
+	b.stream(CommStream)
 	c := &Collective{Call: ncclCalls[st.Kind], Reduce: ncclReduces[st.Reduce], DType: st.In.Type.DType.String(), Count: st.In.Type.NumElements(),
 		Size: st.Size, Stride: st.Stride, Root: st.Root}
 	if st.Kind == "all_reduce" || st.Kind == "reduce_scatter" {

@@ -1,0 +1,112 @@
+package plancheck_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes/parallel"
+	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/kiln-compiler/kiln/plancheck"
+)
+
+// stagePlans compiles the MLP blocks' Adam step cut by spec into a plan
+// directory per stage and loads them.
+func stagePlans(t *testing.T, spec string) []*plancheck.Plan {
+	t.Helper()
+	m := passtest.Parse(t, passtest.ReadFile("../testdata/steps/mlp_blocks_f64.kir"))
+	passtest.Run(t, m, "autodiff{loss=mean},optimizer{kind=adam},parallel{"+spec+"},fuse,reorder,assign")
+	root := t.TempDir()
+	var lps []*plancheck.Plan
+	for s, f := range parallel.Stages(m) {
+		out, err := cuda.Lower(f, costmodel.Default)
+		require.NoError(t, err)
+		dir := filepath.Join(root, fmt.Sprintf("stage%d", s))
+		require.NoError(t, cuda.Write(dir, out, m, nil))
+		validate(t, dir)
+		lp, err := plancheck.LoadDir(dir)
+		require.NoError(t, err)
+		lps = append(lps, lp)
+	}
+	return lps
+}
+
+// TestStagePlansReplayTogether: the launch plans of pipeline stages (2
+// and 4 stages of 1F1B microbatches, beside dp with ZeRO-2 and beside
+// tp) send and receive with ncclSend and ncclRecv, each direction on its
+// own stream, and replay on all their ranks together, sends meeting
+// recvs, to the interpreter's results on every rank.
+func TestStagePlansReplayTogether(t *testing.T) {
+	for _, spec := range []string{"pp=2,microbatches=2", "pp=4,microbatches=4", "dp=2,pp=2,zero=2,microbatches=2", "pp=2,tp=2,microbatches=2"} {
+		t.Run(spec, func(t *testing.T) {
+			lps := stagePlans(t, spec)
+			reports, err := plancheck.CheckStages(lps, 5, true)
+			require.NoError(t, err)
+			p2p := 0
+			for s, lp := range lps {
+				require.True(t, reports[s].Replayed)
+				require.Equal(t, len(lps), lp.Stages)
+				for _, n := range lp.Nodes {
+					if c := n.Collective; c != nil && (c.Call == "ncclSend" || c.Call == "ncclRecv") {
+						p2p++
+						require.Equal(t, cuda.P2PStream(c.Call == "ncclRecv", c.Peer), n.Stream)
+					}
+				}
+			}
+			require.Positive(t, p2p)
+		})
+	}
+}
+
+// TestStagePlanBugsAreCaught: a stage's plan alone does not replay (its
+// peers are elsewhere); dropping the event wait right before a send or
+// recv is a race (an earlier wait on its stream may be implied by that
+// one: a recv into the memory a send just read waits for the send, which
+// waited for the compute that wrote it); a recv whose tag no send uses deadlocks the stages, which
+// the replay reports rather than hangs; a send on the wrong stream is an
+// error.
+func TestStagePlanBugsAreCaught(t *testing.T) {
+	lps := stagePlans(t, "pp=2,microbatches=2")
+	_, err := plancheck.CheckPlan(lps[1], 5)
+	require.ErrorContains(t, err, "replay with the other stages")
+
+	planted := 0
+	for i, n := range lps[1].Nodes {
+		if n.Kind != "event_wait" || n.Stream < 4 || i+1 == len(lps[1].Nodes) || lps[1].Nodes[i+1].Kind != "collective" {
+			continue
+		}
+		planted++
+		p := *lps[1].Plan
+		p.Nodes = append([]cuda.Node(nil), lps[1].Nodes...)
+		renumber(&p, i)
+		_, err := plancheck.CheckStructure(&plancheck.Plan{Plan: &p, Func: lps[1].Func})
+		require.ErrorContains(t, err, "race:", "dropping the wait at node %d", i)
+	}
+	require.Positive(t, planted)
+
+	lps = stagePlans(t, "pp=2,microbatches=2")
+	for i, n := range lps[1].Nodes {
+		if c := n.Collective; c != nil && c.Call == "ncclRecv" {
+			lps[1].Nodes[i].Collective.Tag += 100
+			lps[1].Func.Body[n.Op].Attrs["tag"] = ir.IntAttr(lps[1].Nodes[i].Collective.Tag)
+			break
+		}
+	}
+	_, err = plancheck.CheckStages(lps, 5, true)
+	require.ErrorContains(t, err, "deadlock")
+
+	lps = stagePlans(t, "pp=2,microbatches=2")
+	for i, n := range lps[0].Nodes {
+		if c := n.Collective; c != nil && c.Call == "ncclSend" {
+			lps[0].Nodes[i].Stream = cuda.P2PStream(true, c.Peer)
+			break
+		}
+	}
+	_, err = plancheck.CheckStages(lps, 5, false)
+	require.ErrorContains(t, err, "stream")
+}
