@@ -254,38 +254,56 @@ func init() {
 				if err != nil {
 					return err
 				}
-				if err := noStages(in, *fn); err != nil {
-					return err
-				}
-				p, err := lowerForLLVM(e, &pf, in, f)
-				if err != nil {
-					return err
-				}
-				switch *emit {
-				case "ll":
-					text, err := llvm.Text(p, llvm.Options{Threads: *threads})
-					if err != nil {
-						return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
+					// A pipeline: a file per stage, OUT/stage0, OUT/stage1, …
+					if *out == "-" || *out == "" {
+						return usageError{"a pipeline compiles to a file per stage: give -o DIR"}
 					}
-					return writeOutput(e, *out, []byte(text))
-				case "header":
-					return writeOutput(e, *out, []byte(llvm.Header(p)))
+					if err := os.MkdirAll(*out, 0o755); err != nil {
+						return fmt.Errorf("kiln: cannot write %s: %v", *out, unwrapPathError(err))
+					}
+					ext := map[string]string{"ll": ".ll", "header": ".h", "obj": ".o", "lib": ".so", "exe": ""}[*emit]
+					for s, f := range stages {
+						if err := compileLLVM(e, &pf, in, f, *emit, *threads, filepath.Join(*out, fmt.Sprintf("stage%d%s", s, ext))); err != nil {
+							return err
+						}
+					}
+					return nil
 				}
-				prog := progress.For(e.stderr)
-				prog.Step("compile: clang -O2 of @%s (%d kernels)", f.Name, len(p.Kernels))
-				data, err := llvm.Build(p, *emit, llvm.Options{Threads: *threads})
-				prog.Done()
-				if err != nil {
-					return fmt.Errorf("kiln: %v", err)
-				}
-				mode := os.FileMode(0o644)
-				if *emit != "obj" {
-					mode = 0o755
-				}
-				return writeOutputMode(e, *out, data, mode)
+				return compileLLVM(e, &pf, in, f, *emit, *threads, *out)
 			}
 		},
 	})
+}
+
+// compileLLVM writes f compiled for the LLVM target as emit says to out.
+func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, threads int, out string) error {
+	p, err := lowerForLLVM(e, pf, in, f)
+	if err != nil {
+		return err
+	}
+	switch emit {
+	case "ll":
+		text, err := llvm.Text(p, llvm.Options{Threads: threads})
+		if err != nil {
+			return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+		}
+		return writeOutput(e, out, []byte(text))
+	case "header":
+		return writeOutput(e, out, []byte(llvm.Header(p)))
+	}
+	prog := progress.For(e.stderr)
+	prog.Step("compile: clang -O2 of @%s (%d kernels)", f.Name, len(p.Kernels))
+	data, err := llvm.Build(p, emit, llvm.Options{Threads: threads})
+	prog.Done()
+	if err != nil {
+		return fmt.Errorf("kiln: %v", err)
+	}
+	mode := os.FileMode(0o644)
+	if emit != "obj" {
+		mode = 0o755
+	}
+	return writeOutputMode(e, out, data, mode)
 }
 
 // compileCUDA writes the launch plan directory of one function.
@@ -356,11 +374,3 @@ func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*inter
 	return res, final, nil
 }
 
-// noStages refuses to compile one function of a pipeline (of several
-// stages) as if it were the step.
-func noStages(in *input, fn string) error {
-	if stages := parallel.Stages(in.module); len(stages) > 1 && fn == "" {
-		return fmt.Errorf("%s: error: the step is cut into %d pipeline stages; compiling them for the LLVM target is not built yet (kiln run --backend llvm runs them under mpirun, --target cuda writes a plan per stage, --func names one stage)", in.name, len(stages))
-	}
-	return nil
-}

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,5 +163,35 @@ func TestRunParallelEqualsOneDevice(t *testing.T) {
 			}
 		}
 		require.NoError(t, os.RemoveAll(one))
+	}
+}
+
+// TestCompilePipelineWritesAFilePerStage: kiln compile of a pipeline
+// writes OUT/stage0, OUT/stage1, … (LLVM IR whose sends and recvs call
+// the driver's kiln_send and kiln_recv; executables that mpirun runs as
+// one program per stage, as kiln run --backend llvm does).
+func TestCompilePipelineWritesAFilePerStage(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"compile", "../testdata/examples/mlp.kir", "--train=sum", "--optimizer", "adam", "--parallel", "pp=2,microbatches=2"}
+	_, stderr, code := kiln(t, append(base, "--emit", "ll", "-o", filepath.Join(dir, "ll"))...)
+	require.Equal(t, 0, code, stderr)
+	for s, call := range []string{"kiln_send", "kiln_recv"} {
+		text, err := os.ReadFile(filepath.Join(dir, "ll", fmt.Sprintf("stage%d.ll", s)))
+		require.NoError(t, err)
+		require.Contains(t, string(text), "@kiln_send")
+		require.Contains(t, string(text), "@"+call)
+	}
+	if _, err := exec.LookPath("clang-14"); err != nil && os.Getenv("CI") == "" {
+		t.Skip("clang-14 is not installed")
+	}
+	if _, err := exec.LookPath("mpicc"); err != nil && os.Getenv("CI") == "" {
+		t.Skip("mpicc is not installed")
+	}
+	_, stderr, code = kiln(t, append(base, "--emit", "exe", "-o", filepath.Join(dir, "exe"))...)
+	require.Equal(t, 0, code, stderr)
+	for s := range 2 {
+		st, err := os.Stat(filepath.Join(dir, "exe", fmt.Sprintf("stage%d", s)))
+		require.NoError(t, err)
+		require.NotZero(t, st.Mode()&0o100, "stage %d is executable", s)
 	}
 }
