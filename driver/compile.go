@@ -373,4 +373,3 @@ func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*inter
 	}
 	return res, final, nil
 }
-
