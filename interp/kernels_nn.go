@@ -306,11 +306,11 @@ func init() {
 
 	kernels["dropout"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		ratio := op.Attr().Float("ratio")
-		seed := uint64(op.Attr().Int("seed"))
+		seed, offset := uint64(op.Attr().Int("seed")), uint64(op.Attr().Int("offset"))
 		y, mask := New(out[0]), New(out[1])
 		scale := 1 / (1 - ratio)
 		for i, v := range in[0].F {
-			if DropoutKeep(seed, uint64(i), ratio) {
+			if DropoutKeep(seed, offset+uint64(i), ratio) {
 				mask.I[i] = 1
 				y.F[i] = v * scale
 			}
@@ -320,10 +320,10 @@ func init() {
 	kernels["dropout_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		ratio := op.Attr().Float("ratio")
 		scale := 1 / (1 - ratio)
-		seed := uint64(op.Attr().Int("seed"))
+		seed, offset := uint64(op.Attr().Int("seed")), uint64(op.Attr().Int("offset"))
 		dx := New(out[0])
 		for i, g := range in[0].F {
-			keep := len(in) == 1 && DropoutKeep(seed, uint64(i), ratio) || len(in) == 2 && in[1].I[i] != 0
+			keep := len(in) == 1 && DropoutKeep(seed, offset+uint64(i), ratio) || len(in) == 2 && in[1].I[i] != 0
 			if keep {
 				dx.F[i] = g * scale
 			}

@@ -243,8 +243,8 @@ func init() {
 	}
 
 	Register(&OpDef{
-		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, so recomputing reproduces it",
-		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}},
+		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, element i drawing number offset+i, so recomputing reproduces it (and a slice of a batch, offset by its first element, draws the whole batch's mask)",
+		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if r := a.Float("ratio"); r < 0 || r >= 1 {
 				return nil, fmt.Errorf("ratio %g must be in [0, 1)", r)
@@ -255,7 +255,7 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio); without a mask operand the mask is regenerated from the seed attribute (as the dropout with that seed made it)", MinOperands: 1, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt}},
+		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if len(in) == 1 {
 				if !a.Has("seed") {

@@ -335,12 +335,17 @@ func errUnsupported(op *ir.Op) error {
 }
 
 // dropoutKeep is dropout's mask at an index of a tensor of shape s: the
-// counter-based RNG of the op's seed and ratio (interp.DropoutKeep).
+// counter-based RNG of the op's seed and ratio, at the op's offset plus
+// the flat index (interp.DropoutKeep).
 func dropoutKeep(op *ir.Op, s ir.Shape) accessor {
 	ratio := op.Attr().Float("ratio")
-	seed := uint64(op.Attr().Int("seed"))
+	seed, offset := uint64(op.Attr().Int("seed")), op.Attr().Int("offset")
 	return func(idx []Expr) Expr {
-		return cmp(scalar.Ge, uniform(seed, flatten(idx, s)), Float{V: ratio, K: F64})
+		i := flatten(idx, s)
+		if offset != 0 {
+			i = add(i, Int{offset})
+		}
+		return cmp(scalar.Ge, uniform(seed, i), Float{V: ratio, K: F64})
 	}
 }
 

@@ -407,8 +407,10 @@ func init() {
 		// element instead of a byte per element living through the
 		// forward and backward passes.
 		a := ir.Attrs{"seed": op.Attrs["seed"]}
-		if v, ok := op.Attrs["ratio"]; ok {
-			a["ratio"] = v
+		for _, k := range []string{"ratio", "offset"} {
+			if v, ok := op.Attrs[k]; ok {
+				a[k] = v
+			}
 		}
 		return []*ir.Value{b.one("dropout_grad", a, grad(op), dys[0])}
 	}

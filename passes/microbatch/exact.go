@@ -353,8 +353,8 @@ func (q *sequencer) copy(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) *ir.Op {
 			c.Operands[i] = w
 		}
 	}
-	if op.Kind == "dropout" {
-		c.Attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int + k)
+	if op.Kind == "dropout" || op.Kind == "dropout_grad" && len(op.Operands) == 1 {
+		c.Attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int*q.n + k + 1) // the slice's own mask, drawn again alike in its gradient
 	}
 	for i, r := range op.Results {
 		base := strings.TrimSuffix(r.Name, ".mb0") // Shard's name for the rank's copy

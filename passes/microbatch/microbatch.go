@@ -483,8 +483,8 @@ func (s *splitter) copyOp(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) (*ir.Op
 		slicedIn = slicedIn || ok
 	}
 	attrs := op.Attrs.Clone()
-	if op.Kind == "dropout" {
-		attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int*s.n + k + 1) // a mask of its own per slice
+	if op.Kind == "dropout" || op.Kind == "dropout_grad" && len(op.Operands) == 1 {
+		s.sliceMask(op, attrs, operands[0], k)
 	}
 	type try struct {
 		operands []*ir.Value
@@ -558,6 +558,25 @@ func (s *splitter) copyOp(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) (*ir.Op
 	}
 	return nil, nil, fmt.Errorf("%s: microbatch: %s (%s) cannot run on a slice of the batch of %d: on operands %s no shape of its result follows the batch (whole: %s)",
 		loc(op), op.Results[0].Ref(), op.Kind, s.batch/s.n, strings.Join(ts, ", "), op.Results[0].Type)
+}
+
+// sliceMask makes the mask a dropout (or the gradient that draws it
+// again) copied for slice k of x draws: the whole batch's rows of the
+// slice when they are a contiguous run of the whole tensor (the batch's
+// digits outermost: the counter starts at the slice's first element, so
+// the split step draws what the whole step draws), else a mask of the
+// slice's own, from a seed of its own (the same for the dropout and its
+// gradient).
+func (s *splitter) sliceMask(op *ir.Op, attrs ir.Attrs, x *ir.Value, k int64) {
+	whole := op.Operands[0].Type.Shape
+	c, ok := s.sliced[x]
+	before, _ := whole[:max(c.dim, 0)].NumElements()
+	if ok && before == 1 && whole[c.dim] == s.batch*c.inner {
+		local, _ := x.Type.Shape.NumElements()
+		attrs["offset"] = ir.IntAttr(op.Attr().Int("offset") + k*local)
+		return
+	}
+	attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int*s.n + k + 1)
 }
 
 // reshapeTarget divides the dimension of op's target shape that holds the

@@ -180,3 +180,29 @@ func TestSliceOfOneMeetsAWholeOperand(t *testing.T) {
 	passtest.Run(t, split, "microbatch{n=2}")
 	passtest.Equivalent(t, m.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
 }
+
+// TestDropoutSlicesDrawTheWholeBatchsMask: a dropout (and its gradient,
+// which draws the mask again from the seed) copied for a slice of the
+// batch draws the whole batch's mask for the slice's rows (its counter
+// offset by the slice's first element), so the split step equals the
+// whole step, loss and gradients (same error model as
+// TestMicrobatchEqualsWholeBatch). This also checks that the forward and
+// the backward of a slice draw one mask: they once drew two.
+func TestDropoutSlicesDrawTheWholeBatchsMask(t *testing.T) {
+	src := `func @f(%x: f64[8,5], %w: f64[5,6] {param}, %w2: f64[6,3] {param}) -> (f64[8,3]) {
+  %h = matmul(%x, %w) : f64[8,6]
+  %d, %k = dropout(%h) {ratio = 0.3, seed = 7} : f64[8,6], bool[8,6]
+  %a = tanh(%d) : f64[8,6]
+  %y = matmul(%a, %w2) : f64[8,3]
+  return %y
+}`
+	for _, loss := range []string{"sum", "mean"} {
+		whole := passtest.Parse(t, src)
+		passtest.Run(t, whole, "autodiff{loss="+loss+"}")
+		for _, n := range []int{2, 4, 8} {
+			split := passtest.Clone(t, whole)
+			passtest.Run(t, split, fmt.Sprintf("microbatch{n=%d}", n))
+			passtest.Equivalent(t, whole.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
+		}
+	}
+}

@@ -17,16 +17,18 @@ import (
 // TestMicrobatchBreadthZoo splits the training step of every breadth-zoo
 // model in two. The split either fails with an error naming an op, or
 // computes the whole-batch step's loss and gradients: compared in the
-// interpreter on random inputs for every model without dropout (whose
-// masks are per slice on purpose); a model with batch normalisation is
-// compared split with exact-bn (without it, the statistics are per slice
-// on purpose). f32 error model: the slices' partial sums are added in
+// interpreter on random inputs for every model (a dropout's slice draws
+// the whole batch's mask for its rows); a model with batch normalisation
+// is compared split with exact-bn (without it, the statistics are per
+// slice on purpose). f32 error model: the slices' partial sums are added in
 // another order; relative to the whole tensor that stays within 1e-5
 // (each gradient sums at most a few thousand products, unit roundoff
 // 6e-8, rounding errors of random sign).
 //
-// How many models split is a floor, not a target: the rest are recurrent
-// models whose time-major state is expanded to the batch as a constant.
+// How many models split is a floor, not a target: the gather along the
+// batch is refused. (The recurrent models, whose time-major state is
+// expanded to the batch as a constant, split since a slice of one row
+// takes that constant's row instead of broadcasting to the whole batch.)
 func TestMicrobatchBreadthZoo(t *testing.T) {
 	paths, _ := filepath.Glob("../../testdata/models/breadth/*/model.onnx")
 	require.GreaterOrEqual(t, len(paths), 25)
@@ -52,13 +54,9 @@ func TestMicrobatchBreadthZoo(t *testing.T) {
 			continue
 		}
 		split++
-		random, norms := false, false
+		norms := false
 		for _, op := range whole.Body {
-			random = random || op.Kind == "dropout"
 			norms = norms || op.Kind == "batch_norm_train"
-		}
-		if random {
-			continue
 		}
 		if norms {
 			exact++
@@ -69,7 +67,7 @@ func TestMicrobatchBreadthZoo(t *testing.T) {
 		t.Run(name, func(t *testing.T) { passtest.Equivalent(t, whole, s, 1e-5, 1, 2) })
 	}
 	t.Logf("%d of %d models split (%d compared with the whole batch, %d more with exact-bn); errors on %v", split, len(paths), compared, exact, failed)
-	require.GreaterOrEqual(t, split, 32)
+	require.GreaterOrEqual(t, split, 35)
 }
 
 // exactBN compares the step of the model at path, split in two with

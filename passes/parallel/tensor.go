@@ -965,8 +965,10 @@ func (tp *tensorRewrite) dropoutScale(op *ir.Op, whole ir.Type, s sharding) (sca
 		return nil, nil, err
 	}
 	attrs := ir.Attrs{"seed": op.Attrs["seed"]}
-	if ratio, ok := op.Attrs["ratio"]; ok {
-		attrs["ratio"] = ratio
+	for _, k := range []string{"ratio", "offset"} {
+		if v, ok := op.Attrs[k]; ok {
+			attrs[k] = v
+		}
 	}
 	drawn, err := tp.emit("dropout", ones.Results, attrs, op.Loc, name+".whole")
 	if err != nil {
