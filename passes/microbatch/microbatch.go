@@ -81,7 +81,7 @@ type Stats struct {
 // results are joined along their sliced dimension. Dropout draws each
 // slice's mask from its own seed. Batch normalisation in training mode
 // takes each slice's statistics.
-func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, 0, nil) }
+func Split(f *ir.Func, n int) (Stats, error) { return split(f, n, 0, nil, false) }
 
 // Origin is where an op of a split step comes from: the op of the whole
 // step it copies for slice Slice (Op is nil for the slice of a batch
@@ -96,7 +96,7 @@ type Origin struct {
 // updates, the results' joins) have none.
 func SplitTraced(f *ir.Func, n int) (Stats, map[*ir.Op]Origin, error) {
 	trace := map[*ir.Op]Origin{}
-	st, err := split(f, n, 0, trace)
+	st, err := split(f, n, 0, trace, false)
 	return st, trace, err
 }
 
@@ -109,7 +109,7 @@ func SplitTraced(f *ir.Func, n int) (Stats, map[*ir.Op]Origin, error) {
 // every rank returns the whole step's results and in-place updates see
 // the whole batch's gradients. Sharded arguments carry shard = 0. On
 // error f is unchanged.
-func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, n, nil) }
+func Shard(f *ir.Func, n int) (Stats, error) { return split(f, n, n, nil, false) }
 
 // ShardMicro is Shard on ranks ranks, each of which runs its part of the
 // batch as m microbatches (Split) before the all-reduces.
@@ -118,16 +118,31 @@ func ShardMicro(f *ir.Func, ranks, m int) (Stats, error) { return ShardMicroTrac
 // ShardMicroTraced is ShardMicro recording in trace (when not nil) the
 // origin of every op it made for a slice, as SplitTraced does.
 func ShardMicroTraced(f *ir.Func, ranks, m int, trace map[*ir.Op]Origin) (Stats, error) {
+	return ShardMasks(f, ranks, m, trace, false)
+}
+
+// ShardMasks is ShardMicroTraced; with exactDropout (and no microbatches
+// beside the ranks) each rank's dropouts draw its rows of the whole
+// batch's mask: every rank draws the whole mask (the dropout of ones of
+// the whole batch's shape) and keeps its rows with a reduce_scatter by
+// max over identical tensors, so the ranks' step equals the one-device
+// step, at the cost of a mask-sized exchange per dropout and per
+// gradient. Without it each rank draws a mask for its rows as a slice
+// does, from the same counter: the ranks' masks repeat one another.
+func ShardMasks(f *ir.Func, ranks, m int, trace map[*ir.Op]Origin, exactDropout bool) (Stats, error) {
 	if ranks == 1 {
-		return split(f, m, 0, trace)
+		return split(f, m, 0, trace, false)
 	}
-	return split(f, ranks*m, ranks, trace)
+	if exactDropout && m > 1 {
+		return Stats{}, fmt.Errorf("microbatch: exact dropout masks beside microbatches on each rank are not built")
+	}
+	return split(f, ranks*m, ranks, trace, exactDropout)
 }
 
 // split cuts f's batch into n slices: on one device (ranks = 0), or on
 // ranks ranks that run n/ranks slices each. A non-nil trace gets the
 // origin of each op made for a slice.
-func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin) (Stats, error) {
+func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin, exactDropout bool) (Stats, error) {
 	record := func(op *ir.Op, o Origin) {
 		if trace != nil {
 			trace[op] = o
@@ -141,7 +156,7 @@ func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin) (Stats, error)
 	if n == 1 {
 		return Stats{}, nil
 	}
-	s := &splitter{f: f, n: int64(n), sliced: map[*ir.Value]cut{}}
+	s := &splitter{f: f, n: int64(n), sliced: map[*ir.Value]cut{}, ranks: int64(ranks), exactDropout: exactDropout}
 	if err := s.findBatch(); err != nil {
 		return Stats{}, err
 	}
@@ -248,6 +263,9 @@ func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin) (Stats, error)
 				record(p, Origin{op, k})
 			}
 			for i, r := range op.Results {
+				if i >= len(c.Results) {
+					continue // an exact dropout's mask, which nothing reads
+				}
 				v := c.Results[i]
 				m[r] = v
 				if f.IsResult(r) && !summed[r] {
@@ -391,7 +409,10 @@ func split(f *ir.Func, n int, ranks int, trace map[*ir.Op]Origin) (Stats, error)
 }
 
 type splitter struct {
-	f      *ir.Func
+	f            *ir.Func
+	ranks        int64 // > 0: Shard's ranks
+	exactDropout bool  // ranks draw their rows of the whole batch's masks (ShardMasks)
+	users        map[*ir.Value]int
 	n      int64
 	batch  int64
 	args   []*ir.Value
@@ -484,6 +505,11 @@ func (s *splitter) copyOp(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) (*ir.Op
 	}
 	attrs := op.Attrs.Clone()
 	if op.Kind == "dropout" || op.Kind == "dropout_grad" && len(op.Operands) == 1 {
+		if s.exactDropout {
+			if c, pre, ok, err := s.rankMask(op, operands[0]); ok || err != nil {
+				return c, pre, err
+			}
+		}
 		s.sliceMask(op, attrs, operands[0], k)
 	}
 	type try struct {
@@ -579,6 +605,66 @@ func (s *splitter) sliceMask(op *ir.Op, attrs ir.Attrs, x *ir.Value, k int64) {
 	attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int*s.n + k + 1)
 }
 
+// rankMask is a dropout (or the gradient that draws its mask again) of
+// the rank's rows x of the batch with the whole batch's mask: the whole
+// mask's scale drawn on every rank, the rank's rows kept by a
+// reduce_scatter by max (identical tensors: exact), times x. ok is false
+// where the rows are not one block of the cut dimension, or the
+// dropout's mask is read (the copy would have none).
+func (s *splitter) rankMask(op *ir.Op, x *ir.Value) (*ir.Op, []*ir.Op, bool, error) {
+	c, ok := s.sliced[x]
+	whole := op.Operands[0].Type
+	if !ok || whole.Shape[c.dim] != s.batch*c.inner || op.Kind == "dropout" && s.readers()[op.Results[1]] > 0 {
+		return nil, nil, false, nil
+	}
+	var pre []*ir.Op
+	var err error
+	emit := func(kind string, in []*ir.Value, a ir.Attrs, name string) *ir.Value {
+		if err != nil {
+			return in[0]
+		}
+		o, e := s.f.NewOp(kind, in, a, op.Loc, name)
+		if err = e; e != nil {
+			return in[0]
+		}
+		pre = append(pre, o)
+		return o.Results[0]
+	}
+	name := op.Results[0].Name + ".mask"
+	one := emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: whole.DType, Shape: ir.Shape{}}, Floats: []float64{1}})}, name+".one")
+	ones := emit("expand", []*ir.Value{one}, ir.Attrs{"shape": ir.IntsAttr(whole.Shape...)}, name+".ones")
+	a := ir.Attrs{"seed": op.Attrs["seed"]}
+	for _, k := range []string{"ratio", "offset"} {
+		if v, ok := op.Attrs[k]; ok {
+			a[k] = v
+		}
+	}
+	scale := emit("dropout", []*ir.Value{ones}, a, name+".whole")
+	part := emit("reduce_scatter", []*ir.Value{scale}, ir.Attrs{"size": ir.IntAttr(s.ranks), "axis": ir.IntAttr(int64(c.dim)), "op": ir.StringAttr("max")}, name)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("%s: microbatch: the rank's mask of %s: %v", loc(op), op.Results[0].Ref(), err)
+	}
+	y, err := s.f.NewOp("mul", []*ir.Value{x, part}, nil, op.Loc, op.Results[0].Name)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	s.sliced[y.Results[0]] = c
+	return y, pre, true, nil
+}
+
+// readers counts the readers of f's values (once, before the split).
+func (s *splitter) readers() map[*ir.Value]int {
+	if s.users == nil {
+		s.users = map[*ir.Value]int{}
+		for _, op := range s.f.Body {
+			for _, v := range op.Operands {
+				s.users[v]++
+			}
+		}
+	}
+	return s.users
+}
+
 // reshapeTarget divides the dimension of op's target shape that holds the
 // batch's digits of the flat index of its operand x (a slice).
 func (s *splitter) reshapeTarget(op *ir.Op, x *ir.Value) (ir.Attrs, bool) {
@@ -667,6 +753,22 @@ func (s *splitter) cutWhole(op *ir.Op, operands []*ir.Value, k int64) ([]*ir.Val
 			continue
 		}
 		size := extent / s.n
+		if s.ranks > 0 && !sameRows(v, d) {
+			// A rank's rows are not the first: every rank holds the whole
+			// tensor, and a reduce_scatter by max over identical tensors
+			// gives each its rows (exactly).
+			rs, err := s.f.NewOp("reduce_scatter", []*ir.Value{v}, ir.Attrs{"size": ir.IntAttr(s.ranks), "axis": ir.IntAttr(int64(d)), "op": ir.StringAttr("max")}, op.Loc, v.Name+".rows")
+			if err != nil {
+				return nil, nil, false
+			}
+			pre = append(pre, rs)
+			v = rs.Results[0]
+			if s.n == s.ranks {
+				s.sliced[v] = cut{dim: d, inner: c.inner}
+				out[i] = v
+				continue
+			}
+		}
 		sl, err := s.f.NewOp("slice", []*ir.Value{v}, ir.Attrs{
 			"starts": ir.IntsAttr(k * size), "ends": ir.IntsAttr((k + 1) * size), "axes": ir.IntsAttr(int64(d)),
 		}, op.Loc, fmt.Sprintf("%s.mb%d", v.Name, k))
@@ -678,6 +780,17 @@ func (s *splitter) cutWhole(op *ir.Op, operands []*ir.Value, k int64) ([]*ir.Val
 		pre = append(pre, sl)
 	}
 	return out, pre, len(pre) > 0
+}
+
+// sameRows reports whether v repeats one row along dimension d (an
+// expand of a tensor without it): any rank's rows are the first rows.
+func sameRows(v *ir.Value, d int) bool {
+	if v.Def == nil || v.Def.Kind != "expand" {
+		return false
+	}
+	x := v.Def.Operands[0]
+	od := d - (v.Type.Rank() - x.Type.Rank())
+	return od < 0 || x.Type.Shape[od] == 1
 }
 
 // patches lists copies of attrs with one shape entry divided by n:

@@ -176,14 +176,20 @@ func withDropout(t *testing.T, src string) string {
 // 1e-12), with and without Adam; the blocks stay split, nothing is
 // gathered, and each mask's part is taken twice (by the dropout, and by
 // its gradient, which autodiff makes to draw the mask again from the
-// seed rather than keep it). (Beside dp, each rank draws its slice's
-// mask from the same seed, as data parallelism does without tp: that
-// step is not the one-device step's, with or without tp.)
+// seed rather than keep it). Beside dp with exact-dropout each rank
+// keeps its rows of the whole batch's masks, and the step equals one
+// device too.
 func TestTensorParallelDropout(t *testing.T) {
 	blocks := passtest.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
 	for name, src := range map[string]string{"blocks": withDropout(t, blocks), "attention": withDropout(t, attentions["separate"])} {
 		for _, pipe := range []string{"autodiff{loss=sum}", "autodiff{loss=mean},optimizer{kind=adam}"} {
 			t.Run(name+"/"+pipe, func(t *testing.T) { equalsOneDevice(t, src, pipe, "tp=2", 5) })
+		}
+		if name == "blocks" {
+			// Beside dp, with each rank's rows of the whole batch's masks.
+			t.Run("dp=2,tp=2,zero=2,exact-dropout", func(t *testing.T) {
+				equalsOneDevice(t, src, "autodiff{loss=mean},optimizer{kind=adam}", "dp=2,tp=2,zero=2,exact-dropout=true", 5)
+			})
 		}
 		m := passtest.Parse(t, src)
 		passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam},parallel{tp=2}")

@@ -31,7 +31,7 @@ func init() {
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		var funcs []*ir.Func
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches}
+			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches, ExactDropout: o.ExactDropout}
 			if o.Devices > 0 {
 				if o.DP != 1 || o.TP != 1 || o.PP != 1 || o.Zero != 0 {
 					return fmt.Errorf("parallel: give devices (to search) or dp, tp, pp and zero, not both")
@@ -86,6 +86,7 @@ type options struct {
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
 	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
+	ExactDropout bool        `opt:"exact-dropout" default:"false" doc:"data-parallel ranks draw their rows of the whole batch's dropout masks (every rank draws the whole mask and keeps its rows by a reduce_scatter), so the step computes what one device does, at a mask-sized exchange per dropout; false: each rank draws a mask for its rows from the same counter, as DDP ranks seeded alike do"`
 	// Devices asks for the search instead of a plan.
 	Devices      int         `opt:"devices" default:"0" range:"[0,4096]" doc:"search dp (dividing devices), tp and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp, tp and zero as given)"`
 	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
@@ -103,6 +104,9 @@ type Plan struct {
 	LocalBN bool
 	// Microbatches each rank runs its part of the batch as (0 or 1: one).
 	Microbatches int
+	// ExactDropout draws the one-device step's dropout masks on the
+	// data-parallel ranks (microbatch.ShardMasks).
+	ExactDropout bool
 }
 
 // Ranks is the number of ranks a plan runs on.
@@ -145,7 +149,7 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin, tpTrace m
 			return microbatch.Stats{}, nil
 		}
 	}
-	st, err := microbatch.ShardMicroTraced(f, p.DP, max(1, p.Microbatches), trace)
+	st, err := microbatch.ShardMasks(f, p.DP, max(1, p.Microbatches), trace, p.ExactDropout)
 	if err != nil && p.DP == 1 {
 		return st, err
 	}

@@ -92,6 +92,13 @@ func TestTensorParallelOnCIModels(t *testing.T) {
 			require.Equal(t, 2, equalsOneDeviceWithin(t, m, "autodiff{loss=sum},optimizer{kind=sgd}", "tp=2", 3, 1e-5))
 		})
 	}
+	// The 4-rank target: dp=2 with ZeRO-2 beside tp=2, the ranks
+	// drawing their rows of the one-device dropout masks.
+	t.Run("gpt2_small_ci/dp=2,tp=2,zero=2", func(t *testing.T) {
+		m, err := onnx.ImportFile("../../testdata/models/ci/gpt2_small_ci.onnx", onnx.Options{})
+		require.NoError(t, err)
+		require.Equal(t, 4, equalsOneDeviceWithin(t, m, "autodiff{loss=sum},optimizer{kind=sgd}", "dp=2,tp=2,zero=2,exact-dropout=true", 3, 1e-5))
+	})
 	t.Run("gpt2_small_ci/pp=2,tp=2", func(t *testing.T) {
 		m, err := onnx.ImportFile("../../testdata/models/ci/gpt2_small_ci.onnx", onnx.Options{})
 		require.NoError(t, err)
