@@ -16,6 +16,7 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes/parallel"
+	"github.com/kiln-compiler/kiln/plancheck"
 	"github.com/kiln-compiler/kiln/progress"
 )
 
@@ -339,6 +340,15 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 	for i, f := range funcs {
 		if plans[i], err = cuda.Lower(f, costmodel.Default); err != nil {
 			return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
+		}
+	}
+	if len(plans) > 1 {
+		stages := make([]*cuda.Plan, len(plans))
+		for i, p := range plans {
+			stages[i] = p.Plan
+		}
+		if err := plancheck.Rendezvous(stages); err != nil {
+			return fmt.Errorf("%s: error: the stages' launch plans: %v (keeping a recv out of the memory a pending send reads is not built yet)", in.name, err)
 		}
 	}
 	for i, plan := range plans {

@@ -175,6 +175,13 @@ func CheckStages(lps []*Plan, seed uint64, replay bool) ([]*Report, error) {
 		reports = append(reports, r)
 		need += (lp.Arena.SizeBytes + lp.Host.SizeBytes) * int64(max(1, lp.Ranks))
 	}
+	plans := make([]*cuda.Plan, len(lps))
+	for s, lp := range lps {
+		plans[s] = lp.Plan
+	}
+	if err := Rendezvous(plans); err != nil {
+		return nil, err
+	}
 	if !replay {
 		return reports, nil
 	}
@@ -193,6 +200,89 @@ func CheckStages(lps []*Plan, seed uint64, replay bool) ([]*Report, error) {
 		r.Replayed = true
 	}
 	return reports, nil
+}
+
+// Rendezvous checks that the plans of a pipeline's stages cannot
+// deadlock when NCCL pairs each rank pair's sends and recvs in issue
+// order and a send completes only with its recv: the k-th send from
+// stage s to stage o must carry the tag of o's k-th recv from s (else
+// they would take each other's tensors), and simulating the nodes, each
+// done when its deps are and a send together with its recv, must finish
+// every node. Events from memory reuse can join the streams of opposite
+// directions into a cycle; the error names the nodes that wait.
+func Rendezvous(plans []*cuda.Plan) error {
+	per := int64(max(1, plans[0].Ranks))
+	type node struct{ s, i int }
+	sends, recvs := map[[2]int][]node{}, map[[2]int][]node{}
+	for s, p := range plans {
+		for i, n := range p.Nodes {
+			c := n.Collective
+			if c == nil || (c.Call != "ncclSend" && c.Call != "ncclRecv") {
+				continue
+			}
+			o := s + int(c.Peer/per)
+			if c.Call == "ncclSend" {
+				sends[[2]int{s, o}] = append(sends[[2]int{s, o}], node{s, i})
+			} else {
+				recvs[[2]int{o, s}] = append(recvs[[2]int{o, s}], node{s, i})
+			}
+		}
+	}
+	partner := map[node]node{}
+	for pair, ss := range sends {
+		rs := recvs[pair]
+		if len(rs) != len(ss) {
+			return fmt.Errorf("stage %d sends %d tensors to stage %d, which receives %d", pair[0], len(ss), pair[1], len(rs))
+		}
+		for k, x := range ss {
+			y := rs[k]
+			if a, b := plans[x.s].Nodes[x.i].Collective.Tag, plans[y.s].Nodes[y.i].Collective.Tag; a != b {
+				return fmt.Errorf("stage %d's send %d to stage %d (node %d) has tag %d, but stage %d's recv %d from it (node %d) has tag %d: NCCL pairs sends and recvs in issue order, so they would take each other's tensors", x.s, k, pair[1], x.i, a, y.s, k, y.i, b)
+			}
+			partner[x], partner[y] = y, x
+		}
+	}
+	done := map[node]bool{}
+	ready := func(x node) bool {
+		for _, d := range plans[x.s].Nodes[x.i].Deps {
+			if !done[node{x.s, d}] {
+				return false
+			}
+		}
+		return true
+	}
+	for moved := true; moved; {
+		moved = false
+		for s, p := range plans {
+			for i := range p.Nodes {
+				x := node{s, i}
+				if done[x] || !ready(x) {
+					continue
+				}
+				if y, ok := partner[x]; ok {
+					if !ready(y) {
+						continue
+					}
+					done[y] = true
+				}
+				done[x] = true
+				moved = true
+			}
+		}
+	}
+	var stuck []string
+	for s, p := range plans {
+		for i, n := range p.Nodes {
+			if !done[node{s, i}] {
+				stuck = append(stuck, fmt.Sprintf("stage %d at node %d (%s, stream %d)", s, i, describe(p, n), n.Stream))
+				break
+			}
+		}
+	}
+	if len(stuck) > 0 {
+		return fmt.Errorf("the stages deadlock when a send waits for its recv: %s", strings.Join(stuck, "; "))
+	}
+	return nil
 }
 
 // CheckStructure is CheckPlan without the numeric replay: the structure
@@ -544,6 +634,12 @@ func collectiveNode(p *cuda.Plan, f *ir.Func, i int, n cuda.Node) error {
 	if calls[op.Kind] != c.Call || size != c.Size || stride != c.Stride {
 		return fmt.Errorf("node %d calls %s over %d ranks %d apart, but op %d is %s over %d ranks %d apart", i, c.Call, c.Size, c.Stride, n.Op, op.Kind, size, stride)
 	}
+	if op.Kind == "all_reduce" || op.Kind == "reduce_scatter" {
+		want := map[string]string{"sum": "ncclSum", "max": "ncclMax", "min": "ncclMin"}[op.Attr().String("op")]
+		if c.Reduce != want {
+			return fmt.Errorf("node %d reduces by %q, but op %d is %s by %s (%s)", i, c.Reduce, n.Op, op.Kind, op.Attr().String("op"), want)
+		}
+	}
 	ranks := int64(max(1, p.Ranks))
 	if c.Size < 2 || c.Stride < 1 || c.Size*c.Stride > ranks || ranks%(c.Size*c.Stride) != 0 {
 		return fmt.Errorf("node %d: groups of %d ranks, %d apart, do not tile the plan's %d ranks", i, c.Size, c.Stride, ranks)
@@ -753,7 +849,8 @@ func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) erro
 	return replayStages([]*Plan{{Plan: p, Func: f}}, seed, prog)
 }
 
-// mailKey names the tensors rank from sends rank to with tag.
+// mailKey names the tensors rank from sends rank to (tag 0: NCCL pairs
+// them in issue order, whatever their tags).
 type mailKey struct{ from, to, tag int64 }
 
 // replayStages replays the plans of a pipeline's stages together (one
@@ -796,8 +893,8 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 			}
 		}
 	}
-	args = nil // the slots hold the arguments' bytes now
-	mail := map[mailKey][]*interp.Tensor{}
+	args = nil                                                          // the slots hold the arguments' bytes now
+	mail, tags := map[mailKey][]*interp.Tensor{}, map[mailKey][]int64{} // per pair of ranks, in issue order
 	next := make([]int, len(stages))
 	for {
 		moved, done := false, true
@@ -805,7 +902,7 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 			group := ranks[s*per : (s+1)*per]
 			for next[s] < len(st.Nodes) && !waits(st, next[s], s*per, mail) {
 				prog.Step("plan-check: replaying node %d of %d", next[s]+1, len(st.Nodes))
-				if err := replayNode(st, next[s], group, int64(s*per), mail); err != nil {
+				if err := replayNode(st, next[s], group, int64(s*per), mail, tags); err != nil {
 					return err
 				}
 				next[s]++
@@ -833,7 +930,7 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 	}
 	for k, ts := range mail {
 		if len(ts) > 0 {
-			return fmt.Errorf("rank %d sent %d tensors with tag %d to rank %d that no recv took", k.from, len(ts), k.tag, k.to)
+			return fmt.Errorf("rank %d sent %d tensors (tag %d first) to rank %d that no recv took", k.from, len(ts), tags[k][0], k.to)
 		}
 	}
 	return nil
@@ -848,7 +945,7 @@ func waits(st *Plan, i, base int, mail map[mailKey][]*interp.Tensor) bool {
 	}
 	for r := range max(1, st.Ranks) {
 		g := int64(base + r)
-		if len(mail[mailKey{g + nd.Collective.Peer, g, nd.Collective.Tag}]) == 0 {
+		if len(mail[mailKey{g + nd.Collective.Peer, g, 0}]) == 0 {
 			return true
 		}
 	}
@@ -858,7 +955,7 @@ func waits(st *Plan, i, base int, mail map[mailKey][]*interp.Tensor) bool {
 // replayNode runs node i of stage st on the stage's ranks (global ranks
 // from base): its accesses, and at an op's last node the op, whose
 // operands must equal the interpreter's.
-func replayNode(st *Plan, i int, ranks []*rankReplay, base int64, mail map[mailKey][]*interp.Tensor) error {
+func replayNode(st *Plan, i int, ranks []*rankReplay, base int64, mail map[mailKey][]*interp.Tensor, tags map[mailKey][]int64) error {
 	p, f, nd := st.Plan, st.Func, st.Nodes[i]
 	for _, rr := range ranks {
 		if err := rr.access(i, nd); err != nil {
@@ -884,13 +981,17 @@ func replayNode(st *Plan, i int, ranks []*rankReplay, base int64, mail map[mailK
 		for r := range ranks {
 			g := base + int64(r)
 			if op.Kind == "send" {
-				k := mailKey{g, g + c.Peer, c.Tag}
+				k := mailKey{g, g + c.Peer, 0}
 				mail[k] = append(mail[k], ins[r][0].Clone())
+				tags[k] = append(tags[k], c.Tag)
 				continue
 			}
-			k := mailKey{g + c.Peer, g, c.Tag}
+			k := mailKey{g + c.Peer, g, 0}
+			if tags[k][0] != c.Tag {
+				return fmt.Errorf("%snode %d (%s) receives tag %d, but the first tensor rank %d sent it has tag %d (NCCL pairs them in issue order)", ranks[r].name, i, describe(p, nd), c.Tag, g+c.Peer, tags[k][0])
+			}
 			outs[r] = []*interp.Tensor{mail[k][0]}
-			mail[k] = mail[k][1:]
+			mail[k], tags[k] = mail[k][1:], tags[k][1:]
 		}
 	case ir.IsCollective(op.Kind) && op.Attr().Int("size") > 1:
 		// The ranks meet: each brings its operand, takes its part.

@@ -168,7 +168,7 @@ func (q *sequencer) checkGroup(op *ir.Op) error {
 	ok := op.Attrs.Int("size", 0) == q.n && op.Attrs.Int("stride", 1) == 1
 	switch op.Kind {
 	case "all_reduce":
-		ok = ok && op.Attrs.String("reduction", "sum") == "sum"
+		ok = ok && op.Attrs.String("op", "sum") == "sum"
 	case "all_gather":
 	default:
 		ok = false

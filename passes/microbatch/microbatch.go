@@ -413,10 +413,10 @@ type splitter struct {
 	ranks        int64 // > 0: Shard's ranks
 	exactDropout bool  // ranks draw their rows of the whole batch's masks (ShardMasks)
 	users        map[*ir.Value]int
-	n      int64
-	batch  int64
-	args   []*ir.Value
-	sliced map[*ir.Value]cut // per-slice values that hold 1/n of the whole in one dimension
+	n            int64
+	batch        int64
+	args         []*ir.Value
+	sliced       map[*ir.Value]cut // per-slice values that hold 1/n of the whole in one dimension
 }
 
 // cut says where a per-slice value is cut: in dimension dim, whose whole
@@ -869,8 +869,9 @@ func (s *splitter) acrossBatch(op *ir.Op, operands []*ir.Value, dims []int) erro
 // cut dimension of the same whole extent: a slice of one row broadcast
 // against a whole operand, which would compute the wrong thing.
 func (s *splitter) broadcastsCut(op *ir.Op, operands []*ir.Value, dims []int) bool {
-	if f := op.Def().Fusion; f != ir.Elementwise && f != ir.Broadcast && op.Kind != "expand" {
-		return false // only these broadcast
+	f := op.Def().Fusion
+	if f != ir.Elementwise && f != ir.Broadcast && op.Kind != "expand" && op.Kind != "matmul" {
+		return false // only these broadcast (matmul its batch dimensions)
 	}
 	for j, v := range operands {
 		c, ok := s.sliced[v]
@@ -878,6 +879,9 @@ func (s *splitter) broadcastsCut(op *ir.Op, operands []*ir.Value, dims []int) bo
 			continue
 		}
 		wo := op.Operands[j].Type.Shape
+		if op.Kind == "matmul" && c.dim >= len(wo)-2 {
+			continue // a matrix dimension: the product does not broadcast it
+		}
 		for i, r := range op.Results {
 			wr := r.Type.Shape
 			d := len(wr) - (len(wo) - c.dim)

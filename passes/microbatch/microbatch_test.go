@@ -179,6 +179,17 @@ func TestSliceOfOneMeetsAWholeOperand(t *testing.T) {
 	split := passtest.Clone(t, m)
 	passtest.Run(t, split, "microbatch{n=2}")
 	passtest.Equivalent(t, m.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
+	// matmul broadcasts its batch dimensions too.
+	m = passtest.Parse(t, `func @f(%x: f64[2,3,4], %q: f64[4,5] {param}) -> (f64[2,3,5]) {
+  %e = expand(%q) {shape = [2, 4, 5]} : f64[2,4,5]
+  %s = exp(%e) : f64[2,4,5]
+  %y = matmul(%x, %s) : f64[2,3,5]
+  return %y
+}`)
+	passtest.Run(t, m, "autodiff{loss=sum}")
+	split = passtest.Clone(t, m)
+	passtest.Run(t, split, "microbatch{n=2}")
+	passtest.Equivalent(t, m.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
 }
 
 // TestDropoutSlicesDrawTheWholeBatchsMask: a dropout (and its gradient,
