@@ -101,7 +101,7 @@ func writeArgs(t *testing.T, src string, seed uint64, dir string) {
 	in, err := readModule(&env{}, src, onnx.Options{})
 	require.NoError(t, err)
 	f := in.module.Funcs[0]
-	vals, err := argumentValues(&env{}, f, nil, "", seed)
+	vals, err := argumentValues(&env{}, f, ownBound(f), nil, "", seed)
 	require.NoError(t, err)
 	for i, a := range f.Args {
 		fh, err := os.Create(filepath.Join(dir, a.Name+".npy"))

@@ -107,7 +107,7 @@ func init() {
 					return runStages(e, stages, inputs, *inputsDir, *seed, *outDir, run)
 				}
 				ranks := parallel.RanksOf(f)
-				vals, err := argumentValues(e, wholeView(f, ranks), inputs, *inputsDir, *seed)
+				vals, err := argumentValues(e, wholeView(f, ranks), ownBound(f), inputs, *inputsDir, *seed)
 				if err != nil {
 					return err
 				}
@@ -156,7 +156,20 @@ func runStages(e *env, stages []*ir.Func, inputs []string, inputsDir string, see
 	if err != nil {
 		return err
 	}
-	vals, err := argumentValues(e, whole, inputs, inputsDir, seed)
+	// An argument's index bound is that of the stages that read it.
+	bound := func(i int) (b int64, ok bool) {
+		for _, f := range stages {
+			for j, k := range f.Attrs.Ints(parallel.ArgsAttr, nil) {
+				if int(k) == i {
+					if c, found := interp.IndexBound(f, f.Args[j]); found && (!ok || c < b) {
+						b, ok = c, true
+					}
+				}
+			}
+		}
+		return b, ok
+	}
+	vals, err := argumentValues(e, whole, bound, inputs, inputsDir, seed)
 	if err != nil {
 		return err
 	}
@@ -204,7 +217,9 @@ func pickFunc(in *input, name string) (*ir.Func, error) {
 
 // argumentValues gives every argument a value: --input files first, then
 // the argument's initial value, then a seeded random draw.
-func argumentValues(e *env, f *ir.Func, inputs []string, inputsDir string, seed uint64) ([]*interp.Tensor, error) {
+// bound gives the index bound of argument i (interp.IndexBound in the
+// function that reads it), for the random draws.
+func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs []string, inputsDir string, seed uint64) ([]*interp.Tensor, error) {
 	given := map[string]*interp.Tensor{}
 	load := func(arg *ir.Value, file string) (*interp.Tensor, error) {
 		name := arg.Name
@@ -271,7 +286,7 @@ func argumentValues(e *env, f *ir.Func, inputs []string, inputsDir string, seed 
 			given[a.Name] = t
 		}
 	}
-	random := interp.RandomArgs(f, seed)
+	random := interp.RandomArgsBounded(f.Args, seed, bound)
 	vals := make([]*interp.Tensor, len(f.Args))
 	for i, a := range f.Args {
 		switch {
@@ -393,6 +408,11 @@ func writeResults(e *env, names []string, res []*interp.Tensor, dir string) erro
 		}
 	}
 	return nil
+}
+
+// ownBound is the index bound of f's argument i in f.
+func ownBound(f *ir.Func) func(int) (int64, bool) {
+	return func(i int) (int64, bool) { return interp.IndexBound(f, f.Args[i]) }
 }
 
 // wholeView is f with each sharded argument at the type of the whole

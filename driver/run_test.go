@@ -195,3 +195,24 @@ func TestCompilePipelineWritesAFilePerStage(t *testing.T) {
 		require.NotZero(t, st.Mode()&0o100, "stage %d is executable", s)
 	}
 }
+
+// TestRunParallelDrawsTheOneDeviceInputs: a step whose input is token ids
+// (GPT-2 at CI size: ids index a 100-row embedding) draws them below the
+// embedding's rows when partitioned too, so kiln run --parallel (tp, pp,
+// dp with exact dropout masks) writes the one-device loss from the same
+// seed. The partitioned runs once drew ids below 10 (their argument views
+// had no reader to bound them) and wrote another step's loss. Error
+// model: f32, partial sums in another order: 1e-5.
+func TestRunParallelDrawsTheOneDeviceInputs(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"run", "../testdata/models/ci/gpt2_small_ci.onnx", "--train=sum", "--optimizer", "sgd", "--seed", "3"}
+	_, stderr, code := kiln(t, append(base, "--output-dir", filepath.Join(dir, "one"))...)
+	require.Equal(t, 0, code, stderr)
+	want := readNpy(t, filepath.Join(dir, "one", "loss.npy"))
+	for i, spec := range []string{"tp=2", "pp=2", "dp=2,exact-dropout=true"} {
+		out := filepath.Join(dir, fmt.Sprint(i))
+		_, stderr, code := kiln(t, append(base, "--parallel", spec, "--output-dir", out)...)
+		require.Equal(t, 0, code, stderr)
+		require.LessOrEqual(t, passtest.RelErr(readNpy(t, filepath.Join(out, "loss.npy")), want), 1e-5, spec)
+	}
+}

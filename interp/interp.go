@@ -321,26 +321,39 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 // arguments that index uniformly within the indexed dimension, other
 // integers uniformly in [0, 10), bools uniformly.
 func RandomArgs(f *ir.Func, seed uint64) []*Tensor {
+	return RandomArgsBounded(f.Args, seed, func(i int) (int64, bool) { return IndexBound(f, f.Args[i]) })
+}
+
+// RandomArgsBounded is RandomArgs of arguments args whose index bounds
+// bound gives (the functions that read them may be others: a partitioned
+// step's ranks or stages).
+func RandomArgsBounded(args []*ir.Value, seed uint64, bound func(i int) (int64, bool)) []*Tensor {
 	rng := rand.New(rand.NewPCG(seed, 0x6172677321))
-	out := make([]*Tensor, len(f.Args))
-	for i, a := range f.Args {
-		out[i] = RandomTensor(f, a, rng)
+	out := make([]*Tensor, len(args))
+	for i, a := range args {
+		b, ok := bound(i)
+		out[i] = randomTensor(a.Type, b, ok, rng)
 	}
 	return out
 }
 
 // RandomTensor draws one argument's value (see RandomArgs).
 func RandomTensor(f *ir.Func, a *ir.Value, rng *rand.Rand) *Tensor {
-	t := New(a.Type)
+	b, ok := IndexBound(f, a)
+	return randomTensor(a.Type, b, ok, rng)
+}
+
+func randomTensor(ty ir.Type, b int64, known bool, rng *rand.Rand) *Tensor {
+	t := New(ty)
 	for j := range t.F {
 		t.F[j] = rng.NormFloat64()
 	}
 	t.round()
 	bound := int64(10)
-	if b, ok := IndexBound(f, a); ok {
+	if known {
 		bound = b
 	}
-	if a.Type.DType == ir.Bool {
+	if ty.DType == ir.Bool {
 		bound = 2
 	}
 	for j := range t.I {
