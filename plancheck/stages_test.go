@@ -3,6 +3,7 @@ package plancheck_test
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -127,4 +128,31 @@ func TestStagePlansThatWouldDeadlock(t *testing.T) {
 		}
 		require.ErrorContains(t, plancheck.Rendezvous(plans), "deadlock", spec)
 	}
+}
+
+// TestCollectiveReductionIsChecked: a collective node must reduce as its
+// op does: tensor parallelism takes a dropout mask's part by a
+// reduce_scatter by max, and the same node reducing by sum (twice the
+// scale on two ranks) is an error.
+func TestCollectiveReductionIsChecked(t *testing.T) {
+	// The MLP blocks, with a dropout between the first block's products.
+	src := strings.Replace(passtest.ReadFile("../testdata/steps/mlp_blocks_f64.kir"), "%o1 = matmul(%a1, %w2)", "%d1, %k1 = dropout(%a1) {ratio = 0.25, seed = 11} : f64[4,5,16], bool[4,5,16]\n  %o1 = matmul(%d1, %w2)", 1)
+	m := passtest.Parse(t, src)
+	passtest.Run(t, m, "autodiff{loss=sum},parallel{tp=2},fuse,reorder,assign")
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	lp := &plancheck.Plan{Plan: out.Plan, Func: m.Funcs[0]}
+	_, err = plancheck.CheckStructure(lp)
+	require.NoError(t, err)
+	planted := 0
+	for i, n := range lp.Nodes {
+		if c := n.Collective; c != nil && c.Reduce == "ncclMax" {
+			lp.Nodes[i].Collective.Reduce = "ncclSum"
+			planted++
+			break
+		}
+	}
+	require.Equal(t, 1, planted)
+	_, err = plancheck.CheckStructure(lp)
+	require.ErrorContains(t, err, "reduces by")
 }
