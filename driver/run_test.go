@@ -199,8 +199,9 @@ func TestCompilePipelineWritesAFilePerStage(t *testing.T) {
 // TestRunParallelDrawsTheOneDeviceInputs: a step whose input is token ids
 // (GPT-2 at CI size: ids index a 100-row embedding) draws them below the
 // embedding's rows when partitioned too, so kiln run --parallel (tp, pp,
-// dp with exact dropout masks) writes the one-device loss from the same
-// seed. The partitioned runs once drew ids below 10 (their argument views
+// dp with exact dropout masks; and, outside -short, dp=2 with ZeRO-2
+// beside tp=2 compiled under mpirun) writes the one-device loss from the
+// same seed. The partitioned runs once drew ids below 10 (their argument views
 // had no reader to bound them) and wrote another step's loss. Error
 // model: f32, partial sums in another order: 1e-5.
 func TestRunParallelDrawsTheOneDeviceInputs(t *testing.T) {
@@ -209,9 +210,14 @@ func TestRunParallelDrawsTheOneDeviceInputs(t *testing.T) {
 	_, stderr, code := kiln(t, append(base, "--output-dir", filepath.Join(dir, "one"))...)
 	require.Equal(t, 0, code, stderr)
 	want := readNpy(t, filepath.Join(dir, "one", "loss.npy"))
-	for i, spec := range []string{"tp=2", "pp=2", "dp=2,exact-dropout=true"} {
+	specs := [][]string{{"tp=2"}, {"pp=2"}, {"dp=2,exact-dropout=true"}}
+	if _, err := exec.LookPath("mpirun"); err == nil && !testing.Short() {
+		// The 4-rank step, compiled and run under mpirun.
+		specs = append(specs, []string{"dp=2,tp=2,zero=2,exact-dropout=true", "--backend", "llvm"})
+	}
+	for i, spec := range specs {
 		out := filepath.Join(dir, fmt.Sprint(i))
-		_, stderr, code := kiln(t, append(base, "--parallel", spec, "--output-dir", out)...)
+		_, stderr, code := kiln(t, append(append(base, "--parallel"), append(spec, "--output-dir", out)...)...)
 		require.Equal(t, 0, code, stderr)
 		require.LessOrEqual(t, passtest.RelErr(readNpy(t, filepath.Join(out, "loss.npy")), want), 1e-5, spec)
 	}
