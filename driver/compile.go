@@ -348,7 +348,7 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 			stages[i] = p.Plan
 		}
 		if err := plancheck.Rendezvous(stages); err != nil {
-			return fmt.Errorf("%s: error: the stages' launch plans: %v (keeping a recv out of the memory a pending send reads is not built yet)", in.name, err)
+			return fmt.Errorf("%s: error: the stages' launch plans: %v", in.name, err)
 		}
 	}
 	for i, plan := range plans {

@@ -140,6 +140,9 @@ func init() {
 		},
 		FLOPs: func(in, _ []Type, a AttrValues) int64 {
 			m, n, k, _ := GemmDims(in[0], in[1], a)
+			if len(in) == 3 {
+				return 2*m*n*k + m*n // and beta·C added
+			}
 			return 2 * m * n * k
 		},
 		Fusion:          OutFusable,

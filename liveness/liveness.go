@@ -61,6 +61,10 @@ type Info struct {
 type Options struct {
 	// NoInPlace disables in-place reuse (results always get new buffers).
 	NoInPlace bool
+	// Hold keeps a value live at least until the op at this index, as if
+	// that op read it: a send's buffer stays until the send is known to
+	// have completed.
+	Hold map[*ir.Value]int
 }
 
 // Analyze computes the memory of f's schedule.
@@ -75,6 +79,11 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 	for i, op := range f.Body {
 		for _, v := range op.Operands {
 			last[v] = i
+		}
+	}
+	for v, i := range opt.Hold {
+		if i < n {
+			last[v] = max(last[v], i)
 		}
 	}
 	isResult := map[*ir.Value]bool{}

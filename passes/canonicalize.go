@@ -17,12 +17,13 @@ const (
 func init() {
 	MustRegister(&Pass{
 		Name:    "canonicalize",
-		Summary: "fold constants, remove identities (x+0, x*1, no-op reshapes and transposes), recognise ops written as chains (gelu, silu, hard_swish, mish, softmax, layer_norm) and remove dead ops",
+		Summary: "fold constants, remove identities (x+0, x*1, no-op reshapes and transposes), recognise ops written as chains (gelu, silu, hard_swish, mish, softmax, layer_norm), merge products written in pieces (a concat of products, a sum of a product) and remove dead ops",
 		Run: func(ctx *Context, m *ir.Module) error {
 			for _, f := range m.Funcs {
 				folded, simplified := canonicalize(f)
 				ctx.AddStat("ops-folded", int64(folded))
 				ctx.AddStat("ops-simplified", int64(simplified))
+				ctx.AddStat("products-merged", int64(MergeProducts(f)))
 				ctx.AddStat("chains-recognised", int64(RecognizeComposites(f)))
 				ctx.AddStat("ops-removed", int64(RemoveDeadOps(f)))
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes/assign"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/kiln-compiler/kiln/plancheck"
@@ -20,11 +21,27 @@ import (
 // directory per stage and loads them.
 func stagePlans(t *testing.T, spec string) []*plancheck.Plan {
 	t.Helper()
+	return stagePlansAssigned(t, spec, true)
+}
+
+// stagePlansAssigned is stagePlans; without pending, each stage is
+// assigned alone (assign.Assign), blind to how long its sends stay
+// pending.
+func stagePlansAssigned(t *testing.T, spec string, pending bool) []*plancheck.Plan {
+	t.Helper()
 	m := passtest.Parse(t, passtest.ReadFile("../testdata/steps/mlp_blocks_f64.kir"))
-	passtest.Run(t, m, "autodiff{loss=mean},optimizer{kind=adam},parallel{"+spec+"},fuse,reorder,assign")
+	pipe := "autodiff{loss=mean},optimizer{kind=adam},parallel{" + spec + "},fuse,reorder"
+	if pending {
+		pipe += ",assign"
+	}
+	passtest.Run(t, m, pipe)
 	root := t.TempDir()
 	var lps []*plancheck.Plan
 	for s, f := range parallel.Stages(m) {
+		if !pending {
+			_, err := assign.Assign(f, "best", 64, 0)
+			require.NoError(t, err)
+		}
 		out, err := cuda.Lower(f, costmodel.Default)
 		require.NoError(t, err)
 		dir := filepath.Join(root, fmt.Sprintf("stage%d", s))
@@ -117,16 +134,29 @@ func TestStagePlanBugsAreCaught(t *testing.T) {
 // of its stage read, the recv waits for that send, which under NCCL waits
 // for its peer's recv: with 4 stages of 4 microbatches, or 2 stages of
 // 2 tensor-parallel ranks with 2 microbatches, the events close a cycle
-// through the other stage. Rendezvous finds it (the replay, whose sends
-// complete when issued, would not), and kiln compile refuses the plans.
+// through the other stage. Rendezvous finds it in stages assigned alone
+// (the replay, whose sends complete when issued, would not). assign keeps
+// a sent tensor's memory until the peer is known to have received it, and
+// those plans pass the rendezvous and replay to the interpreter's results.
 func TestStagePlansThatWouldDeadlock(t *testing.T) {
 	for _, spec := range []string{"pp=4,microbatches=4", "pp=2,tp=2,microbatches=2"} {
-		lps := stagePlans(t, spec)
+		lps := stagePlansAssigned(t, spec, false)
 		plans := make([]*cuda.Plan, len(lps))
 		for s, lp := range lps {
 			plans[s] = lp.Plan
 		}
 		require.ErrorContains(t, plancheck.Rendezvous(plans), "deadlock", spec)
+
+		lps = stagePlans(t, spec)
+		for s, lp := range lps {
+			plans[s] = lp.Plan
+		}
+		require.NoError(t, plancheck.Rendezvous(plans), spec)
+		reports, err := plancheck.CheckStages(lps, 5, true)
+		require.NoError(t, err, spec)
+		for s := range lps {
+			require.True(t, reports[s].Replayed, spec)
+		}
 	}
 }
 
