@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -203,7 +204,9 @@ func TestCompilePipelineWritesAFilePerStage(t *testing.T) {
 // beside tp=2 compiled under mpirun) writes the one-device loss from the
 // same seed. The partitioned runs once drew ids below 10 (their argument views
 // had no reader to bound them) and wrote another step's loss. Error
-// model: f32, partial sums in another order: 1e-5.
+// model: f32, partial sums in another order: 1e-5. Under mpirun the
+// gradients and updated parameters are compared too, with the compiled
+// one-device step's.
 func TestRunParallelDrawsTheOneDeviceInputs(t *testing.T) {
 	dir := t.TempDir()
 	base := []string{"run", "../testdata/models/ci/gpt2_small_ci.onnx", "--train=sum", "--optimizer", "sgd", "--seed", "3"}
@@ -220,5 +223,69 @@ func TestRunParallelDrawsTheOneDeviceInputs(t *testing.T) {
 		_, stderr, code := kiln(t, append(append(base, "--parallel"), append(spec, "--output-dir", out)...)...)
 		require.Equal(t, 0, code, stderr)
 		require.LessOrEqual(t, passtest.RelErr(readNpy(t, filepath.Join(out, "loss.npy")), want), 1e-5, spec)
+		if len(spec) > 1 {
+			// The compiled ranks' gradients and updated parameters against
+			// the compiled one-device step's. Error model as for pp=2 × tp=2
+			// in TestTensorParallelOnCIModels: f32 sums over the widest
+			// contraction and the batch's rows, compounded over the backward
+			// of 2 layers: worst case ≈ 1e-3, random-sign estimate ≈ 8e-6;
+			// bound 1e-4.
+			one := filepath.Join(dir, "one-llvm")
+			_, stderr, code := kiln(t, append(base, "--backend", "llvm", "--output-dir", one)...)
+			require.Equal(t, 0, code, stderr)
+			files, err := filepath.Glob(filepath.Join(one, "*.npy"))
+			require.NoError(t, err)
+			compared, worst := 0, 0.0
+			for _, f := range files {
+				name := filepath.Base(f)
+				if !strings.HasPrefix(name, "grad.") && !strings.HasPrefix(name, "updated.") {
+					continue
+				}
+				compared++
+				e := passtest.RelErr(readNpy(t, filepath.Join(out, name)), readNpy(t, f))
+				worst = max(worst, e)
+				require.LessOrEqual(t, e, 1e-4, "%s under mpirun", name)
+			}
+			require.Greater(t, compared, 10, "gradients and updated parameters compared")
+			t.Logf("%v under mpirun: %d gradients and updated parameters, %.3g at worst", spec, compared, worst)
+		}
 	}
+}
+
+// TestRunResNetOnFourRanksUnderMPI: the 4-rank target for
+// ResNet-50 through mpirun: the f64 CI model (batch 4) in 4 data-parallel
+// ranks with ZeRO-2 and synchronised batch norms, compiled and run by
+// mpirun, writes the one-device interpreter's loss and updated
+// parameters within 10 times the summation-order floor of the step
+// (passtest.OrderFloor: the same step with its batch reversed; 3e-12 here,
+// see TestResNetOnFourRanks).
+func TestRunResNetOnFourRanksUnderMPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("model-scale")
+	}
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		t.Skip("mpirun not installed (libopenmpi-dev openmpi-bin)")
+	}
+	model := "../testdata/models/ci/resnet50_ci_f64.onnx"
+	m, err := onnx.ImportFile(model, onnx.Options{})
+	require.NoError(t, err)
+	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=sgd}")
+	_, _, floor := passtest.OrderFloor(t, m.Funcs[0], interp.RandomArgs(m.Funcs[0], 3), "input")
+
+	dir := t.TempDir()
+	base := []string{"run", model, "--train=sum", "--optimizer", "sgd", "--seed", "3"}
+	_, stderr, code := kiln(t, append(base, "--output-dir", filepath.Join(dir, "one"))...)
+	require.Equal(t, 0, code, stderr)
+	_, stderr, code = kiln(t, append(base, "--parallel", "dp=4,zero=2", "--backend", "llvm", "--output-dir", filepath.Join(dir, "mpi"))...)
+	require.Equal(t, 0, code, stderr)
+	files, err := filepath.Glob(filepath.Join(dir, "one", "*.npy"))
+	require.NoError(t, err)
+	require.Greater(t, len(files), 100)
+	worst := 0.0
+	for _, f := range files {
+		e := passtest.RelErr(readNpy(t, filepath.Join(dir, "mpi", filepath.Base(f))), readNpy(t, f))
+		worst = max(worst, e)
+		require.LessOrEqual(t, e, 10*floor, filepath.Base(f))
+	}
+	t.Logf("floor %.3g; 4 ranks under mpirun %.3g at worst", floor, worst)
 }

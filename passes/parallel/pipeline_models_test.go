@@ -106,3 +106,59 @@ func TestTensorParallelOnCIModels(t *testing.T) {
 		pipelineEquals(t, m.Funcs[0], m.Funcs[0], parallel.Plan{DP: 1, TP: 2, PP: 2, Microbatches: 1}, 1e-4)
 	})
 }
+
+// TestResNetOnFourRanks: the 4-rank numerics target for
+// ResNet-50, in f64 (batch 4, 32x32, exported in f64 by
+// scripts/export_ci.py). A CNN has no blocks to split by tensor
+// parallelism, so its 4 ranks are data parallel with ZeRO-2, batch
+// normalisation taking the whole batch's statistics (sync-bn). SGD,
+// because Adam's first step divides each gradient by its own magnitude,
+// which no relative bound holds for a gradient near zero.
+//
+// Error model: the ranks compute what one device does with its sums over
+// the batch in another order. So does one device given the batch in
+// another order (reversed), which changes nothing mathematically: that
+// step's distance from the first is the floor of summation order for this
+// model, measured here. The 4 ranks must be within 10 times that floor.
+// (In f64 the floor is not below 1e-12 for ResNet-50: the first
+// layers' gradients pass through 53 batch norms whose backward cancels.)
+// Its pipeline target (pp=2, microbatches) is TestPipelineOnCIModels':
+// microbatches take their own statistics.
+func TestResNetOnFourRanks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("model-scale")
+	}
+	m, err := onnx.ImportFile("../../testdata/models/ci/resnet50_ci_f64.onnx", onnx.Options{})
+	require.NoError(t, err)
+	passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=sgd}")
+	whole := m.Funcs[0]
+	args := interp.RandomArgs(whole, 3)
+	wantRes, want, floor := passtest.OrderFloor(t, whole, args, "input")
+	require.Positive(t, floor, "the reversed batch changed no sum")
+
+	sharded := passtest.Clone(t, m)
+	passtest.Run(t, sharded, "parallel{dp=4,zero=2}")
+	f := sharded.Funcs[0]
+	require.Equal(t, 4, parallel.RanksOf(f))
+	parts, err := parallel.ShardValues(f, args)
+	require.NoError(t, err)
+	gotRes, gotArgs, err := interp.RunRanks(f, parts, interp.Options{})
+	require.NoError(t, err)
+	joined := parallel.JoinValues(f, gotArgs)
+	worst := 0.0
+	for r := range gotRes {
+		for i := range wantRes {
+			e := passtest.RelErr(gotRes[r][i], wantRes[i])
+			worst = max(worst, e)
+			require.LessOrEqual(t, e, 10*floor, "rank %d, result %s", r, whole.ResultName(i))
+		}
+	}
+	for i, a := range whole.Args {
+		if a.Arg.InOut {
+			e := passtest.RelErr(joined[i], want[i])
+			worst = max(worst, e)
+			require.LessOrEqual(t, e, 10*floor, "updated %s", a.Name)
+		}
+	}
+	t.Logf("one device, batch reversed: %.3g; 4 ranks: %.3g (worst over the results and updated parameters)", floor, worst)
+}
