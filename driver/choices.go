@@ -187,8 +187,9 @@ func offloadable(pipe passes.Pipeline) bool {
 
 // offloadTry is one pipeline withOffload proposes, with its note.
 type offloadTry struct {
-	pipe passes.Pipeline
-	note string
+	pipe  passes.Pipeline
+	note  string
+	split bool // the step split into microbatches before swap
 }
 
 // withOffload lists pipelines that hand on what remat{budget=B} could
@@ -199,6 +200,11 @@ type offloadTry struct {
 // microbatches), and swap{device-budget=B,peak=true} before assign (B
 // bounds the peak, as in remat) swaps, recomputes and offloads
 // parameters and gradients until the bytes live on the device fit B.
+// Last, the step split into 2, 4 and 8 microbatches right after autodiff
+// goes to swap without remat: a small step whose parameters and gradients
+// are most of its peak needs the slices' smaller activations and the
+// offloading together, and remat, which counts what swap would move,
+// refuses such a budget before it tries a split.
 func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]offloadTry, error) {
 	at := -1
 	for i, s := range pipe {
@@ -253,7 +259,41 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 			out = append(out, swapStep...)
 		}
 		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b))
-		tries = append(tries, offloadTry{out, note})
+		tries = append(tries, offloadTry{out, note, false})
+	}
+	grad := -1
+	for i, s := range pipe[:at] {
+		switch s.Pass.Name {
+		case "autodiff":
+			grad = i
+		case "microbatch", "parallel":
+			grad = -1
+		}
+	}
+	if grad < 0 {
+		return tries, nil
+	}
+	for n := 2; n <= 8; n *= 2 {
+		split, err := passes.ParsePipeline(fmt.Sprintf("microbatch{n=%d}", n), nil)
+		if err != nil {
+			return nil, err
+		}
+		var out passes.Pipeline
+		out = append(out, pipe[:grad+1]...)
+		out = append(out, split...)
+		out = append(out, pipe[grad+1:at]...)
+		placed := false
+		for _, s := range pipe[at+1:] {
+			if s.Pass.Name == "assign" && !placed {
+				out, placed = append(out, swapStep...), true
+			}
+			out = append(out, s)
+		}
+		if !placed {
+			out = append(out, swapStep...)
+		}
+		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; batch normalisation takes each microbatch's statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
+		tries = append(tries, offloadTry{out, note, true})
 	}
 	return tries, nil
 }

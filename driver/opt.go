@@ -152,7 +152,10 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 			}
 			m := cloneModule(orig)
 			mg2 := &passes.Manager{Inst: mg.Inst}
-			if err = mg2.Run(m, try.pipe); err != nil {
+			if terr := mg2.Run(m, try.pipe); terr != nil {
+				if !try.split || err == nil {
+					err = terr // the report names the last try of the whole step
+				}
 				continue
 			}
 			in.module.Funcs, mg, runErr, pipe = m.Funcs, mg2, nil, try.pipe

@@ -1,0 +1,48 @@
+package driver
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBudgetSplitsAndOffloads: a small step whose parameters and
+// gradients are most of its peak reaches half its default plan's peak
+// only with microbatches and offloading together: remat refuses the
+// budget (the arguments and results it counts exceed it), and swap alone
+// is held by one kernel's full-batch operands. The toolbox's last tries
+// split the step, then swap. The plan's peak fits the budget, and the
+// report charges the split to microbatching and the moves to swap.
+func TestBudgetSplitsAndOffloads(t *testing.T) {
+	if testing.Short() {
+		t.Skip("tries every pipeline of the toolbox: 12 s")
+	}
+	for _, name := range []string{"grouped_cnn", "einsum_attention"} {
+		t.Run(name, func(t *testing.T) {
+			model := filepath.Join("../testdata/models/breadth", name, "model.onnx")
+			var plain, split struct {
+				Peak       int64 `json:"peak_bytes"`
+				Mechanisms map[string]struct {
+					Saved int64 `json:"bytes_saved"`
+				} `json:"mechanisms"`
+			}
+			out, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--json")
+			require.Equal(t, 0, code, stderr)
+			require.NoError(t, json.Unmarshal([]byte(out), &plain))
+			budget := plain.Peak / 2
+			out, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(budget, 10), "--json")
+			require.Equal(t, 0, code, stderr)
+			require.NoError(t, json.Unmarshal([]byte(out), &split))
+			require.LessOrEqual(t, split.Peak, budget)
+			require.Positive(t, split.Mechanisms["microbatch"].Saved, "mechanisms: %+v", split.Mechanisms)
+			require.Positive(t, split.Mechanisms["swap"].Saved, "mechanisms: %+v", split.Mechanisms)
+			out, _, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(budget, 10))
+			require.Equal(t, 0, code)
+			require.True(t, strings.Contains(out, "microbatches (gradient accumulation"), out)
+		})
+	}
+}
