@@ -166,8 +166,16 @@ func init() {
 	}
 	Register(&OpDef{
 		Name: "send", Summary: "give the tensor to rank r+offset, which takes it with a recv of the same tag; defines nothing",
-		MinOperands: 1, MaxOperands: 1, Attrs: peer,
+		MinOperands: 1, MaxOperands: 1,
+		// held_until: the tag of this rank's recv from the same peer after
+		// which the send has surely completed (-1: the end of the
+		// function); the tensor keeps its memory until then. assign sets
+		// it on pipeline stages (assign.PendingSends).
+		Attrs: append(append([]AttrSpec(nil), peer...), AttrSpec{Name: "held_until", Kind: AttrInt}),
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if a.Has("held_until") && (a.Int("held_until") < -1 || a.Int("held_until") > MaxTag) {
+				return nil, fmt.Errorf("held_until must be a tag or -1, got %d", a.Int("held_until"))
+			}
 			return nil, checkPeer(a)
 		},
 		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true, Grad: NoGrad,

@@ -61,10 +61,6 @@ type Info struct {
 type Options struct {
 	// NoInPlace disables in-place reuse (results always get new buffers).
 	NoInPlace bool
-	// Hold keeps a value live at least until the op at this index, as if
-	// that op read it: a send's buffer stays until the send is known to
-	// have completed.
-	Hold map[*ir.Value]int
 }
 
 // Analyze computes the memory of f's schedule.
@@ -81,11 +77,7 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 			last[v] = i
 		}
 	}
-	for v, i := range opt.Hold {
-		if i < n {
-			last[v] = max(last[v], i)
-		}
-	}
+	holdSentTensors(f, last)
 	isResult := map[*ir.Value]bool{}
 	for _, r := range f.Results {
 		isResult[r.Value] = true
@@ -198,13 +190,58 @@ func AnalyzeWith(f *ir.Func, opt Options) *Info {
 	return info
 }
 
+// holdSentTensors keeps the tensor of each send with held_until live until
+// the recv that attribute names (the recv from the same peer with that
+// tag), or to the end of f for -1: until then the send may be pending,
+// and nothing may write over its tensor.
+func holdSentTensors(f *ir.Func, last map[*ir.Value]int) {
+	recvAt := map[[2]int64]int{}
+	for i, op := range f.Body {
+		if op.Kind == "recv" {
+			recvAt[[2]int64{op.Attr().Int("offset"), op.Attr().Int("tag")}] = i
+		}
+	}
+	for _, op := range f.Body {
+		if op.Kind != "send" || !op.Attr().Has("held_until") {
+			continue
+		}
+		until := len(f.Body) - 1
+		if tag := op.Attr().Int("held_until"); tag >= 0 {
+			j, ok := recvAt[[2]int64{op.Attr().Int("offset"), tag}]
+			if !ok {
+				continue
+			}
+			until = j
+		}
+		v := op.Operands[0]
+		last[v] = max(last[v], until)
+	}
+}
+
+// sharedWithOther reports whether an operand of op other than operand k
+// lies in buffer b.
+func sharedWithOther(info *Info, op *ir.Op, k int, b *Buffer) bool {
+	for j, y := range op.Operands {
+		if j != k && info.BufferOf[y] == b {
+			return true
+		}
+	}
+	return false
+}
+
 // inPlaceTarget returns the buffer of an operand that op's result r may
 // overwrite: same byte size, not an argument or a function result, and
-// dead after op i.
+// dead after op i. An op that may overwrite only some operands (gemm's C)
+// reads the others at other indices, so the buffer must be no other
+// operand's.
 func inPlaceTarget(info *Info, op *ir.Op, r *ir.Value, i int, lastOf func(*ir.Value) int, isResult map[*ir.Value]bool) *Buffer {
+	d := op.Def()
 	for k, x := range op.Operands {
 		b := info.BufferOf[x]
-		if b == nil || !op.Def().MayOverwrite(k) || b.Arg || b.Size != r.Type.SizeBytes() || x.Type.DType != r.Type.DType || !x.Type.Shape.Equal(r.Type.Shape) {
+		if b == nil || !d.MayOverwrite(k) || b.Arg || b.Size != r.Type.SizeBytes() || x.Type.DType != r.Type.DType || !x.Type.Shape.Equal(r.Type.Shape) {
+			continue
+		}
+		if d.InPlaceOperands != nil && sharedWithOther(info, op, k, b) {
 			continue
 		}
 		if b.End <= i && !b.pinned {

@@ -62,3 +62,28 @@ func TestUnusedValuesAndResults(t *testing.T) {
 	require.Len(t, info.Largest(10), 2)
 	require.Equal(t, 2, info.PeakAt)
 }
+
+// TestGemmNotInPlaceOverAnotherOperand: gemm may write over its C operand
+// when C dies there, but not when C is also A or B (a residual layer's
+// backward, dy + dy·Wᵀ): the product reads A's rows and B's columns while
+// it writes, so the result needs its own buffer.
+func TestGemmNotInPlaceOverAnotherOperand(t *testing.T) {
+	f := parse(t, `func @f(%h: f32[8,8], %w: f32[8,8] {param}) -> (f32[8,8], f32[8,8]) {
+  %t = tanh(%h) : f32[8,8]
+  %y = gemm(%t, %w, %t) : f32[8,8]
+  %u = tanh(%h) : f32[8,8]
+  %c = neg(%u) : f32[8,8]
+  %z = gemm(%h, %w, %c) : f32[8,8]
+  return %y, %z
+}
+`)
+	info := Analyze(f)
+	by := map[string]*ir.Value{}
+	f.Walk(func(op *ir.Op) {
+		for _, r := range op.Results {
+			by[r.Name] = r
+		}
+	})
+	require.NotSame(t, info.BufferOf[by["t"]], info.BufferOf[by["y"]], "gemm over its A")
+	require.Same(t, info.BufferOf[by["c"]], info.BufferOf[by["z"]], "gemm over a C that only it reads")
+}

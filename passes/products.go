@@ -1,6 +1,10 @@
 package passes
 
-import "github.com/kiln-compiler/kiln/ir"
+import (
+	"slices"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
 
 // MergeProducts rewrites matrix products that canonicalize finds written in
 // pieces, and returns how many ops it rewrote:
@@ -17,8 +21,9 @@ import "github.com/kiln-compiler/kiln/ir"
 //     ends) then keeps one running buffer instead of the sum and each new
 //     product.
 //
-// Only products whose result nothing else reads are rewritten, so no value
-// is computed twice; the results are those of the ops they replace, up to
+// Only products whose result nothing else reads, and whose operands nothing
+// overwrites before the concat or add, are rewritten, so no value is
+// computed twice or from another value; the results are those of the ops they replace, up to
 // the order of floating-point sums.
 func MergeProducts(f *ir.Func) int {
 	users := f.Users()
@@ -35,17 +40,50 @@ func MergeProducts(f *ir.Func) int {
 		}
 		return n == 1
 	}
+	pos := make(map[*ir.Op]int, len(f.Body))
+	for i, op := range f.Body {
+		pos[op] = i
+	}
+	// movable reports whether product g may run at op's place instead:
+	// nothing between them overwrites one of its operands (an optimizer
+	// update writing a weight in place).
+	movable := func(g, op *ir.Op) bool {
+		for _, o := range f.Body[pos[g]+1 : pos[op]] {
+			for _, w := range o.Def().Writes {
+				if slices.Contains(g.Operands, o.Operands[w]) {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	usable := func(v *ir.Value, op *ir.Op) bool { return onlyUse(v, op) && movable(v.Def, op) }
+	// extension is the bytes of g's operands whose last reader is before
+	// op: running g at op keeps them alive until then.
+	extension := func(g, op *ir.Op) int64 {
+		var n int64
+		for _, v := range g.Operands {
+			last := -1
+			for _, u := range users[v] {
+				last = max(last, pos[u])
+			}
+			if v.Def != nil && !f.IsResult(v) && last < pos[op] {
+				n += v.Type.SizeBytes()
+			}
+		}
+		return n
+	}
 	var out []*ir.Op
 	rewritten := 0
 	for _, op := range f.Body {
 		switch op.Kind {
 		case "concat":
-			if pre := mergeConcat(f, op, onlyUse); pre != nil {
+			if pre := mergeConcat(f, op, usable); pre != nil {
 				out = append(out, pre)
 				rewritten++
 			}
 		case "add":
-			if accumulateProduct(op, onlyUse) {
+			if accumulateProduct(op, usable, pos, extension) {
 				rewritten++
 			}
 		}
@@ -147,23 +185,34 @@ func mergeConcat(f *ir.Func, op *ir.Op, onlyUse func(*ir.Value, *ir.Op) bool) *i
 
 // accumulateProduct turns op, add(S, P) or add(P, S) with P a product that
 // only op reads and S of op's type, into gemm(A, B, S); it reports whether
-// it did.
-func accumulateProduct(op *ir.Op, onlyUse func(*ir.Value, *ir.Op) bool) bool {
+// it did. Of two such products it folds the one whose operands moving it
+// to op keeps alive longer by the fewest bytes (extension), then the later.
+func accumulateProduct(op *ir.Op, usable func(*ir.Value, *ir.Op) bool, pos map[*ir.Op]int, extension func(g, op *ir.Op) int64) bool {
 	if len(op.Attrs) != 0 || len(op.Operands) != 2 {
 		return false
 	}
 	res := op.Results[0].Type
+	pick := -1
 	for i, p := range op.Operands {
 		s := op.Operands[1-i]
-		attrs := plainProduct(p)
-		if attrs == nil || !onlyUse(p, op) || !s.Type.Equal(res) || !p.Type.Equal(res) {
+		if plainProduct(p) == nil || !usable(p, op) || !s.Type.Equal(res) || !p.Type.Equal(res) {
 			continue
 		}
-		g := p.Def
-		op.Kind, op.Operands, op.Attrs, op.Loc = "gemm", []*ir.Value{g.Operands[0], g.Operands[1], s}, attrs, g.Loc
-		return true
+		if pick < 0 {
+			pick = i
+			continue
+		}
+		q := op.Operands[pick].Def
+		if e, eq := extension(p.Def, op), extension(q, op); e < eq || e == eq && pos[p.Def] > pos[q] {
+			pick = i
+		}
 	}
-	return false
+	if pick < 0 {
+		return false
+	}
+	g := op.Operands[pick].Def
+	op.Kind, op.Operands, op.Attrs, op.Loc = "gemm", []*ir.Value{g.Operands[0], g.Operands[1], op.Operands[1-pick]}, plainProduct(g.Results[0]), g.Loc
+	return true
 }
 
 func sameAttrs(a, b ir.Attrs) bool {

@@ -88,3 +88,23 @@ func TestMergeProductsKeepsWhatItCannotMerge(t *testing.T) {
 		t.Errorf("a product read elsewhere was folded into an add:\n%s", m)
 	}
 }
+
+// TestMergeProductsKeepsProductsBeforeAnUpdate: a product of a weight that
+// an optimizer update overwrites before the concat or add stays where it
+// is (moved past the update it would read the new weight).
+func TestMergeProductsKeepsProductsBeforeAnUpdate(t *testing.T) {
+	src := `func @f(%x1: f32[2,2], %x2: f32[2,2], %w: f32[2,4] {param, inout}, %g: f32[2,4], %s: f32[2,4]) -> (f32[4,4], f32[2,4]) {
+  %p1 = gemm(%x1, %w) : f32[2,4]
+  %p2 = gemm(%x2, %w) : f32[2,4]
+  %q = gemm(%x1, %w) : f32[2,4]
+  sgd_update(%w, %g) {lr = 0.5}
+  %c = concat(%p1, %p2) {axis = 0} : f32[4,4]
+  %a = add(%s, %q) : f32[2,4]
+  return %c, %a
+}
+`
+	m := passtest.CheckPipeline(t, src, "canonicalize", 0)
+	if got := strings.Count(m.String(), "gemm("); got != 3 {
+		t.Errorf("got %d gemms, want the 3 of the source:\n%s", got, m)
+	}
+}

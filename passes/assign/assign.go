@@ -24,9 +24,9 @@ func init() {
 		Summary:     "give every tensor an offset in one arena (buffer assignment)",
 		Establishes: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *Options) error {
-		holds := PendingSends(m)
+		PendingSends(m)
 		for _, f := range m.Funcs {
-			res, err := assignWith(f, o.Algo, o.Alignment, o.Timeout, holds[f])
+			res, err := Assign(f, o.Algo, o.Alignment, o.Timeout)
 			if err != nil {
 				return err
 			}
@@ -81,12 +81,7 @@ func Solve(p *alloc.Problem, algo string, timeout time.Duration) *alloc.Solution
 // alignment attributes, and returns the solution it used. Offsets from an
 // earlier assignment are replaced.
 func Assign(f *ir.Func, algo string, align int64, timeout time.Duration) (*alloc.Solution, error) {
-	return assignWith(f, algo, align, timeout, nil)
-}
-
-// assignWith is Assign keeping each value of hold live until its index.
-func assignWith(f *ir.Func, algo string, align int64, timeout time.Duration, hold map[*ir.Value]int) (*alloc.Solution, error) {
-	info := liveness.AnalyzeWith(f, liveness.Options{Hold: hold})
+	info := liveness.Analyze(f)
 	p, bufs := Problem(info, align)
 	sol := Solve(p, algo, timeout)
 	if err := alloc.Check(p, sol, 0); err != nil {

@@ -2,10 +2,11 @@ package assign
 
 import "github.com/kiln-compiler/kiln/ir"
 
-// PendingSends returns, for each stage function of a pipeline in m, how
-// long the tensor of each of its sends must keep its memory: until the
-// stage's first recv of a tensor that the peer sent after posting the
-// matching recv, or to the end of the function when there is none.
+// PendingSends sets held_until on every send of the pipeline stages in m:
+// how long its tensor must keep its memory (liveness holds it). That is
+// until the stage's first recv of a tensor that the peer sent after
+// posting the matching recv (held_until = that recv's tag), or to the end
+// of the function when there is none (held_until = -1).
 //
 // NCCL's send completes only when the peer posts its recv (a rendezvous),
 // so a buffer that reused a sent tensor's memory would wait for the peer.
@@ -16,8 +17,11 @@ import "github.com/kiln-compiler/kiln/ir"
 //
 // Sends and recvs pair in issue order per direction, as NCCL pairs them;
 // stages are the functions with the "stage" and "stages" attributes, and
-// a peer is offset / ranks stages away.
-func PendingSends(m *ir.Module) map[*ir.Func]map[*ir.Value]int {
+// a peer is offset / ranks stages away. The proof takes the peer's body
+// order for the order it posts its calls; a launch plan whose streams
+// issue them otherwise is caught by the rendezvous check that kiln
+// compile runs (plancheck.Rendezvous).
+func PendingSends(m *ir.Module) {
 	stages := map[int64]*ir.Func{}
 	for _, f := range m.Funcs {
 		if f.Attrs["stages"].Kind == 0 || f.Attrs["stage"].Kind == 0 {
@@ -25,12 +29,12 @@ func PendingSends(m *ir.Module) map[*ir.Func]map[*ir.Value]int {
 		}
 		s := f.Attrs.Int("stage", -1)
 		if stages[s] != nil {
-			return nil // two pipelines: which functions pair is not known
+			return // two pipelines: which functions pair is not known
 		}
 		stages[s] = f
 	}
 	if len(stages) < 2 {
-		return nil
+		return
 	}
 	// at[s][t] lists stage s's sends to t (sent) and recvs from t (recv) by
 	// their index in s's body, in issue order.
@@ -54,34 +58,28 @@ func PendingSends(m *ir.Module) map[*ir.Func]map[*ir.Value]int {
 			}
 		}
 	}
-	holds := map[*ir.Func]map[*ir.Value]int{}
 	for s, f := range stages {
 		for t, mine := range at[s] {
 			theirs := at[t][s]
-			if theirs == nil {
-				continue
-			}
 			for k, i := range mine.sent {
-				until := len(f.Body) - 1
-				if k < len(theirs.recv) {
+				until := int64(-1)
+				if theirs != nil && k < len(theirs.recv) {
 					// The peer's first send back after its matching recv;
 					// its recv here proves this send complete.
 					posted := theirs.recv[k]
 					for j, ts := range theirs.sent {
 						if ts > posted {
 							if j < len(mine.recv) && mine.recv[j] > i {
-								until = mine.recv[j]
+								until = f.Body[mine.recv[j]].Attr().Int("tag")
 							}
 							break
 						}
 					}
 				}
-				if holds[f] == nil {
-					holds[f] = map[*ir.Value]int{}
-				}
-				holds[f][f.Body[i].Operands[0]] = until
+				send := f.Body[i]
+				send.Attrs = send.Attrs.Clone()
+				send.Attrs["held_until"] = ir.IntAttr(until)
 			}
 		}
 	}
-	return holds
 }

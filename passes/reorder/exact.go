@@ -119,7 +119,8 @@ func (g *graph) exactOrder(seg []int, maxStates int) []int {
 				oi.operand = append(oi.operand, ri)
 			}
 			if d.MayOverwrite(k) && len(op.Results) > 0 && !g.pinned[g.root[v]] &&
-				v.Type.Equal(op.Results[0].Type) && g.rootSize[g.root[v]] == op.Results[0].Type.SizeBytes() {
+				v.Type.Equal(op.Results[0].Type) && g.rootSize[g.root[v]] == op.Results[0].Type.SizeBytes() &&
+				(d.InPlaceOperands == nil || !rootReadElsewhere(g, op, k)) {
 				oi.inplace = append(oi.inplace, ri)
 			}
 		}
@@ -219,4 +220,16 @@ func (g *graph) exactOrder(seg []int, maxStates int) []int {
 		st = all[step-1][S]
 	}
 	return order
+}
+
+// rootReadElsewhere reports whether another operand of op than operand k
+// shares operand k's root: an op that overwrites only some operands (gemm's
+// C) reads the others at other indices, so it cannot run in place there.
+func rootReadElsewhere(g *graph, op *ir.Op, k int) bool {
+	for j, y := range op.Operands {
+		if j != k && g.root[y] == g.root[op.Operands[k]] {
+			return true
+		}
+	}
+	return false
 }
