@@ -20,11 +20,25 @@ import (
 // against PyTorch's peak with every storage rounded to 512 bytes, as its
 // caching allocator rounds each block ("ratio"); and Kiln's peak, an exact
 // byte sum, against PyTorch's exact byte sum ("exact"), a best case no
-// allocator reaches. Run with -benchtime 1x; the table goes to the log.
+// allocator reaches. Run with -benchtime 1x -v; the table goes to the log.
 func BenchmarkBreadthMemory(b *testing.B) {
-	dirs, _ := filepath.Glob("../testdata/models/breadth/*/torch_memory.json")
+	compareWithTorch(b, "../testdata/models/breadth", "scripts/torch_memory.py")
+}
+
+// BenchmarkTorchvisionMemory is BenchmarkBreadthMemory on torchvision
+// classifiers at batch 32 and 224x224 (scripts/torchvision_memory.py),
+// the kind of step issue 24 measured on held-back models.
+func BenchmarkTorchvisionMemory(b *testing.B) {
+	compareWithTorch(b, "../testdata/models/torchvision", "scripts/torchvision_memory.py")
+}
+
+// compareWithTorch reports, for each DIR/NAME holding model.onnx and the
+// torch_memory.json that script wrote, Kiln's default training-step plan
+// against PyTorch's best, and the worst and geometric-mean ratios.
+func compareWithTorch(b *testing.B, root, script string) {
+	dirs, _ := filepath.Glob(root + "/*/torch_memory.json")
 	if len(dirs) == 0 {
-		b.Skip("no torch_memory.json: run scripts/torch_memory.py")
+		b.Skip("no torch_memory.json: run " + script)
 	}
 	sort.Strings(dirs)
 	var rows []string
