@@ -1,10 +1,6 @@
 package passes
 
-import (
-	"slices"
-
-	"github.com/kiln-compiler/kiln/ir"
-)
+import "github.com/kiln-compiler/kiln/ir"
 
 // MergeProducts rewrites matrix products that canonicalize finds written in
 // pieces, and returns how many ops it rewrote:
@@ -47,10 +43,18 @@ func MergeProducts(f *ir.Func) int {
 	// movable reports whether product g may run at op's place instead:
 	// nothing between them overwrites one of its operands (an optimizer
 	// update writing a weight in place).
+	writtenAt := map[*ir.Value][]int{}
+	for i, o := range f.Body {
+		if d := o.Def(); d != nil {
+			for _, w := range d.Writes {
+				writtenAt[o.Operands[w]] = append(writtenAt[o.Operands[w]], i)
+			}
+		}
+	}
 	movable := func(g, op *ir.Op) bool {
-		for _, o := range f.Body[pos[g]+1 : pos[op]] {
-			for _, w := range o.Def().Writes {
-				if slices.Contains(g.Operands, o.Operands[w]) {
+		for _, v := range g.Operands {
+			for _, at := range writtenAt[v] {
+				if pos[g] < at && at < pos[op] {
 					return false
 				}
 			}
