@@ -207,11 +207,9 @@ func holdSentTensors(f *ir.Func, last map[*ir.Value]int) {
 		}
 		until := len(f.Body) - 1
 		if tag := op.Attr().Int("held_until"); tag >= 0 {
-			j, ok := recvAt[[2]int64{op.Attr().Int("offset"), tag}]
-			if !ok {
-				continue
-			}
-			until = j
+			if j, ok := recvAt[[2]int64{op.Attr().Int("offset"), tag}]; ok {
+				until = j
+			} // no such recv: held to the end, the safe side
 		}
 		v := op.Operands[0]
 		last[v] = max(last[v], until)

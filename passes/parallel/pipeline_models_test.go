@@ -169,9 +169,9 @@ func TestResNetOnFourRanks(t *testing.T) {
 // the whole batch's dropout masks, and the slices' gradients are summed in
 // another order (f32 sums of two terms per slice boundary over the
 // backward of 2 layers, as in TestTensorParallelOnCIModels: bound 1e-5).
-// ResNet-50 in f64 at batch 4 in 2 stages of 4 microbatches equals the
-// one-device step split into the same 4 microbatches exactly: its batch
-// norms take each microbatch's statistics (docs/parallel.md says why).
+// (ResNet's pipeline target is TestPipelineOnCIModels' at 64x64: the f64
+// model's 32x32 images leave layer4 1x1, so a microbatch of one sample
+// normalises single values and no gradient reaches the earlier layers.)
 func TestPipelineTargetsOnCIModels(t *testing.T) {
 	if testing.Short() {
 		t.Skip("model-scale")
@@ -181,14 +181,5 @@ func TestPipelineTargetsOnCIModels(t *testing.T) {
 		require.NoError(t, err)
 		passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=sgd}")
 		pipelineEquals(t, m.Funcs[0], m.Funcs[0], parallel.Plan{DP: 1, PP: 2, Microbatches: 2}, 1e-5)
-	})
-	t.Run("resnet50_ci_f64/pp=2,m=4", func(t *testing.T) {
-		m, err := onnx.ImportFile("../../testdata/models/ci/resnet50_ci_f64.onnx", onnx.Options{})
-		require.NoError(t, err)
-		passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=sgd}")
-		ref := passtest.Clone(t, m).Funcs[0]
-		_, err = microbatch.Split(ref, 4)
-		require.NoError(t, err)
-		pipelineEquals(t, m.Funcs[0], ref, parallel.Plan{DP: 1, PP: 2, Microbatches: 4}, 0)
 	})
 }
