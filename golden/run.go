@@ -38,7 +38,7 @@ const (
 func Updating() bool { return os.Getenv("KILN_UPDATE") == "1" }
 
 var (
-	numberRE = regexp.MustCompile(`\d+\.\d+(e[-+]?\d+)?`)
+	numberRE = regexp.MustCompile(`\d+(\.\d+)?e[-+]?\d+|\d+\.\d+`)
 	// reproducerRE matches the unique part of a reproducer's file name.
 	reproducerRE = regexp.MustCompile(`(kiln-reproducer-[A-Za-z0-9_.-]*?)-\d+\.kir`)
 	spacesRE     = regexp.MustCompile(` +`)
@@ -46,7 +46,8 @@ var (
 
 // Run runs every *.txtar case below dir as a subtest named by its path.
 // A case whose comment contains "normalize-numbers" has every decimal
-// number in its outputs replaced by N and runs of spaces squeezed (for
+// number (with a point or an exponent, as JSON writes 6e-7) in its outputs
+// replaced by N and runs of spaces squeezed (for
 // timings).
 func Run(t *testing.T, dir string, program string, main MainFunc) {
 	dir, err := filepath.Abs(dir)
