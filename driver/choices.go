@@ -248,16 +248,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 			out = append(out, passes.Step{Pass: pipe[at].Pass, Args: args})
 			note += fmt.Sprintf("recomputation and microbatches aimed at %s, ", memreport.Human(b+extra))
 		}
-		placed := false
-		for _, s := range pipe[at+1:] {
-			if s.Pass.Name == "assign" && !placed {
-				out, placed = append(out, swapStep...), true
-			}
-			out = append(out, s)
-		}
-		if !placed {
-			out = append(out, swapStep...)
-		}
+		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b))
 		tries = append(tries, offloadTry{out, note, false})
 	}
@@ -282,18 +273,26 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		out = append(out, pipe[:grad+1]...)
 		out = append(out, split...)
 		out = append(out, pipe[grad+1:at]...)
-		placed := false
-		for _, s := range pipe[at+1:] {
-			if s.Pass.Name == "assign" && !placed {
-				out, placed = append(out, swapStep...), true
-			}
-			out = append(out, s)
-		}
-		if !placed {
-			out = append(out, swapStep...)
-		}
+		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; batch normalisation takes each microbatch's statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
 		tries = append(tries, offloadTry{out, note, true})
 	}
 	return tries, nil
+}
+
+// withSwapBeforeAssign appends rest to out with swap placed before rest's
+// first assign (swap decides what assign packs), or at the end when rest
+// assigns nothing.
+func withSwapBeforeAssign(out, rest, swapStep passes.Pipeline) passes.Pipeline {
+	placed := false
+	for _, s := range rest {
+		if s.Pass.Name == "assign" && !placed {
+			out, placed = append(out, swapStep...), true
+		}
+		out = append(out, s)
+	}
+	if !placed {
+		out = append(out, swapStep...)
+	}
+	return out
 }
