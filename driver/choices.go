@@ -189,7 +189,7 @@ func offloadable(pipe passes.Pipeline) bool {
 type offloadTry struct {
 	pipe  passes.Pipeline
 	note  string
-	split bool // the step split into microbatches before swap
+	split int // microbatches the step is split into before swap; 0 when not split
 }
 
 // withOffload lists pipelines that hand on what remat{budget=B} could
@@ -250,7 +250,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		}
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b))
-		tries = append(tries, offloadTry{out, note, false})
+		tries = append(tries, offloadTry{out, note, 0})
 	}
 	grad := -1
 	for i, s := range pipe[:at] {
@@ -274,8 +274,8 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		out = append(out, split...)
 		out = append(out, pipe[grad+1:at]...)
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
-		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; batch normalisation takes each microbatch's statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
-		tries = append(tries, offloadTry{out, note, true})
+		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; microbatch's own note counts the batch norms that take per-microbatch statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
+		tries = append(tries, offloadTry{out, note, n})
 	}
 	return tries, nil
 }

@@ -146,6 +146,8 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		// The toolbox's next tool: offload and swap what recomputation
 		// and microbatching cannot reach.
 		tries, err := withOffload(e, orig, pipe, p.verifyEach)
+		var splitErr error
+		maxSplit := 0
 		for _, try := range tries {
 			if p.printPipeline {
 				fmt.Fprintf(e.stderr, "pipeline: %s\n", try.pipe)
@@ -153,7 +155,11 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 			m := cloneModule(orig)
 			mg2 := &passes.Manager{Inst: mg.Inst}
 			if terr := mg2.Run(m, try.pipe); terr != nil {
-				if !try.split || err == nil {
+				var tpe *passes.PassError
+				if try.split > 0 && (splitErr == nil || !errors.As(terr, &tpe) || tpe.Pass != "microbatch") {
+					// The last split that could be made names why it failed.
+					splitErr, maxSplit = terr, try.split
+				} else if try.split == 0 {
 					err = terr // the report names the last try of the whole step
 				}
 				continue
@@ -168,6 +174,11 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		}
 		if runErr != nil && err != nil {
 			runErr = fmt.Errorf("%v\nwith offloading too: %v", runErr, err)
+		}
+		if runErr != nil && splitErr != nil {
+			// Only the headline: its live values are the whole step's, split.
+			head, _, _ := strings.Cut(splitErr.Error(), "\n")
+			runErr = fmt.Errorf("%v\nsplit into %d microbatches, then offloaded: %s", runErr, maxSplit, head)
 		}
 	}
 	if placed != "" {
