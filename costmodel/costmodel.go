@@ -9,6 +9,7 @@ package costmodel
 import (
 	"fmt"
 	"math"
+	"sort"
 
 	"github.com/kiln-compiler/kiln/ir"
 )
@@ -161,7 +162,11 @@ type Timeline struct {
 // frees may be written next) and an op reading a swap_in result waits for
 // that copy; ops on the host (ir.OnHost) run in order on the host once
 // their operands are there.
-func (d Device) Simulate(f *ir.Func) Timeline {
+func (d Device) Simulate(f *ir.Func) Timeline { return d.simulate(f, nil) }
+
+// simulate is Simulate, calling commReady with each collective (or send
+// or recv) and the time its operands are ready.
+func (d Device) simulate(f *ir.Func, commReady func(op *ir.Op, ready float64)) Timeline {
 	var tl Timeline
 	ready := map[*ir.Value]float64{}
 	copiedAt := map[*ir.Value]float64{} // when the last swap_in of a host value ends
@@ -177,6 +182,9 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 			// their own, each once its operand is ready; compute goes on
 			// until it reads a result. A recv's sender is on another rank:
 			// one function's timeline takes its tensor as sent at once.
+			if commReady != nil {
+				commReady(op, start)
+			}
 			commFree = max(start, commFree) + secs
 			tl.CommSeconds += secs
 			for _, r := range op.Results {
@@ -233,7 +241,36 @@ func (d Device) Simulate(f *ir.Func) Timeline {
 // minus its ratio to Timeline.CommSeconds is the share of communication
 // that overlaps compute.
 func (d Device) ExposedComm(f *ir.Func) float64 {
-	free := d
-	free.CommBW, free.CommLatency = math.Inf(1), math.SmallestNonzeroFloat64
-	return d.Simulate(f).Seconds - free.Simulate(f).Seconds
+	return d.Simulate(f).Seconds - d.withFreeComm().Simulate(f).Seconds
+}
+
+// HideableComm is the most communication f's schedule lets overlap
+// compute, whatever the order of its collectives: their time less what
+// must run past the compute. With free links the compute ends at T and
+// each collective's operands are ready at some r; in the real step they
+// are ready no earlier, so the communication stream, serial, ends no
+// earlier than it would running each collective (taking its real time)
+// in the order of r from its r on, which is the earliest any order can
+// finish. What of it runs past T is exposed.
+func (d Device) HideableComm(f *ir.Func) float64 {
+	type comm struct{ ready, secs float64 }
+	var comms []comm
+	total := 0.0
+	free := d.withFreeComm().simulate(f, func(op *ir.Op, ready float64) {
+		secs := d.OpSeconds(op)
+		comms = append(comms, comm{ready, secs})
+		total += secs
+	})
+	sort.SliceStable(comms, func(i, j int) bool { return comms[i].ready < comms[j].ready })
+	end := 0.0
+	for _, c := range comms {
+		end = max(end, c.ready) + c.secs
+	}
+	return max(0, total-max(0, end-free.Seconds))
+}
+
+// withFreeComm is d with instantaneous collectives.
+func (d Device) withFreeComm() Device {
+	d.CommBW, d.CommLatency = math.Inf(1), math.SmallestNonzeroFloat64
+	return d
 }

@@ -52,6 +52,36 @@ func TestCommOverlapsCompute(t *testing.T) {
 	tl := d.Simulate(hidden)
 	require.Positive(t, tl.CommSeconds)
 	require.Less(t, d.ExposedComm(hidden), 0.01*tl.CommSeconds, "the all_reduce hides behind 40 kernels (240 µs against its 143 µs)")
+	require.InDelta(t, tl.CommSeconds, d.HideableComm(hidden), 1e-12, "the window is longer than the all_reduce")
 	exposed := build(true)
 	require.InDelta(t, d.Simulate(exposed).CommSeconds, d.ExposedComm(exposed), 1e-9)
+}
+
+// TestHideableCommIsTheWindowAfterTheFirstCollective: an all_reduce of
+// the last kernel's output can overlap only the kernels after it, however
+// long it is; and no schedule hides more than HideableComm.
+func TestHideableCommIsTheWindowAfterTheFirstCollective(t *testing.T) {
+	f := &ir.Func{Name: "f"}
+	x := &ir.Value{Name: "x", Type: ir.Type{DType: ir.F32, Shape: ir.Shape{1 << 20}}, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
+	f.Args = []*ir.Value{x}
+	op := func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Op {
+		o, err := f.NewOp(kind, in, attrs, ir.Location{}, kind)
+		require.NoError(t, err)
+		f.Body = append(f.Body, o)
+		return o
+	}
+	y := x
+	for i := 0; i < 40; i++ {
+		y = op("exp", nil, y).Results[0]
+	}
+	g := op("all_reduce", ir.Attrs{"size": ir.IntAttr(8)}, y).Results[0]
+	after := []*ir.Op{op("exp", nil, y), op("exp", nil, x)}
+	z := op("add", nil, after[0].Results[0], after[1].Results[0])
+	f.Results = []ir.Result{{Value: z.Results[0]}, {Value: g}}
+	d := Default
+	window := d.OpSeconds(after[0]) + d.OpSeconds(after[1]) + d.OpSeconds(z)
+	comm := d.Simulate(f).CommSeconds
+	require.Greater(t, comm, window, "the all_reduce (143 µs) outlasts the 3 kernels after it")
+	require.InDelta(t, window, d.HideableComm(f), 1e-12)
+	require.InDelta(t, window, comm-d.ExposedComm(f), 1e-9, "this schedule hides all it can")
 }

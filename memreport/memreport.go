@@ -107,17 +107,20 @@ type RankReport struct {
 	ParamsBytes  int64 `json:"params_bytes"`
 	StateBytes   int64 `json:"state_bytes"`
 	CommBytes    int64 `json:"comm_bytes"`
-	// CommSeconds is the collectives' time in the cost model, and
+	// CommSeconds is the collectives' time in the cost model,
 	// ExposedCommSeconds what of it the step waits for (the rest overlaps
-	// compute).
-	CommSeconds        float64 `json:"comm_seconds"`
-	ExposedCommSeconds float64 `json:"exposed_comm_seconds"`
+	// compute), and HideableCommSeconds the most of it that any order of
+	// the collectives could overlap (costmodel.Device.HideableComm).
+	CommSeconds         float64 `json:"comm_seconds"`
+	ExposedCommSeconds  float64 `json:"exposed_comm_seconds"`
+	HideableCommSeconds float64 `json:"hideable_comm_seconds"`
 }
 
 // RankOf is the report of rank r of the SPMD step f whose report is rep.
 func RankOf(f *ir.Func, rep *Report, r int) RankReport {
 	return RankReport{Rank: r, PlannedBytes: rep.PlannedBytes, ParamsBytes: rep.ParamsBytes, StateBytes: rep.StateBytes,
-		CommBytes: CommBytes(f), CommSeconds: costmodel.Default.Simulate(f).CommSeconds, ExposedCommSeconds: costmodel.Default.ExposedComm(f)}
+		CommBytes: CommBytes(f), CommSeconds: costmodel.Default.Simulate(f).CommSeconds, ExposedCommSeconds: costmodel.Default.ExposedComm(f),
+		HideableCommSeconds: costmodel.Default.HideableComm(f)}
 }
 
 // CommBytes is what a rank of f sends in f's collectives and sends.
@@ -362,8 +365,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	if len(r.Ranks) > 0 && alike {
 		// The ranks of an SPMD step plan alike: one line says it for all.
 		k := r.Ranks[0]
-		fmt.Fprintf(tw, "ranks\t%d, each planning %s: parameters %s, state %s; sends %s in collectives, %.1f µs of which %.1f µs the step waits for\n",
-			len(r.Ranks), Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6)
+		fmt.Fprintf(tw, "ranks\t%d, each planning %s: parameters %s, state %s; sends %s in collectives, %.1f µs of which %.1f µs the step waits for (%.1f µs could overlap at most)\n",
+			len(r.Ranks), Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6, k.HideableCommSeconds*1e6)
 	} else {
 		// Pipeline stages: a line each.
 		for _, k := range r.Ranks {
