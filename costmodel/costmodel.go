@@ -244,14 +244,16 @@ func (d Device) ExposedComm(f *ir.Func) float64 {
 	return d.Simulate(f).Seconds - d.withFreeComm().Simulate(f).Seconds
 }
 
-// HideableComm is the most communication f's schedule lets overlap
-// compute, whatever the order of its collectives: their time less what
-// must run past the compute. With free links the compute ends at T and
-// each collective's operands are ready at some r; in the real step they
-// are ready no earlier, so the communication stream, serial, ends no
-// earlier than it would running each collective (taking its real time)
-// in the order of r from its r on, which is the earliest any order can
-// finish. What of it runs past T is exposed.
+// HideableComm is the most communication f's schedule, as written, lets
+// overlap compute: the collectives' time less what must run past the
+// compute. With free links the compute ends at T and each collective's
+// operands are ready at some r; in the real step they are ready no
+// earlier, so the communication stream, serial, ends no earlier than it
+// would running each collective (taking its real time) from its r on in
+// the order of r, the earliest finish of that stream. What of it runs
+// past T is exposed. The bound is for f's ops as they are: another order
+// (or other buckets) has other ready times. A recv's sender is on another
+// rank; as in Simulate, its tensor counts as sent at once.
 func (d Device) HideableComm(f *ir.Func) float64 {
 	type comm struct{ ready, secs float64 }
 	var comms []comm

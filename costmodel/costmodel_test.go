@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -84,4 +85,53 @@ func TestHideableCommIsTheWindowAfterTheFirstCollective(t *testing.T) {
 	require.Greater(t, comm, window, "the all_reduce (143 µs) outlasts the 3 kernels after it")
 	require.InDelta(t, window, d.HideableComm(f), 1e-12)
 	require.InDelta(t, window, comm-d.ExposedComm(f), 1e-9, "this schedule hides all it can")
+}
+
+// TestHideableCommBoundsRandomSchedules: on random schedules of kernels,
+// collectives, sends, recvs and host copies, the communication that
+// overlaps compute (CommSeconds − ExposedComm) never exceeds HideableComm,
+// which never exceeds CommSeconds.
+func TestHideableCommBoundsRandomSchedules(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	d := Default
+	for it := range 2000 {
+		f := &ir.Func{Name: "f"}
+		x := &ir.Value{Name: "x", Type: ir.Type{DType: ir.F32, Shape: ir.Shape{1 << 18}}, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
+		f.Args = []*ir.Value{x}
+		vals, host := []*ir.Value{x}, []*ir.Value(nil)
+		op := func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Op {
+			o, err := f.NewOp(kind, in, attrs, ir.Location{}, kind)
+			require.NoError(t, err)
+			f.Body = append(f.Body, o)
+			return o
+		}
+		for tag := range 10 + rng.IntN(40) {
+			v := vals[rng.IntN(len(vals))]
+			switch r := rng.IntN(10); {
+			case r < 5:
+				vals = append(vals, op("exp", nil, v).Results[0])
+			case r < 7:
+				kind := []string{"all_reduce", "broadcast"}[rng.IntN(2)]
+				vals = append(vals, op(kind, ir.Attrs{"size": ir.IntAttr(int64(2 + rng.IntN(7)))}, v).Results[0])
+			case r < 8 && rng.IntN(2) == 0:
+				op("send", ir.Attrs{"offset": ir.IntAttr(1), "tag": ir.IntAttr(int64(tag))}, v)
+			case r < 8:
+				vals = append(vals, op("recv", ir.Attrs{"offset": ir.IntAttr(-1), "tag": ir.IntAttr(int64(tag)), "shape": ir.IntsAttr(1 << 18), "dtype": ir.TypeAttr(ir.F32)}).Results[0])
+			case r < 9:
+				host = append(host, op("swap_out", nil, v).Results[0])
+			case len(host) > 0:
+				vals = append(vals, op("swap_in", nil, host[rng.IntN(len(host))]).Results[0])
+			}
+		}
+		z := vals[len(vals)-1]
+		for _, v := range vals[:len(vals)-1] {
+			z = op("add", nil, z, v).Results[0]
+		}
+		f.Results = []ir.Result{{Value: z}}
+		comm := d.Simulate(f).CommSeconds
+		hidden, bound := comm-d.ExposedComm(f), d.HideableComm(f)
+		// Sums of the same times in other orders: a few roundings apart.
+		require.LessOrEqual(t, hidden, bound+1e-9*comm+1e-15, "schedule %d", it)
+		require.LessOrEqual(t, bound, comm*(1+1e-12), "schedule %d", it)
+	}
 }

@@ -178,7 +178,13 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		if runErr != nil && splitErr != nil {
 			// Only the headline: its live values are the whole step's, split.
 			head, _, _ := strings.Cut(splitErr.Error(), "\n")
-			runErr = fmt.Errorf("%v\nsplit into %d microbatches, then offloaded: %s", runErr, maxSplit, head)
+			var tpe *passes.PassError
+			if errors.As(splitErr, &tpe) && tpe.Pass == "microbatch" {
+				// No split could be made: say why the first could not.
+				runErr = fmt.Errorf("%v\nno split into microbatches could be made: %s", runErr, head)
+			} else {
+				runErr = fmt.Errorf("%v\nsplit into %d microbatches, then offloaded: %s", runErr, maxSplit, head)
+			}
 		}
 	}
 	if placed != "" {

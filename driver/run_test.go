@@ -260,7 +260,7 @@ func TestRunParallelDrawsTheOneDeviceInputs(t *testing.T) {
 // floor. The compiled ranks sum over the batch in another order, and
 // their kernels contract in another order than the interpreter's: the
 // floor is the larger of the step's with its batch rotated
-// (passtest.OrderFloor, up to 3e-12 here, see TestResNetOnFourRanks) and
+// (passtest.OrderFloor, up to 2.4e-12 here, see TestResNetOnFourRanks) and
 // the one-device compiled step's distance from the interpreter's.
 func TestRunResNetOnFourRanksUnderMPI(t *testing.T) {
 	if testing.Short() {

@@ -51,7 +51,8 @@ func TestBudgetSplitsAndOffloads(t *testing.T) {
 
 // TestBudgetFailureNamesEveryTry: when no tool reaches the budget, the
 // error says why each kind of try failed: remat alone, offloading at the
-// whole batch, and the largest split that could be made, then offloaded.
+// whole batch, and the largest split that could be made, then offloaded
+// (or why none could be).
 func TestBudgetFailureNamesEveryTry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("tries every pipeline of the toolbox")
@@ -70,4 +71,15 @@ func TestBudgetFailureNamesEveryTry(t *testing.T) {
 	require.Contains(t, stderr, "error: pass remat failed")
 	require.Contains(t, stderr, "\nwith offloading too: ")
 	require.Contains(t, stderr, "\nsplit into 2 microbatches, then offloaded: pass swap failed")
+
+	// gather_scatter indexes along its batch: no split can be made, and
+	// the report says so rather than naming a split that was not made.
+	model = "../testdata/models/breadth/gather_scatter/model.onnx"
+	out, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(out), &plain))
+	_, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(plain.Peak*4/10, 10))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "\nno split into microbatches could be made: pass microbatch failed")
+	require.NotContains(t, stderr, "split into 2 microbatches, then offloaded")
 }

@@ -109,8 +109,8 @@ type RankReport struct {
 	CommBytes    int64 `json:"comm_bytes"`
 	// CommSeconds is the collectives' time in the cost model,
 	// ExposedCommSeconds what of it the step waits for (the rest overlaps
-	// compute), and HideableCommSeconds the most of it that any order of
-	// the collectives could overlap (costmodel.Device.HideableComm).
+	// compute), and HideableCommSeconds the most of it that this schedule
+	// could overlap (costmodel.Device.HideableComm).
 	CommSeconds         float64 `json:"comm_seconds"`
 	ExposedCommSeconds  float64 `json:"exposed_comm_seconds"`
 	HideableCommSeconds float64 `json:"hideable_comm_seconds"`
