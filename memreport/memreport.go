@@ -370,8 +370,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	} else {
 		// Pipeline stages: a line each.
 		for _, k := range r.Ranks {
-			fmt.Fprintf(tw, "rank %d\tplanning %s: parameters %s, state %s; sends %s, %.1f µs of which %.1f µs the step waits for\n",
-				k.Rank, Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6)
+			fmt.Fprintf(tw, "rank %d\tplanning %s: parameters %s, state %s; sends %s, %.1f µs of which %.1f µs the step waits for (%.1f µs could overlap at most)\n",
+				k.Rank, Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6, k.HideableCommSeconds*1e6)
 		}
 	}
 	if err := tw.Flush(); err != nil {
