@@ -204,7 +204,8 @@ type offloadTry struct {
 // goes to swap without remat: a small step whose parameters and gradients
 // are most of its peak needs the slices' smaller activations and the
 // offloading together, and remat, which counts what swap would move,
-// refuses such a budget before it tries a split.
+// refuses such a budget before it tries a split. After them come the same
+// tries with swap also free to leave the data inputs in host memory.
 func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]offloadTry, error) {
 	at := -1
 	for i, s := range pipe {
@@ -262,7 +263,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		}
 	}
 	if grad < 0 {
-		return tries, nil
+		return withHostInputs(tries, b)
 	}
 	for n := 2; n <= 8; n *= 2 {
 		split, err := passes.ParsePipeline(fmt.Sprintf("microbatch{n=%d}", n), nil)
@@ -276,6 +277,27 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; microbatch's own note counts the batch norms that take per-microbatch statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
 		tries = append(tries, offloadTry{out, note, n})
+	}
+	return withHostInputs(tries, b)
+}
+
+// withHostInputs appends to tries the same tries with swap also free to
+// leave the data inputs in host memory: the last resort, since the caller
+// must then hand them there (launch plans cannot yet).
+func withHostInputs(tries []offloadTry, b int64) ([]offloadTry, error) {
+	swapStep, err := passes.ParsePipeline(fmt.Sprintf("swap{device-budget=%d,peak=true,inputs=true}", b), nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, try := range tries[:len(tries):len(tries)] {
+		out := make(passes.Pipeline, len(try.pipe))
+		for i, s := range try.pipe {
+			out[i] = s
+			if s.Pass.Name == "swap" {
+				out[i] = swapStep[0]
+			}
+		}
+		tries = append(tries, offloadTry{out, try.note + ", and leaving the data inputs in host memory", try.split})
 	}
 	return tries, nil
 }

@@ -49,6 +49,36 @@ func TestBudgetSplitsAndOffloads(t *testing.T) {
 	}
 }
 
+// TestBudgetLeavesInputsOnTheHost: nearest_up's step at half its peak
+// needs 2 microbatches, its parameters and gradients offloaded, and its
+// input batch (2 KB of a 6 KB budget) left in host memory, which the
+// toolbox tries last. The CUDA target refuses that plan, naming the input.
+func TestBudgetLeavesInputsOnTheHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("tries every pipeline of the toolbox")
+	}
+	model := "../testdata/models/breadth/nearest_up/model.onnx"
+	var plain, tight struct {
+		Peak      int64 `json:"peak_bytes"`
+		Offloaded int64 `json:"offloaded_bytes"`
+	}
+	out, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(out), &plain))
+	budget := strconv.FormatInt(plain.Peak/2, 10)
+	out, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", budget, "--json")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(out), &tight))
+	require.LessOrEqual(t, tight.Peak, plain.Peak/2)
+	require.GreaterOrEqual(t, tight.Offloaded, int64(2*4*8*8*4), "the input batch is not among the offloaded bytes")
+	out, _, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", budget)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "and leaving the data inputs in host memory")
+	_, stderr, code = kiln(t, "compile", model, "--train=sum", "-O2", "--budget", budget, "--target", "cuda", "-o", t.TempDir())
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "data input %input is in host memory")
+}
+
 // TestBudgetFailureNamesEveryTry: when no tool reaches the budget, the
 // error says why each kind of try failed: remat alone, offloading at the
 // whole batch, and the largest split that could be made, then offloaded
@@ -65,8 +95,9 @@ func TestBudgetFailureNamesEveryTry(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.NoError(t, json.Unmarshal([]byte(out), &plain))
 	// Its batch is 2: a split into 4 or 8 cannot be made, so the report
-	// names the split into 2.
-	_, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(plain.Peak*4/10, 10))
+	// names the split into 2. (0.4 is reached with the input batch left
+	// in host memory.)
+	_, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(plain.Peak*3/10, 10))
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "error: pass remat failed")
 	require.Contains(t, stderr, "\nwith offloading too: ")

@@ -16,11 +16,11 @@ func HostResult(v *Value) bool {
 
 // HostArg reports whether v is an argument the caller holds in host
 // memory (attribute host = true): a parameter or optimizer state that the
-// swap pass offloaded, as ZeRO-Offload does. The device reads it through
-// swap_in; an optimizer update that reads only host values runs on the
-// host (OnHost).
+// swap pass offloaded, as ZeRO-Offload does, or a data input it left on
+// the host. The device reads it through swap_in; an optimizer update
+// that reads only host values runs on the host (OnHost).
 func HostArg(v *Value) bool {
-	return v != nil && v.Arg != nil && (v.Arg.Kind == ArgParam || v.Arg.Kind == ArgState) && v.Arg.Attrs["host"].Kind == AttrBool && v.Arg.Attrs["host"].Bool
+	return v != nil && v.Arg != nil && v.Arg.Attrs["host"].Kind == AttrBool && v.Arg.Attrs["host"].Bool
 }
 
 // InHost reports whether v lives in host memory: a swap_out result or a

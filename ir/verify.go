@@ -75,8 +75,6 @@ func verifyFunc(f *Func) diag.List {
 		}
 		if h, ok := a.Arg.Attrs["host"]; ok && h.Kind != AttrBool {
 			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: host must be true or false, not %s", a.Ref(), h)))
-		} else if ok && a.Arg.Kind != ArgParam && a.Arg.Kind != ArgState {
-			v.errs = append(v.errs, at(f.Pos, f, nil, fmt.Sprintf("argument %s: only parameters and optimizer state live in host memory (host on a data argument)", a.Ref())))
 		}
 		v.define(a, f.Pos, nil)
 		scope[a] = true

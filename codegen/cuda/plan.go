@@ -230,6 +230,11 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	if _, ok := f.Attrs["arena"]; !ok {
 		return nil, fmt.Errorf("@%s has no arena offsets (run the assign pass first)", f.Name)
 	}
+	for _, a := range f.Args {
+		if a.Arg.Kind == ir.ArgData && ir.HostArg(a) {
+			return nil, fmt.Errorf("data input %s is in host memory (swap left it there to reach the budget), and launch plans take inputs in device memory only", a.Ref())
+		}
+	}
 	prog, err := loops.Lower(f)
 	if err != nil {
 		return nil, err

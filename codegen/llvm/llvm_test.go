@@ -274,3 +274,21 @@ func TestOffloadedParametersCompiled(t *testing.T) {
 	pipelineOn(t, m, pipeline)
 	require.Contains(t, m.String(), "host = true", "the parameters went to host memory")
 }
+
+// TestHostInputsCompiled: a data input that swap left in host memory
+// (inputs=true) is read through its copies by the compiled program too.
+// Error model: f32 sums of up to 2048 terms, at most 2048·2⁻²⁴ ≈ 1.2e-4
+// apart in another order; a copy that read the wrong memory would be off
+// by O(1).
+func TestHostInputsCompiled(t *testing.T) {
+	requireClang(t)
+	raw, err := os.ReadFile("../../testdata/steps/input_at_peak.kir")
+	require.NoError(t, err)
+	src := string(raw)
+	const pipeline = "swap{device-budget=17408,peak=true,inputs=true},assign"
+	compileAndCompare(t, src, pipeline, 2e-4)
+	m, err := parser.Parse("in.kir", src)
+	require.NoError(t, err)
+	pipelineOn(t, m, pipeline)
+	require.Contains(t, m.String(), "%x: f32[1024] {host = true}", "the input went to host memory")
+}

@@ -69,6 +69,31 @@ func offloadableParams(f *ir.Func) []paramOffload {
 	return out
 }
 
+// offloadableInputs lists the data inputs still on the device that the
+// caller could hand in host memory instead: read by the step, never
+// written or returned. Each moves as a parameter does, without an update.
+func offloadableInputs(f *ir.Func) []paramOffload {
+	readers := map[*ir.Value]int{}
+	written := map[*ir.Value]bool{}
+	for _, op := range f.Body {
+		for _, x := range op.Operands {
+			readers[x]++
+		}
+		if d := op.Def(); d != nil {
+			for _, k := range d.Writes {
+				written[op.Operands[k]] = true
+			}
+		}
+	}
+	var out []paramOffload
+	for _, a := range f.Args {
+		if a.Arg.Kind == ir.ArgData && !a.Arg.InOut && !ir.HostArg(a) && readers[a] > 0 && !written[a] && !f.IsResult(a) {
+			out = append(out, paramOffload{p: a, bytes: a.Type.SizeBytes()})
+		}
+	}
+	return out
+}
+
 // hostArg marks argument a as held in host memory, for undo.
 func (s *swapper) hostArg(a *ir.Value) {
 	if a.Arg.Attrs == nil {

@@ -43,7 +43,7 @@ func init() {
 				return err
 			}
 			budget := o.DeviceBudget.Of(device)
-			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute, Params: o.Params, Peak: o.Peak})
+			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute, Params: o.Params, Inputs: o.Inputs, Peak: o.Peak})
 			if err != nil {
 				return err
 			}
@@ -55,6 +55,7 @@ func init() {
 			ctx.AddStat("swapped-bytes", res.SwappedBytes)
 			ctx.AddStat("recomputed-tensors", int64(res.Recomputed))
 			ctx.AddStat("offloaded-params", int64(res.Offloaded))
+			ctx.AddStat("offloaded-inputs", int64(res.OffloadedInputs))
 			ctx.AddStat("offloaded-bytes", res.OffloadedBytes)
 			ctx.Stat("seconds-before", fmt.Sprintf("%.6f", res.Before.Seconds))
 			ctx.Stat("seconds-after", fmt.Sprintf("%.6f", res.After.Seconds))
@@ -68,6 +69,7 @@ type options struct {
 	Recompute    bool        `opt:"recompute" default:"true" doc:"also consider recomputing each tensor, and take whichever costs less time"`
 	Peak         bool        `opt:"peak" default:"false" doc:"bound the peak of the bytes live on the device, as remat{budget} does (no workspace, no packing losses), instead of the device memory (--budget uses it after remat)"`
 	Params       bool        `opt:"params" default:"true" doc:"also consider holding parameters and their optimizer state in host memory, the updates running on the host (ZeRO-Offload); false leaves the arguments and their copies as they are"`
+	Inputs       bool        `opt:"inputs" default:"false" doc:"with params, when nothing else lowers the peak, also leave data inputs in host memory, each reader fetching a copy (launch plans cannot take them yet)"`
 	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
 	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
 	LinkBW       float64     `opt:"link-bw" default:"25e9" range:"(0,inf)" doc:"host link bytes/s of the cost model (each direction)"`
@@ -79,6 +81,7 @@ type Options struct {
 	Device    costmodel.Device
 	Recompute bool // let recomputation compete with swapping
 	Params    bool // let offloading parameters and their state compete too
+	Inputs    bool // with Params, move data inputs to host memory when nothing else lowers the peak
 	// Peak bounds the live bytes on the device (liveness) instead of the
 	// device memory (DeviceBytes).
 	Peak bool
@@ -91,11 +94,13 @@ type Result struct {
 	Swapped      int   // tensors swapped out and in
 	SwappedBytes int64
 	Recomputed   int // tensors recomputed instead
-	// Offloaded parameters, and the bytes of parameters and optimizer
-	// state moved to host memory with them.
-	Offloaded      int
-	OffloadedBytes int64
-	Before, After  costmodel.Timeline
+	// Offloaded parameters, data inputs left in host memory (only when
+	// nothing else lowers the peak: launch plans cannot take them yet),
+	// and the bytes of the arguments in host memory.
+	Offloaded       int
+	OffloadedInputs int
+	OffloadedBytes  int64
+	Before, After   costmodel.Timeline
 }
 
 // ArenaBytes is f's arena: the assigned one when assign ran, else the
@@ -184,7 +189,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 			}
 		}
 	}
-	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, params: opt.Params, rc: remat.NewRecomputer(f)}
+	s := &swapper{f: f, dev: opt.Device, recompute: opt.Recompute, params: opt.Params, allowInputs: opt.Params && opt.Inputs, rc: remat.NewRecomputer(f)}
 	res := Result{Before: opt.Device.Simulate(f)}
 	// Live bytes are a lower bound of the arena: aim lower when
 	// fragmentation or the workspace leaves the device arena above the
@@ -225,20 +230,23 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	}
 	info := liveness.Analyze(f)
 	res.Swapped, res.SwappedBytes, res.Recomputed = len(info.HostBuffers), info.SwappedBytes, s.recomputed
-	res.Offloaded, res.OffloadedBytes = s.offloaded, info.HostArgBytes
+	res.Offloaded, res.OffloadedInputs, res.OffloadedBytes = s.offloaded, s.inputs, info.HostArgBytes
 	res.After = opt.Device.Simulate(f)
 	return res, nil
 }
 
 type swapper struct {
-	f          *ir.Func
-	dev        costmodel.Device
-	recompute  bool
-	params     bool
-	rc         *remat.Recomputer
-	recomputed int
-	offloaded  int
-	work       int64 // op visits of analyses, simulations and rewrites (see swapWork)
+	f         *ir.Func
+	dev       costmodel.Device
+	recompute bool
+	params    bool
+	// allowInputs lets data inputs move when nothing else lowers the peak.
+	allowInputs bool
+	rc          *remat.Recomputer
+	recomputed  int
+	offloaded   int
+	inputs      int   // data inputs moved to host memory
+	work        int64 // op visits of analyses, simulations and rewrites (see swapWork)
 	// undo log of a swap attempt
 	body     []*ir.Op
 	replaced []replacement
@@ -383,31 +391,50 @@ func (s *swapper) lower(target int64) error {
 			s.undo()
 		}
 		byRatio(cands)
-		progress := false
-		for _, c := range cands {
+		// lowers applies c and keeps it if the peak, then the number of
+		// ops at the peak, strictly drops: rounds cannot cycle.
+		lowers := func(c candidate) bool {
 			s.begin()
 			if s.apply(c) {
-				after := s.analyze()
-				live2, p2 := deviceLive(after)
-				// The peak, then the number of ops at the peak, strictly
-				// drops: rounds cannot cycle.
+				live2, p2 := deviceLive(s.analyze())
 				if live2[p2] < oldPeak || live2[p2] == oldPeak && atPeak(live2, oldPeak) < atPeak(live, oldPeak) {
-					if !c.swap {
-						s.recomputed++
-					}
-					if c.param != nil {
-						s.offloaded++
-					}
-					progress = true
-					break
+					return true
 				}
 			}
 			s.undo()
+			return false
+		}
+		progress := false
+		for _, c := range cands {
+			if lowers(c) {
+				if !c.swap {
+					s.recomputed++
+				}
+				if c.param != nil {
+					s.offloaded++
+				}
+				progress = true
+				break
+			}
 			if c.param != nil || c.respread {
 				paramFailedAt[c.v] = peakOp
 				continue
 			}
 			failed[candidateKey{c.v, c.swap}] = true
+		}
+		if !progress && s.allowInputs {
+			// Last, the data inputs: the caller then hands them in host
+			// memory, and launch plans cannot take that yet.
+			for _, po := range offloadableInputs(s.f) {
+				for _, each := range []bool{false, true} {
+					q := po
+					q.each = each
+					if !progress && lowers(candidate{v: q.p, swap: true, param: &q, peak: p}) {
+						s.inputs++
+						progress = true
+					}
+				}
+			}
 		}
 		if !progress {
 			return s.budgetError(info, target)
