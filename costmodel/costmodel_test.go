@@ -27,14 +27,9 @@ func TestCollectiveSeconds(t *testing.T) {
 // the end overlaps the compute after it; one read at once is exposed.
 func TestCommOverlapsCompute(t *testing.T) {
 	build := func(readAtOnce bool) *ir.Func {
-		f := &ir.Func{Name: "f"}
-		x := &ir.Value{Name: "x", Type: ir.Type{DType: ir.F32, Shape: ir.Shape{1 << 20}}, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
-		f.Args = []*ir.Value{x}
+		f, x, add := newFunc(t, 1<<20)
 		op := func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Value {
-			o, err := f.NewOp(kind, in, attrs, ir.Location{}, kind)
-			require.NoError(t, err)
-			f.Body = append(f.Body, o)
-			return o.Results[0]
+			return add(kind, attrs, in...).Results[0]
 		}
 		g := op("all_reduce", ir.Attrs{"size": ir.IntAttr(8)}, x)
 		y := x
@@ -62,15 +57,7 @@ func TestCommOverlapsCompute(t *testing.T) {
 // the last kernel's output can overlap only the kernels after it, however
 // long it is; and no schedule hides more than HideableComm.
 func TestHideableCommIsTheWindowAfterTheFirstCollective(t *testing.T) {
-	f := &ir.Func{Name: "f"}
-	x := &ir.Value{Name: "x", Type: ir.Type{DType: ir.F32, Shape: ir.Shape{1 << 20}}, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
-	f.Args = []*ir.Value{x}
-	op := func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Op {
-		o, err := f.NewOp(kind, in, attrs, ir.Location{}, kind)
-		require.NoError(t, err)
-		f.Body = append(f.Body, o)
-		return o
-	}
+	f, x, op := newFunc(t, 1<<20)
 	y := x
 	for i := 0; i < 40; i++ {
 		y = op("exp", nil, y).Results[0]
@@ -95,16 +82,8 @@ func TestHideableCommBoundsRandomSchedules(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	d := Default
 	for it := range 2000 {
-		f := &ir.Func{Name: "f"}
-		x := &ir.Value{Name: "x", Type: ir.Type{DType: ir.F32, Shape: ir.Shape{1 << 18}}, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
-		f.Args = []*ir.Value{x}
+		f, x, op := newFunc(t, 1<<18)
 		vals, host := []*ir.Value{x}, []*ir.Value(nil)
-		op := func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Op {
-			o, err := f.NewOp(kind, in, attrs, ir.Location{}, kind)
-			require.NoError(t, err)
-			f.Body = append(f.Body, o)
-			return o
-		}
 		for tag := range 10 + rng.IntN(40) {
 			v := vals[rng.IntN(len(vals))]
 			switch r := rng.IntN(10); {
@@ -133,5 +112,19 @@ func TestHideableCommBoundsRandomSchedules(t *testing.T) {
 		// Sums of the same times in other orders: a few roundings apart.
 		require.LessOrEqual(t, hidden, bound+1e-9*comm+1e-15, "schedule %d", it)
 		require.LessOrEqual(t, bound, comm*(1+1e-12), "schedule %d", it)
+	}
+}
+
+// newFunc is an empty function of one f32 argument of n elements, and a
+// builder that appends ops to it.
+func newFunc(t *testing.T, n int64) (*ir.Func, *ir.Value, func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Op) {
+	f := &ir.Func{Name: "f"}
+	x := &ir.Value{Name: "x", Type: ir.Type{DType: ir.F32, Shape: ir.Shape{n}}, Arg: &ir.ArgInfo{}, Offset: ir.NoOffset}
+	f.Args = []*ir.Value{x}
+	return f, x, func(kind string, attrs ir.Attrs, in ...*ir.Value) *ir.Op {
+		o, err := f.NewOp(kind, in, attrs, ir.Location{}, kind)
+		require.NoError(t, err)
+		f.Body = append(f.Body, o)
+		return o
 	}
 }

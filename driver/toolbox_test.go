@@ -58,18 +58,16 @@ func TestBudgetLeavesInputsOnTheHost(t *testing.T) {
 		t.Skip("tries every pipeline of the toolbox")
 	}
 	model := "../testdata/models/breadth/nearest_up/model.onnx"
-	var plain, tight struct {
+	var tight struct {
 		Peak      int64 `json:"peak_bytes"`
 		Offloaded int64 `json:"offloaded_bytes"`
 	}
-	out, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--json")
-	require.Equal(t, 0, code, stderr)
-	require.NoError(t, json.Unmarshal([]byte(out), &plain))
-	budget := strconv.FormatInt(plain.Peak/2, 10)
-	out, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", budget, "--json")
+	half := defaultPeak(t, model) / 2
+	budget := strconv.FormatInt(half, 10)
+	out, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--budget", budget, "--json")
 	require.Equal(t, 0, code, stderr)
 	require.NoError(t, json.Unmarshal([]byte(out), &tight))
-	require.LessOrEqual(t, tight.Peak, plain.Peak/2)
+	require.LessOrEqual(t, tight.Peak, half)
 	require.GreaterOrEqual(t, tight.Offloaded, int64(2*4*8*8*4), "the input batch is not among the offloaded bytes")
 	out, _, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", budget)
 	require.Equal(t, 0, code)
@@ -88,16 +86,10 @@ func TestBudgetFailureNamesEveryTry(t *testing.T) {
 		t.Skip("tries every pipeline of the toolbox")
 	}
 	model := "../testdata/models/breadth/mobilenetish/model.onnx"
-	var plain struct {
-		Peak int64 `json:"peak_bytes"`
-	}
-	out, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--json")
-	require.Equal(t, 0, code, stderr)
-	require.NoError(t, json.Unmarshal([]byte(out), &plain))
 	// Its batch is 2: a split into 4 or 8 cannot be made, so the report
 	// names the split into 2. (0.4 is reached with the input batch left
 	// in host memory.)
-	_, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(plain.Peak*3/10, 10))
+	_, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(defaultPeak(t, model)*3/10, 10))
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "error: pass remat failed")
 	require.Contains(t, stderr, "\nwith offloading too: ")
@@ -106,11 +98,21 @@ func TestBudgetFailureNamesEveryTry(t *testing.T) {
 	// gather_scatter indexes along its batch: no split can be made, and
 	// the report says so rather than naming a split that was not made.
 	model = "../testdata/models/breadth/gather_scatter/model.onnx"
-	out, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--json")
-	require.Equal(t, 0, code, stderr)
-	require.NoError(t, json.Unmarshal([]byte(out), &plain))
-	_, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(plain.Peak*4/10, 10))
+	_, stderr, code = kiln(t, "mem", model, "--train=sum", "-O2", "--budget", strconv.FormatInt(defaultPeak(t, model)*4/10, 10))
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "\nno split into microbatches could be made: pass microbatch failed")
 	require.NotContains(t, stderr, "split into 2 microbatches, then offloaded")
+}
+
+// defaultPeak is the peak of model's training step under -O2 without a
+// budget, from kiln mem --json.
+func defaultPeak(t *testing.T, model string) int64 {
+	t.Helper()
+	var plain struct {
+		Peak int64 `json:"peak_bytes"`
+	}
+	out, stderr, code := kiln(t, "mem", model, "--train=sum", "-O2", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(out), &plain))
+	return plain.Peak
 }
