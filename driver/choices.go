@@ -190,6 +190,10 @@ type offloadTry struct {
 	pipe  passes.Pipeline
 	note  string
 	split int // microbatches the step is split into before swap; 0 when not split
+	// base is the index of the try this one repeats with swap free to move
+	// the data inputs, or -1: it need not run when that try failed before
+	// swap.
+	base int
 }
 
 // withOffload lists pipelines that hand on what remat{budget=B} could
@@ -251,7 +255,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		}
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b))
-		tries = append(tries, offloadTry{out, note, 0})
+		tries = append(tries, offloadTry{out, note, 0, -1})
 	}
 	grad := -1
 	for i, s := range pipe[:at] {
@@ -276,7 +280,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		out = append(out, pipe[grad+1:at]...)
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; microbatch's own note counts the batch norms that take per-microbatch statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
-		tries = append(tries, offloadTry{out, note, n})
+		tries = append(tries, offloadTry{out, note, n, -1})
 	}
 	return withHostInputs(tries, b)
 }
@@ -289,7 +293,7 @@ func withHostInputs(tries []offloadTry, b int64) ([]offloadTry, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, try := range tries[:len(tries):len(tries)] {
+	for i, try := range tries[:len(tries):len(tries)] {
 		out := make(passes.Pipeline, len(try.pipe))
 		for i, s := range try.pipe {
 			out[i] = s
@@ -297,7 +301,7 @@ func withHostInputs(tries []offloadTry, b int64) ([]offloadTry, error) {
 				out[i] = swapStep[0]
 			}
 		}
-		tries = append(tries, offloadTry{out, try.note + ", and leaving the data inputs in host memory", try.split})
+		tries = append(tries, offloadTry{out, try.note + ", and leaving the data inputs in host memory", try.split, i})
 	}
 	return tries, nil
 }

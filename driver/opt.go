@@ -148,7 +148,11 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 		tries, err := withOffload(e, orig, pipe, p.verifyEach)
 		var splitErr error
 		maxSplit := 0
-		for _, try := range tries {
+		failedIn := make([]string, len(tries)) // the pass each failed try stopped in
+		for i, try := range tries {
+			if try.base >= 0 && failedIn[try.base] != "swap" {
+				continue // it would stop where its base did
+			}
 			if p.printPipeline {
 				fmt.Fprintf(e.stderr, "pipeline: %s\n", try.pipe)
 			}
@@ -156,6 +160,9 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 			mg2 := &passes.Manager{Inst: mg.Inst}
 			if terr := mg2.Run(m, try.pipe); terr != nil {
 				var tpe *passes.PassError
+				if errors.As(terr, &tpe) {
+					failedIn[i] = tpe.Pass
+				}
 				if try.split > 0 && (splitErr == nil || !errors.As(terr, &tpe) || tpe.Pass != "microbatch") {
 					// The last split that could be made names why it failed.
 					splitErr, maxSplit = terr, try.split

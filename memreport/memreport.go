@@ -85,8 +85,9 @@ type Report struct {
 	// SwappedBytes the bytes copied to the host (and back).
 	HostBytes    int64 `json:"host_bytes"`
 	SwappedBytes int64 `json:"swapped_bytes"`
-	// OffloadedBytes are the parameters and optimizer state the caller
-	// holds in host memory (host arguments): not in planned_bytes.
+	// OffloadedBytes are the arguments the caller holds in host memory
+	// (parameters, optimizer state, and data inputs swap left there): not
+	// in planned_bytes or inputs_bytes.
 	OffloadedBytes int64 `json:"offloaded_bytes,omitempty"`
 	// Mechanisms is what each way of saving memory contributed over the
 	// pipeline, by name (see MechanismOf); empty when no pass measured.

@@ -1,6 +1,7 @@
 package swap
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/kiln-compiler/kiln/ir"
@@ -71,7 +72,8 @@ func offloadableParams(f *ir.Func) []paramOffload {
 
 // offloadableInputs lists the data inputs still on the device that the
 // caller could hand in host memory instead: read by the step, never
-// written or returned. Each moves as a parameter does, without an update.
+// written or returned, largest first. Each moves as a parameter does,
+// without an update.
 func offloadableInputs(f *ir.Func) []paramOffload {
 	readers := map[*ir.Value]int{}
 	written := map[*ir.Value]bool{}
@@ -91,6 +93,8 @@ func offloadableInputs(f *ir.Func) []paramOffload {
 			out = append(out, paramOffload{p: a, bytes: a.Type.SizeBytes()})
 		}
 	}
+	// The largest first: a small input (labels) moving frees little.
+	slices.SortStableFunc(out, func(a, b paramOffload) int { return cmp.Compare(b.bytes, a.bytes) })
 	return out
 }
 

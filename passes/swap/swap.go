@@ -154,6 +154,14 @@ func workspace(f *ir.Func) (int64, error) {
 // budget bytes, or returns an
 // error naming what is live at the lowest peak it reached.
 func Swap(f *ir.Func, budget int64, opt Options) (Result, error) {
+	if opt.Inputs {
+		// Inputs are the last resort: both strategies without them first.
+		without := opt
+		without.Inputs = false
+		if res, err := Swap(f, budget, without); err == nil {
+			return res, nil
+		}
+	}
 	res, err := fit(f, budget, opt)
 	if _, tired := err.(workLimitError); err != nil && opt.Recompute && !tired {
 		// Greedy choices can corner the search: swaps alone may still fit.
