@@ -295,10 +295,10 @@ func withHostInputs(tries []offloadTry, b int64) ([]offloadTry, error) {
 	}
 	for i, try := range tries[:len(tries):len(tries)] {
 		out := make(passes.Pipeline, len(try.pipe))
-		for i, s := range try.pipe {
-			out[i] = s
+		for j, s := range try.pipe {
+			out[j] = s
 			if s.Pass.Name == "swap" {
-				out[i] = swapStep[0]
+				out[j] = swapStep[0]
 			}
 		}
 		tries = append(tries, offloadTry{out, try.note + ", and leaving the data inputs in host memory", try.split, i})
