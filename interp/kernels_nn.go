@@ -332,9 +332,9 @@ func init() {
 	}
 	kernels["random_uniform"] = func(op *ir.Op, _ []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		y := New(out[0])
-		seed := uint64(op.Attr().Int("seed"))
+		seed, offset := uint64(op.Attr().Int("seed")), uint64(op.Attr().Int("offset"))
 		for i := range y.F {
-			y.F[i] = Uniform(seed, uint64(i))
+			y.F[i] = Uniform(seed, offset+uint64(i))
 		}
 		return []*Tensor{y}, nil
 	}
@@ -450,12 +450,12 @@ func DropoutKeep(seed, i uint64, ratio float64) bool { return Uniform(seed, i) >
 // Uniform is element i of the counter-based uniform [0,1) sequence of
 // seed (dropout's masks and random_uniform).
 func Uniform(seed, i uint64) float64 {
-	h := mix64(seed*0x9E3779B97F4A7C15 ^ mix64(i+0x632BE59BD9B4E019))
+	h := Mix64(seed*0x9E3779B97F4A7C15 ^ Mix64(i+0x632BE59BD9B4E019))
 	return float64(h>>11) / (1 << 53)
 }
 
-// mix64 is the SplitMix64 finaliser.
-func mix64(z uint64) uint64 {
+// Mix64 is the SplitMix64 finaliser.
+func Mix64(z uint64) uint64 {
 	z += 0x9E3779B97F4A7C15
 	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
 	z = (z ^ (z >> 27)) * 0x94D049BB133111EB

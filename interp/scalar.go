@@ -253,7 +253,7 @@ func evalScalar(t *scalar.Typed, ops []column, n int) column {
 
 func applyFloat(p scalar.Prim, args []column, n int) column {
 	if p.Arity() == 1 {
-		f := floatUnary(p)
+		f := FloatUnary(p)
 		out := make([]float64, n)
 		for j := range out {
 			out[j] = f(args[0].fAt(j))
@@ -262,7 +262,7 @@ func applyFloat(p scalar.Prim, args []column, n int) column {
 	}
 	a, b := args[0], args[1]
 	if p.IsCompare() {
-		cmp := floatCompare(p)
+		cmp := FloatCompare(p)
 		out := make([]int64, n)
 		for j := range out {
 			if cmp(a.fAt(j), b.fAt(j)) {
@@ -282,7 +282,7 @@ func applyFloat(p scalar.Prim, args []column, n int) column {
 func applyInt(p scalar.Prim, args []column, n int) column {
 	out := make([]int64, n)
 	if p.Arity() == 1 {
-		f := intUnary(p)
+		f := IntUnary(p)
 		for j := range out {
 			out[j] = f(args[0].iAt(j))
 		}
@@ -295,8 +295,8 @@ func applyInt(p scalar.Prim, args []column, n int) column {
 	return column{i: out}
 }
 
-// floatUnary is the float64 meaning of a unary primitive.
-func floatUnary(p scalar.Prim) func(float64) float64 {
+// FloatUnary is the float64 meaning of a unary primitive.
+func FloatUnary(p scalar.Prim) func(float64) float64 {
 	switch p {
 	case scalar.Neg:
 		return func(x float64) float64 { return -x }
@@ -363,7 +363,9 @@ func FloatBinary(p scalar.Prim) func(a, b float64) float64 {
 	panic("interp: no float form of " + p.String())
 }
 
-func floatCompare(p scalar.Prim) func(a, b float64) bool {
+// FloatCompare is the meaning of a comparison on float64 (NaN compares
+// false except under Ne).
+func FloatCompare(p scalar.Prim) func(a, b float64) bool {
 	switch p {
 	case scalar.Eq:
 		return func(a, b float64) bool { return a == b }
@@ -379,7 +381,8 @@ func floatCompare(p scalar.Prim) func(a, b float64) bool {
 	return func(a, b float64) bool { return a >= b }
 }
 
-func intUnary(p scalar.Prim) func(int64) int64 {
+// IntUnary is the int64 meaning of a unary primitive.
+func IntUnary(p scalar.Prim) func(int64) int64 {
 	switch p {
 	case scalar.Neg:
 		return func(x int64) int64 { return -x }

@@ -295,6 +295,15 @@ func init() {
 		FLOPs:  zeroFLOPs,
 		Fusion: Elementwise,
 		Grad:   NoGrad,
+		// Its value is whole: a part of it is a slice of it, not a
+		// constant op of its own.
+		Axes: func(_, out []Type, _ AttrValues) Axes {
+			x := Axes{Loops: parallelLoops(out[0].Shape), Results: [][]Index{identity(0, out[0].Rank())}}
+			for l := range x.Loops {
+				x.Loops[l].Kind = Mixed
+			}
+			return x
+		},
 	})
 	Register(&OpDef{
 		Name: "cast", Summary: "convert to another dtype: floats to integers truncate and saturate (NaN: 0), integers to narrower ones wrap, to bool: not zero",

@@ -39,6 +39,16 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: s}}, err
 		},
 		FLOPs: func(_, out []Type, _ AttrValues) int64 { return 3 * out[0].NumElements() }, Fusion: Injective,
+		// Loops over the result; lo and hi choose x's positions along the
+		// axis, and lo, hi and w follow the axis's loop.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+			xm := identity(0, in[0].Rank())
+			xm[ax] = Fixed
+			k := []Index{At(ax)}
+			return Axes{Loops: parallelLoops(out[0].Shape), Operands: [][]Index{xm, k, k, k}, Results: [][]Index{identity(0, out[0].Rank())}}
+		},
+		Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "lerp_gather_grad", Summary: "scatter-add dy * (1 - w) at lo and dy * w at hi into zeros of data_shape along axis (dy, lo, hi, w)",
@@ -64,5 +74,17 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: ds}}, nil
 		},
 		FLOPs: func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() }, Fusion: Reduction, // of dy: it absorbs the ops that make dy
+		// Loops over dy: the axis's loop is summed into the positions lo
+		// and hi hold.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+			res := identity(0, out[0].Rank())
+			res[ax] = Fixed
+			k := []Index{At(ax)}
+			x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank()), k, k, k}, Results: [][]Index{res}}
+			x.Loops[ax].Kind = Summed
+			return x
+		},
+		Linear: linearIn([]int{0}), ShapeAttr: "data_shape",
 	})
 }

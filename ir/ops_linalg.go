@@ -20,6 +20,8 @@ func init() {
 		},
 		Fusion:      OutFusable,
 		Contraction: true,
+		Axes:        matmulAxes,
+		Linear:      linearIn([]int{0}, []int{1}),
 	})
 	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
 		Register(&OpDef{
@@ -34,8 +36,74 @@ func init() {
 			},
 			FLOPs:  inputFLOPs,
 			Fusion: Reduction,
+			Axes: func(in, out []Type, a AttrValues) Axes {
+				axes, _ := ReduceAxes(a, in[0].Rank())
+				fold := map[string]LoopKind{"reduce_sum": Summed, "reduce_mean": Averaged, "reduce_max": Maximum}[name]
+				x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank())}}
+				res := []Index{}
+				for d := range x.Loops {
+					switch {
+					case !isIn(axes, d):
+						res = append(res, At(d))
+					case a.Bool("keepdims"):
+						res = append(res, Fixed)
+					}
+					if isIn(axes, d) {
+						x.Loops[d].Kind = fold
+					}
+				}
+				x.Results = [][]Index{res}
+				return x
+			},
+			Linear: func(AttrValues, int) [][]int {
+				if name == "reduce_max" {
+					return nil
+				}
+				return [][]int{{0}}
+			},
 		})
 	}
+}
+
+// matmulAxes is matmul's: one parallel loop per result dimension (the
+// broadcast batch dimensions, then M and N where the operands have them)
+// and the contraction K, summed, last.
+func matmulAxes(in, out []Type, _ AttrValues) Axes {
+	a, b, r := in[0].Shape, in[1].Shape, out[0].Rank()
+	k := a[len(a)-1]
+	x := Axes{Loops: append(parallelLoops(out[0].Shape), Loop{Summed, k}), Results: [][]Index{identity(0, r)}}
+	batch := r
+	if len(a) > 1 {
+		batch--
+	}
+	if len(b) > 1 {
+		batch--
+	}
+	K := r
+	// The operands' batch dimensions broadcast (from the right) to the
+	// result's first batch ones.
+	side := func(s Shape, inner []Index) []Index {
+		nb := len(s) - len(inner)
+		m := broadcastTo(s[:nb], out[0].Shape[:batch])
+		return append(m, inner...)
+	}
+	switch {
+	case len(a) == 1:
+		x.Operands = append(x.Operands, []Index{At(K)})
+	default:
+		x.Operands = append(x.Operands, side(a, []Index{At(batch), At(K)}))
+	}
+	nLoop := batch
+	if len(a) > 1 {
+		nLoop++
+	}
+	switch {
+	case len(b) == 1:
+		x.Operands = append(x.Operands, []Index{At(K)})
+	default:
+		x.Operands = append(x.Operands, side(b, []Index{At(K), At(nLoop)}))
+	}
+	return x
 }
 
 // MatmulShape returns the result shape of a NumPy matmul and its
@@ -149,6 +217,31 @@ func init() {
 		Contraction:     true,
 		InPlace:         true,
 		InPlaceOperands: []int{2},
+		// Loops [M, N, K].
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			m, n, k, _ := GemmDims(in[0], in[1], a)
+			x := Axes{Loops: []Loop{{Parallel, m}, {Parallel, n}, {Summed, k}}, Results: [][]Index{identity(0, 2)}}
+			A, B := []Index{At(0), At(2)}, []Index{At(2), At(1)}
+			if a.Bool("trans_a") {
+				A[0], A[1] = A[1], A[0]
+			}
+			if a.Bool("trans_b") {
+				B[0], B[1] = B[1], B[0]
+			}
+			x.Operands = [][]Index{A, B}
+			if len(in) == 3 {
+				// beta·C is added once, not per part of K.
+				x.Operands = append(x.Operands, broadcastTo(in[2].Shape, out[0].Shape))
+				x.Loops[2].Kind = Mixed
+			}
+			return x
+		},
+		Linear: func(_ AttrValues, n int) [][]int {
+			if n == 3 {
+				return [][]int{{0, 2}, {1, 2}} // alpha·A·B + beta·C
+			}
+			return [][]int{{0}, {1}}
+		},
 	})
 }
 

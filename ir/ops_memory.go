@@ -54,9 +54,11 @@ func init() {
 	Register(&OpDef{
 		Name: "swap_out", Summary: "copy a device tensor to host memory (the result lives on the host)",
 		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Host: true, Grad: NoGrad,
+		Axes: broadcastAxes, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "swap_in", Summary: "copy a host tensor (a swap_out result) back to device memory",
 		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Grad: NoGrad,
+		Axes: broadcastAxes, Linear: linearIn([]int{0}),
 	})
 }

@@ -29,6 +29,13 @@ func init() {
 			return 2 * out[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
 		Fusion: OutFusable, Contraction: true,
+		Axes: convAxes,
+		Linear: func(_ AttrValues, n int) [][]int {
+			if n == 3 {
+				return [][]int{{0, 2}, {1, 2}} // x·w + b: jointly in x and b, or w and b
+			}
+			return [][]int{{0}, {1}}
+		},
 	})
 	Register(&OpDef{
 		Name: "conv2d_grad_input", Summary: "gradient of conv2d with respect to its input, from dy and w",
@@ -49,6 +56,20 @@ func init() {
 			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
 		Fusion: OutFusable, Contraction: true, // a transposed convolution: autodiff has a rule
+		// Loops [N, C, H, W, M/groups, kH, kW]: dy is read through the
+		// window, and summed over the output channels of the group.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			g, _ := ConvGeometryOf(out[0].Shape, in[1].Shape, a)
+			x := Axes{Loops: []Loop{{Parallel, g.N}, {Parallel, g.C}, {Mixed, g.H}, {Mixed, g.W}, {Summed, g.M / g.Groups}, {Mixed, g.KH}, {Mixed, g.KW}}}
+			dyM, wM, wC := At(4), At(4), At(1)
+			if g.Groups != 1 {
+				dyM, wM, wC = Through(1, 4), Through(1, 4), Through(1)
+			}
+			x.Operands = [][]Index{{At(0), dyM, Through(2, 5), Through(3, 6)}, {wM, wC, At(5), At(6)}}
+			x.Results = [][]Index{identity(0, 4)}
+			return x
+		},
+		Linear: linearIn([]int{0}, []int{1}), ShapeAttr: "input_shape",
 	})
 	Register(&OpDef{
 		Name: "conv2d_grad_weight", Summary: "gradient of conv2d with respect to its weight, from dy and x",
@@ -69,6 +90,20 @@ func init() {
 			return 2 * in[0].NumElements() * (g.C / g.Groups) * g.KH * g.KW
 		},
 		Fusion: OutFusable, Contraction: true, Grad: NoGrad,
+		// Loops [M, C/groups, kH, kW, N, OH, OW]: summed over the batch,
+		// x read through the window.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			g, _ := ConvGeometryOf(in[1].Shape, out[0].Shape, a)
+			x := Axes{Loops: []Loop{{Parallel, g.M}, {Parallel, g.C / g.Groups}, {Mixed, g.KH}, {Mixed, g.KW}, {Summed, g.N}, {Mixed, g.OH}, {Mixed, g.OW}}}
+			xC := At(1)
+			if g.Groups != 1 {
+				xC = Through(0, 1)
+			}
+			x.Operands = [][]Index{{At(4), At(0), At(5), At(6)}, {At(4), xC, Through(2, 5), Through(3, 6)}}
+			x.Results = [][]Index{identity(0, 4)}
+			return x
+		},
+		Linear: linearIn([]int{0}, []int{1}), ShapeAttr: "weight_shape",
 	})
 
 	poolAttrs := []AttrSpec{{Name: "kernel", Kind: AttrList, Required: true}, {Name: "strides", Kind: AttrList}, // default: the kernel
@@ -89,6 +124,15 @@ func init() {
 				return out[0].NumElements() * p.KH * p.KW
 			},
 			Fusion: Reduction,
+			Axes: func(_, out []Type, _ AttrValues) Axes {
+				return Axes{Loops: poolLoops(out[0].Shape), Operands: [][]Index{windowed()}, Results: [][]Index{identity(0, 4)}}
+			},
+			Linear: func(AttrValues, int) [][]int {
+				if name == "avg_pool2d" {
+					return [][]int{{0}}
+				}
+				return nil
+			},
 		})
 	}
 	Register(&OpDef{
@@ -104,6 +148,11 @@ func init() {
 			return []Type{in[1]}, nil
 		},
 		Fusion: Opaque, Grad: NoGrad,
+		// Loops over dx (x's shape); dy is read through the windows.
+		Axes: func(in, out []Type, _ AttrValues) Axes {
+			return Axes{Loops: poolLoops(out[0].Shape), Operands: [][]Index{windowed(), identity(0, 4)}, Results: [][]Index{identity(0, 4)}}
+		},
+		Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "avg_pool2d_grad", Summary: "gradient of avg_pool2d, from dy",
@@ -120,6 +169,10 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: xs}}, nil
 		},
 		Fusion: Opaque, Grad: NoGrad,
+		Axes: func(_, out []Type, _ AttrValues) Axes {
+			return Axes{Loops: poolLoops(out[0].Shape), Operands: [][]Index{windowed()}, Results: [][]Index{identity(0, 4)}}
+		},
+		Linear: linearIn([]int{0}), ShapeAttr: "input_shape",
 	})
 	Register(&OpDef{
 		Name: "global_avg_pool", Summary: "mean over H and W: [N,C,H,W] -> [N,C,1,1]", MinOperands: 1, MaxOperands: 1,
@@ -135,6 +188,16 @@ func init() {
 		},
 		FLOPs:  inputFLOPs,
 		Fusion: Reduction,
+		Axes: func(in, _ []Type, _ AttrValues) Axes {
+			x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank())}}
+			res := identity(0, in[0].Rank())
+			for d := 2; d < in[0].Rank(); d++ {
+				x.Loops[d].Kind, res[d] = Averaged, Fixed
+			}
+			x.Results = [][]Index{res}
+			return x
+		},
+		Linear: linearIn([]int{0}),
 	})
 
 	Register(&OpDef{
@@ -149,6 +212,8 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[0].NumElements() },
 		Fusion: Reduction, KeepF32: true,
+		Axes:    func(in, out []Type, _ AttrValues) Axes { return channelAxes(in, out, Mixed) },
+		PerPart: func(in, out []Type, _ AttrValues) Axes { return channelAxes(in, out, Parallel) },
 	})
 	Register(&OpDef{
 		Name: "batch_norm_infer", Summary: "batch normalisation with given statistics: (x, scale, bias, mean, var) -> y",
@@ -161,6 +226,13 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 2 * in[0].NumElements() },
 		Fusion: Broadcast, KeepF32: true,
+		Axes: func(in, out []Type, _ AttrValues) Axes {
+			x := channelAxes(in, out, Parallel)
+			for d := 2; d < in[0].Rank(); d++ {
+				x.Loops[d].Kind = Parallel
+			}
+			return x
+		},
 	})
 	Register(&OpDef{
 		Name: "batch_norm_grad", Summary: "gradient of batch_norm_train: (dy, x, scale, saved_mean, saved_invstd) -> (dx, dscale, dbias)",
@@ -177,6 +249,11 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 6 * in[0].NumElements() },
 		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+		Axes: func(in, out []Type, _ AttrValues) Axes { return channelAxes(in[1:], out, Mixed, in[0]) },
+		// Per part: dx is the part's own; dscale and dbias sum over the
+		// parts.
+		PerPart: func(in, out []Type, _ AttrValues) Axes { return channelAxes(in[1:], out, Summed, in[0]) },
+		Linear:  linearIn([]int{0}),
 	})
 
 	Register(&OpDef{
@@ -197,6 +274,16 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 5 * in[0].NumElements() },
 		Fusion: Reduction, KeepF32: true,
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+			x := rowAxes(in[0].Shape, ax, Parallel)
+			x.Operands = [][]Index{identity(0, in[0].Rank())}
+			for range in[1:] {
+				x.Operands = append(x.Operands, identity(ax, in[0].Rank()-ax))
+			}
+			x.Results = [][]Index{identity(0, in[0].Rank()), rowIndex(in[0].Rank(), ax), rowIndex(in[0].Rank(), ax)}
+			return x
+		},
 	})
 	Register(&OpDef{
 		Name: "layer_norm_grad", Summary: "gradient of layer_norm: (dy, x, scale, mean, invstd) -> (dx, dscale, dbias)",
@@ -213,6 +300,16 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 8 * in[0].NumElements() },
 		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+		// dscale and dbias sum over the rows; dx is each row's own.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			r := in[1].Rank()
+			ax, _ := NormalizeAxis(a.Int("axis"), r)
+			x := rowAxes(in[1].Shape, ax, Summed)
+			x.Operands = [][]Index{identity(0, r), identity(0, r), identity(ax, r-ax), rowIndex(r, ax), rowIndex(r, ax)}
+			x.Results = [][]Index{identity(0, r), identity(ax, r-ax), identity(ax, r-ax)}
+			return x
+		},
+		Linear: linearIn([]int{0}),
 	})
 
 	for _, name := range []string{"softmax", "log_softmax"} {
@@ -226,6 +323,7 @@ func init() {
 			},
 			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
 			Fusion: Reduction, KeepF32: true,
+			Axes:   alongAxis,
 		})
 		Register(&OpDef{
 			Name: name + "_grad", Summary: "gradient of " + name + " from dy and its output y", MinOperands: 2, MaxOperands: 2,
@@ -239,6 +337,7 @@ func init() {
 			},
 			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
 			Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+			Axes:   alongAxis, Linear: linearIn([]int{0}),
 		})
 	}
 
@@ -252,6 +351,7 @@ func init() {
 			return []Type{in[0], {DType: Bool, Shape: in[0].Shape}}, floatOperand(in[0])
 		},
 		Fusion: Elementwise,
+		Axes:   broadcastAxes, Random: true, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio); without a mask operand the mask is regenerated from the seed attribute (as the dropout with that seed made it)", MinOperands: 1, MaxOperands: 2,
@@ -268,11 +368,12 @@ func init() {
 		},
 		Fusion: Elementwise, Grad: NoGrad,
 		InPlace: true,
+		Axes:    broadcastAxes, Random: true, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
-		Name: "random_uniform", Summary: "uniform [0,1) numbers from a counter-based generator seeded by seed (dropout's), so that every backend draws the same; impure: never merged or recomputed",
+		Name: "random_uniform", Summary: "uniform [0,1) numbers from a counter-based generator seeded by seed (dropout's), element i drawing number offset+i, so that every backend draws the same; impure: never merged or recomputed",
 		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)},
-			{Name: "seed", Kind: AttrInt}},
+			{Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}},
 		Infer: func(_ []Type, a AttrValues) ([]Type, error) {
 			d := a.DType("dtype")
 			s := Shape(a.Ints("shape"))
@@ -283,6 +384,10 @@ func init() {
 		},
 		Fusion: Opaque, KeepF32: true, Grad: NoGrad,
 		Impure: true,
+		Axes: func(_, out []Type, _ AttrValues) Axes {
+			return Axes{Loops: parallelLoops(out[0].Shape), Results: [][]Index{identity(0, out[0].Rank())}}
+		},
+		Random: true, ShapeAttr: "shape",
 	})
 
 	Register(&OpDef{
@@ -296,6 +401,17 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[0].NumElements() },
 		Fusion: Reduction, KeepF32: true,
+		// Summed (or averaged) over the samples and positions, each term
+		// a softmax over the classes.
+		Axes: func(in, _ []Type, a AttrValues) Axes {
+			fold := Averaged
+			if a.String("reduction") == "sum" {
+				fold = Summed
+			}
+			x := crossEntropyAxes(in[0].Shape, fold)
+			x.Results = [][]Index{{}}
+			return x
+		},
 	})
 	Register(&OpDef{
 		Name: "softmax_cross_entropy_grad", Summary: "gradient of softmax_cross_entropy: (dloss, logits, labels) -> dlogits",
@@ -308,6 +424,19 @@ func init() {
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[1].NumElements() },
 		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+		// Each sample's gradient is its own, but the mean divides by the
+		// number of samples: a part of them would divide by fewer.
+		Axes: func(in, _ []Type, a AttrValues) Axes {
+			rows := Parallel
+			if a.String("reduction") == "mean" {
+				rows = Mixed
+			}
+			x := crossEntropyAxes(in[1].Shape, rows)
+			x.Operands = append([][]Index{{}}, x.Operands...)
+			x.Results = [][]Index{identity(0, in[1].Rank())}
+			return x
+		},
+		Linear: linearIn([]int{0}),
 	})
 }
 
@@ -470,4 +599,112 @@ func PoolGeometryOf(x Shape, a AttrValues) (PoolGeometry, error) {
 		return p, fmt.Errorf("pooling of %s with kernel %v gives an empty output", x, k)
 	}
 	return p, nil
+}
+
+// convAxes is conv2d's: loops [N, M, OH, OW, C/groups, kH, kW], summed
+// over the input channels of the group; x is read through the window,
+// and its channel through the group of M when there are groups.
+func convAxes(in, _ []Type, a AttrValues) Axes {
+	g, _ := ConvGeometryOf(in[0].Shape, in[1].Shape, a)
+	x := Axes{Loops: []Loop{{Parallel, g.N}, {Parallel, g.M}, {Mixed, g.OH}, {Mixed, g.OW}, {Summed, g.C / g.Groups}, {Mixed, g.KH}, {Mixed, g.KW}}}
+	xC := At(4)
+	if g.Groups != 1 {
+		xC = Through(1, 4)
+	}
+	x.Operands = [][]Index{{At(0), xC, Through(2, 5), Through(3, 6)}, {At(1), At(4), At(5), At(6)}}
+	if len(in) == 3 {
+		// The bias is added once, not per part of the channels.
+		x.Operands = append(x.Operands, []Index{At(1)})
+		x.Loops[4].Kind = Mixed
+	}
+	x.Results = [][]Index{identity(0, 4)}
+	return x
+}
+
+// poolLoops are the loops of 2-D pooling and its gradients over a
+// tensor of shape [N, C, H, W]: the windows' loops are mixed.
+func poolLoops(s Shape) []Loop {
+	return []Loop{{Parallel, s[0]}, {Parallel, s[1]}, {Mixed, s[2]}, {Mixed, s[3]}}
+}
+
+// windowed is the index of a tensor read through pooling windows.
+func windowed() []Index { return []Index{At(0), At(1), Through(2), Through(3)} }
+
+// channelAxes is batch normalisation's over x (in[0]) and per-channel
+// operands (the rest; first, when given, is a leading operand of x's
+// shape, batch_norm_grad's dy): the batch loop has kind batch, the
+// spatial loops are mixed and the channel loop is parallel; results of
+// x's rank index every loop, the others the channel.
+func channelAxes(in, out []Type, batch LoopKind, first ...Type) Axes {
+	r := in[0].Rank()
+	x := Axes{Loops: parallelLoops(in[0].Shape)}
+	x.Loops[0].Kind = batch
+	for d := 2; d < r; d++ {
+		x.Loops[d].Kind = Mixed
+	}
+	for range first {
+		x.Operands = append(x.Operands, identity(0, r))
+	}
+	x.Operands = append(x.Operands, identity(0, r))
+	for range in[1:] {
+		x.Operands = append(x.Operands, []Index{At(1)})
+	}
+	for _, t := range out {
+		if t.Rank() == r {
+			x.Results = append(x.Results, identity(0, r))
+		} else {
+			x.Results = append(x.Results, []Index{At(1)})
+		}
+	}
+	return x
+}
+
+// rowAxes is layer normalisation's over a tensor of shape s normalised
+// from axis ax on: the row loops (before ax) have kind rows, the
+// normalised ones are mixed.
+func rowAxes(s Shape, ax int, rows LoopKind) Axes {
+	x := Axes{Loops: parallelLoops(s)}
+	for d := range x.Loops {
+		if d >= ax {
+			x.Loops[d].Kind = Mixed
+		} else {
+			x.Loops[d].Kind = rows
+		}
+	}
+	return x
+}
+
+// rowIndex maps a statistic (x's shape, 1 from ax on) to rowAxes' loops.
+func rowIndex(r, ax int) []Index {
+	m := identity(0, r)
+	for d := ax; d < r; d++ {
+		m[d] = Fixed
+	}
+	return m
+}
+
+// alongAxis is the axes of softmax and its kin: every loop parallel but
+// the axis's, whose results are normalised over it.
+func alongAxis(in, out []Type, a AttrValues) Axes {
+	ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+	x := broadcastAxes(in, out, a)
+	x.Loops[ax].Kind = Mixed
+	return x
+}
+
+// crossEntropyAxes is the axes of the cross-entropy of logits of shape
+// s ([N, K, ...]): the sample and position loops have kind rows, the
+// class loop is mixed; the operands are logits and labels ([N, ...]).
+func crossEntropyAxes(s Shape, rows LoopKind) Axes {
+	x := Axes{Loops: parallelLoops(s)}
+	labels := []Index{At(0)}
+	for d := range x.Loops {
+		x.Loops[d].Kind = rows
+		if d >= 2 {
+			labels = append(labels, At(d))
+		}
+	}
+	x.Loops[1].Kind = Mixed
+	x.Operands = [][]Index{identity(0, len(s)), labels}
+	return x
 }

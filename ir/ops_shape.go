@@ -22,6 +22,7 @@ func init() {
 		FLOPs:  zeroFLOPs,
 		Fusion: Injective,
 		View:   true,
+		Axes:   flatAxes, Linear: linearIn([]int{0}), ShapeAttr: "shape",
 	})
 	Register(&OpDef{
 		Name: "transpose", Summary: "permute dimensions", MinOperands: 1, MaxOperands: 1,
@@ -39,6 +40,15 @@ func init() {
 		},
 		FLOPs:  zeroFLOPs,
 		Fusion: Injective,
+		Axes: func(in, _ []Type, a AttrValues) Axes {
+			perm := a.Ints("perm")
+			res := make([]Index, len(perm))
+			for i, p := range perm {
+				res[i] = At(int(p))
+			}
+			return Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank())}, Results: [][]Index{res}}
+		},
+		Linear: linearIn([]int{0}),
 	})
 }
 
@@ -85,6 +95,7 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: Shape{outer, inner}}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective, View: true,
+		Axes: flatAxes, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "squeeze", Summary: "remove size-1 dimensions (all when axes is absent; a view)", MinOperands: 1, MaxOperands: 1,
@@ -116,6 +127,7 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: out}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective, View: true,
+		Axes: flatAxes, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "unsqueeze", Summary: "insert size-1 dimensions at axes of the result (a view)", MinOperands: 1, MaxOperands: 1,
@@ -147,6 +159,7 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: out}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective, View: true,
+		Axes: flatAxes, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "expand", Summary: "broadcast to shape", MinOperands: 1, MaxOperands: 1,
@@ -156,6 +169,7 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: s}}, err
 		},
 		FLOPs: zeroFLOPs, Fusion: Broadcast,
+		Axes: broadcastAxes, Linear: linearIn([]int{0}), ShapeAttr: "shape",
 	})
 	Register(&OpDef{
 		Name: "sum_to", Summary: "sum a broadcast tensor back down to shape (the gradient of broadcasting)", MinOperands: 1, MaxOperands: 1,
@@ -168,6 +182,29 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: s}}, nil
 		},
 		FLOPs: inputFLOPs, Fusion: Reduction, KeepF32: true,
+		Axes: func(in, out []Type, _ AttrValues) Axes {
+			// One loop per operand dimension: summed where the result has
+			// extent 1 (or no dimension) below a larger one.
+			x, s := in[0].Shape, out[0].Shape
+			a := Axes{Loops: parallelLoops(x), Operands: [][]Index{identity(0, len(x))}}
+			res := make([]Index, len(s))
+			for d := range s {
+				l := len(x) - len(s) + d
+				if s[d] == x[l] {
+					res[d] = At(l)
+				} else {
+					res[d] = Fixed
+				}
+			}
+			for l := range x {
+				if d := l - (len(x) - len(s)); d < 0 || s[d] != x[l] {
+					a.Loops[l].Kind = Summed
+				}
+			}
+			a.Results = [][]Index{res}
+			return a
+		},
+		Linear: linearIn([]int{0}), ShapeAttr: "shape",
 	})
 	Register(&OpDef{
 		Name: "concat", Summary: "join along axis", MinOperands: 1, MaxOperands: -1,
@@ -192,6 +229,19 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: out}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
+		// The axis's loop runs over the result: each operand's part of it
+		// is at an offset.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), out[0].Rank())
+			x := Axes{Loops: parallelLoops(out[0].Shape), Results: [][]Index{identity(0, out[0].Rank())}}
+			for range in {
+				m := identity(0, out[0].Rank())
+				m[ax] = Through(ax)
+				x.Operands = append(x.Operands, m)
+			}
+			return x
+		},
+		Linear: func(_ AttrValues, n int) [][]int { return [][]int{allOperands(n)} },
 	})
 	Register(&OpDef{
 		Name: "split", Summary: "cut along axis into pieces of the given sizes", MinOperands: 1, MaxOperands: 1,
@@ -218,6 +268,17 @@ func init() {
 			return out, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+			x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank())}}
+			for range out {
+				m := identity(0, in[0].Rank())
+				m[ax] = Through(ax)
+				x.Results = append(x.Results, m)
+			}
+			return x
+		},
+		Linear: linearIn([]int{0}),
 	})
 	sliceAttrs := []AttrSpec{{Name: "starts", Kind: AttrList, Required: true}, {Name: "ends", Kind: AttrList, Required: true},
 		{Name: "axes", Kind: AttrList}, {Name: "steps", Kind: AttrList}}
@@ -232,6 +293,11 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: sl.Out}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			return Axes{Loops: parallelLoops(out[0].Shape), Operands: [][]Index{sliceIndex(in[0].Shape, out[0].Shape, a)},
+				Results: [][]Index{identity(0, out[0].Rank())}}
+		},
+		Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "slice_grad", Summary: "scatter dy into zeros of input_shape at the slice's positions",
@@ -248,6 +314,12 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: xs}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective, Grad: NoGrad,
+		// Loops over the result: dy is read at the slice's positions.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			return Axes{Loops: parallelLoops(out[0].Shape), Operands: [][]Index{sliceIndex(out[0].Shape, in[0].Shape, a)},
+				Results: [][]Index{identity(0, out[0].Rank())}}
+		},
+		Linear: linearIn([]int{0}), ShapeAttr: "input_shape",
 	})
 	Register(&OpDef{
 		Name: "gather", Summary: "take entries of data along axis at integer indices (embeddings)", MinOperands: 2, MaxOperands: 2,
@@ -257,6 +329,25 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: s}}, err
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
+		// Loops over the result: data's outer dimensions, the indices'
+		// dimensions, data's inner ones; the indices choose data's axis.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+			k := in[1].Rank()
+			data := make([]Index, in[0].Rank())
+			for e := range data {
+				switch {
+				case e < ax:
+					data[e] = At(e)
+				case e == ax:
+					data[e] = Fixed
+				default:
+					data[e] = At(e - 1 + k)
+				}
+			}
+			return Axes{Loops: parallelLoops(out[0].Shape), Operands: [][]Index{data, identity(ax, k)}, Results: [][]Index{identity(0, out[0].Rank())}}
+		},
+		Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "gather_grad", Summary: "scatter-add dy into zeros of data_shape at the gathered indices", MinOperands: 2, MaxOperands: 2,
@@ -273,6 +364,30 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: ds}}, nil
 		},
 		FLOPs: inputFLOPs, Fusion: Opaque, // linear in dy (ScatterND uses it): autodiff has a rule
+		// Loops over dy: the indices' loops are summed into the result's
+		// axis, at the positions they hold.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), out[0].Rank())
+			k := in[1].Rank()
+			x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank()), identity(ax, k)}}
+			for l := ax; l < ax+k; l++ {
+				x.Loops[l].Kind = Summed
+			}
+			res := make([]Index, out[0].Rank())
+			for d := range res {
+				switch {
+				case d < ax:
+					res[d] = At(d)
+				case d == ax:
+					res[d] = Fixed
+				default:
+					res[d] = At(d - 1 + k)
+				}
+			}
+			x.Results = [][]Index{res}
+			return x
+		},
+		Linear: linearIn([]int{0}), ShapeAttr: "data_shape",
 	})
 	Register(&OpDef{
 		Name: "gather_elements", Summary: "ONNX GatherElements: y[i] = data[i with i[axis] replaced by indices[i]]; y has the indices' shape",
@@ -285,6 +400,14 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: in[1].Shape}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
+		// Loops over the indices; data's dimensions other than the axis
+		// are the loops' where their extents agree.
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
+			return Axes{Loops: parallelLoops(in[1].Shape), Operands: [][]Index{elementIndex(in[0].Shape, in[1].Shape, ax), identity(0, in[1].Rank())},
+				Results: [][]Index{identity(0, in[1].Rank())}}
+		},
+		Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "gather_elements_grad", Summary: "scatter-add dy into zeros of data_shape at gather_elements' indices",
@@ -301,6 +424,19 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: ds}}, nil
 		},
 		FLOPs: inputFLOPs, Fusion: Opaque, // linear in dy (ScatterElements uses it): autodiff has a rule
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			ax, _ := NormalizeAxis(a.Int("axis"), out[0].Rank())
+			x := Axes{Loops: parallelLoops(in[1].Shape), Operands: [][]Index{identity(0, in[0].Rank()), identity(0, in[1].Rank())},
+				Results: [][]Index{elementIndex(out[0].Shape, in[1].Shape, ax)}}
+			x.Loops[ax].Kind = Summed
+			for d, r := range x.Results[0] {
+				if d != ax && r.Loop < 0 {
+					x.Loops[d].Kind = Mixed // a part of the loop writes a part of a longer axis
+				}
+			}
+			return x
+		},
+		Linear: linearIn([]int{0}), ShapeAttr: "data_shape",
 	})
 	Register(&OpDef{
 		Name: "pad", Summary: "constant padding; pads = [begin of each axis..., end of each axis...], negative pads crop",
@@ -321,7 +457,70 @@ func init() {
 			return []Type{{DType: in[0].DType, Shape: out}}, nil
 		},
 		FLOPs: zeroFLOPs, Fusion: Injective,
+		Axes: func(in, out []Type, a AttrValues) Axes {
+			pads := a.Ints("pads")
+			r := in[0].Rank()
+			m := identity(0, r)
+			for e := range m {
+				if pads[e] != 0 || pads[e+r] != 0 {
+					m[e] = Through(e)
+				}
+			}
+			return Axes{Loops: parallelLoops(out[0].Shape), Operands: [][]Index{m}, Results: [][]Index{identity(0, r)}}
+		},
+		// Linear only with zeros as padding.
+		Linear: func(a AttrValues, _ int) [][]int {
+			if a.Float("value") == 0 {
+				return [][]int{{0}}
+			}
+			return nil
+		},
 	})
+}
+
+// sliceIndex maps the dimensions of a tensor of shape whole, of which a
+// slice (a) of shape part is taken, to the loops over the part: a
+// dimension the slice takes whole is its loop's; one it cuts is at an
+// offset (or stride) from it.
+func sliceIndex(whole, part Shape, a AttrValues) []Index {
+	sl, _ := SliceOf(whole, a)
+	m := make([]Index, len(whole))
+	for e := range m {
+		if sl.Start[e] == 0 && sl.Step[e] == 1 && part[e] == whole[e] {
+			m[e] = At(e)
+		} else {
+			m[e] = Through(e)
+		}
+	}
+	return m
+}
+
+// elementIndex maps data's dimensions to the loops over gather_elements'
+// indices: the axis is chosen by the indices, a dimension of the same
+// extent is its loop's, and a longer one is read at the loop's positions
+// of a prefix.
+func elementIndex(data, idx Shape, ax int) []Index {
+	m := make([]Index, len(data))
+	for e := range m {
+		switch {
+		case e == ax:
+			m[e] = Fixed
+		case data[e] == idx[e]:
+			m[e] = At(e)
+		default:
+			m[e] = Through(e)
+		}
+	}
+	return m
+}
+
+// allOperands lists 0..n-1.
+func allOperands(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // checkElementIndices checks GatherElements' operands: integer indices of

@@ -137,6 +137,31 @@ type OpDef struct {
 	// ONNX names the ONNX operator this op imports from one to one: same
 	// operands, and attributes of the same name (floats rounded to f32).
 	ONNX string
+
+	// Axes says, dimension by dimension, how the results relate to the
+	// operands (see Axes): which loops are parallel, which fold, and
+	// which index each dimension. nil: no declared relation, and passes
+	// that split tensors refuse the op. Ops with a Scalar broadcast
+	// (broadcastAxes) unless they say otherwise.
+	Axes func(in, out []Type, a AttrValues) Axes
+	// PerPart, when set, is the op's axes when each part of a split
+	// takes statistics of its own (training batch norm under gradient
+	// accumulation, as PyTorch computes it): an approximation that a
+	// pass makes only when the user allows it by name. A result that does
+	// not index a parallel loop is then each part's own.
+	PerPart func(in, out []Type, a AttrValues) Axes
+	// Linear lists the groups of operands in which the op is jointly
+	// linear, the others held fixed (LinearIn); nil: derived from Scalar
+	// (none for an op without one).
+	Linear func(a AttrValues, operands int) [][]int
+	// Random: the op draws from the counter-based generator seeded by its
+	// "seed" attribute, element i of result 0 drawing number offset+i
+	// (its "offset" attribute), so a part of the result whose elements
+	// are a run of the whole's draws the whole's numbers at that offset.
+	Random bool
+	// ShapeAttr names the attribute that holds result 0's shape (a copy
+	// of the op for a part of its result sets it to the part's shape).
+	ShapeAttr string
 }
 
 // AttrValues reads an op's attributes, with the declared default where
@@ -241,6 +266,9 @@ func Register(d *OpDef) {
 				panic("ir: op " + d.Name + ": default of " + err.Error())
 			}
 		}
+	}
+	if d.Axes == nil && d.Scalar != nil {
+		d.Axes = broadcastAxes
 	}
 	registry[d.Name] = d
 	if d.Deriv != nil {

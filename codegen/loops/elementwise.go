@@ -165,9 +165,15 @@ func init() {
 		}, nil
 	}
 	elementRules["random_uniform"] = func(op *ir.Op, _ []Tensor, out []ir.Type) ([]accessor, error) {
-		seed := uint64(op.Attr().Int("seed"))
+		seed, offset := uint64(op.Attr().Int("seed")), op.Attr().Int("offset")
 		s := out[0].Shape
-		return []accessor{func(idx []Expr) Expr { return uniform(seed, flatten(idx, s)) }}, nil
+		return []accessor{func(idx []Expr) Expr {
+			i := flatten(idx, s)
+			if offset != 0 {
+				i = add(i, Int{offset})
+			}
+			return uniform(seed, i)
+		}}, nil
 	}
 	elementRules["dropout_grad"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		scale := 1 / (1 - op.Attr().Float("ratio"))
