@@ -323,7 +323,7 @@ func init() {
 			},
 			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
 			Fusion: Reduction, KeepF32: true,
-			Axes:   alongAxis,
+			Axes: alongAxis,
 		})
 		Register(&OpDef{
 			Name: name + "_grad", Summary: "gradient of " + name + " from dy and its output y", MinOperands: 2, MaxOperands: 2,
@@ -337,7 +337,7 @@ func init() {
 			},
 			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
 			Fusion: Reduction, KeepF32: true, Grad: NoGrad,
-			Axes:   alongAxis, Linear: linearIn([]int{0}),
+			Axes: alongAxis, Linear: linearIn([]int{0}),
 		})
 	}
 
