@@ -270,7 +270,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		return withHostInputs(tries, b)
 	}
 	for n := 2; n <= 8; n *= 2 {
-		split, err := passes.ParsePipeline(fmt.Sprintf("microbatch{n=%d}", n), nil)
+		split, err := passes.ParsePipeline(fmt.Sprintf("microbatch{n=%d,exact-bn=true}", n), nil)
 		if err != nil {
 			return nil, err
 		}

@@ -43,3 +43,16 @@ func unflatten(s ir.Shape, i int64) []int64 {
 
 // HasKernel reports whether the interpreter can run ops of kind name.
 func HasKernel(name string) bool { return kernels[name] != nil }
+
+// Kernel computes an op's results from its operands, for RegisterKernel.
+type Kernel func(op *ir.Op, in []*Tensor, out []ir.Type) ([]*Tensor, error)
+
+// RegisterKernel gives the interpreter the meaning of an op registered
+// outside Kiln's records (an op a pass plugin or a test adds to the
+// registry). Registering a kind that has a kernel panics.
+func RegisterKernel(kind string, k Kernel) {
+	if kernels[kind] != nil {
+		panic("interp: op " + kind + " has a kernel already")
+	}
+	kernels[kind] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) { return k(op, in, out) }
+}

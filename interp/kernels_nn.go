@@ -304,9 +304,9 @@ func init() {
 	kernels["softmax_grad"] = softmaxGrad
 	kernels["log_softmax_grad"] = softmaxGrad
 
-	kernels["dropout"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
+	kernels["dropout"] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 		ratio := op.Attr().Float("ratio")
-		seed, offset := uint64(op.Attr().Int("seed")), uint64(op.Attr().Int("offset"))
+		seed, offset := uint64(op.Attr().Int("seed")), randomOffset(op, rt)
 		y, mask := New(out[0]), New(out[1])
 		scale := 1 / (1 - ratio)
 		for i, v := range in[0].F {
@@ -317,10 +317,10 @@ func init() {
 		}
 		return []*Tensor{y, mask}, nil
 	}
-	kernels["dropout_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
+	kernels["dropout_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 		ratio := op.Attr().Float("ratio")
 		scale := 1 / (1 - ratio)
-		seed, offset := uint64(op.Attr().Int("seed")), uint64(op.Attr().Int("offset"))
+		seed, offset := uint64(op.Attr().Int("seed")), randomOffset(op, rt)
 		dx := New(out[0])
 		for i, g := range in[0].F {
 			keep := len(in) == 1 && DropoutKeep(seed, offset+uint64(i), ratio) || len(in) == 2 && in[1].I[i] != 0
@@ -330,9 +330,9 @@ func init() {
 		}
 		return []*Tensor{dx}, nil
 	}
-	kernels["random_uniform"] = func(op *ir.Op, _ []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
+	kernels["random_uniform"] = func(op *ir.Op, _ []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 		y := New(out[0])
-		seed, offset := uint64(op.Attr().Int("seed")), uint64(op.Attr().Int("offset"))
+		seed, offset := uint64(op.Attr().Int("seed")), randomOffset(op, rt)
 		for i := range y.F {
 			y.F[i] = Uniform(seed, offset+uint64(i))
 		}
@@ -440,6 +440,16 @@ func lnDims(s ir.Shape, a ir.Attrs) (rows, cols int64) {
 	rows, _ = s[:ax].NumElements()
 	cols, _ = s[ax:].NumElements()
 	return rows, cols
+}
+
+// randomOffset is where a random op's counter starts on the rank rt runs
+// (ir.RandomOffset; rank 0 without ranks).
+func randomOffset(op *ir.Op, rt *runtime) uint64 {
+	rank := int64(0)
+	if rt != nil {
+		rank = rt.rank
+	}
+	return uint64(ir.RandomOffset(op.Attr(), rank))
 }
 
 // DropoutKeep is the dropout mask: element i of a dropout op with the given

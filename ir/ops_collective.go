@@ -76,6 +76,14 @@ func init() {
 			return []Type{in[0]}, nil
 		},
 		FLOPs: perElement, Fusion: Opaque, Impure: true, KeepF32: true,
+		// Elementwise across the group: each element folds the ranks' own.
+		Axes: broadcastAxes,
+		Linear: func(a AttrValues, _ int) [][]int {
+			if a.String("op") == "sum" {
+				return [][]int{{0}}
+			}
+			return nil
+		},
 	})
 	// alongAxis infers a result whose axis is the operand's scaled by
 	// scale (which may refuse it).
@@ -106,6 +114,7 @@ func init() {
 			return extent / size, nil
 		}),
 		FLOPs: perElement, Fusion: Opaque, Impure: true, KeepF32: true,
+		Axes: groupAxes,
 	})
 	Register(&OpDef{
 		Name: "all_gather", Summary: "the group's tensors concatenated along axis, in group order, on every rank",
@@ -117,6 +126,7 @@ func init() {
 			return extent * size, nil
 		}),
 		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true,
+		Axes: groupAxes, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "broadcast", Summary: "every rank of the group gets the tensor of the group's rank root",
@@ -133,7 +143,21 @@ func init() {
 		// Its gradient is the group's sum on the root and zero elsewhere,
 		// which depends on the rank: autodiff does not differentiate it.
 		FLOPs: zeroFLOPs, Fusion: Opaque, Impure: true, Grad: NoGrad,
+		Axes: broadcastAxes, Linear: linearIn([]int{0}),
 	})
+}
+
+// groupAxes is the axes of a collective that cuts or joins its operand
+// along its axis by rank: the axis is at the rank's offset, every other
+// dimension elementwise.
+func groupAxes(in, _ []Type, a AttrValues) Axes {
+	ax := int(a.Int("axis"))
+	if ax < 0 {
+		ax += in[0].Rank()
+	}
+	x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank())}, Results: [][]Index{identity(0, in[0].Rank())}}
+	x.Results[0][ax] = Through(ax)
+	return x
 }
 
 // Point-to-point ops move a tensor between two ranks, as pipeline stages

@@ -343,7 +343,7 @@ func init() {
 
 	Register(&OpDef{
 		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, element i drawing number offset+i, so recomputing reproduces it (and a slice of a batch, offset by its first element, draws the whole batch's mask)",
-		MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}},
+		MinOperands: 1, MaxOperands: 1, Attrs: append([]AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}}, rankCounter...),
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if r := a.Float("ratio"); r < 0 || r >= 1 {
 				return nil, fmt.Errorf("ratio %g must be in [0, 1)", r)
@@ -351,11 +351,11 @@ func init() {
 			return []Type{in[0], {DType: Bool, Shape: in[0].Shape}}, floatOperand(in[0])
 		},
 		Fusion: Elementwise,
-		Axes:   broadcastAxes, Random: true, Linear: linearIn([]int{0}),
+		Axes:   broadcastAxes, Random: always, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
 		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio); without a mask operand the mask is regenerated from the seed attribute (as the dropout with that seed made it)", MinOperands: 1, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}},
+		Attrs: append([]AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}}, rankCounter...),
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if len(in) == 1 {
 				if !a.Has("seed") {
@@ -368,12 +368,13 @@ func init() {
 		},
 		Fusion: Elementwise, Grad: NoGrad,
 		InPlace: true,
-		Axes:    broadcastAxes, Random: true, Linear: linearIn([]int{0}),
+		Axes:    broadcastAxes, Linear: linearIn([]int{0}),
+		Random: func(operands int) bool { return operands == 1 }, // with a mask operand it draws nothing
 	})
 	Register(&OpDef{
 		Name: "random_uniform", Summary: "uniform [0,1) numbers from a counter-based generator seeded by seed (dropout's), element i drawing number offset+i, so that every backend draws the same; impure: never merged or recomputed",
 		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)},
-			{Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}},
+			{Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}, rankCounter[0], rankCounter[1], rankCounter[2]},
 		Infer: func(_ []Type, a AttrValues) ([]Type, error) {
 			d := a.DType("dtype")
 			s := Shape(a.Ints("shape"))
@@ -387,7 +388,7 @@ func init() {
 		Axes: func(_, out []Type, _ AttrValues) Axes {
 			return Axes{Loops: parallelLoops(out[0].Shape), Results: [][]Index{identity(0, out[0].Rank())}}
 		},
-		Random: true, ShapeAttr: "shape",
+		Random: always, ShapeAttr: "shape",
 	})
 
 	Register(&OpDef{
@@ -600,6 +601,33 @@ func PoolGeometryOf(x Shape, a AttrValues) (PoolGeometry, error) {
 	}
 	return p, nil
 }
+
+// rankCounter are the attributes of a random op of a data-parallel
+// rank: its counter starts rank_offset elements further for each rank
+// before it in its group (rank_size ranks rank_stride apart, as a
+// collective's group), so the ranks' parts draw what one device draws for
+// the whole batch.
+var rankCounter = []AttrSpec{{Name: "rank_offset", Kind: AttrInt, Default: IntAttr(0)},
+	{Name: "rank_size", Kind: AttrInt, Default: IntAttr(1)}, {Name: "rank_stride", Kind: AttrInt, Default: IntAttr(1)}}
+
+// RankIndex is rank's index in the group of size ranks stride apart that
+// it belongs to (collectives' groups).
+func RankIndex(rank, size, stride int64) int64 {
+	if size <= 1 || stride < 1 {
+		return 0
+	}
+	return (rank / stride) % size
+}
+
+// RandomOffset is where the counter of a random op (dropout, its
+// gradient, random_uniform) starts on rank: its offset, plus rank_offset
+// for each rank before this one in its group.
+func RandomOffset(a AttrValues, rank int64) int64 {
+	return a.Int("offset") + a.Int("rank_offset")*RankIndex(rank, a.Int("rank_size"), a.Int("rank_stride"))
+}
+
+// always is the Random of ops that always draw.
+func always(int) bool { return true }
 
 // convAxes is conv2d's: loops [N, M, OH, OW, C/groups, kH, kW], summed
 // over the input channels of the group; x is read through the window,

@@ -154,11 +154,12 @@ type OpDef struct {
 	// linear, the others held fixed (LinearIn); nil: derived from Scalar
 	// (none for an op without one).
 	Linear func(a AttrValues, operands int) [][]int
-	// Random: the op draws from the counter-based generator seeded by its
-	// "seed" attribute, element i of result 0 drawing number offset+i
-	// (its "offset" attribute), so a part of the result whose elements
-	// are a run of the whole's draws the whole's numbers at that offset.
-	Random bool
+	// Random, given the number of operands, reports whether the op draws
+	// from the counter-based generator seeded by its "seed" attribute,
+	// element i of result 0 drawing number offset+i (its "offset"
+	// attribute): a part of the result whose elements are a run of the
+	// whole's draws the whole's numbers at that offset. nil: never.
+	Random func(operands int) bool
 	// ShapeAttr names the attribute that holds result 0's shape (a copy
 	// of the op for a part of its result sets it to the part's shape).
 	ShapeAttr string

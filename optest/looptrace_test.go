@@ -404,6 +404,8 @@ func (t *tracer) eval(e loops.Expr) val {
 		x := t.eval(e.X)
 		x.d = x.d.union(c.d)
 		return x
+	case *loops.RankIndex:
+		return val{} // a program of one rank
 	case *loops.Mix:
 		x := t.eval(e.X)
 		x.i = int64(interp.Mix64(uint64(x.i)))

@@ -53,12 +53,16 @@ type PassRun struct {
 	Seconds float64
 	Stats   []Stat
 	Changed bool
+	// Approximations the pass made (each allowed by Manager.Allow).
+	Approximations []Approximation
 }
 
 // Manager runs pipelines.
 type Manager struct {
 	Inst Instrumentation
-	Runs []PassRun // filled by Run
+	// Allow names the approximations the passes may make (CheckAllowed).
+	Allow []string
+	Runs  []PassRun // filled by Run
 }
 
 // PassError is a pass that failed, panicked or produced invalid IR.
@@ -117,6 +121,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		if err != nil {
 			return &PassError{Pass: name, Err: err}
 		}
+		ctx.Allow(mg.Allow...)
 		start := time.Now()
 		err = runGuarded(step.Pass, ctx, m)
 		secs := time.Since(start).Seconds()
@@ -137,7 +142,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 			return &PassError{Pass: name, Err: err, Reproducer: rep}
 		}
 		after := m.String()
-		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Changed: after != snapshot}
+		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Changed: after != snapshot, Approximations: ctx.Approximations()}
 		mg.Runs = append(mg.Runs, run)
 		if in.Observe != nil {
 			in.Observe(name, m)

@@ -112,6 +112,8 @@ type Context struct {
 	args    map[string]string
 	options reflect.Value // *O of Define
 	stats   []Stat
+	allow   map[string]bool
+	approx  []Approximation
 	// Deadline, when not zero, is a hint for passes with time budgets.
 	Deadline time.Time
 }
@@ -200,3 +202,28 @@ func (c *Context) AddStat(name string, n int64) {
 
 // Stats returns the statistics recorded so far, in recording order.
 func (c *Context) Stats() []Stat { return c.stats }
+
+// Allows reports whether the user allowed the approximation name.
+func (c *Context) Allows(name string) bool { return c.allow[name] }
+
+// Allow lets the passes run with ctx make the named approximations.
+func (c *Context) Allow(names ...string) {
+	if c.allow == nil {
+		c.allow = map[string]bool{}
+	}
+	for _, n := range names {
+		c.allow[n] = true
+	}
+}
+
+// Approximate records that the pass made the approximation name (which
+// must be allowed), saying what it changed.
+func (c *Context) Approximate(name, what string) {
+	if !c.allow[name] {
+		panic(fmt.Sprintf("pass %s made approximation %s, which was not allowed", c.pass.Name, name))
+	}
+	c.approx = append(c.approx, Approximation{Name: name, What: what})
+}
+
+// Approximations returns what Approximate recorded.
+func (c *Context) Approximations() []Approximation { return c.approx }

@@ -116,13 +116,22 @@ func Run(t testing.TB, m *ir.Module, pipeline string) {
 }
 
 // RunErr runs pipeline on m, verifying the module after each pass, and
-// returns its error.
-func RunErr(m *ir.Module, pipeline string) error {
+// returns its error. The passes may make the approximations allow names.
+func RunErr(m *ir.Module, pipeline string, allow ...string) error {
 	pipe, err := passes.ParsePipeline(pipeline, nil)
 	if err != nil {
 		return err
 	}
-	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe)
+	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Allow: allow}).Run(m, pipe)
+}
+
+// RunAllowing is Run letting the passes make the approximations allow
+// names.
+func RunAllowing(t testing.TB, m *ir.Module, pipeline string, allow ...string) {
+	t.Helper()
+	if err := RunErr(m, pipeline, allow...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // CheckPipeline runs pipeline on src (with verification after each pass)

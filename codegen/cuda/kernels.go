@@ -238,6 +238,11 @@ func (w *cw) emit(x loops.Expr) string {
 		return w.def(loops.F32, fromStorage(toStorage(w.expr(x.X), x.To), x.To))
 	case *loops.Mix:
 		return w.def(loops.I64, "kiln_mix("+w.expr(x.X)+")")
+	case *loops.RankIndex:
+		if w.host {
+			w.fail(fmt.Errorf("a host function cannot read the rank (it lives on the device)"))
+		}
+		return w.def(loops.I64, fmt.Sprintf("((kiln_world_rank / %dLL) %% %dLL)", max(1, x.Stride), max(1, x.Size)))
 	case *loops.Checked:
 		if w.host {
 			// kiln_status lives in device memory.

@@ -63,6 +63,11 @@ __device__ unsigned int atomicCAS(unsigned int *, unsigned int, unsigned int);
 // (cudaMemcpyFromSymbol) and treats a nonzero status as a failed step.
 __device__ int kiln_status;
 
+// kiln_world_rank is this process's rank among the plan's ranks, which the
+// host runtime sets before the step: random ops of data-parallel ranks
+// start their counters from it.
+__device__ long long kiln_world_rank;
+
 // The bits of a float, and back.
 __host__ __device__ static inline unsigned int kiln_bits(float f) {
   union { float f; unsigned int u; } c;

@@ -65,6 +65,7 @@ type module struct {
 	ipow     *ir.Func // kiln_ipow, emitted on first use
 	host     *ir.Global
 	status   *ir.Global // kiln_status, emitted on first use
+	rank     *ir.Global // kiln_world_rank (defined by the MPI driver), declared on first use
 	outlined int
 	ranks    int64 // the MPI ranks the program runs as
 	// The largest kernel workspace before its panels, and the largest
@@ -512,6 +513,16 @@ func (e *fn) emit(x loops.Expr) value.Value {
 		return e.guarded(x)
 	case *loops.Checked:
 		return e.checked(x)
+	case *loops.RankIndex:
+		if e.md.ranks <= 1 {
+			return i64(0)
+		}
+		// The driver sets kiln_world_rank (MPI's) before the step runs.
+		if e.md.rank == nil {
+			e.md.rank = e.md.m.NewGlobal("kiln_world_rank", types.I64)
+		}
+		r := c.NewLoad(types.I64, e.md.rank)
+		return c.NewSRem(c.NewSDiv(r, i64(max(1, x.Stride))), i64(max(1, x.Size)))
 	case *loops.Mix:
 		z := e.expr(x.X)
 		c = e.cur

@@ -165,15 +165,9 @@ func init() {
 		}, nil
 	}
 	elementRules["random_uniform"] = func(op *ir.Op, _ []Tensor, out []ir.Type) ([]accessor, error) {
-		seed, offset := uint64(op.Attr().Int("seed")), op.Attr().Int("offset")
+		seed := uint64(op.Attr().Int("seed"))
 		s := out[0].Shape
-		return []accessor{func(idx []Expr) Expr {
-			i := flatten(idx, s)
-			if offset != 0 {
-				i = add(i, Int{offset})
-			}
-			return uniform(seed, i)
-		}}, nil
+		return []accessor{func(idx []Expr) Expr { return uniform(seed, counter(op, flatten(idx, s))) }}, nil
 	}
 	elementRules["dropout_grad"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		scale := 1 / (1 - op.Attr().Float("ratio"))
@@ -345,14 +339,24 @@ func errUnsupported(op *ir.Op) error {
 // the flat index (interp.DropoutKeep).
 func dropoutKeep(op *ir.Op, s ir.Shape) accessor {
 	ratio := op.Attr().Float("ratio")
-	seed, offset := uint64(op.Attr().Int("seed")), op.Attr().Int("offset")
+	seed := uint64(op.Attr().Int("seed"))
 	return func(idx []Expr) Expr {
-		i := flatten(idx, s)
-		if offset != 0 {
-			i = add(i, Int{offset})
-		}
-		return cmp(scalar.Ge, uniform(seed, i), Float{V: ratio, K: F64})
+		return cmp(scalar.Ge, uniform(seed, counter(op, flatten(idx, s))), Float{V: ratio, K: F64})
 	}
+}
+
+// counter is the number a random op draws for element i of its result:
+// i past the op's offset, and on a data-parallel rank past the ranks
+// before it in its group (ir.RandomOffset).
+func counter(op *ir.Op, i Expr) Expr {
+	a := op.Attr()
+	if off := a.Int("offset"); off != 0 {
+		i = add(i, Int{off})
+	}
+	if per := a.Int("rank_offset"); per != 0 && a.Int("rank_size") > 1 {
+		i = add(i, mul(&RankIndex{Size: a.Int("rank_size"), Stride: a.Int("rank_stride")}, Int{per}))
+	}
+	return i
 }
 
 // uniform is element i of the counter-based sequence of seed, in f64

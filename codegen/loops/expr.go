@@ -132,6 +132,10 @@ type Guarded struct {
 // Mix is the SplitMix64 finaliser on an i64 (dropout's counter-based RNG).
 type Mix struct{ X Expr }
 
+// RankIndex is the index of the running rank in its group of Size ranks
+// Stride apart (ir.RankIndex), an i64: 0 in a program of one rank.
+type RankIndex struct{ Size, Stride int64 }
+
 // Checked is X, and where Cond is false a record that the run went wrong:
 // the program's status becomes StatusIndexOutOfRange (the interpreter
 // reports the same input as an error). X must be safe to evaluate
@@ -157,6 +161,7 @@ func (c *Convert) Kind() Kind { return c.To }
 func (*Round) Kind() Kind     { return F32 }
 func (r *Reduce) Kind() Kind  { return r.Acc }
 func (*Mix) Kind() Kind       { return I64 }
+func (*RankIndex) Kind() Kind { return I64 }
 func (g *Guarded) Kind() Kind { return g.X.Kind() }
 func (c *Checked) Kind() Kind { return c.X.Kind() }
 

@@ -214,6 +214,13 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 			continue
 		}
 		rule := rules[op.Kind]
+		if d := op.Def(); rule == nil && d != nil && d.Grad == ir.GradZero {
+			// Piecewise constant, registered after the rules were made
+			// (an op a plugin adds).
+			rule = func(_ *builder, op *ir.Op, _ []*ir.Value, _ []bool) []*ir.Value {
+				return make([]*ir.Value, len(op.Operands))
+			}
+		}
 		if rule == nil {
 			where := ""
 			if !op.Loc.IsUnknown() {

@@ -415,7 +415,15 @@ func init() {
 		return []*ir.Value{b.one("dropout_grad", a, grad(op), dys[0])}
 	}
 	rules["softmax_cross_entropy"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.one("softmax_cross_entropy_grad", op.Attrs.Clone(), grad(op), dys[0], x(op, 0), x(op, 1)), nil}
+		// A mean's 1/count scales dloss once, so that each sample's
+		// gradient is its own (the sum form): a slice of the samples then
+		// computes its rows of the whole gradient.
+		dl := dys[0]
+		if op.Attr().String("reduction") == "mean" {
+			n := x(op, 1).Type.NumElements()
+			dl = b.one("mul", nil, grad(op), dl, b.scalar(dl.Type.DType, 1/float64(max(n, 1)), "inv_count"))
+		}
+		return []*ir.Value{b.one("softmax_cross_entropy_grad", ir.Attrs{"reduction": ir.StringAttr("sum")}, grad(op), dl, x(op, 0), x(op, 1)), nil}
 	}
 
 	// Reductions.

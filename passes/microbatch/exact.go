@@ -1,6 +1,7 @@
 package microbatch
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,24 +10,32 @@ import (
 	"github.com/kiln-compiler/kiln/passes"
 )
 
-// SplitExact is Split keeping the whole batch's statistics in batch
-// normalisation (exact-bn), so that the split step computes what the
-// whole-batch step computes. On error f is unchanged.
+// SplitExact is Split keeping the statistics of the whole batch, so that
+// the split step computes what the whole-batch step computes even where
+// rows read values folded over the whole batch (batch normalisation in
+// training mode, a mean over the batch subtracted back). On error f is
+// unchanged.
 //
-// The step is first written as the SPMD step of n ranks with one slice
-// each whose normalisations all-reduce their per-channel sums (Shard and
-// SyncBatchNorm), then run on one device in phases: phase p computes,
-// slice after slice, what the all-reduces of depth p read (those that
-// wait for p−1 others), summing over the slices where the ranks would
-// all-reduce and joining where they would all-gather. A phase recomputes
-// each slice from its inputs: what earlier phases computed for a slice
-// is not kept, so one slice's values are live at a time. Each batch
-// normalisation adds three phases (its mean, its variance about the
-// mean, and the two sums of its gradient); the last phase is the
-// ordinary microbatched step. Stats.Phases counts the phases.
-func SplitExact(f *ir.Func, n int) (Stats, error) {
-	if n == 1 || !slices.ContainsFunc(f.Body, func(op *ir.Op) bool { return op.Kind == "batch_norm_train" }) {
-		return Split(f, n)
+// Steps that need no such statistic split as Split splits them. Others
+// are first written as the SPMD step of n ranks with one slice each,
+// batch normalisations written out as sums over the batch
+// (DecomposeBatchNorm), so that Shard all-reduces every statistic where
+// rows first read it; then that step runs on one device in phases:
+// phase p computes, slice after slice, what the all-reduces of depth p
+// read (those that wait for p−1 others), summing (or taking the maximum)
+// over the slices where the ranks would all-reduce and joining where they
+// would all-gather. A phase recomputes each slice from its inputs: what
+// earlier phases computed for a slice is not kept, so one slice's values
+// are live at a time. Each batch normalisation adds three phases (its
+// mean, its variance about the mean, and the two sums of its gradient);
+// the last phase is the ordinary microbatched step. Stats.Phases counts
+// the phases.
+func SplitExact(f *ir.Func, n int, opts Options) (Stats, error) {
+	opts.PerSliceBN = false // the whole batch's statistics, not the slices'
+	st, err := SplitWith(f, n, opts)
+	var wb *WholeBatchError
+	if err == nil || !errors.As(err, &wb) {
+		return st, err
 	}
 	// The phases are cut at the collectives: a step that has its own
 	// (one rank's of a parallel step) would have them taken for its
@@ -37,12 +46,12 @@ func SplitExact(f *ir.Func, n int) (Stats, error) {
 		}
 	}
 	g := f.Clone()
-	st, err := Shard(g, n)
+	if err := DecomposeBatchNorm(g); err != nil {
+		return Stats{}, fmt.Errorf("microbatch{exact-bn}: %v", err)
+	}
+	st, err = split(g, n, n, Options{Trace: opts.Trace})
 	if err != nil {
 		return st, err
-	}
-	if _, err := SyncBatchNorm(g, int64(n), 1); err != nil {
-		return st, fmt.Errorf("microbatch{exact-bn}: %v", err)
 	}
 	whole := map[*ir.Value]*ir.Value{} // a rank's batch argument → the whole argument
 	for i, a := range g.Args {
@@ -94,13 +103,19 @@ func (q *sequencer) sequence() ([]*ir.Op, error) {
 	}
 	kind := map[*ir.Op]int{} // 0 whole, 1 per slice, 2 collective, 3 after the phases
 	for _, op := range g.Body {
-		lv, per, after := 0, false, len(op.Def().Writes) > 0
+		// A random op drawing a rank's numbers differs between the ranks
+		// whatever it reads.
+		lv, per, after := 0, op.Attrs.Int("rank_offset", 0) != 0, len(op.Def().Writes) > 0
 		for _, v := range op.Operands {
 			lv = max(lv, level[v])
 			per = per || perSlice[v]
 			after = after || late[v]
 		}
 		switch {
+		case op.Kind == "reduce_scatter" && !per:
+			// A rank's rows of a tensor every rank holds whole: the
+			// slice's rows.
+			kind[op] = 1
 		case ir.IsCollective(op.Kind):
 			if err := q.checkGroup(op); err != nil {
 				return nil, err
@@ -167,14 +182,12 @@ func (q *sequencer) sequence() ([]*ir.Op, error) {
 func (q *sequencer) checkGroup(op *ir.Op) error {
 	ok := op.Attrs.Int("size", 0) == q.n && op.Attrs.Int("stride", 1) == 1
 	switch op.Kind {
-	case "all_reduce":
-		ok = ok && op.Attrs.String("op", "sum") == "sum"
-	case "all_gather":
+	case "all_reduce", "all_gather":
 	default:
 		ok = false
 	}
 	if !ok {
-		return fmt.Errorf("%s: microbatch{exact-bn}: %s %s is not a sum or join over the %d slices", loc(op), op.Kind, op.Results[0].Ref(), q.n)
+		return fmt.Errorf("%s: microbatch{exact-bn}: %s %s is not a fold or join over the %d slices", loc(op), op.Kind, op.Results[0].Ref(), q.n)
 	}
 	return nil
 }
@@ -260,15 +273,16 @@ func (q *sequencer) phase(colls, next []*ir.Op) error {
 				continue
 			}
 			name := c.Results[0].Name + ".acc"
-			if acc := accumulateInto(g, v.Def, sums[i], need[c.Operands[0]] > 1, name); acc != nil && q.index[v.Def] == len(q.body)-1 {
+			if acc := accumulateInto(g, v.Def, sums[i], need[c.Operands[0]] > 1, name); acc != nil && q.index[v.Def] == len(q.body)-1 && c.Attrs.String("op", "sum") == "sum" {
 				q.body[len(q.body)-1] = acc
 				sums[i] = acc.Results[0]
 				absorbed[c.Operands[0]] = true
 				continue
 			}
-			add, err := g.NewOp("add", []*ir.Value{sums[i], v}, nil, c.Loc, name)
+			fold := map[string]string{"sum": "add", "max": "max", "min": "min"}[c.Attrs.String("op", "sum")]
+			add, err := g.NewOp(fold, []*ir.Value{sums[i], v}, nil, c.Loc, name)
 			if err != nil {
-				return fmt.Errorf("%s: microbatch{exact-bn}: summing %s: %v", loc(c), c.Results[0].Ref(), err)
+				return fmt.Errorf("%s: microbatch{exact-bn}: folding %s: %v", loc(c), c.Results[0].Ref(), err)
 			}
 			q.emit(add)
 			sums[i] = add.Results[0]
@@ -342,7 +356,8 @@ func (q *sequencer) emit(op *ir.Op) {
 }
 
 // copy is op for slice k, reading m's values (and the rest as they are);
-// a dropout draws the mask Split gives slice k.
+// a rank's rows of a tensor every rank holds whole (a reduce_scatter of
+// identical tensors) are the slice's rows of it.
 func (q *sequencer) copy(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) *ir.Op {
 	c := &ir.Op{Kind: op.Kind, Operands: slices.Clone(op.Operands), Attrs: op.Attrs.Clone(), Loc: op.Loc, Pos: op.Pos}
 	if c.Attrs == nil {
@@ -353,8 +368,18 @@ func (q *sequencer) copy(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) *ir.Op {
 			c.Operands[i] = w
 		}
 	}
-	if op.Kind == "dropout" || op.Kind == "dropout_grad" && len(op.Operands) == 1 {
-		c.Attrs["seed"] = ir.IntAttr(op.Attrs["seed"].Int*q.n + k + 1) // the slice's own mask, drawn again alike in its gradient
+	if per := c.Attrs.Int("rank_offset", 0); per != 0 {
+		// A random op of rank k: slice k's numbers, at rank k's offset.
+		c.Attrs["offset"] = ir.IntAttr(ir.RandomOffset(op.Attr(), k))
+		for _, a := range []string{"rank_offset", "rank_size", "rank_stride"} {
+			delete(c.Attrs, a)
+		}
+	}
+	if op.Kind == "reduce_scatter" {
+		ax := op.Attrs.Int("axis", 0)
+		size := op.Results[0].Type.Shape[ax]
+		c.Kind = "slice"
+		c.Attrs = ir.Attrs{"starts": ir.IntsAttr(k * size), "ends": ir.IntsAttr((k + 1) * size), "axes": ir.IntsAttr(ax)}
 	}
 	for i, r := range op.Results {
 		base := strings.TrimSuffix(r.Name, ".mb0") // Shard's name for the rank's copy

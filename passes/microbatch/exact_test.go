@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/microbatch"
 	"github.com/kiln-compiler/kiln/passtest"
 )
@@ -53,10 +54,26 @@ func TestExactBNEqualsWholeBatch(t *testing.T) {
 			})
 		}
 	}
+	// Without exact-bn the split is refused, naming the first norm; with
+	// per-slice statistics allowed by name (the running statistics, each
+	// slice's own, no longer returned) the loss changes.
 	whole := passtest.Parse(t, bnCNN)
 	passtest.Run(t, whole, "autodiff{loss=mean}")
+	refused := passtest.Clone(t, whole)
+	err := passtest.RunErr(refused, "microbatch{n=2}")
+	require.ErrorContains(t, err, "test.kir:3:3: microbatch: %n (batch_norm_train) takes statistics over the batch")
+	require.ErrorContains(t, err, "--allow per-slice-bn")
+	f := whole.Funcs[0]
+	keep := f.Results[:0]
+	for _, r := range f.Results {
+		if r.Role() != "" {
+			keep = append(keep, r)
+		}
+	}
+	f.Results = keep
+	passes.RemoveDeadOps(f)
 	perSlice := passtest.Clone(t, whole)
-	passtest.Run(t, perSlice, "microbatch{n=2}")
+	passtest.RunAllowing(t, perSlice, "microbatch{n=2}", passes.PerSliceBN)
 	args := interp.RandomArgs(whole.Funcs[0], 3)
 	want, err := interp.Run(whole.Funcs[0], interp.CloneAll(args), interp.Options{})
 	require.NoError(t, err)
@@ -91,12 +108,11 @@ func TestExactBNPhases(t *testing.T) {
 	whole := passtest.Parse(t, src.String())
 	passtest.Run(t, whole, "autodiff{loss=sum}")
 	exact := passtest.Clone(t, whole)
-	st, err := microbatch.SplitExact(exact.Funcs[0], 4)
+	st, err := microbatch.SplitExact(exact.Funcs[0], 4, microbatch.Options{})
 	require.NoError(t, err)
-	require.Equal(t, layers, st.BatchNorms)
 	require.Equal(t, 3*layers+1, st.Phases)
 	perSlice := passtest.Clone(t, whole)
-	passtest.Run(t, perSlice, "microbatch{n=4}")
+	passtest.RunAllowing(t, perSlice, "microbatch{n=4}", passes.PerSliceBN)
 	pw, ps, pe := liveness.Analyze(whole.Funcs[0]).Peak, liveness.Analyze(perSlice.Funcs[0]).Peak, liveness.Analyze(exact.Funcs[0]).Peak
 	t.Logf("peaks: whole batch %d, per-slice statistics %d, exact %d bytes (kept between phases %d)", pw, ps, pe, st.Kept)
 	require.Less(t, pe, pw)
@@ -126,7 +142,7 @@ func TestExactBNRefusesAPartitionedStep(t *testing.T) {
   return %s
 }`)
 	before := m.String()
-	_, err := microbatch.SplitExact(m.Funcs[0], 2)
+	_, err := microbatch.SplitExact(m.Funcs[0], 2, microbatch.Options{})
 	require.ErrorContains(t, err, "already exchanges tensors")
 	require.Equal(t, before, m.String())
 }

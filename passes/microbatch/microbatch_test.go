@@ -118,22 +118,36 @@ func TestMicrobatchDividesActivations(t *testing.T) {
 	}
 }
 
-// TestSplitErrorLeavesTheStep: a step that cannot be split (a max loss,
-// found only when the results are combined, after the gradient's) is
-// left exactly as it was.
+// TestSplitErrorLeavesTheStep: a step that cannot be split (a softmax
+// over the batch, found after the ops before it were planned) is left
+// exactly as it was.
 func TestSplitErrorLeavesTheStep(t *testing.T) {
-	m := passtest.Parse(t, `func @m(%x: f32[4,3], %w: f32[3,2] {param}) -> (grad.w: f32[3,2] {param = "w", role = "grad"}, loss: f32[] {role = "loss"}) {
+	m := passtest.Parse(t, `func @m(%x: f32[4,3], %w: f32[3,2] {param}) -> (f32[4,2]) {
   %y = matmul(%x, %w) : f32[4,2]
-  %loss = reduce_max(%y) : f32[]
-  %seed = constant() {role = "loss_seed", value = dense<f32[]: 1.0>} : f32[]
-  %g = expand(%seed) {shape = [4, 2]} : f32[4,2]
-  %gw = gemm(%x, %g) {trans_a = true} : f32[3,2]
-  return %gw, %loss
+  %s = softmax(%y) {axis = 0} : f32[4,2]
+  return %s
 }`)
+	passtest.Run(t, m, "autodiff")
 	before := m.String()
 	_, err := microbatch.Split(m.Funcs[0], 2)
-	require.ErrorContains(t, err, "reduce_max")
+	require.ErrorContains(t, err, "test.kir:3:3: microbatch: %s (softmax) mixes the batch")
 	require.Equal(t, before, m.String())
+}
+
+// TestMaxLossSplits: a loss that is the largest value over the batch is
+// folded over the slices by max, and equals the whole batch's.
+func TestMaxLossSplits(t *testing.T) {
+	m := passtest.Parse(t, `func @m(%x: f64[4,3], %w: f64[3,2] {param}) -> (grad.w: f64[3,2] {param = "w", role = "grad"}, loss: f64[] {role = "loss"}) {
+  %y = matmul(%x, %w) : f64[4,2]
+  %loss = reduce_max(%y) : f64[]
+  %seed = constant() {role = "loss_seed", value = dense<f64[]: 1.0>} : f64[]
+  %g = expand(%seed) {shape = [4, 2]} : f64[4,2]
+  %gw = gemm(%x, %g) {trans_a = true} : f64[3,2]
+  return %gw, %loss
+}`)
+	split := passtest.Clone(t, m)
+	passtest.Run(t, split, "microbatch{n=2}")
+	passtest.Equivalent(t, m.Funcs[0], split.Funcs[0], 1e-12, 1, 2)
 }
 
 // TestGemmGradientsAccumulateInPlace: a weight gradient made by a gemm

@@ -1,27 +1,25 @@
 package microbatch
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// SyncBatchNorm rewrites every batch_norm_train and batch_norm_grad of
-// the SPMD step f of n data-parallel ranks (stride apart) to use the statistics of the
-// whole batch, as PyTorch's SyncBatchNorm does: the per-channel sums the
-// ops need are all-reduced over the ranks (two small all_reduces forward,
-// two backward), so that the step computes what the one-device step
-// does. The gradients of scale and bias stay this rank's share: the step
-// all-reduces them with the other gradients. It returns how many ops it
-// rewrote.
-func SyncBatchNorm(f *ir.Func, n, stride int64) (int, error) {
-	rewritten := 0
+// DecomposeBatchNorm rewrites every batch_norm_train and batch_norm_grad
+// of f into the sums over the batch they compute and the elementwise ops
+// that use them, so that a split of f sees each statistic as a value
+// folded over the batch: Shard all-reduces it where the rows read it (as
+// PyTorch's SyncBatchNorm does), and SplitExact computes it in a phase of
+// its own. The gradients of scale and bias are sums like any other.
+func DecomposeBatchNorm(f *ir.Func) error {
 	for i := 0; i < len(f.Body); i++ {
 		op := f.Body[i]
 		if op.Kind != "batch_norm_train" && op.Kind != "batch_norm_grad" {
 			continue
 		}
-		e := &emitter{f: f, loc: op.Loc, n: n, stride: stride}
+		e := &emitter{f: f, loc: op.Loc, pos: op.Pos}
 		var outs []*ir.Value
 		if op.Kind == "batch_norm_train" {
 			outs = e.forward(op)
@@ -29,26 +27,29 @@ func SyncBatchNorm(f *ir.Func, n, stride int64) (int, error) {
 			outs = e.backward(op)
 		}
 		if e.err != nil {
-			return rewritten, e.err
+			return fmt.Errorf("%s: %v", loc(op), e.err)
 		}
 		for k, r := range op.Results {
 			f.ReplaceUses(r, outs[k])
+			for j := range f.Results {
+				if f.Results[j].Value == r {
+					f.Results[j].Value = outs[k]
+				}
+			}
 		}
 		f.Body = slices.Concat(f.Body[:i], e.ops, f.Body[i+1:])
 		i += len(e.ops) - 1
-		rewritten++
 	}
-	return rewritten, nil
+	return nil
 }
 
 // emitter builds the ops of one rewritten normalisation.
 type emitter struct {
-	f      *ir.Func
-	loc    ir.Location
-	n      int64 // ranks
-	stride int64 // between the ranks of a group
-	ops    []*ir.Op
-	err    error
+	f   *ir.Func
+	loc ir.Location
+	pos ir.Pos // the normalisation's, which its parts keep for messages
+	ops []*ir.Op
+	err error
 }
 
 func (e *emitter) op(kind string, attrs ir.Attrs, name string, in ...*ir.Value) *ir.Value {
@@ -60,6 +61,7 @@ func (e *emitter) op(kind string, attrs ir.Attrs, name string, in ...*ir.Value) 
 		e.err = err
 		return in[0]
 	}
+	o.Pos = e.pos
 	e.ops = append(e.ops, o)
 	return o.Results[0]
 }
@@ -72,16 +74,17 @@ func (e *emitter) scalar(d ir.DType, v float64, name string) *ir.Value {
 		e.err = err
 		return nil
 	}
+	o.Pos = e.pos
 	e.ops = append(e.ops, o)
 	return o.Results[0]
 }
 
 // layout is x's channel axis's layout: the axes summed per channel, the
 // shape a per-channel value broadcasts from, and the elements per
-// channel over all the ranks.
+// channel.
 func (e *emitter) layout(x *ir.Value) (axes, bshape []int64, count float64) {
 	s := x.Type.Shape
-	count = float64(e.n)
+	count = 1
 	bshape = make([]int64, len(s))
 	for d := range s {
 		bshape[d] = 1
@@ -95,14 +98,13 @@ func (e *emitter) layout(x *ir.Value) (axes, bshape []int64, count float64) {
 	return axes, bshape, count
 }
 
-// sum is the per-channel sum of v over the whole batch, all ranks.
-func (e *emitter) sum(v *ir.Value, axes []int64, name string) (local, all *ir.Value) {
-	local = e.op("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)}, name, v)
-	return local, e.op("all_reduce", e.group(), name+".all", local)
+// sum is the per-channel sum of v over the batch and positions.
+func (e *emitter) sum(v *ir.Value, axes []int64, name string) *ir.Value {
+	return e.op("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)}, name, v)
 }
 
-// forward is batch_norm_train with whole-batch statistics: y, the new
-// running mean and variance (unbiased), the saved mean and invstd.
+// forward is batch_norm_train from its sums: y, the new running mean
+// and variance (unbiased), the saved mean and invstd.
 func (e *emitter) forward(op *ir.Op) []*ir.Value {
 	x, scale, bias, rm, rv := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
 	name := op.Results[0].Name
@@ -112,10 +114,10 @@ func (e *emitter) forward(op *ir.Op) []*ir.Value {
 	eps, mom := a.Float("epsilon"), a.Float("momentum")
 	perChannel := ir.Attrs{"shape": ir.IntsAttr(scale.Type.Shape...)}
 	bcast := ir.Attrs{"shape": ir.IntsAttr(bshape...)}
-	_, s := e.sum(x, axes, name+".sum")
+	s := e.sum(x, axes, name+".sum")
 	mean := e.op("mul", nil, name+".mean", s, e.scalar(d, 1/count, name+".inv_count"))
 	centred := e.op("sub", nil, name+".centred", x, mean)
-	_, q := e.sum(e.op("mul", nil, name+".sq", centred, centred), axes, name+".m2")
+	q := e.sum(e.op("mul", nil, name+".sq", centred, centred), axes, name+".m2")
 	variance := e.op("mul", nil, name+".var", q, e.scalar(d, 1/count, name+".inv_count"))
 	invstd := e.op("div", nil, name+".invstd", e.scalar(d, 1, name+".one"),
 		e.op("sqrt", nil, name+".std", e.op("add", nil, name+".var_eps", variance, e.scalar(d, eps, name+".eps"))))
@@ -135,8 +137,7 @@ func (e *emitter) forward(op *ir.Op) []*ir.Value {
 		e.op("reshape", perChannel, op.Results[4].Name, invstd)}
 }
 
-// backward is batch_norm_grad with whole-batch sums: dx, and this rank's
-// share of dscale and dbias.
+// backward is batch_norm_grad from its sums: dx, dscale and dbias.
 func (e *emitter) backward(op *ir.Op) []*ir.Value {
 	dy, x, scale, mean, invstd := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
 	name := op.Results[0].Name
@@ -146,21 +147,12 @@ func (e *emitter) backward(op *ir.Op) []*ir.Value {
 	perChannel := ir.Attrs{"shape": ir.IntsAttr(scale.Type.Shape...)}
 	inv := e.op("reshape", bcast, name+".invstd", invstd)
 	xhat := e.op("mul", nil, name+".xhat", e.op("sub", nil, name+".centred", x, e.op("reshape", bcast, name+".mean", mean)), inv)
-	sdy, allDY := e.sum(dy, axes, name+".sdy")
-	sdyx, allDYX := e.sum(e.op("mul", nil, name+".dyx", dy, xhat), axes, name+".sdyx")
+	sdy := e.sum(dy, axes, name+".sdy")
+	sdyx := e.sum(e.op("mul", nil, name+".dyx", dy, xhat), axes, name+".sdyx")
 	k := e.op("mul", nil, name+".k", e.op("reshape", bcast, name+".scale", scale), inv)
 	c := e.scalar(d, 1/count, name+".inv_count")
-	inner := e.op("sub", nil, name+".d1", e.op("sub", nil, name+".d0", dy, e.op("mul", nil, name+".mdy", allDY, c)),
-		e.op("mul", nil, name+".d2", xhat, e.op("mul", nil, name+".mdyx", allDYX, c)))
+	inner := e.op("sub", nil, name+".d1", e.op("sub", nil, name+".d0", dy, e.op("mul", nil, name+".mdy", sdy, c)),
+		e.op("mul", nil, name+".d2", xhat, e.op("mul", nil, name+".mdyx", sdyx, c)))
 	dx := e.op("mul", nil, name, k, inner)
 	return []*ir.Value{dx, e.op("reshape", perChannel, op.Results[1].Name, sdyx), e.op("reshape", perChannel, op.Results[2].Name, sdy)}
-}
-
-// group names the all_reduce's group: n ranks, stride apart.
-func (e *emitter) group() ir.Attrs {
-	a := ir.Attrs{"size": ir.IntAttr(e.n)}
-	if e.stride != 1 {
-		a["stride"] = ir.IntAttr(e.stride)
-	}
-	return a
 }

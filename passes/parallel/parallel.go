@@ -29,9 +29,15 @@ func init() {
 		Excludes:    []passes.Property{passes.Fused, passes.Assigned},
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		if !o.SyncBN && !ctx.Allows(passes.PerSliceBN) {
+			return fmt.Errorf("parallel{sync-bn=false} lets each rank normalise by its own statistics, which changes the step: allow it by name (--allow %s)", passes.PerSliceBN)
+		}
+		if !o.ExactDropout && !ctx.Allows(passes.PerRankDropout) {
+			return fmt.Errorf("parallel{exact-dropout=false} lets every rank draw its dropout masks from the same counters, which changes the step: allow it by name (--allow %s)", passes.PerRankDropout)
+		}
 		var funcs []*ir.Func
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches, ExactDropout: o.ExactDropout}
+			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches, PerRankDropout: !o.ExactDropout}
 			if o.Devices > 0 {
 				if o.DP != 1 || o.TP != 1 || o.PP != 1 || o.Zero != 0 {
 					return fmt.Errorf("parallel: give devices (to search) or dp, tp, pp and zero, not both")
@@ -67,11 +73,18 @@ func init() {
 				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled step %.3g s (one device: %.3g s), %.0f%% of the stages' time idle", f.Name, plan.PP, max(1, plan.Microbatches), order, st.Step, one, 100*st.Bubble()))
 				continue
 			}
-			if _, err := Partition(f, plan); err != nil {
+			st, err := Partition(f, plan)
+			if err != nil {
 				return err
 			}
 			funcs = append(funcs, f)
 			ctx.AddStat("ranks", int64(plan.Ranks()))
+			if st.BatchNorms > 0 {
+				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d normalisations of @%s take each rank's statistics", st.BatchNorms, f.Name))
+			}
+			if st.Dropouts > 0 && plan.PerRankDropout {
+				ctx.Approximate(passes.PerRankDropout, fmt.Sprintf("%d random ops of @%s draw the same numbers on every rank", st.Dropouts, f.Name))
+			}
 		}
 		m.Funcs = funcs
 		return nil
@@ -85,8 +98,8 @@ type options struct {
 	Zero         int         `opt:"zero" default:"0" range:"[0,3]" doc:"ZeRO stage: 1 holds each parameter's optimizer state and update in parts across the ranks, its gradient whole until the backward ends, then reduce-scattered; 2 reduce-scatters each gradient once made (parameters gathered once); 3 also gathers each parameter separately for the forward and the backward"`
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
-	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false: each rank's own, as DDP does by default"`
-	ExactDropout bool        `opt:"exact-dropout" default:"false" doc:"data-parallel ranks draw their rows of the whole batch's dropout masks (every rank draws the whole mask and keeps its rows by a reduce_scatter), so the step computes what one device does, at a mask-sized exchange per dropout; false: each rank draws a mask for its rows from the same counter, as DDP ranks seeded alike do"`
+	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false (an approximation: --allow per-slice-bn): each rank's own, as DDP does by default"`
+	ExactDropout bool        `opt:"exact-dropout" default:"true" doc:"data-parallel ranks draw their rows of the whole batch's dropout masks (every rank draws the whole mask and keeps its rows by a reduce_scatter), so the step computes what one device does, at a mask-sized exchange per dropout; false (an approximation: --allow per-rank-dropout): each rank draws a mask for its rows from the same counter, as DDP ranks seeded alike do"`
 	// Devices asks for the search instead of a plan.
 	Devices      int         `opt:"devices" default:"0" range:"[0,4096]" doc:"search dp (dividing devices), tp and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp, tp and zero as given)"`
 	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
@@ -104,9 +117,10 @@ type Plan struct {
 	LocalBN bool
 	// Microbatches each rank runs its part of the batch as (0 or 1: one).
 	Microbatches int
-	// ExactDropout draws the one-device step's dropout masks on the
-	// data-parallel ranks (microbatch.ShardMasks).
-	ExactDropout bool
+	// PerRankDropout lets every data-parallel rank draw its dropout
+	// masks from the same counters (an approximation) instead of its rows
+	// of the one-device step's masks.
+	PerRankDropout bool
 }
 
 // Ranks is the number of ranks a plan runs on.
@@ -149,7 +163,15 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin, tpTrace m
 			return microbatch.Stats{}, nil
 		}
 	}
-	st, err := microbatch.ShardMasks(f, p.DP, max(1, p.Microbatches), trace, p.ExactDropout)
+	if p.DP > 1 && !p.LocalBN {
+		// Whole-batch statistics: sums over the batch, which the ranks
+		// all-reduce where their rows read them (SyncBatchNorm).
+		if err := microbatch.DecomposeBatchNorm(f); err != nil {
+			return microbatch.Stats{}, fmt.Errorf("parallel: whole-batch statistics: %v", err)
+		}
+	}
+	opts := microbatch.Options{Trace: trace, PerSliceBN: p.LocalBN, PerRankDropout: p.PerRankDropout}
+	st, err := microbatch.ShardWith(f, p.DP, max(1, p.Microbatches), opts)
 	if err != nil && p.DP == 1 {
 		return st, err
 	}
@@ -171,17 +193,15 @@ func partition(f *ir.Func, p Plan, trace map[*ir.Op]microbatch.Origin, tpTrace m
 			if _, named := op.Attrs["stride"]; ir.IsCollective(op.Kind) && !named {
 				op.Attrs["stride"] = ir.IntAttr(tp)
 			}
+			if _, named := op.Attrs["rank_stride"]; op.Attrs.Int("rank_offset", 0) != 0 && !named {
+				op.Attrs["rank_stride"] = ir.IntAttr(tp) // its data-parallel group
+			}
 		}
 		for _, a := range f.Args {
 			if sh, ok := a.Arg.Attrs["shard"]; ok && sh.Kind == ir.AttrInt && a.Arg.Kind == ir.ArgData {
 				delete(a.Arg.Attrs, "shard")
 				ir.AddShardLevel(f, a, ir.ShardLevel{Dim: sh.Int, Size: int64(p.DP), Stride: tp})
 			}
-		}
-	}
-	if p.DP > 1 && !p.LocalBN {
-		if _, err := microbatch.SyncBatchNorm(f, int64(p.DP), tp); err != nil {
-			return st, fmt.Errorf("parallel: whole-batch statistics: %v", err)
 		}
 	}
 	switch p.Zero {

@@ -11,6 +11,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passes"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	"github.com/kiln-compiler/kiln/passes/parallel"
@@ -246,7 +247,8 @@ func TestSyncBatchNormEqualsOneDevice(t *testing.T) {
 	passtest.Run(t, m, "autodiff{loss=mean}")
 	whole := m.Funcs[0]
 	local := passtest.Clone(t, m)
-	passtest.Run(t, local, "parallel{dp=2,sync-bn=false}")
+	require.ErrorContains(t, passtest.RunErr(passtest.Clone(t, m), "parallel{dp=2,sync-bn=false}"), "--allow per-slice-bn")
+	passtest.RunAllowing(t, local, "parallel{dp=2,sync-bn=false}", passes.PerSliceBN)
 	args := interp.RandomArgs(whole, 4)
 	want, err := interp.Run(whole, interp.CloneAll(args), interp.Options{})
 	require.NoError(t, err)

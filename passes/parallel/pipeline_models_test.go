@@ -19,8 +19,9 @@ import (
 // the one-device step split into the same microbatches, exactly: every
 // stage computes its ops as one device does, on the same values, and the
 // slices' sums are added in the same order. (With microbatches, batch
-// normalisation takes each slice's statistics and dropout draws each
-// slice's mask, as under microbatch{n}: the reference is that step.)
+// normalisation takes each slice's statistics, allowed by name, as under
+// microbatch{n} with per-slice-bn: the reference is that step; dropout
+// draws the whole batch's masks in both.)
 func TestPipelineOnCIModels(t *testing.T) {
 	if testing.Short() {
 		t.Skip("model-scale")
@@ -33,12 +34,12 @@ func TestPipelineOnCIModels(t *testing.T) {
 				passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=adam}")
 				whole := m.Funcs[0]
 				start := time.Now()
-				stages, st, err := parallel.Pipeline(whole, pm[0], pm[1])
+				stages, st, err := parallel.PipelinePlan(whole, parallel.Plan{DP: 1, PP: pm[0], Microbatches: pm[1], LocalBN: true})
 				require.NoError(t, err)
 				cut := time.Since(start)
 				ref := passtest.Clone(t, m).Funcs[0]
 				if pm[1] > 1 {
-					_, err := microbatch.Split(ref, pm[1])
+					_, err := microbatch.SplitWith(ref, pm[1], microbatch.Options{PerSliceBN: true})
 					require.NoError(t, err)
 				}
 				args := interp.RandomArgs(whole, 3)

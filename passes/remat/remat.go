@@ -37,7 +37,11 @@ func init() {
 		for _, f := range m.Funcs {
 			peak := liveness.Analyze(f).Peak
 			budget := o.Budget.Of(peak)
-			res, split, err := fit(f, budget, o.Solver, o.Microbatch)
+			opts := mb.Options{PerSliceBN: ctx.Allows(passes.PerSliceBN)}
+			res, split, err := fit(f, budget, o.Solver, o.Microbatch, opts)
+			if split != nil && split.BatchNorms > 0 {
+				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d normalisations of @%s take the statistics of each of %d microbatches", split.BatchNorms, f.Name, split.N))
+			}
 			if split != nil {
 				ctx.AddStat("microbatches", int64(split.N))
 				// The step as split, before recomputation: reports charge
@@ -73,13 +77,13 @@ const maxMicrobatches = 64
 // fit rewrites f so that its peak fits budget at the least modelled step
 // time (costmodel.Default, after fusion): by recomputation alone, or, with microbatch,
 // by recomputation in 2, 4, 8, ... microbatches (gradient accumulation).
-// Splitting is weighed against recomputation only for steps whose results
-// it changes by no more than the order of the gradients' sums (no batch
-// normalisation in training mode, no dropout); otherwise it is
-// the fallback when recomputation alone cannot reach the budget. split
-// describes the split taken (nil: none). On error f is unchanged, and a
-// BudgetError reports the lowest peak any candidate reached.
-func fit(f *ir.Func, budget int64, solver string, microbatch bool) (Result, *splitStats, error) {
+// A split computes what the whole step does (statistics of the whole batch
+// in phases: microbatch.SplitExact), or with per-slice statistics where
+// opts allows them, so it is weighed against recomputation by time
+// alone. split describes the split taken (nil: none). On error f is
+// unchanged, and a BudgetError reports the lowest peak any candidate
+// reached.
+func fit(f *ir.Func, budget int64, solver string, microbatch bool, opts mb.Options) (Result, *splitStats, error) {
 	orig := f
 	best := f.Clone()
 	res, err := Rematerialize(best, budget, solver)
@@ -109,8 +113,12 @@ func fit(f *ir.Func, budget int64, solver string, microbatch bool) (Result, *spl
 	}
 	for n := 2; n <= maxMicrobatches; n *= 2 {
 		g := orig.Clone()
-		st, serr := mb.Split(g, n)
-		if serr != nil || (st.BatchNorms > 0 || st.Dropouts > 0) && best != nil {
+		st, serr := mb.SplitWith(g, n, opts)
+		var wb *mb.WholeBatchError
+		if errors.As(serr, &wb) {
+			st, serr = mb.SplitExact(g, n, opts)
+		}
+		if serr != nil {
 			break
 		}
 		split := memreport.Measure("microbatch", g)
@@ -192,11 +200,11 @@ func (s *splitStats) note() string {
 	} else {
 		note = fmt.Sprintf("the step runs as %d microbatches (gradient accumulation): with recomputation in them it takes %.1f µs in the cost model, recomputation alone (%d FLOPs) %.1f µs", s.N, s.Seconds*1e6, s.Alone.FLOPs, s.AloneSeconds*1e6)
 	}
-	if s.BatchNorms > 0 {
-		note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d", s.Batch/int64(s.N))
-	}
-	if s.Dropouts > 0 {
-		note += ", and dropout draws its mask per microbatch"
+	switch {
+	case s.BatchNorms > 0:
+		note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d (allowed: %s)", s.Batch/int64(s.N), passes.PerSliceBN)
+	case s.Phases > 0:
+		note += fmt.Sprintf(", in %d phases that keep the whole batch's statistics", s.Phases)
 	}
 	return note
 }

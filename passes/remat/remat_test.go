@@ -37,13 +37,14 @@ func trainingStep(t testing.TB, src string) string {
 }
 
 // TestRematIsBitExactAndFitsTheBudget: every solver keeps loss and
-// gradients bit-identical in f64 and meets the budget.
+// gradients bit-identical in f64 and meets the budget (without splits,
+// whose sums over the slices run in another order).
 func TestRematIsBitExactAndFitsTheBudget(t *testing.T) {
 	step := trainingStep(t, mlp)
 	base := liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
 	for _, solver := range []string{"greedy", "sqrt", "exact", "best"} {
 		for _, budget := range []string{"0.9", "0.8"} {
-			m := passtest.CheckPipeline(t, step, "remat{budget="+budget+",solver="+solver+"}", 0)
+			m := passtest.CheckPipeline(t, step, "remat{budget="+budget+",solver="+solver+",microbatch=false}", 0)
 			f := m.Funcs[0]
 			peak := liveness.Analyze(f).Peak
 			require.LessOrEqual(t, float64(peak), float64(base)*mustFloat(budget)+1, "%s at %s", solver, budget)
