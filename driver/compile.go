@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/plancheck"
 	"github.com/kiln-compiler/kiln/progress"
@@ -71,11 +72,16 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 
 // apply puts the chosen level's pipeline into pf, after autodiff and the
 // optimizer when --train and --optimizer ask for them (a usage error when
-// --passes is given with a level).
+// --passes is given with a level). A command whose backend needs arena
+// offsets (compiled code) runs -O0 when nothing else is asked for, and
+// refuses a --passes pipeline that does not end with them.
 func (l *optLevels) apply(pf *pipelineFlags) error {
 	level := -1
 	if (l.train != "" || l.optimizer != "") && pf.passes == "" {
 		level = 2
+	}
+	if slices.Contains(pf.need, passes.Assigned) && pf.passes == "" && level < 0 {
+		level = 0
 	}
 	named, err := l.pipeline(level)
 	if err != nil {
@@ -173,29 +179,11 @@ func OptPipeline(level int, budget, deviceBudget string) string {
 	return p + ",fuse,reorder{exact-states=2000000,improve=2000}" + swap + ",assign{algo=best}"
 }
 
-// needsAssign reports whether some value still lacks an arena offset.
-func needsAssign(f *ir.Func) bool {
-	for _, op := range f.Body {
-		d := op.Def()
-		if d != nil && d.View {
-			continue
-		}
-		for _, r := range op.Results {
-			if r.Offset == ir.NoOffset {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// lowerForLLVM runs assign when the pipeline left values without offsets
-// and lowers the function.
-func lowerForLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func) (*loops.Program, error) {
-	if needsAssign(f) {
-		if _, err := pf.run(e, in, "assign"); err != nil {
-			return nil, err
-		}
+// lowerForLLVM lowers f, which the pipeline assigned (Manager.Need), to
+// loops.
+func lowerForLLVM(in *input, f *ir.Func) (*loops.Program, error) {
+	if err := passes.Established(&ir.Module{Funcs: []*ir.Func{f}}, passes.Assigned); err != nil {
+		return nil, fmt.Errorf("%s: error: %v (an external pass's output? end the pipeline with assign)", in.name, err)
 	}
 	p, err := loops.Lower(f)
 	if err != nil {
@@ -210,7 +198,7 @@ func init() {
 		usage:   "kiln compile IN --target llvm|cuda [--train[=sum|mean] [--microbatches N]] [--optimizer KIND] [--passes P | -O0..-O3 [--budget B] [--device-budget B]] [--emit ll|header|obj|lib|exe] [--func NAME] -o OUT",
 		summary: "compile a function to LLVM IR, a C header, an object, a shared library or an executable; or to a CUDA launch plan directory",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
-			var pf pipelineFlags
+			pf := pipelineFlags{need: []passes.Property{passes.Assigned}}
 			pf.register(fs)
 			var ol optLevels
 			ol.register(fs)
@@ -279,7 +267,7 @@ func init() {
 
 // compileLLVM writes f compiled for the LLVM target as emit says to out.
 func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, threads int, out string) error {
-	p, err := lowerForLLVM(e, pf, in, f)
+	p, err := lowerForLLVM(in, f)
 	if err != nil {
 		return err
 	}
@@ -331,10 +319,8 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 			dirs = append(dirs, filepath.Join(out, fmt.Sprintf("stage%d", s)))
 		}
 	}
-	if slices.ContainsFunc(funcs, needsAssign) {
-		if _, err := pf.run(e, in, "assign"); err != nil {
-			return err
-		}
+	if err := passes.Established(&ir.Module{Funcs: funcs}, passes.Assigned); err != nil {
+		return fmt.Errorf("%s: error: %v (an external pass's output? end the pipeline with assign)", in.name, err)
 	}
 	plans := make([]*cuda.Output, len(funcs))
 	for i, f := range funcs {
@@ -361,7 +347,7 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 
 // runCompiled builds f into an executable and runs it on vals.
 func runCompiled(e *env, pf *pipelineFlags, in *input, f *ir.Func, vals []*interp.Tensor, opt llvm.RunOptions) (res, final []*interp.Tensor, err error) {
-	p, err := lowerForLLVM(e, pf, in, f)
+	p, err := lowerForLLVM(in, f)
 	if err != nil {
 		return nil, nil, err
 	}

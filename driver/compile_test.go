@@ -38,7 +38,11 @@ func TestRunBackendsAgree(t *testing.T) {
 			ref, got := t.TempDir(), t.TempDir()
 			_, stderr, code := kiln(t, "run", src, "--passes", pipeline, "--seed", "3", "--output-dir", ref)
 			require.Equal(t, 0, code, stderr)
-			_, stderr, code = kiln(t, "run", src, "--passes", pipeline, "--seed", "3", "--backend", "llvm", "--output-dir", got)
+			compiled := "assign"
+			if pipeline != "" {
+				compiled = pipeline + ",assign"
+			}
+			_, stderr, code = kiln(t, "run", src, "--passes", compiled, "--seed", "3", "--backend", "llvm", "--output-dir", got)
 			require.Equal(t, 0, code, stderr)
 			files, _ := filepath.Glob(filepath.Join(ref, "*.npy"))
 			require.NotEmpty(t, files)

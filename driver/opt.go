@@ -38,6 +38,25 @@ type pipelineFlags struct {
 	// budgetsOf, when set, is the pipeline whose result the fractions of
 	// --budget and --device-budget refer to ("" for the input itself).
 	budgetsOf *string
+	// allow names the approximations the passes may make (--allow).
+	allow listFlag
+	// need is what the command's backend needs when the pipeline ends
+	// (arena offsets for compiled code).
+	need []passes.Property
+}
+
+// listFlag is a flag that may be given several times, each a
+// comma-separated list.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
 }
 
 func (p *pipelineFlags) register(fs *flag.FlagSet) {
@@ -58,6 +77,7 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.pluginDir, "plugin-dir", "", "where ext:NAME passes (programs kiln-pass-NAME) are looked up before PATH")
 	fs.DurationVar(&p.pluginTimeout, "plugin-timeout", time.Minute, "time limit of one external pass run")
 	fs.Var(&p.loadPlugins, "load-pass-plugin", "FILE.so: load passes built with go build -buildmode=plugin (repeatable)")
+	fs.Var(&p.allow, "allow", "let the passes make the approximation `NAME` (repeatable, or comma-separated): "+strings.Join(passes.ApproximationNames(), ", "))
 }
 
 func nameSet(list string) map[string]bool {
@@ -95,6 +115,9 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 	if p.timingFormat != "text" && p.timingFormat != "json" {
 		return nil, usageError{fmt.Sprintf("--timing-format must be text or json, not %q", p.timingFormat)}
 	}
+	if err := passes.CheckAllowed(p.allow); err != nil {
+		return nil, usageError{"--allow: " + err.Error()}
+	}
 	for _, so := range p.loadPlugins {
 		if err := passes.LoadPlugin(so); err != nil {
 			return nil, fmt.Errorf("kiln: %v", err)
@@ -122,7 +145,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 			return nil, fmt.Errorf("kiln: --print-ir-before/--print-ir-after name unknown pass %q", name)
 		}
 	}
-	mg := &passes.Manager{Inst: passes.Instrumentation{
+	mg := &passes.Manager{Allow: p.allow, Need: p.need, Inst: passes.Instrumentation{
 		PrintBefore:      nameSet(p.printBefore),
 		PrintAfter:       nameSet(p.printAfter),
 		PrintAfterAll:    p.printAfterAll,
@@ -157,7 +180,7 @@ func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager
 				fmt.Fprintf(e.stderr, "pipeline: %s\n", try.pipe)
 			}
 			m := cloneModule(orig)
-			mg2 := &passes.Manager{Inst: mg.Inst}
+			mg2 := &passes.Manager{Inst: mg.Inst, Allow: mg.Allow, Need: mg.Need}
 			if terr := mg2.Run(m, try.pipe); terr != nil {
 				var tpe *passes.PassError
 				if errors.As(terr, &tpe) {

@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 )
 
@@ -59,6 +60,9 @@ func init() {
 				if *repeat < 1 {
 					return usageError{fmt.Sprintf("--repeat must be at least 1, not %d", *repeat)}
 				}
+				if *backend == "llvm" {
+					pf.need = []passes.Property{passes.Assigned}
+				}
 				if err := ol.apply(&pf); err != nil {
 					return err
 				}
@@ -84,7 +88,7 @@ func init() {
 						run = func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
 							var ps []*loops.Program
 							for _, g := range stages {
-								p, err := lowerForLLVM(e, &pf, in, g)
+								p, err := lowerForLLVM(in, g)
 								if err != nil {
 									return nil, nil, err
 								}

@@ -16,8 +16,9 @@ const (
 
 func init() {
 	MustRegister(&Pass{
-		Name:    "canonicalize",
-		Summary: "fold constants, remove identities (x+0, x*1, no-op reshapes and transposes), recognise ops written as chains (gelu, silu, hard_swish, mish, softmax, layer_norm), merge products written in pieces (a concat of products, a sum of a product) and remove dead ops",
+		Name:        "canonicalize",
+		Summary:     "fold constants, remove identities (x+0, x*1, no-op reshapes and transposes), recognise ops written as chains (gelu, silu, hard_swish, mish, softmax, layer_norm), merge products written in pieces (a concat of products, a sum of a product) and remove dead ops",
+		Invalidates: []Property{Assigned}, // new values, and values that live longer
 		Run: func(ctx *Context, m *ir.Module) error {
 			for _, f := range m.Funcs {
 				folded, simplified := canonicalize(f)

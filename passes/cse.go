@@ -11,6 +11,9 @@ func init() {
 	MustRegister(&Pass{
 		Name:    "cse",
 		Summary: "merge pure ops that compute the same thing from the same operands",
+		// A merged value lives from the first copy to the last reader of
+		// either: offsets assigned before may now overlap.
+		Invalidates: []Property{Assigned},
 		Run: func(ctx *Context, m *ir.Module) error {
 			for _, f := range m.Funcs {
 				ctx.AddStat("ops-merged", int64(eliminateCommon(f)))

@@ -26,7 +26,7 @@ type Instrumentation struct {
 	PrintConstants   bool // dumps print large constants whole (else elided)
 	VerifyEach       bool
 	DumpDir          string    // one numbered file per pass when set
-	ReproducerDir    string    // where a failing pass leaves its reproducer; default os.TempDir()
+	ReproducerDir    string    // where a failing pass leaves its reproducer (none when empty)
 	Log              io.Writer // IR printing goes here (stderr in the CLI)
 	// Files guards the dump files: none replaces an input of the command
 	// or another output (nil: no guard).
@@ -52,7 +52,7 @@ type PassRun struct {
 	Name    string
 	Seconds float64
 	Stats   []Stat
-	Changed bool
+	Changed bool // known only under PrintAfterChange (false otherwise)
 	// Approximations the pass made (each allowed by Manager.Allow).
 	Approximations []Approximation
 }
@@ -62,7 +62,11 @@ type Manager struct {
 	Inst Instrumentation
 	// Allow names the approximations the passes may make (CheckAllowed).
 	Allow []string
-	Runs  []PassRun // filled by Run
+	// Need lists what must hold when the pipeline ends (a backend's
+	// needs: arena offsets); a pipeline that cannot give it is refused
+	// before any pass runs.
+	Need []Property
+	Runs []PassRun // filled by Run
 }
 
 // PassError is a pass that failed, panicked or produced invalid IR.
@@ -83,10 +87,14 @@ func (e *PassError) Error() string {
 func (e *PassError) Unwrap() error { return e.Err }
 
 // Run applies the pipeline to m in order. A pipeline that breaks a pass's
-// contract on m is a *ContractError, and no pass runs. On a pass's failure
-// the module is left as the pass left it, and the error is a *PassError.
+// contract on m (or cannot end with Need) is a *ContractError, and no pass
+// runs. After each pass, what it undoes is cleared (arena offsets), and
+// under VerifyEach the IR is verified, every buffer offset checked, and
+// what the pass claims to establish checked (Established). On a pass's
+// failure the module is left as the pass left it, and the error is a
+// *PassError. The IR is printed only where the instrumentation asks.
 func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
-	if err := CheckContracts(m, pipe); err != nil {
+	if err := CheckContracts(m, pipe, mg.Need...); err != nil {
 		return err
 	}
 	in := mg.Inst
@@ -109,14 +117,15 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 	for i, step := range pipe {
 		name := step.Pass.Name
 		in.Progress.Step("pass %d/%d: %s", i+1, len(pipe), name)
+		// The text before the pass, only for what reads it: a dump, the
+		// change test, a reproducer.
 		before := ""
-		if in.PrintAfterChange || in.PrintBefore[name] {
+		if in.PrintAfterChange || in.PrintBefore[name] || in.ReproducerDir != "" {
 			before = m.String()
 		}
 		if in.PrintBefore[name] {
 			fmt.Fprintf(log, "// -----// IR Dump Before %s //----- //\n%s\n", name, in.forPeople(before))
 		}
-		snapshot := m.String()
 		ctx, err := NewContext(step.Pass, step.Args)
 		if err != nil {
 			return &PassError{Pass: name, Err: err}
@@ -125,24 +134,27 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		start := time.Now()
 		err = runGuarded(step.Pass, ctx, m)
 		secs := time.Since(start).Seconds()
+		if err == nil && !step.Pass.AnyOptions {
+			for _, q := range step.Pass.Invalidates {
+				clear(m, q)
+			}
+		}
 		if err == nil && in.VerifyEach {
-			if verr := ir.Verify(m); verr != nil {
-				err = fmt.Errorf("it produced invalid IR:\n%v", verr)
-			}
-			for _, f := range m.Funcs {
-				if err == nil {
-					if cerr := liveness.CheckOffsets(f); cerr != nil {
-						err = fmt.Errorf("it produced an invalid buffer assignment: %v", cerr)
-					}
-				}
-			}
+			err = verifyAfter(m, step.Pass)
 		}
 		if err != nil {
-			rep := mg.writeReproducer(name, snapshot, pipe[i:])
-			return &PassError{Pass: name, Err: err, Reproducer: rep}
+			pe := &PassError{Pass: name, Err: err}
+			if in.ReproducerDir != "" {
+				pe.Reproducer = mg.writeReproducer(name, before, pipe[i:])
+			}
+			return pe
 		}
-		after := m.String()
-		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Changed: after != snapshot, Approximations: ctx.Approximations()}
+		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Approximations: ctx.Approximations()}
+		after := ""
+		if in.PrintAfterChange || in.PrintAfterAll || in.PrintAfter[name] || in.DumpDir != "" {
+			after = m.String()
+			run.Changed = in.PrintAfterChange && after != before
+		}
 		mg.Runs = append(mg.Runs, run)
 		if in.Observe != nil {
 			in.Observe(name, m)
@@ -160,6 +172,25 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 	return nil
 }
 
+// verifyAfter checks m after pass p ran: the IR, every buffer offset,
+// and each property p claims to establish.
+func verifyAfter(m *ir.Module, p *Pass) error {
+	if err := ir.Verify(m); err != nil {
+		return fmt.Errorf("it produced invalid IR:\n%v", err)
+	}
+	for _, f := range m.Funcs {
+		if err := liveness.CheckOffsets(f); err != nil {
+			return fmt.Errorf("it produced an invalid buffer assignment: %v", err)
+		}
+	}
+	for _, q := range p.Establishes {
+		if err := Established(m, q); err != nil {
+			return fmt.Errorf("it claims to make %s, but %v", q, err)
+		}
+	}
+	return nil
+}
+
 // runGuarded runs a pass and turns a panic into an error with its stack.
 func runGuarded(p *Pass, ctx *Context, m *ir.Module) (err error) {
 	defer func() {
@@ -171,15 +202,11 @@ func runGuarded(p *Pass, ctx *Context, m *ir.Module) (err error) {
 }
 
 // writeReproducer leaves the input of a failing pass in a new file of
-// its own (readable by its owner alone: it holds the model's weights),
-// whose run line works from any folder. It returns the file's path, or ""
-// when it could not write one.
+// its own in the reproducer folder (readable by its owner alone: it holds
+// the model's weights), whose run line works from any folder. It returns
+// the file's path, or "" when it could not write one.
 func (mg *Manager) writeReproducer(pass, input string, rest Pipeline) string {
-	dir := mg.Inst.ReproducerDir
-	if dir == "" {
-		dir = os.TempDir()
-	}
-	f, err := os.CreateTemp(dir, "kiln-reproducer-"+sanitize(pass)+"-*.kir")
+	f, err := os.CreateTemp(mg.Inst.ReproducerDir, "kiln-reproducer-"+sanitize(pass)+"-*.kir")
 	if err != nil {
 		return ""
 	}

@@ -237,3 +237,45 @@ func TestRegisterRejectsBadPasses(t *testing.T) {
 	require.Error(t, Register(&Pass{Name: "baddefault", Summary: "x", Run: run, Options: []Option{{Name: "n", Kind: IntOption, Default: "x"}}}))
 	_ = time.Second
 }
+
+// TestEstablishedIsChecked: under verify-each, a pass that claims to
+// establish a property it does not make fails, naming the property.
+func TestEstablishedIsChecked(t *testing.T) {
+	liar := &Pass{Name: "test-claims-offsets", Summary: "claims arena offsets and makes none", Establishes: []Property{Assigned},
+		Run: func(*Context, *ir.Module) error { return nil }}
+	m := parse(t, sample)
+	err := (&Manager{Inst: Instrumentation{VerifyEach: true}}).Run(m, Pipeline{{Pass: liar}})
+	require.ErrorContains(t, err, "it claims to make arena offsets, but @f: %a has no arena offset")
+	loss := &Pass{Name: "test-claims-step", Summary: "claims a training step and makes none", Establishes: []Property{TrainingStep},
+		Run: func(*Context, *ir.Module) error { return nil }}
+	err = (&Manager{Inst: Instrumentation{VerifyEach: true}}).Run(parse(t, sample), Pipeline{{Pass: loss}})
+	require.ErrorContains(t, err, "it claims to make a training step, but @f returns no loss")
+}
+
+// TestInvalidatedIsCleared: after a pass that undoes arena offsets, none
+// is left (nor the arena's size), whatever the pass did with them.
+func TestInvalidatedIsCleared(t *testing.T) {
+	m := parse(t, `func @f(%x: f32[4]) -> (f32[4]) attributes {alignment = 64, arena = 32} {
+  %a = neg(%x) : f32[4] at 0
+  %b = neg(%a) : f32[4] at 16
+  return %b
+}
+`)
+	undo := &Pass{Name: "test-undoes-offsets", Summary: "moves values", Invalidates: []Property{Assigned},
+		Run: func(*Context, *ir.Module) error { return nil }}
+	require.NoError(t, (&Manager{Inst: Instrumentation{VerifyEach: true}}).Run(m, Pipeline{{Pass: undo}}))
+	require.NotContains(t, m.String(), " at ")
+	require.NotContains(t, m.String(), "arena")
+}
+
+// TestNeedIsChecked: a pipeline that cannot end with what its consumer
+// needs is refused before any pass runs.
+func TestNeedIsChecked(t *testing.T) {
+	m := parse(t, sample)
+	pipe, err := ParsePipeline("dce", nil)
+	require.NoError(t, err)
+	err = (&Manager{Need: []Property{Assigned}}).Run(m, pipe)
+	var ce *ContractError
+	require.ErrorAs(t, err, &ce)
+	require.Contains(t, ce.Msg, "the pipeline must end with arena offsets")
+}
