@@ -382,3 +382,7 @@ func Best(p *Problem, budget time.Duration) *Solution {
 	}
 	return best
 }
+
+// DefaultAlignment is the alignment of arena offsets when none is asked
+// for (64 bytes: a cache line, and AVX-512's widest load).
+const DefaultAlignment = 64

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"io"
 	"strconv"
 	"strings"
@@ -147,7 +148,7 @@ func choosePlacement(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) (p
 	}
 	var parts []string
 	for _, p := range tries {
-		what := fmt.Sprintf("%s, %.1f µs", memreport.Human(p.planned), p.seconds*1e6)
+		what := fmt.Sprintf("%s, %.1f µs", diag.Bytes(p.planned), p.seconds*1e6)
 		if p.err != nil {
 			what = "cannot be planned (" + firstLine(p.err) + ")"
 		}
@@ -243,7 +244,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 	for _, extra := range []int64{movable, movable / 2, movable / 4} {
 		var out passes.Pipeline
 		out = append(out, pipe[:at]...)
-		note := fmt.Sprintf("remat could not reach %s alone: ", memreport.Human(b))
+		note := fmt.Sprintf("remat could not reach %s alone: ", diag.Bytes(b))
 		if b+extra < peak {
 			args := map[string]string{}
 			for k, v := range pipe[at].Args {
@@ -251,10 +252,10 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 			}
 			args["budget"] = strconv.FormatInt(b+extra, 10)
 			out = append(out, passes.Step{Pass: pipe[at].Pass, Args: args})
-			note += fmt.Sprintf("recomputation and microbatches aimed at %s, ", memreport.Human(b+extra))
+			note += fmt.Sprintf("recomputation and microbatches aimed at %s, ", diag.Bytes(b+extra))
 		}
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
-		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b))
+		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", diag.Bytes(b))
 		tries = append(tries, offloadTry{out, note, 0, -1})
 	}
 	grad := -1
@@ -279,7 +280,7 @@ func withOffload(e *env, m *ir.Module, pipe passes.Pipeline, verify bool) ([]off
 		out = append(out, split...)
 		out = append(out, pipe[grad+1:at]...)
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
-		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; microbatch's own note counts the batch norms that take per-microbatch statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", memreport.Human(b), n, memreport.Human(b))
+		note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation; microbatch's own note counts the batch norms that take per-microbatch statistics), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", diag.Bytes(b), n, diag.Bytes(b))
 		tries = append(tries, offloadTry{out, note, n, -1})
 	}
 	return withHostInputs(tries, b)

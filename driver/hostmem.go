@@ -3,12 +3,12 @@ package driver
 import (
 	"bufio"
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"os"
 	"strconv"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/ir"
-	"github.com/kiln-compiler/kiln/memreport"
 )
 
 // hostTensorBytes is what kiln run holds per element of a host tensor:
@@ -108,5 +108,5 @@ func checkHostMemory(file string, f *ir.Func, interpreted bool, available int64)
 		how = "its arguments and results as 8 bytes per element, before the program's own arena"
 	}
 	return fmt.Errorf("%s: error: running @%s needs about %s of host memory (%s), more than the %s available",
-		at, f.Name, memreport.Human(need), how, memreport.Human(available))
+		at, f.Name, diag.Bytes(need), how, diag.Bytes(available))
 }

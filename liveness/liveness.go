@@ -274,6 +274,31 @@ func (info *Info) Largest(k int) []*Buffer {
 	return live
 }
 
+// Holder is a value live at the peak, as messages and reports name it.
+type Holder struct {
+	Value string `json:"value"`
+	Bytes int64  `json:"bytes"`
+	Op    string `json:"op"`
+	Loc   string `json:"loc"`
+}
+
+// Holders describes the k largest buffers live at the peak (Largest).
+func (info *Info) Holders(k int) []Holder {
+	out := []Holder{}
+	for _, b := range info.Largest(k) {
+		v := b.Root()
+		h := Holder{Value: v.Ref(), Bytes: b.Size}
+		if v.Def != nil {
+			h.Op = v.Def.Kind
+			if !v.Def.Loc.IsUnknown() {
+				h.Loc = v.Def.Loc.String()
+			}
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
 // ArenaBuffers returns the buffers that need arena memory.
 func (info *Info) ArenaBuffers() []*Buffer {
 	var out []*Buffer

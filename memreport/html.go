@@ -2,6 +2,7 @@ package memreport
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"html"
 	"io"
 	"strings"
@@ -109,10 +110,10 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	e := html.EscapeString
 	s.WriteString(PageHead("Kiln memory report: @"+r.Func, "Memory of <code>@"+e(r.Func)+"</code>"))
 	fmt.Fprintf(&s, "<p>%d ops. The step needs <b>%s</b> on the device (<i>planned</i>); at its busiest moment <b>%s</b> are live (<i>peak</i>).</p>\n",
-		r.Ops, Human(r.PlannedBytes), Human(r.PeakBytes))
+		r.Ops, diag.Bytes(r.PlannedBytes), diag.Bytes(r.PeakBytes))
 	s.WriteString("<table>\n")
 	row := func(name string, v int64, meaning string) {
-		fmt.Fprintf(&s, "<tr><th>%s</th><td class=n>%s</td><td class=note>%s</td></tr>\n", e(name), Human(v), e(meaning))
+		fmt.Fprintf(&s, "<tr><th>%s</th><td class=n>%s</td><td class=note>%s</td></tr>\n", e(name), diag.Bytes(v), e(meaning))
 	}
 	row("planned", r.PlannedBytes, "what the step needs: parameters + optimizer state + inputs + arena")
 	row("peak", r.PeakBytes, "the most bytes live at once in the schedule")
@@ -141,7 +142,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		}
 		s.WriteString("). The largest values live there:</p>\n<table><tr><th>bytes</th><th>value</th><th>op</th><th>source</th></tr>\n")
 		for _, t := range r.TopAtPeak {
-			fmt.Fprintf(&s, "<tr><td class=n>%s</td><td><code>%s</code></td><td>%s</td><td><code>%s</code></td></tr>\n", Human(t.Bytes), e(t.Value), e(t.Op), e(t.Loc))
+			fmt.Fprintf(&s, "<tr><td class=n>%s</td><td><code>%s</code></td><td>%s</td><td><code>%s</code></td></tr>\n", diag.Bytes(t.Bytes), e(t.Value), e(t.Op), e(t.Loc))
 		}
 		s.WriteString("</table>\n")
 	}
@@ -158,7 +159,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 				sign, d = "&minus;", -d
 			}
 			if bytes {
-				return fmt.Sprintf(" <span class=note>(%s%s)</span>", sign, Human(d))
+				return fmt.Sprintf(" <span class=note>(%s%s)</span>", sign, diag.Bytes(d))
 			}
 			return fmt.Sprintf(" <span class=note>(%s%d)</span>", sign, d)
 		}
@@ -172,7 +173,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 				prev = r.Effects[i-1]
 			}
 			fmt.Fprintf(&s, "<tr><td>%s</td><td class=n>%s%s</td><td class=n>%d%s</td><td class=n>%d%s</td></tr>\n", name,
-				Human(x.Peak), delta(x.Peak, prev.Peak, true), x.FLOPs, delta(x.FLOPs, prev.FLOPs, false), x.Kernels, delta(int64(x.Kernels), int64(prev.Kernels), false))
+				diag.Bytes(x.Peak), delta(x.Peak, prev.Peak, true), x.FLOPs, delta(x.FLOPs, prev.FLOPs, false), x.Kernels, delta(int64(x.Kernels), int64(prev.Kernels), false))
 		}
 		s.WriteString("</table>\n")
 	} else if len(r.Passes) > 0 {
@@ -253,14 +254,14 @@ func writeChart(s *strings.Builder, live [][]int64, r *Report, n int) {
 	fmt.Fprintf(s, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="#444"/>`+"\n", left, height-bottom, width, height-bottom)
 	for _, frac := range []float64{0, 0.5, 1} {
 		v := int64(frac * float64(top))
-		fmt.Fprintf(s, `<text x="%.0f" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", left-6, y(v)+4, Human(v))
+		fmt.Fprintf(s, `<text x="%.0f" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", left-6, y(v)+4, diag.Bytes(v))
 	}
 	fmt.Fprintf(s, `<text x="%.0f" y="%.0f" font-size="11">op 0</text><text x="%.0f" y="%.0f" font-size="11" text-anchor="end">op %d</text>`+"\n",
 		left, height-6, width, height-6, max(n-1, 0))
 	if r.PeakOp != nil && n > 0 {
 		c := r.PeakOp.Index * cols / n
 		fmt.Fprintf(s, `<line x1="%.1f" y1="0" x2="%.1f" y2="%.0f" stroke="#000" stroke-dasharray="4 3"/><text x="%.1f" y="11" font-size="11">peak %s at op %d</text>`+"\n",
-			x(c), x(c), height-bottom, x(c)+4, Human(r.PeakBytes), r.PeakOp.Index)
+			x(c), x(c), height-bottom, x(c)+4, diag.Bytes(r.PeakBytes), r.PeakOp.Index)
 	}
 	s.WriteString("</svg>\n")
 }

@@ -2,6 +2,7 @@ package memreport
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"slices"
 	"strings"
 )
@@ -78,9 +79,9 @@ func Mechanisms(effects []Effect) map[string]*Mechanism {
 func (m *Mechanism) describe(total int64) string {
 	var b strings.Builder
 	if m.BytesSaved >= 0 {
-		fmt.Fprintf(&b, "saved %s", Human(m.BytesSaved))
+		fmt.Fprintf(&b, "saved %s", diag.Bytes(m.BytesSaved))
 	} else {
-		fmt.Fprintf(&b, "added %s", Human(-m.BytesSaved))
+		fmt.Fprintf(&b, "added %s", diag.Bytes(-m.BytesSaved))
 	}
 	fmt.Fprintf(&b, ", %+d FLOPs", m.FLOPsAdded)
 	if base := total - m.FLOPsAdded; base > 0 && m.FLOPsAdded != 0 {

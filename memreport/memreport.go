@@ -8,6 +8,7 @@ package memreport
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"io"
 	"sort"
 	"strings"
@@ -20,12 +21,7 @@ import (
 )
 
 // Top is one of the largest values live at the peak.
-type Top struct {
-	Value string `json:"value"`
-	Bytes int64  `json:"bytes"`
-	Op    string `json:"op"`
-	Loc   string `json:"loc"`
-}
+type Top = liveness.Holder
 
 // Pass names a pass of the pipeline that produced the function; Seconds
 // is set only when timing was asked for.
@@ -139,9 +135,6 @@ func CommBytes(f *ir.Func) int64 {
 	return n
 }
 
-// DefaultAlignment is the alignment of the default assignment.
-const DefaultAlignment = 64
-
 // Effect is where a function stands after a pass (or before the first):
 // its peak, FLOPs, kernel launches and modelled step time.
 type Effect struct {
@@ -182,7 +175,7 @@ func Build(f *ir.Func, passes []Pass) *Report {
 	if a, ok := f.Attrs["arena"]; ok {
 		r.ArenaBytes = a.Int
 	} else {
-		p := &alloc.Problem{Alignment: DefaultAlignment}
+		p := &alloc.Problem{Alignment: alloc.DefaultAlignment}
 		for _, b := range info.ArenaBuffers() {
 			p.Buffers = append(p.Buffers, alloc.Buffer{ID: b.ID, Lower: int64(b.Start), Upper: int64(b.End) + 1, Size: b.Size})
 		}
@@ -246,17 +239,7 @@ func Build(f *ir.Func, passes []Pass) *Report {
 			}
 		}
 	}
-	for _, b := range info.Largest(10) {
-		v := b.Root()
-		t := Top{Value: v.Ref(), Bytes: b.Size}
-		if v.Def != nil {
-			t.Op = v.Def.Kind
-			if !v.Def.Loc.IsUnknown() {
-				t.Loc = v.Def.Loc.String()
-			}
-		}
-		r.TopAtPeak = append(r.TopAtPeak, t)
-	}
+	r.TopAtPeak = info.Holders(10)
 	return r
 }
 
@@ -277,27 +260,12 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// Human prints a byte count with a binary unit.
-func Human(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	f := float64(n)
-	u := 0
-	for f >= 1024 && u < len(units)-1 {
-		f /= 1024
-		u++
-	}
-	if u == 0 {
-		return fmt.Sprintf("%d B", n)
-	}
-	return fmt.Sprintf("%.2f %s", f, units[u])
-}
-
 // WriteText writes the report for people.
 func (r *Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "function\t@%s\n", ir.QuoteName(r.Func))
 	fmt.Fprintf(tw, "ops\t%d\n", r.Ops)
-	row := func(name string, n int64) { fmt.Fprintf(tw, "%s\t%s\t(%d bytes)\n", name, Human(n), n) }
+	row := func(name string, n int64) { fmt.Fprintf(tw, "%s\t%s\t(%d bytes)\n", name, diag.Bytes(n), n) }
 	row("parameters", r.ParamsBytes)
 	row("state", r.StateBytes)
 	row("inputs", r.InputsBytes)
@@ -310,7 +278,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			at = fmt.Sprintf(" at op %d (%s defining %s)", r.info.PeakAt, op.Kind, op.Results[0].Ref())
 		}
 	}
-	fmt.Fprintf(tw, "peak\t%s\t(%d bytes)%s\n", Human(r.PeakBytes), r.PeakBytes, at)
+	fmt.Fprintf(tw, "peak\t%s\t(%d bytes)%s\n", diag.Bytes(r.PeakBytes), r.PeakBytes, at)
 	if len(r.BytesByDType) > 1 {
 		names := make([]string, 0, len(r.BytesByDType))
 		for d := range r.BytesByDType {
@@ -334,7 +302,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(tw, "flops\t%d\n", r.FLOPs)
 	fmt.Fprintf(tw, "recompute flops\t%d\n", r.RecomputeFLOPs)
 	fmt.Fprintf(tw, "kernels\t%d\t(%d unfused)\n", r.Kernels, r.UnfusedKernels)
-	fmt.Fprintf(tw, "traffic\t%s\t(%d bytes; %s unfused)\n", Human(r.TrafficBytes), r.TrafficBytes, Human(r.UnfusedTrafficBytes))
+	fmt.Fprintf(tw, "traffic\t%s\t(%d bytes; %s unfused)\n", diag.Bytes(r.TrafficBytes), r.TrafficBytes, diag.Bytes(r.UnfusedTrafficBytes))
 	if r.IntermediateBytesRemoved > 0 {
 		row("fused away", r.IntermediateBytesRemoved)
 	}
@@ -367,12 +335,12 @@ func (r *Report) WriteText(w io.Writer) error {
 		// The ranks of an SPMD step plan alike: one line says it for all.
 		k := r.Ranks[0]
 		fmt.Fprintf(tw, "ranks\t%d, each planning %s: parameters %s, state %s; sends %s in collectives, %.1f µs of which %.1f µs the step waits for (%.1f µs could overlap at most)\n",
-			len(r.Ranks), Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6, k.HideableCommSeconds*1e6)
+			len(r.Ranks), diag.Bytes(k.PlannedBytes), diag.Bytes(k.ParamsBytes), diag.Bytes(k.StateBytes), diag.Bytes(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6, k.HideableCommSeconds*1e6)
 	} else {
 		// Pipeline stages: a line each.
 		for _, k := range r.Ranks {
 			fmt.Fprintf(tw, "rank %d\tplanning %s: parameters %s, state %s; sends %s, %.1f µs of which %.1f µs the step waits for (%.1f µs could overlap at most)\n",
-				k.Rank, Human(k.PlannedBytes), Human(k.ParamsBytes), Human(k.StateBytes), Human(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6, k.HideableCommSeconds*1e6)
+				k.Rank, diag.Bytes(k.PlannedBytes), diag.Bytes(k.ParamsBytes), diag.Bytes(k.StateBytes), diag.Bytes(k.CommBytes), k.CommSeconds*1e6, k.ExposedCommSeconds*1e6, k.HideableCommSeconds*1e6)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -385,7 +353,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "  bytes\tvalue\top\tlocation\n")
 	for _, t := range r.TopAtPeak {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", Human(t.Bytes), t.Value, t.Op, t.Loc)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", diag.Bytes(t.Bytes), t.Value, t.Op, t.Loc)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

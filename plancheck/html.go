@@ -2,6 +2,7 @@ package plancheck
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"html"
 	"io"
 	"sort"
@@ -30,9 +31,9 @@ func WriteHTML(w io.Writer, p *cuda.Plan, r *Report) error {
 	row("compute", fmt.Sprintf("%.1f µs", r.ComputeSeconds*1e6), "time stream 0 runs kernels")
 	row("copies", fmt.Sprintf("%.1f µs", r.CopySeconds*1e6), "time the copy streams move tensors between device and host")
 	row("stalled", fmt.Sprintf("%.1f µs", r.StallSeconds*1e6), "time kernels wait for a copy to finish")
-	row("device arena", memreport.Human(p.Arena.SizeBytes), "the one device buffer of every intermediate tensor and, after it, the kernels' workspace")
-	row("workspace", memreport.Human(p.Workspace.SizeBytes), "scratch memory of kernels (im2col panels, statistics), part of the device arena")
-	row("host arena", memreport.Human(p.Host.SizeBytes), "host memory of tensors swapped out of the device")
+	row("device arena", diag.Bytes(p.Arena.SizeBytes), "the one device buffer of every intermediate tensor and, after it, the kernels' workspace")
+	row("workspace", diag.Bytes(p.Workspace.SizeBytes), "scratch memory of kernels (im2col panels, statistics), part of the device arena")
+	row("host arena", diag.Bytes(p.Host.SizeBytes), "host memory of tensors swapped out of the device")
 	row("nodes", fmt.Sprintf("%d launches, %d copies, %d events", r.Kernels, r.Copies, r.Events), "what the runtime issues, in order")
 	s.WriteString("</table>\n")
 
@@ -158,7 +159,7 @@ func writeMemory(s *strings.Builder, p *cuda.Plan, r *Report) {
 		chartLeft, chartLeft, height-bottom, chartLeft, height-bottom, chartWidth, height-bottom)
 	for _, frac := range []float64{0, 0.5, 1} {
 		v := int64(frac * float64(peak))
-		fmt.Fprintf(s, `<text x="%.0f" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", chartLeft-6, y(v)+4, memreport.Human(v))
+		fmt.Fprintf(s, `<text x="%.0f" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", chartLeft-6, y(v)+4, diag.Bytes(v))
 	}
 	fmt.Fprintf(s, `<text x="%.0f" y="%.0f" font-size="11">0 µs</text><text x="%.0f" y="%.0f" font-size="11" text-anchor="end">%.1f µs</text>`+"\n",
 		chartLeft, height-6, chartWidth, height-6, r.Seconds*1e6)

@@ -2,12 +2,12 @@ package parallel
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"slices"
 
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
-	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes/fuse"
 	"github.com/kiln-compiler/kiln/passes/remat"
 )
@@ -37,7 +37,7 @@ func (c Candidate) String() string {
 	case c.Remat:
 		fits = "fits with recomputation"
 	}
-	return fmt.Sprintf("%s: peak %s per rank (%s), %.1f µs per step", name, memreport.Human(c.Peak), fits, c.Seconds*1e6)
+	return fmt.Sprintf("%s: peak %s per rank (%s), %.1f µs per step", name, diag.Bytes(c.Peak), fits, c.Seconds*1e6)
 }
 
 // Search weighs the plans that spread f over at most devices ranks with
@@ -113,7 +113,7 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 		if least < 0 {
 			return Plan{}, cands, fmt.Errorf("no plan over %d devices can be made: %v", devices, cands[0].Err)
 		}
-		return Plan{}, cands, fmt.Errorf("no plan over %d devices fits %s per device; the smallest, %s, needs %s", devices, memreport.Human(memory), cands[least].Plan, memreport.Human(cands[least].Peak))
+		return Plan{}, cands, fmt.Errorf("no plan over %d devices fits %s per device; the smallest, %s, needs %s", devices, diag.Bytes(memory), cands[least].Plan, diag.Bytes(cands[least].Peak))
 	}
 	return cands[best].Plan, cands, nil
 }

@@ -14,6 +14,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"math"
 	"slices"
 	"sort"
@@ -196,7 +197,7 @@ type splitStats struct {
 func (s *splitStats) note() string {
 	var note string
 	if math.IsInf(s.AloneSeconds, 1) {
-		note = fmt.Sprintf("recomputation alone reached %s; the step runs as %d microbatches (gradient accumulation)", memreport.Human(s.AloneReached), s.N)
+		note = fmt.Sprintf("recomputation alone reached %s; the step runs as %d microbatches (gradient accumulation)", diag.Bytes(s.AloneReached), s.N)
 	} else {
 		note = fmt.Sprintf("the step runs as %d microbatches (gradient accumulation): with recomputation in them it takes %.1f µs in the cost model, recomputation alone (%d FLOPs) %.1f µs", s.N, s.Seconds*1e6, s.Alone.FLOPs, s.AloneSeconds*1e6)
 	}
@@ -222,7 +223,7 @@ type BudgetError struct {
 	Func         string
 	Budget       int64
 	Reached      int64
-	Holders      []memreport.Top
+	Holders      []liveness.Holder
 	Microbatches int // the most microbatches tried beside recomputation (0: none)
 	// Floor, when set, is what the step's arguments and results need
 	// together, above the budget: no schedule goes below it.
@@ -236,13 +237,13 @@ func (e *BudgetError) Error() string {
 		how = fmt.Sprintf("by recomputation and up to %d microbatches", e.Microbatches)
 	}
 	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) %s; the budget is %s (%d bytes)",
-		e.Func, memreport.Human(e.Reached), e.Reached, how, memreport.Human(e.Budget), e.Budget)
+		e.Func, diag.Bytes(e.Reached), e.Reached, how, diag.Bytes(e.Budget), e.Budget)
 	if e.Floor > e.Budget {
-		fmt.Fprintf(&b, ", under the %s (%d bytes) that the step's arguments and results need together, which no schedule, recomputation or split goes below", memreport.Human(e.Floor), e.Floor)
+		fmt.Fprintf(&b, ", under the %s (%d bytes) that the step's arguments and results need together, which no schedule, recomputation or split goes below", diag.Bytes(e.Floor), e.Floor)
 	}
 	b.WriteString(". Values live at that peak:")
 	for _, h := range e.Holders {
-		fmt.Fprintf(&b, "\n  %s %s (%s)", memreport.Human(h.Bytes), h.Value, h.Op)
+		fmt.Fprintf(&b, "\n  %s %s (%s)", diag.Bytes(h.Bytes), h.Value, h.Op)
 		if h.Loc != "" {
 			fmt.Fprintf(&b, " at %s", h.Loc)
 		}
@@ -320,7 +321,7 @@ func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 			lowestFunc = f
 			e.Reached = liveness.Analyze(f).Peak
 		}
-		e.Holders = memreport.Build(lowestFunc, nil).TopAtPeak
+		e.Holders = liveness.Analyze(lowestFunc).Holders(10)
 		return Result{}, e
 	}
 	*f = *best

@@ -11,6 +11,7 @@ package swap
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"math"
 	"slices"
 	"sort"
@@ -21,7 +22,6 @@ import (
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
-	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/assign"
 	"github.com/kiln-compiler/kiln/passes/remat"
@@ -109,7 +109,7 @@ func ArenaBytes(f *ir.Func) int64 {
 	if a, ok := f.Attrs["arena"]; ok {
 		return a.Int
 	}
-	p, _ := assign.Problem(liveness.Analyze(f), memreport.DefaultAlignment)
+	p, _ := assign.Problem(liveness.Analyze(f), alloc.DefaultAlignment)
 	return alloc.BestDeterministic(p).Size
 }
 
@@ -139,7 +139,7 @@ func roundUp(n int64) int64 {
 func workspace(f *ir.Func) (int64, error) {
 	g := f.Clone()
 	if _, ok := g.Attrs["arena"]; !ok {
-		if _, err := assign.Assign(g, "best", memreport.DefaultAlignment, 0); err != nil {
+		if _, err := assign.Assign(g, "best", alloc.DefaultAlignment, 0); err != nil {
 			return 0, err
 		}
 	}
@@ -214,7 +214,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 		if target <= 0 {
 			restore()
 			return res, fmt.Errorf("@%s: the device budget of %s (%d bytes) leaves no room for tensors: the kernels' workspace takes %d bytes of it and packing the arena %d more",
-				f.Name, memreport.Human(budget), budget, ws, max(0, budget-ws-target))
+				f.Name, diag.Bytes(budget), budget, ws, max(0, budget-ws-target))
 		}
 		if err := s.lower(target); err != nil {
 			restore()
@@ -234,7 +234,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	if res.Arena > budget && !opt.Peak {
 		restore()
 		return res, fmt.Errorf("@%s: the device memory is %s (%d bytes, %d of them kernel workspace) after swapping, above the device budget of %s (%d bytes)",
-			f.Name, memreport.Human(res.Arena), res.Arena, res.Workspace, memreport.Human(budget), budget)
+			f.Name, diag.Bytes(res.Arena), res.Arena, res.Workspace, diag.Bytes(budget), budget)
 	}
 	info := liveness.Analyze(f)
 	res.Swapped, res.SwappedBytes, res.Recomputed = len(info.HostBuffers), info.SwappedBytes, s.recomputed
@@ -294,7 +294,7 @@ func (s *swapper) lower(target int64) error {
 		}
 		if s.work > swapWork {
 			return workLimitError(fmt.Sprintf("@%s: swapping stopped at its work limit (%d op visits, seconds) with %s (%d bytes) live at op %d (%s), above the device budget of %s (%d bytes)",
-				s.f.Name, int64(swapWork), memreport.Human(live[p]), live[p], p, s.f.Body[p].Kind, memreport.Human(target), target))
+				s.f.Name, int64(swapWork), diag.Bytes(live[p]), live[p], p, s.f.Body[p].Kind, diag.Bytes(target), target))
 		}
 		peakOp, oldPeak := s.f.Body[p], live[p]
 		uses := usePositions(s.f)
@@ -710,14 +710,10 @@ func (s *swapper) offload(g *ir.Value, early, p int) bool {
 
 func (s *swapper) budgetError(info *liveness.Info, target int64) error {
 	live, p := deviceLive(info)
-	r := memreport.Build(s.f, nil)
 	msg := fmt.Sprintf("@%s: can't keep the device memory under %s (%d bytes) by swapping; %s (%d bytes) are live at op %d (%s), and none of them can be swapped or recomputed across it. Largest:",
-		s.f.Name, memreport.Human(target), target, memreport.Human(live[p]), live[p], p, s.f.Body[p].Kind)
-	for i, t := range r.TopAtPeak {
-		if i == 5 {
-			break
-		}
-		msg += fmt.Sprintf("\n  %s %s (%s)", memreport.Human(t.Bytes), t.Value, t.Op)
+		s.f.Name, diag.Bytes(target), target, diag.Bytes(live[p]), live[p], p, s.f.Body[p].Kind)
+	for _, t := range liveness.Analyze(s.f).Holders(5) {
+		msg += fmt.Sprintf("\n  %s %s (%s)", diag.Bytes(t.Bytes), t.Value, t.Op)
 	}
 	return fmt.Errorf("%s", msg)
 }
