@@ -520,6 +520,7 @@ func (e *fn) emit(x loops.Expr) value.Value {
 		// The driver sets kiln_world_rank (MPI's) before the step runs.
 		if e.md.rank == nil {
 			e.md.rank = e.md.m.NewGlobal("kiln_world_rank", types.I64)
+			e.md.rank.Linkage = enum.LinkageExternal
 		}
 		r := c.NewLoad(types.I64, e.md.rank)
 		return c.NewSRem(c.NewSDiv(r, i64(max(1, x.Stride))), i64(max(1, x.Size)))
