@@ -119,7 +119,10 @@ func requireClang(t *testing.T) {
 
 // TestTestdataCompiledMatchesInterpreter: every function in testdata,
 // compiled at -O0 (assign only) and through fusion and reordering, gives
-// the interpreter's results within 1e-5.
+// the interpreter's results within 1e-5. The functions of one device that
+// the interpreter runs in a moment are compiled together, as one program
+// per pipeline (each a part of it with its own arguments and results);
+// those of several ranks, and the large, one by one.
 func TestTestdataCompiledMatchesInterpreter(t *testing.T) {
 	requireClang(t)
 	srcs := sources(t)
@@ -134,15 +137,133 @@ func TestTestdataCompiledMatchesInterpreter(t *testing.T) {
 		// covers; the fused kernels are this test's own.
 		pipes = pipes[1:]
 	}
+	var small []*ir.Func
+	var from []string
 	for _, n := range names {
-		for _, pipe := range pipes {
-			n, pipe := n, pipe
-			t.Run(fmt.Sprintf("%s/%s", n, pipe), func(t *testing.T) {
-				t.Parallel()
-				compileAndCompare(t, srcs[n], pipe, 1e-5)
-			})
+		m, ok := validModule(srcs[n])
+		if !ok {
+			continue
+		}
+		for _, f := range m.Funcs {
+			switch {
+			case len(f.Attrs) > 0 || len(m.Funcs) > 1:
+				// Ranks, stages or an assignment of its own: alone, as written.
+				for _, pipe := range pipes {
+					t.Run(fmt.Sprintf("%s/%s", n, pipe), func(t *testing.T) {
+						t.Parallel()
+						compileAndCompare(t, srcs[n], pipe, 1e-5)
+					})
+				}
+			case stepFLOPs(f) > 5e7 && testing.Short():
+				// The interpreter alone takes seconds (a 4096² product):
+				// the full run compares it.
+			case interpRuns(f):
+				small = append(small, f)
+				from = append(from, n)
+			}
 		}
 	}
+	for _, pipe := range pipes {
+		t.Run("together/"+pipe, func(t *testing.T) {
+			t.Parallel()
+			all, parts := joinFuncs(small)
+			m := &ir.Module{Funcs: []*ir.Func{all}}
+			pipelineOn(t, m, pipe)
+			args := interp.RandomArgs(all, 7)
+			want, wantFinal, err := interp.RunWithUpdates(all, cloneAll(args), interp.Options{})
+			require.NoError(t, err)
+			p, err := loops.Lower(all)
+			require.NoError(t, err)
+			got, gotFinal, err := llvm.Run(p, args)
+			require.NoError(t, err)
+			for k, part := range parts {
+				for _, i := range part.results {
+					e := passtest.RelErr(got[i], want[i])
+					require.True(t, e <= 1e-5, "%s @%s result %s: relative error %g", from[k], small[k].Name, all.ResultName(i), e)
+				}
+				for _, i := range part.args {
+					e := passtest.RelErr(gotFinal[i], wantFinal[i])
+					require.True(t, e <= 1e-5, "%s @%s updated argument %s: relative error %g", from[k], small[k].Name, all.Args[i].Name, e)
+				}
+			}
+		})
+	}
+}
+
+// validModule parses src, which must verify and carry valid offsets (the
+// error cases of testdata do not).
+func validModule(src string) (*ir.Module, bool) {
+	m, err := parser.Parse("in.kir", src)
+	if err != nil || ir.Verify(m) != nil {
+		return nil, false
+	}
+	for _, f := range m.Funcs {
+		if liveness.CheckOffsets(f) != nil {
+			return nil, false
+		}
+	}
+	return m, true
+}
+
+// stepFLOPs is the work of one run of f.
+func stepFLOPs(f *ir.Func) int64 {
+	var n int64
+	for _, op := range f.Body {
+		n += ir.OpCost(op).FLOPs
+	}
+	return n
+}
+
+// interpRuns reports whether the interpreter takes f's random arguments
+// (an index drawn out of range is an error case).
+func interpRuns(f *ir.Func) bool {
+	_, _, err := interp.RunWithUpdates(f, interp.RandomArgs(f, 7), interp.Options{})
+	return err == nil
+}
+
+// part is where one function lies in a joined one: its argument indices
+// (those it updates in place) and its result indices.
+type part struct{ args, results []int }
+
+// joinFuncs is one function computing every function of fs side by side,
+// each on arguments of its own (their values renamed apart), with their
+// results in order.
+func joinFuncs(fs []*ir.Func) (*ir.Func, []part) {
+	all := &ir.Func{Name: "together"}
+	var parts []part
+	for k, f := range fs {
+		g := f.Clone()
+		prefix := fmt.Sprintf("f%d.", k)
+		var p part
+		for _, a := range g.Args {
+			a.Name = prefix + a.Name
+			a.Index = len(all.Args)
+			a.Offset = ir.NoOffset
+			if a.Arg.InOut {
+				p.args = append(p.args, len(all.Args))
+			}
+			all.Args = append(all.Args, a)
+		}
+		g.Walk(func(op *ir.Op) {
+			for _, r := range op.Results {
+				r.Name = prefix + r.Name
+				r.Offset = ir.NoOffset
+			}
+			if op.Region != nil {
+				for _, a := range op.Region.Args {
+					a.Name = prefix + a.Name
+				}
+			}
+		})
+		all.Body = append(all.Body, g.Body...)
+		for _, r := range g.Results {
+			p.results = append(p.results, len(all.Results))
+			r.Name, r.Attrs = "", nil // roles name the parts' own arguments
+			all.Results = append(all.Results, r)
+		}
+		parts = append(parts, p)
+	}
+	return all, parts
 }
 
 // TestDropoutGradientCompiled: the backward pass regenerates dropout's
