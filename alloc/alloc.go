@@ -386,3 +386,7 @@ func Best(p *Problem, budget time.Duration) *Solution {
 // DefaultAlignment is the alignment of arena offsets when none is asked
 // for (64 bytes: a cache line, and AVX-512's widest load).
 const DefaultAlignment = 64
+
+// WorkspaceAlignment is the alignment of a launch plan's workspace (after
+// the arena) and of each kernel's temporary in it.
+const WorkspaceAlignment = 256

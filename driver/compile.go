@@ -5,19 +5,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
-	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/plancheck"
+	"github.com/kiln-compiler/kiln/planner"
 	"github.com/kiln-compiler/kiln/progress"
 )
 
@@ -52,131 +51,38 @@ func (t *trainFlag) Set(v string) error {
 	return nil
 }
 
-var optimizerKinds = []string{"sgd", "momentum", "adam", "adamw"}
-
 func (l *optLevels) register(fs *flag.FlagSet) {
 	for i := range l.o {
-		usage := fmt.Sprintf("the pipeline %s", OptPipeline(i, "", ""))
+		usage := "the pipeline " + planner.LevelPipeline(i)
 		if i >= 2 {
-			usage += " (--budget adds remat, --device-budget swap; --print-pipeline shows the result)"
+			usage += " (--budget adds remat after saveset, --device-budget swap before assign; --print-pipeline shows the result)"
 		}
 		fs.BoolVar(&l.o[i], fmt.Sprintf("O%d", i), false, usage)
 	}
-	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: recompute (and split into microbatches) under this peak budget: bytes, or a fraction of the step's peak before any memory pass (after autodiff alone)")
-	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena and workspace fit: bytes, or a fraction of the step's before any memory pass (after autodiff alone)")
+	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: bound the step's peak by recomputation, microbatches, then swapping and offloading: bytes, or a fraction of the step's peak after autodiff alone")
+	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena and workspace fit: bytes, or a fraction of the step's after autodiff alone")
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
-	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(optimizerKinds, ", "))
-	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (microbatch{n=N}, before the optimizer)")
-	fs.StringVar(&l.parallel, "parallel", "", "with --train: partition the step over ranks, parallel{SPEC} after autodiff and the optimizer (dp=N: data parallelism)")
+	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(planner.Optimizers, ", "))
+	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (the whole batch's statistics kept in phases unless --allow per-slice-bn)")
+	fs.StringVar(&l.parallel, "parallel", "", "with --train: partition the step over ranks, parallel{SPEC} after autodiff and the optimizer (dp=N: data parallelism); devices=N[,device-memory=M] searches for the fastest plan that fits")
 }
 
-// apply puts the chosen level's pipeline into pf, after autodiff and the
-// optimizer when --train and --optimizer ask for them (a usage error when
-// --passes is given with a level). A command whose backend needs arena
-// offsets (compiled code) runs -O0 when nothing else is asked for, and
-// refuses a --passes pipeline that does not end with them.
-func (l *optLevels) apply(pf *pipelineFlags) error {
-	level := -1
-	if (l.train != "" || l.optimizer != "") && pf.passes == "" {
-		level = 2
-	}
-	if slices.Contains(pf.need, passes.Assigned) && pf.passes == "" && level < 0 {
-		level = 0
-	}
-	named, err := l.pipeline(level)
-	if err != nil {
-		return err
-	}
-	if named != "" && pf.passes != "" {
-		return usageError{"give --passes or an -O level, not both"}
-	}
-	if l.optimizer != "" && !slices.Contains(optimizerKinds, l.optimizer) {
-		return usageError{fmt.Sprintf("--optimizer must be one of %s, not %q%s", strings.Join(optimizerKinds, ", "), l.optimizer, diag.DidYouMean(l.optimizer, optimizerKinds))}
-	}
-	if l.microbatches < 0 || l.microbatches > 0 && l.train == "" {
-		return usageError{fmt.Sprintf("--microbatches takes a count of at least 1 and needs --train (got %d)", l.microbatches)}
-	}
-	var pre []string
-	if l.train != "" {
-		pre = append(pre, "autodiff{loss="+string(l.train)+"}")
-	}
-	if l.budget != "" || l.deviceBudget != "" {
-		ref := strings.Join(pre, ",")
-		pf.budgetsOf = &ref
-	}
-	if l.microbatches > 1 && l.parallel == "" {
-		pre = append(pre, fmt.Sprintf("microbatch{n=%d}", l.microbatches))
-	}
-	if l.optimizer != "" {
-		pre = append(pre, "optimizer{kind="+l.optimizer+"}")
-	}
-	if l.parallel != "" {
-		if l.train == "" {
-			return usageError{"--parallel partitions a training step: it needs --train"}
-		}
-		spec := l.parallel
-		if l.microbatches > 1 {
-			spec += fmt.Sprintf(",microbatches=%d", l.microbatches) // each rank accumulates its part
-		}
-		pre = append(pre, "parallel{"+spec+"}")
-	}
-	rest := pf.passes
-	if named != "" {
-		rest = named
-	}
-	if rest != "" {
-		pre = append(pre, rest)
-	}
-	pf.passes = strings.Join(pre, ",")
-	return nil
-}
-
-// pipeline is the named pipeline chosen (level when no -O flag is given),
-// or "" when none is.
-func (l *optLevels) pipeline(level int) (string, error) {
-	chosen := false
+// request is the planner request of the flags: the level chosen (-1:
+// none), the budgets and the training step.
+func (l *optLevels) request() (planner.Request, error) {
+	req := planner.NewRequest()
 	for i, on := range l.o {
 		if on {
-			if chosen {
-				return "", usageError{"give one of -O0, -O1, -O2, -O3"}
+			if req.Level >= 0 {
+				return req, usageError{"give one of -O0, -O1, -O2, -O3"}
 			}
-			chosen, level = true, i
+			req.Level = i
 		}
 	}
-	if (l.budget != "" || l.deviceBudget != "") && level < 2 {
-		return "", usageError{"--budget and --device-budget need -O2 or -O3"}
-	}
-	return OptPipeline(level, l.budget, l.deviceBudget), nil
-}
-
-// OptPipeline is the pipeline of -O<level> (the Contracts in the design
-// notes, with saveset added by the memory issue): -O0 assign; -O1
-// canonicalize,dce,cse,saveset,fuse,assign; -O2 adds reorder before
-// assign, remat (after saveset, so that a budget never gives a higher
-// plan than none) when a budget is given and swap (after
-// reorder, which then sees the final schedule) when a device budget is;
-// -O3 gives the exact searches more room. level < 0 gives "".
-func OptPipeline(level int, budget, deviceBudget string) string {
-	switch {
-	case level < 0:
-		return ""
-	case level == 0:
-		return "assign"
-	case level == 1:
-		return "canonicalize,dce,cse,saveset,fuse,assign"
-	}
-	p := "canonicalize,dce,cse,saveset"
-	if budget != "" {
-		p += ",remat{budget=" + budget + "}"
-	}
-	swap := ""
-	if deviceBudget != "" {
-		swap = ",swap{device-budget=" + deviceBudget + "}"
-	}
-	if level == 2 {
-		return p + ",fuse,reorder" + swap + ",assign"
-	}
-	return p + ",fuse,reorder{exact-states=2000000,improve=2000}" + swap + ",assign{algo=best}"
+	req.Budget, req.DeviceBudget = l.budget, l.deviceBudget
+	req.Train, req.Optimizer = string(l.train), l.optimizer
+	req.Microbatches, req.Parallel = l.microbatches, l.parallel
+	return req, nil
 }
 
 // lowerForLLVM lowers f, which the pipeline assigned (Manager.Need), to
@@ -200,8 +106,8 @@ func init() {
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			pf := pipelineFlags{need: []passes.Property{passes.Assigned}}
 			pf.register(fs)
-			var ol optLevels
-			ol.register(fs)
+			pf.levels = &optLevels{}
+			pf.levels.register(fs)
 			target := fs.String("target", "llvm", "llvm, or cuda (-o DIR gets plan.json, kernels.cu, kiln_cuda.h and module.kir)")
 			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations), obj, lib (shared library) or exe (with a .npy driver)")
 			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
@@ -209,9 +115,6 @@ func init() {
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			return func(e *env, args []string) error {
 				if *target == "cuda" {
-					if err := ol.apply(&pf); err != nil {
-						return err
-					}
 					return compileCUDA(e, &pf, args, *fn, *out)
 				}
 				if *target != "llvm" {
@@ -228,9 +131,6 @@ func init() {
 					}
 				default:
 					return usageError{fmt.Sprintf("--emit must be ll, header, obj, lib or exe, not %q", *emit)}
-				}
-				if err := ol.apply(&pf); err != nil {
-					return err
 				}
 				if len(args) != 1 {
 					return usageError{"want exactly one input file (or - for standard input)"}
@@ -303,7 +203,7 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 	if len(args) != 1 {
 		return usageError{"want exactly one input file (or - for standard input)"}
 	}
-	in, _, err := pf.load(e, args)
+	in, res, err := pf.load(e, args)
 	if err != nil {
 		return err
 	}
@@ -324,7 +224,7 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 	}
 	plans := make([]*cuda.Output, len(funcs))
 	for i, f := range funcs {
-		if plans[i], err = cuda.Lower(f, costmodel.Default); err != nil {
+		if plans[i], err = cuda.Lower(f, res.Device); err != nil {
 			return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
 		}
 	}

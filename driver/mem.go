@@ -9,11 +9,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
-	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passes/remat"
 	"github.com/kiln-compiler/kiln/progress"
@@ -29,8 +29,8 @@ func init() {
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
-			var ol optLevels
-			ol.register(fs)
+			pf.levels = &optLevels{}
+			pf.levels.register(fs)
 			asJSON := fs.Bool("json", false, "write the report as JSON")
 			timeline := fs.String("timeline", "", "write a Chrome trace of live bytes and buffers to FILE (Perfetto opens it)")
 			htmlOut := fs.String("html", "", "write the report as a self-contained HTML page to FILE (live bytes by category over the schedule, the peak and its culprits)")
@@ -38,9 +38,6 @@ func init() {
 			sweep := fs.Bool("remat-sweep", false, "print peak and added FLOPs of remat at budgets from 100% down to the smallest reachable")
 			sweepSolver := fs.String("remat-solver", "best", "remat solver for --remat-sweep")
 			return func(e *env, args []string) error {
-				if err := ol.apply(&pf); err != nil {
-					return err
-				}
 				if *sweep {
 					in, _, err := pf.load(e, args)
 					if err != nil {
@@ -58,16 +55,20 @@ func init() {
 				// Each pass's effect on the function: the HTML page's
 				// comparison and the mechanisms of every report.
 				var effects []memreport.Effect
+				dev, err := costmodel.ParseDevice(pf.device)
+				if err != nil {
+					return usageError{"--device: " + err.Error()}
+				}
 				pf.observe = func(pass string, m *ir.Module) {
 					g := m.Func(*fn)
 					if *fn == "" && len(m.Funcs) > 0 {
 						g = m.Funcs[0]
 					}
 					if g != nil {
-						effects = append(effects, memreport.Measure(pass, g))
+						effects = append(effects, memreport.Measure(pass, g, dev))
 					}
 				}
-				in, mg, err := pf.load(e, args)
+				in, res, err := pf.load(e, args)
 				if err != nil {
 					return err
 				}
@@ -75,27 +76,14 @@ func init() {
 				if err != nil {
 					return err
 				}
-				var ps []memreport.Pass
-				for _, r := range mg.Runs {
-					p := memreport.Pass{Name: r.Name}
-					for _, st := range r.Stats {
-						if n, ok := st.Value.(string); ok && st.Name == "note" {
-							p.Notes = append(p.Notes, n)
-						}
-					}
-					if pf.timing {
-						s := r.Seconds
-						p.Seconds = &s
-					}
-					ps = append(ps, p)
-				}
-				rep := memreport.Build(f, ps)
+				rep := res.Report(f, pf.timing)
+				ps := rep.Passes
 				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
 					// Pipeline stages: a plan each; the report is the
 					// largest's, with each stage's as its ranks'.
 					var ranks []memreport.RankReport
 					for s, g := range stages {
-						r := memreport.Build(g, ps)
+						r := memreport.Build(g, ps, dev)
 						for range parallel.RanksOf(g) {
 							ranks = append(ranks, memreport.RankOf(g, r, len(ranks)))
 						}
@@ -113,15 +101,12 @@ func init() {
 						rep.Ranks = append(rep.Ranks, rr)
 					}
 				}
-				if n := len(mg.Runs) + 1; len(effects) > n {
+				if n := len(res.Runs) + 1; len(effects) > n {
 					// A pipeline tried again (--budget going on to
 					// offload): the last run's effects are the plan's.
 					effects = effects[len(effects)-n:]
 				}
-				if len(effects) == len(mg.Runs)+1 {
-					for i, r := range mg.Runs {
-						effects[i+1].Inner = innerEffects(r)
-					}
+				if len(effects) == len(res.Runs)+1 {
 					rep.Mechanisms = memreport.Mechanisms(effects)
 				}
 				if *htmlOut != "" {
@@ -213,19 +198,4 @@ func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 		fmt.Fprintf(tw, "%.0f%%\t%d\t%d\t%.2f%%\t%s\t\n", 100*p.Budget, p.BudgetBytes, p.PeakBytes, p.ExtraPercent, p.Solver)
 	}
 	return tw.Flush()
-}
-
-// innerEffects are the states inside a pass run that its statistics
-// describe: remat's split into microbatches before it recomputed.
-func innerEffects(r passes.PassRun) []memreport.Effect {
-	st := map[string]int64{}
-	for _, s := range r.Stats {
-		if n, ok := s.Value.(int64); ok {
-			st[s.Name] = n
-		}
-	}
-	if _, ok := st["split-peak"]; !ok {
-		return nil
-	}
-	return []memreport.Effect{{Pass: "microbatch", Peak: st["split-peak"], FLOPs: st["split-flops"], Seconds: float64(st["split-ns"]) / 1e9}}
 }

@@ -5,12 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
+	"github.com/kiln-compiler/kiln/planner"
 	"github.com/kiln-compiler/kiln/progress"
 )
 
@@ -35,14 +39,16 @@ type pipelineFlags struct {
 	loadPlugins   inputFlags
 	batch         int64
 	printPipeline bool
-	// budgetsOf, when set, is the pipeline whose result the fractions of
-	// --budget and --device-budget refer to ("" for the input itself).
-	budgetsOf *string
 	// allow names the approximations the passes may make (--allow).
 	allow listFlag
+	// device is the device every estimate models (--device).
+	device string
 	// need is what the command's backend needs when the pipeline ends
 	// (arena offsets for compiled code).
 	need []passes.Property
+	// levels, when the command takes them, are -O0..-O3, the budgets and
+	// the training flags.
+	levels *optLevels
 }
 
 // listFlag is a flag that may be given several times, each a
@@ -77,6 +83,7 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.pluginDir, "plugin-dir", "", "where ext:NAME passes (programs kiln-pass-NAME) are looked up before PATH")
 	fs.DurationVar(&p.pluginTimeout, "plugin-timeout", time.Minute, "time limit of one external pass run")
 	fs.Var(&p.loadPlugins, "load-pass-plugin", "FILE.so: load passes built with go build -buildmode=plugin (repeatable)")
+	fs.StringVar(&p.device, "device", "", "the device the passes and reports model: a preset ("+strings.Join(devicePresets(), ", ")+"), rates (flops=67e12,mem-bw=3.35e12,link-bw=64e9,launch=2e-6,comm-bw=450e9,comm-latency=5e-6,host-bw=100e9), or a preset then the rates that differ (default: default)")
 	fs.Var(&p.allow, "allow", "let the passes make the approximation `NAME` (repeatable, or comma-separated): "+strings.Join(passes.ApproximationNames(), ", "))
 }
 
@@ -90,156 +97,118 @@ func nameSet(list string) map[string]bool {
 	return out
 }
 
-// load reads the single input IN and runs the pipeline on it.
-func (p *pipelineFlags) load(e *env, args []string) (*input, *passes.Manager, error) {
+// load reads the single input IN and plans it as the flags ask.
+func (p *pipelineFlags) load(e *env, args []string) (*input, *planner.Result, error) {
 	if len(args) != 1 {
 		return nil, nil, usageError{"want exactly one input file (or - for standard input)"}
 	}
 	if p.batch < 0 {
 		return nil, nil, usageError{fmt.Sprintf("--batch must be positive (0 keeps the model's), not %d", p.batch)}
 	}
+	req, err := p.request()
+	if err != nil {
+		return nil, nil, err
+	}
 	in, err := readModule(e, args[0], onnx.Options{Batch: p.batch})
 	if err != nil {
 		return nil, nil, err
 	}
-	mg, err := p.run(e, in, p.passes)
+	res, err := p.plan(e, in, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	return in, mg, nil
+	return in, res, nil
 }
 
-// run parses the pipeline and applies it to in's module, reporting
-// timing and statistics on stderr. It returns the manager for reports.
-func (p *pipelineFlags) run(e *env, in *input, pipeline string) (*passes.Manager, error) {
+// request is what the flags ask of the planner.
+func (p *pipelineFlags) request() (planner.Request, error) {
 	if p.timingFormat != "text" && p.timingFormat != "json" {
-		return nil, usageError{fmt.Sprintf("--timing-format must be text or json, not %q", p.timingFormat)}
+		return planner.Request{}, usageError{fmt.Sprintf("--timing-format must be text or json, not %q", p.timingFormat)}
 	}
-	if err := passes.CheckAllowed(p.allow); err != nil {
-		return nil, usageError{"--allow: " + err.Error()}
+	dev, err := costmodel.ParseDevice(p.device)
+	if err != nil {
+		return planner.Request{}, usageError{"--device: " + err.Error()}
 	}
+	req := planner.NewRequest()
+	if p.levels != nil {
+		if req, err = p.levels.request(); err != nil {
+			return planner.Request{}, err
+		}
+	}
+	req.Passes, req.Allow, req.Need, req.Device = p.passes, p.allow, p.need, dev
+	if err := req.Check(); err != nil {
+		return req, usageError{err.Error()}
+	}
+	return req, nil
+}
+
+// plan rewrites in's module as req asks, reporting the pipeline, timing
+// and statistics on stderr as the flags ask.
+func (p *pipelineFlags) plan(e *env, in *input, req planner.Request) (*planner.Result, error) {
 	for _, so := range p.loadPlugins {
 		if err := passes.LoadPlugin(so); err != nil {
 			return nil, fmt.Errorf("kiln: %v", err)
 		}
-	}
-	pipe, err := passes.ParsePipeline(pipeline, passes.ExternalResolver(p.pluginDir, p.pluginTimeout))
-	if err != nil {
-		return nil, usageError{err.Error()}
-	}
-	if p.budgetsOf != nil {
-		if pipe, err = resolveBudgets(e, in.module, pipe, *p.budgetsOf); err != nil {
-			return nil, fmt.Errorf("%s: error: %v", in.name, err)
-		}
-		pipeline = pipe.String()
-	}
-	pipe, placed := choosePlacement(e, in.module, pipe, p.verifyEach)
-	if placed != "" {
-		pipeline = pipe.String()
-	}
-	if p.printPipeline {
-		fmt.Fprintf(e.stderr, "pipeline: %s\n", pipeline)
 	}
 	for name := range nameSet(p.printBefore + "," + p.printAfter) {
 		if passes.Lookup(name) == nil && !strings.HasPrefix(name, passes.ExternalPrefix) {
 			return nil, fmt.Errorf("kiln: --print-ir-before/--print-ir-after name unknown pass %q", name)
 		}
 	}
-	mg := &passes.Manager{Allow: p.allow, Need: p.need, Inst: passes.Instrumentation{
-		PrintBefore:      nameSet(p.printBefore),
-		PrintAfter:       nameSet(p.printAfter),
-		PrintAfterAll:    p.printAfterAll,
-		PrintAfterChange: p.printAfterChange,
-		PrintConstants:   p.printConstants,
-		VerifyEach:       p.verifyEach,
-		DumpDir:          p.dumpDir,
-		ReproducerDir:    p.reproducerDir,
-		Log:              e.stderr,
-		Files:            e.files,
-		Progress:         progress.For(e.stderr),
-		Observe:          p.observe,
-	}}
-	var orig *ir.Module
-	if p.budgetsOf != nil && offloadable(pipe) {
-		orig = cloneModule(in.module)
+	s := planner.Session{
+		Inst: passes.Instrumentation{
+			PrintBefore:      nameSet(p.printBefore),
+			PrintAfter:       nameSet(p.printAfter),
+			PrintAfterAll:    p.printAfterAll,
+			PrintAfterChange: p.printAfterChange,
+			PrintConstants:   p.printConstants,
+			VerifyEach:       p.verifyEach,
+			DumpDir:          p.dumpDir,
+			ReproducerDir:    p.reproducerDir,
+			Log:              e.stderr,
+			Files:            e.files,
+			Progress:         progress.For(e.stderr),
+			Observe:          p.observe,
+		},
+		Resolve:   passes.ExternalResolver(p.pluginDir, p.pluginTimeout),
+		Workspace: loops.Workspace,
 	}
-	runErr := mg.Run(in.module, pipe)
-	var pe *passes.PassError
-	if orig != nil && errors.As(runErr, &pe) && pe.Pass == "remat" {
-		// The toolbox's next tool: offload and swap what recomputation
-		// and microbatching cannot reach.
-		tries, err := withOffload(e, orig, pipe, p.verifyEach)
-		var splitErr error
-		maxSplit := 0
-		failedIn := make([]string, len(tries)) // the pass each failed try stopped in
-		for i, try := range tries {
-			if try.base >= 0 && failedIn[try.base] != "swap" {
-				continue // it would stop where its base did
-			}
-			if p.printPipeline {
-				fmt.Fprintf(e.stderr, "pipeline: %s\n", try.pipe)
-			}
-			m := cloneModule(orig)
-			mg2 := &passes.Manager{Inst: mg.Inst, Allow: mg.Allow, Need: mg.Need}
-			if terr := mg2.Run(m, try.pipe); terr != nil {
-				var tpe *passes.PassError
-				if errors.As(terr, &tpe) {
-					failedIn[i] = tpe.Pass
-				}
-				if try.split > 0 && (splitErr == nil || !errors.As(terr, &tpe) || tpe.Pass != "microbatch") {
-					// The last split that could be made names why it failed.
-					splitErr, maxSplit = terr, try.split
-				} else if try.split == 0 {
-					err = terr // the report names the last try of the whole step
-				}
-				continue
-			}
-			in.module.Funcs, mg, runErr, pipe = m.Funcs, mg2, nil, try.pipe
-			for i := range mg.Runs {
-				if mg.Runs[i].Name == "swap" {
-					mg.Runs[i].Stats = append(mg.Runs[i].Stats, passes.Stat{Name: "note", Value: try.note})
-				}
-			}
-			break
-		}
-		if runErr != nil && err != nil {
-			runErr = fmt.Errorf("%v\nwith offloading too: %v", runErr, err)
-		}
-		if runErr != nil && splitErr != nil {
-			// Only the headline: its live values are the whole step's, split.
-			head, _, _ := strings.Cut(splitErr.Error(), "\n")
-			var tpe *passes.PassError
-			if errors.As(splitErr, &tpe) && tpe.Pass == "microbatch" {
-				// No split could be made: say why the first could not.
-				runErr = fmt.Errorf("%v\nno split into microbatches could be made: %s", runErr, head)
-			} else {
-				runErr = fmt.Errorf("%v\nsplit into %d microbatches, then offloaded: %s", runErr, maxSplit, head)
+	if p.printPipeline {
+		s.Pipeline = func(pipe passes.Pipeline) { fmt.Fprintf(e.stderr, "pipeline: %s\n", pipe) }
+	}
+	res, err := planner.Plan(in.module, req, s)
+	if res != nil {
+		mg := &passes.Manager{Runs: res.Runs}
+		if p.timing {
+			if werr := mg.WriteTiming(e.stderr, p.timingFormat == "json"); werr != nil {
+				return nil, werr
 			}
 		}
-	}
-	if placed != "" {
-		for i := range mg.Runs {
-			if mg.Runs[i].Name == "optimizer" {
-				mg.Runs[i].Stats = append(mg.Runs[i].Stats, passes.Stat{Name: "note", Value: placed})
-			}
+		if p.stats {
+			mg.WriteStats(e.stderr)
 		}
 	}
-	if p.timing {
-		if err := mg.WriteTiming(e.stderr, p.timingFormat == "json"); err != nil {
-			return nil, err
-		}
-	}
-	if p.stats {
-		mg.WriteStats(e.stderr)
-	}
+	var re *planner.RequestError
 	var ce *passes.ContractError
-	if errors.As(runErr, &ce) {
-		return nil, usageError{"pipeline " + pipe.String() + ": " + ce.Msg}
+	switch {
+	case errors.As(err, &re):
+		return nil, usageError{re.Msg}
+	case errors.As(err, &ce):
+		return nil, usageError{ce.Msg}
+	case err != nil:
+		return nil, fmt.Errorf("%s: error: %v", in.name, err)
 	}
-	if runErr != nil {
-		return nil, fmt.Errorf("%s: error: %v", in.name, runErr)
+	return res, nil
+}
+
+// devicePresets are the names --device knows.
+func devicePresets() []string {
+	var out []string
+	for n := range costmodel.Presets {
+		out = append(out, n)
 	}
-	return mg, nil
+	slices.Sort(out)
+	return out
 }
 
 func init() {

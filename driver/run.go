@@ -36,8 +36,8 @@ func init() {
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
-			var ol optLevels
-			ol.register(fs)
+			pf.levels = &optLevels{}
+			pf.levels.register(fs)
 			var inputs inputFlags
 			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
 			inputsDir := fs.String("inputs", "", "DIR or FILE.npz: the value of each argument from DIR/NAME.npy when the file exists, or from the archive's NAME.npy member (numpy.savez) (after --input; before init values and random draws)")
@@ -62,9 +62,6 @@ func init() {
 				}
 				if *backend == "llvm" {
 					pf.need = []passes.Property{passes.Assigned}
-				}
-				if err := ol.apply(&pf); err != nil {
-					return err
 				}
 				in, _, err := pf.load(e, args)
 				if err != nil {

@@ -43,8 +43,7 @@ func MechanismOf(pass string) string {
 }
 
 // Mechanisms charges each step of effects (the input first, then the
-// function after each pass) to its pass's mechanism: the step from the
-// state before to an Inner state is charged to the inner state's pass.
+// function after each pass) to its pass's mechanism.
 func Mechanisms(effects []Effect) map[string]*Mechanism {
 	out := map[string]*Mechanism{}
 	charge := func(pass string, before, after Effect) {
@@ -65,12 +64,7 @@ func Mechanisms(effects []Effect) map[string]*Mechanism {
 		m.SecondsAdded += after.Seconds - before.Seconds
 	}
 	for i := 1; i < len(effects); i++ {
-		prev := effects[i-1]
-		for _, in := range effects[i].Inner {
-			charge(in.Pass, prev, in)
-			prev = in
-		}
-		charge(effects[i].Pass, prev, effects[i])
+		charge(effects[i].Pass, effects[i-1], effects[i])
 	}
 	return out
 }

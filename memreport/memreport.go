@@ -31,6 +31,14 @@ type Pass struct {
 	Notes   []string `json:"notes,omitempty"` // what the pass wants the reader to know (its "note" statistics)
 }
 
+// Approximation is one approximation a pass made, by the name that
+// allowed it.
+type Approximation struct {
+	Pass string `json:"pass"`
+	Name string `json:"name"`
+	What string `json:"what"`
+}
+
 // PeakOp locates the peak: the op's index in the schedule, its kind, the
 // value it defines (if any) and its source location.
 type PeakOp struct {
@@ -92,7 +100,14 @@ type Report struct {
 	// top-level planned_bytes is then the largest rank's.
 	Ranks []RankReport `json:"ranks,omitempty"`
 
-	info *liveness.Info
+	// Allowed names the approximations the request allowed (empty: none,
+	// and the plan computes what the step computes); Approximations are
+	// those its passes made.
+	Allowed        []string        `json:"allowed"`
+	Approximations []Approximation `json:"approximations"`
+
+	info   *liveness.Info
+	device costmodel.Device // what the times model
 }
 
 // RankReport is one rank's share of a partitioned step: its planned
@@ -116,8 +131,8 @@ type RankReport struct {
 // RankOf is the report of rank r of the SPMD step f whose report is rep.
 func RankOf(f *ir.Func, rep *Report, r int) RankReport {
 	return RankReport{Rank: r, PlannedBytes: rep.PlannedBytes, ParamsBytes: rep.ParamsBytes, StateBytes: rep.StateBytes,
-		CommBytes: CommBytes(f), CommSeconds: costmodel.Default.Simulate(f).CommSeconds, ExposedCommSeconds: costmodel.Default.ExposedComm(f),
-		HideableCommSeconds: costmodel.Default.HideableComm(f)}
+		CommBytes: CommBytes(f), CommSeconds: rep.device.Simulate(f).CommSeconds, ExposedCommSeconds: rep.device.ExposedComm(f),
+		HideableCommSeconds: rep.device.HideableComm(f)}
 }
 
 // CommBytes is what a rank of f sends in f's collectives and sends.
@@ -142,15 +157,12 @@ type Effect struct {
 	Peak    int64
 	FLOPs   int64
 	Kernels int
-	Seconds float64 // the schedule's time in costmodel.Default
-	// Inner are states inside the pass charged to another mechanism, in
-	// order: remat's split into microbatches before it recomputes.
-	Inner []Effect
+	Seconds float64 // the schedule's time on the device measured for
 }
 
 // Measure is f's Effect, without the allocator's work of Build.
-func Measure(pass string, f *ir.Func) Effect {
-	e := Effect{Pass: pass, Peak: liveness.Analyze(f).Peak, Seconds: costmodel.Default.Simulate(f).Seconds}
+func Measure(pass string, f *ir.Func, dev costmodel.Device) Effect {
+	e := Effect{Pass: pass, Peak: liveness.Analyze(f).Peak, Seconds: dev.Simulate(f).Seconds}
 	for _, op := range f.Body {
 		e.FLOPs += ir.OpCost(op).FLOPs
 		if isLaunch(op) {
@@ -162,9 +174,9 @@ func Measure(pass string, f *ir.Func) Effect {
 
 // Build analyses f. When f carries an arena (buffer assignment ran) the
 // report uses it; otherwise it runs the default assignment on the side.
-func Build(f *ir.Func, passes []Pass) *Report {
+func Build(f *ir.Func, passes []Pass, dev costmodel.Device) *Report {
 	info := liveness.Analyze(f)
-	r := &Report{
+	r := &Report{device: dev,
 		Func: f.Name, Ops: len(f.Body),
 		ParamsBytes: info.ParamBytes, InputsBytes: info.InputBytes, OutputsBytes: info.OutputBytes, StateBytes: info.StateBytes,
 		PeakBytes: info.Peak, Passes: passes, TopAtPeak: []Top{}, Mechanisms: map[string]*Mechanism{}, info: info,
@@ -172,6 +184,7 @@ func Build(f *ir.Func, passes []Pass) *Report {
 	if r.Passes == nil {
 		r.Passes = []Pass{}
 	}
+	r.Allowed, r.Approximations = []string{}, []Approximation{}
 	if a, ok := f.Attrs["arena"]; ok {
 		r.ArenaBytes = a.Int
 	} else {
@@ -321,6 +334,12 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 		}
 	}
+	if len(r.Allowed) > 0 {
+		fmt.Fprintf(tw, "allowed\t%s\n", strings.Join(r.Allowed, ", "))
+	}
+	for _, a := range r.Approximations {
+		fmt.Fprintf(tw, "approximation\t%s: %s: %s\n", a.Pass, a.Name, a.What)
+	}
 	for _, name := range mechanismOrder {
 		if m := r.Mechanisms[name]; m != nil && (m.BytesSaved != 0 || m.FLOPsAdded != 0 || m.SecondsAdded != 0) {
 			fmt.Fprintf(tw, "mechanism\t%s: %s\n", name, m.describe(r.FLOPs))
@@ -374,7 +393,7 @@ terms:
   fragmentation  planned / peak - 1: the space the arena's packing wastes
   traffic        bytes the kernels read and write; "unfused" counts every op as its own kernel
   mechanism      what a way of saving memory did: how far its passes lowered the peak, and the
-                 FLOPs and step time (in the cost model's default device) they added
+                 FLOPs and step time (on the modelled device, --device) they added
 `
 
 // rankTerms explains the ranks line, for steps spread over ranks.
@@ -402,10 +421,10 @@ func (r *Report) WriteTimeline(w io.Writer) error {
 	body := info.Func.Body
 	start := make([]float64, len(body)+1) // µs at which op i starts; start[n] is the end
 	for i, op := range body {
-		start[i+1] = start[i] + costmodel.Default.OpSeconds(op)*1e6
+		start[i+1] = start[i] + r.device.OpSeconds(op)*1e6
 	}
 	evs := []event{
-		{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "@" + info.Func.Name + " (simulated time, default cost model)"}},
+		{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "@" + info.Func.Name + " (simulated time, cost model)"}},
 		{Name: "thread_name", Ph: "M", Pid: 1, Tid: 0, Args: map[string]any{"name": "ops"}},
 	}
 	for i, op := range body {

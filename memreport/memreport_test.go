@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/parser"
 )
@@ -22,7 +23,7 @@ func TestTimelineIsChromeTraceJSON(t *testing.T) {
 `)
 	require.NoError(t, err)
 	require.NoError(t, ir.Verify(m))
-	rep := Build(m.Funcs[0], nil)
+	rep := Build(m.Funcs[0], nil, costmodel.Default)
 	var b bytes.Buffer
 	require.NoError(t, rep.WriteTimeline(&b))
 	var trace struct {
@@ -88,7 +89,7 @@ func TestCategories(t *testing.T) {
 }
 `)
 	require.NoError(t, err)
-	rep := Build(m.Funcs[0], nil)
+	rep := Build(m.Funcs[0], nil, costmodel.Default)
 	got := map[string]string{}
 	for b, c := range categorize(rep.info) {
 		got[b.Root().Name] = categories[c].name
@@ -112,7 +113,8 @@ func TestMechanismsChargeEachPass(t *testing.T) {
 		{Pass: "", Peak: 100, FLOPs: 10, Seconds: 1},
 		{Pass: "autodiff", Peak: 300, FLOPs: 30, Seconds: 3},
 		{Pass: "saveset", Peak: 250, FLOPs: 32, Seconds: 3.5},
-		{Pass: "remat", Peak: 120, FLOPs: 40, Seconds: 5, Inner: []Effect{{Pass: "microbatch", Peak: 180, FLOPs: 31, Seconds: 4}}},
+		{Pass: "microbatch", Peak: 180, FLOPs: 31, Seconds: 4},
+		{Pass: "remat", Peak: 120, FLOPs: 40, Seconds: 5},
 		{Pass: "fuse", Peak: 110, FLOPs: 40, Seconds: 4},
 		{Pass: "assign", Peak: 110, FLOPs: 40, Seconds: 4},
 	}

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/outfile"
@@ -55,6 +56,8 @@ type PassRun struct {
 	Changed bool // known only under PrintAfterChange (false otherwise)
 	// Approximations the pass made (each allowed by Manager.Allow).
 	Approximations []Approximation
+	// Notes are what the pass wants a report's reader to know.
+	Notes []string
 }
 
 // Manager runs pipelines.
@@ -66,6 +69,11 @@ type Manager struct {
 	// needs: arena offsets); a pipeline that cannot give it is refused
 	// before any pass runs.
 	Need []Property
+	// Device is what the passes plan for (nil: costmodel.Default).
+	Device *costmodel.Device
+	// Workspace sizes the kernels' workspace of a function, as the
+	// backend will lower it (Context.Workspace).
+	Workspace func(*ir.Func) (int64, error)
 	Runs []PassRun // filled by Run
 }
 
@@ -131,6 +139,10 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 			return &PassError{Pass: name, Err: err}
 		}
 		ctx.Allow(mg.Allow...)
+		if mg.Device != nil {
+			ctx.SetDevice(*mg.Device)
+		}
+		ctx.workspace = mg.Workspace
 		start := time.Now()
 		err = runGuarded(step.Pass, ctx, m)
 		secs := time.Since(start).Seconds()
@@ -149,7 +161,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 			}
 			return pe
 		}
-		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Approximations: ctx.Approximations()}
+		run := PassRun{Name: name, Seconds: secs, Stats: ctx.Stats(), Approximations: ctx.Approximations(), Notes: ctx.Notes()}
 		after := ""
 		if in.PrintAfterChange || in.PrintAfterAll || in.PrintAfter[name] || in.DumpDir != "" {
 			after = m.String()

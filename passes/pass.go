@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 )
@@ -114,6 +115,10 @@ type Context struct {
 	stats   []Stat
 	allow   map[string]bool
 	approx  []Approximation
+	notes   []string
+	device  *costmodel.Device
+	// workspace sizes the kernels' workspace (Manager.Workspace).
+	workspace func(*ir.Func) (int64, error)
 	// Deadline, when not zero, is a hint for passes with time budgets.
 	Deadline time.Time
 }
@@ -227,3 +232,36 @@ func (c *Context) Approximate(name, what string) {
 
 // Approximations returns what Approximate recorded.
 func (c *Context) Approximations() []Approximation { return c.approx }
+
+// Note records something the pass wants the reader of a report to know
+// (a choice it made, and why).
+func (c *Context) Note(text string) { c.notes = append(c.notes, text) }
+
+// Notes returns what Note recorded.
+func (c *Context) Notes() []string { return c.notes }
+
+// Device is the device the passes plan for: every cost estimate of a
+// pipeline uses this one description (costmodel.Default unless the
+// manager was given another).
+func (c *Context) Device() costmodel.Device {
+	if c.device == nil {
+		return costmodel.Default
+	}
+	return *c.device
+}
+
+// SetDevice makes the passes run with c plan for d.
+func (c *Context) SetDevice(d costmodel.Device) { c.device = &d }
+
+// Workspace is the workspace the backend's kernels of f need, in bytes:
+// the passes that bound device memory (swap) count it. It is an error
+// when the pass manager was given no backend to ask.
+func (c *Context) Workspace(f *ir.Func) (int64, error) {
+	if c.workspace == nil {
+		return 0, fmt.Errorf("pass %s needs the kernels' workspace, and no backend was given to size it", c.pass.Name)
+	}
+	return c.workspace(f)
+}
+
+// SetWorkspace gives the passes run with c the backend's workspace sizes.
+func (c *Context) SetWorkspace(w func(*ir.Func) (int64, error)) { c.workspace = w }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/parser"
@@ -122,7 +123,7 @@ func RunErr(m *ir.Module, pipeline string, allow ...string) error {
 	if err != nil {
 		return err
 	}
-	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Allow: allow}).Run(m, pipe)
+	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Allow: allow, Workspace: loops.Workspace}).Run(m, pipe)
 }
 
 // RunAllowing is Run letting the passes make the approximations allow

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
@@ -60,7 +61,7 @@ func BenchmarkBackends(b *testing.B) {
 				if _, _, err := llvm.Run(p, args, llvm.RunOptions{Repeat: 5, Seconds: &compiled, MaxRSS: &rss, Binary: &binary}); err != nil {
 					b.Fatal(err)
 				}
-				planned := memreport.Build(f, nil).PlannedBytes
+				planned := memreport.Build(f, nil, costmodel.Default).PlannedBytes
 				b.ReportMetric(float64(rss)/float64(planned+binary), "rss/(planned+binary)")
 				b.ReportMetric(float64(rss-planned-binary)/(1<<20), "rss-over-plan-MiB")
 				start := time.Now()
@@ -101,7 +102,7 @@ func BenchmarkCompiledTrainingStep(b *testing.B) {
 		if _, _, err := llvm.Run(p, interp.RandomArgs(f, 1), llvm.RunOptions{Repeat: 1, Seconds: &seconds, MaxRSS: &rss, Binary: &binary}); err != nil {
 			b.Fatal(err)
 		}
-		planned := memreport.Build(f, nil).PlannedBytes
+		planned := memreport.Build(f, nil, costmodel.Default).PlannedBytes
 		b.ReportMetric(seconds, "step-s")
 		b.ReportMetric(float64(planned)/(1<<20), "planned-MiB")
 		b.ReportMetric(float64(rss)/(1<<20), "rss-MiB")

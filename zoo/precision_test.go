@@ -3,6 +3,7 @@ package zoo
 import (
 	"testing"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/memreport"
 	_ "github.com/kiln-compiler/kiln/passes/precision"
 )
@@ -14,7 +15,7 @@ func plannedRatio(tb testing.TB, name string) (f32, bf16 int64) {
 	for i, p := range []string{"", "precision{dtype=bf16},"} {
 		m, _, _ := TrainingStep(tb, name)
 		run(tb, m, p+"optimizer{kind=sgd},fuse{prologue-flops=0.01},reorder,assign")
-		planned := memreport.Build(m.Funcs[0], nil).PlannedBytes
+		planned := memreport.Build(m.Funcs[0], nil, costmodel.Default).PlannedBytes
 		if i == 0 {
 			f32 = planned
 		} else {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
@@ -37,7 +38,7 @@ func rematAbove(tb testing.TB, step *ir.Module, floor int64, frac float64, solve
 	m := passtest.Clone(tb, step)
 	f := m.Funcs[0]
 	peak := liveness.Analyze(f).Peak
-	flops := memreport.Build(f, nil).FLOPs
+	flops := memreport.Build(f, nil, costmodel.Default).FLOPs
 	budget := floor + int64(frac*float64(peak-floor))
 	start := time.Now()
 	res, err := remat.Rematerialize(f, budget, solver)
@@ -58,7 +59,7 @@ func rematAbove(tb testing.TB, step *ir.Module, floor int64, frac float64, solve
 	if err := liveness.CheckOffsets(f); err != nil {
 		tb.Fatal(err)
 	}
-	pt.planned = memreport.Build(f, nil).PlannedBytes
+	pt.planned = memreport.Build(f, nil, costmodel.Default).PlannedBytes
 	return pt
 }
 

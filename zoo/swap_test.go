@@ -1,6 +1,7 @@
 package zoo
 
 import (
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"testing"
 	"time"
 
@@ -22,14 +23,14 @@ func BenchmarkSwapZoo(b *testing.B) {
 				run(b, m, "optimizer{kind=sgd,lr=0.01},fuse,reorder")
 				f := m.Funcs[0]
 				arena := swap.ArenaBytes(f)
-				device, err := swap.DeviceBytes(f)
+				device, err := swap.DeviceBytes(f, loops.Workspace)
 				if err != nil {
 					b.Fatal(err)
 				}
 				budget := device - arena/2
 				before := costmodel.Default.Simulate(f)
 				start := time.Now()
-				res, err := swap.Swap(f, budget, swap.Options{Device: costmodel.Default, Recompute: true})
+				res, err := swap.Swap(f, budget, swap.Options{Device: costmodel.Default, Workspace: loops.Workspace, Recompute: true})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
@@ -53,7 +55,7 @@ func run(tb testing.TB, m *ir.Module, pipeline string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := (&passes.Manager{}).Run(m, pipe); err != nil {
+	if err := (&passes.Manager{Workspace: loops.Workspace}).Run(m, pipe); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -80,7 +82,7 @@ func BenchmarkZooReport(b *testing.B) {
 			if err := liveness.CheckOffsets(f); err != nil {
 				b.Fatal(err)
 			}
-			rep := memreport.Build(f, nil)
+			rep := memreport.Build(f, nil, costmodel.Default)
 			b.Logf("%-11s ops %5d  params %8.1f MiB  peak %8.1f MiB  arena %8.1f MiB  planned %8.1f MiB  frag %.4f (%s)  import %v  autodiff %v  liveness %v  assign %v",
 				name, len(f.Body), mib(info.ParamBytes), mib(info.Peak), mib(sol.Size), mib(rep.PlannedBytes), rep.Fragmentation, sol.Algo,
 				tImport.Round(time.Millisecond), tGrad.Round(time.Millisecond), tLive.Round(time.Millisecond), tAssign.Round(time.Millisecond))
@@ -103,7 +105,7 @@ func TestZooTrainingSteps(t *testing.T) {
 		if err := liveness.CheckOffsets(f); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		rep := memreport.Build(f, nil)
+		rep := memreport.Build(f, nil, costmodel.Default)
 		limit := 0.01 // the target on the full-size zoo
 		if len(name) > 3 && name[len(name)-3:] == "_ci" {
 			limit = 0.05 // megabyte-sized CI graphs, where 64-byte alignment weighs more
@@ -167,7 +169,7 @@ func TestOptimizerPlacement(t *testing.T) {
 				}
 			}
 			atStep[k] = info.Live[last]
-			planned[k] = memreport.Build(f, nil).PlannedBytes
+			planned[k] = memreport.Build(f, nil, costmodel.Default).PlannedBytes
 		}
 		name := c.file
 		if c.batch > 0 {
@@ -196,7 +198,7 @@ func TestFusionOnZoo(t *testing.T) {
 			t.Fatal(err)
 		}
 		run(t, m, "fuse")
-		rep := memreport.Build(m.Funcs[0], nil)
+		rep := memreport.Build(m.Funcs[0], nil, costmodel.Default)
 		k := float64(rep.Kernels) / float64(rep.UnfusedKernels)
 		tr := float64(rep.TrafficBytes) / float64(rep.UnfusedTrafficBytes)
 		kRatio *= k

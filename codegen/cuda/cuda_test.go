@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,7 +105,7 @@ func TestSwapBudgetCountsWorkspace(t *testing.T) {
 		m, err := onnx.ImportFile(model, onnx.Options{})
 		require.NoError(t, err)
 		passtest.Run(t, m, "autodiff,fuse,reorder")
-		whole, err := swap.DeviceBytes(m.Funcs[0])
+		whole, err := swap.DeviceBytes(m.Funcs[0], loops.Workspace)
 		require.NoError(t, err)
 		budget := whole * 9 / 10
 		passtest.Run(t, m, fmt.Sprintf("swap{device-budget=%d,params=false},assign", budget))

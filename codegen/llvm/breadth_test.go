@@ -65,7 +65,7 @@ func TestBreadthZoo(t *testing.T) {
 			fwd := f.Clone()
 			pipe, err := passes.ParsePipeline("autodiff", nil)
 			require.NoError(t, err)
-			require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+			require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Workspace: loops.Workspace}).Run(m, pipe))
 			args := make([]*interp.Tensor, len(f.Args))
 			for i, a := range f.Args {
 				if a.Arg.Kind == ir.ArgData {
@@ -91,7 +91,7 @@ func TestBreadthZoo(t *testing.T) {
 					g := f.Clone()
 					pipe, err := passes.ParsePipeline(o2, nil)
 					require.NoError(t, err)
-					require.NoError(t, (&passes.Manager{}).Run(&ir.Module{Funcs: []*ir.Func{g}}, pipe))
+					require.NoError(t, (&passes.Manager{Workspace: loops.Workspace}).Run(&ir.Module{Funcs: []*ir.Func{g}}, pipe))
 					p, err := loops.Lower(g)
 					require.NoError(t, err)
 					res, _, err := llvm.Run(p, cloneAll(args))

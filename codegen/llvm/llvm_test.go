@@ -94,7 +94,7 @@ func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
 func pipelineOn(t testing.TB, m *ir.Module, pipeline string) {
 	pipe, err := passes.ParsePipeline(pipeline, nil)
 	require.NoError(t, err)
-	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Workspace: loops.Workspace}).Run(m, pipe))
 }
 
 func cloneAll(ts []*interp.Tensor) []*interp.Tensor {

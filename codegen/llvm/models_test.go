@@ -58,7 +58,7 @@ func modelRun(t *testing.T, dir, pipeline string) (*ir.Func, []*interp.Tensor) {
 	require.NoError(t, err)
 	pipe, err := passes.ParsePipeline(pipeline, nil)
 	require.NoError(t, err)
-	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+	require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Workspace: loops.Workspace}).Run(m, pipe))
 	f := m.Funcs[0]
 	args := make([]*interp.Tensor, len(f.Args))
 	for i, a := range f.Args {

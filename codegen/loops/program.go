@@ -2,6 +2,9 @@ package loops
 
 import (
 	"fmt"
+
+	"github.com/kiln-compiler/kiln/alloc"
+	"github.com/kiln-compiler/kiln/passes/assign"
 	"strconv"
 	"strings"
 
@@ -110,8 +113,8 @@ var commentEscaper = strings.NewReplacer("*/", `*\/`, "/*", `/\*`, "?", `\x3f`)
 func CComment(s string) string { return commentEscaper.Replace(strconv.QuoteToASCII(s)) }
 
 // TempAlignment is the alignment of each kernel temporary in the device
-// workspace of a launch plan.
-const TempAlignment = 256
+// workspace of a launch plan (and of the workspace after the arena).
+const TempAlignment = alloc.WorkspaceAlignment
 
 // TempOffsets lays out k's temporaries one after another from 0, each at
 // a multiple of TempAlignment, and returns their offsets and the bytes
@@ -369,4 +372,21 @@ func memo(a accessor) accessor {
 		seen[key.String()] = e
 		return e
 	}
+}
+
+// Workspace is the workspace f's kernels need (Program.WorkspaceBytes),
+// lowered with the default assignment when f has none: what a pass that
+// bounds device memory counts beside the arena (passes.Context.Workspace).
+func Workspace(f *ir.Func) (int64, error) {
+	g := f.Clone()
+	if _, ok := g.Attrs["arena"]; !ok {
+		if _, err := assign.Assign(g, "best", alloc.DefaultAlignment, 0); err != nil {
+			return 0, err
+		}
+	}
+	p, err := Lower(g)
+	if err != nil {
+		return 0, fmt.Errorf("@%s: %v", f.Name, err)
+	}
+	return p.WorkspaceBytes(), nil
 }

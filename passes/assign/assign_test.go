@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes"
@@ -36,7 +37,7 @@ func TestEveryAlgorithmGivesCheckedOffsets(t *testing.T) {
 			require.NoError(t, liveness.CheckOffsets(f), algo)
 			arena := f.Attrs.Int("arena", -1)
 			require.GreaterOrEqual(t, arena, arenaLowerBound, algo)
-			require.Equal(t, arena, memreport.Build(f, nil).ArenaBytes)
+			require.Equal(t, arena, memreport.Build(f, nil, costmodel.Default).ArenaBytes)
 			if algo == "best" {
 				if first == "" {
 					first = out.String()

@@ -104,7 +104,7 @@ func TestFusionAfterRematKeepsHarmlessKernels(t *testing.T) {
   return %a3
 }`
 	m := passtest.Parse(t, src)
-	passtest.Run(t, m, "autodiff,canonicalize,dce,cse,saveset,remat{budget=0.8,microbatch=false}")
+	passtest.Run(t, m, "autodiff,canonicalize,dce,cse,saveset,remat{budget=0.8}")
 	step := m.String()
 	f := passtest.Parse(t, step).Funcs[0]
 	before := liveness.Analyze(f).Peak

@@ -36,7 +36,7 @@ func init() {
 				ctx.AddStat("phases", int64(st.Phases))
 			}
 			if st.BatchNorms > 0 {
-				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d normalisations of @%s take the statistics of each microbatch of %d", st.BatchNorms, f.Name, st.Batch/int64(o.N)))
+				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d batch-normalisation ops of @%s (forward and gradient) take the statistics of each microbatch of %d", st.BatchNorms, f.Name, st.Batch/int64(o.N)))
 			}
 		}
 		return nil

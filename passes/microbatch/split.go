@@ -1,6 +1,7 @@
 package microbatch
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -115,13 +116,49 @@ func (s *splitter) inOrder() bool { return s.ranks > 0 && s.per == 1 }
 // split cuts f's batch into n slices: on one device (ranks = 0), or on
 // ranks ranks that run n/ranks slices each. f changes only on success.
 func split(f *ir.Func, n int, ranks int, opts Options) (Stats, error) {
+	s, err := planSplit(f, n, ranks, opts)
+	if err != nil || s == nil {
+		return Stats{}, err
+	}
+	if err := s.emit(); err != nil {
+		return Stats{}, err
+	}
+	return s.st, nil
+}
+
+// Sliced is the values of f that a split into n slices holds per slice
+// (a slice's rows, or its own statistics), without making the split: what
+// shrinks n-fold when a step is split. A step that Split refuses for a
+// statistic of the whole batch is classified as its phases run it
+// (SplitExact), where every slice's values are the slice's own too.
+func Sliced(f *ir.Func, n int, opts Options) (map[*ir.Value]bool, error) {
+	s, err := planSplit(f, n, 0, opts)
+	var wb *WholeBatchError
+	if errors.As(err, &wb) {
+		s, err = planSplit(f, n, n, Options{PerSliceBN: true})
+	}
+	if err != nil || s == nil {
+		return nil, err
+	}
+	out := map[*ir.Value]bool{}
+	for v, vi := range s.info {
+		if vi.state == sliced || vi.state == local {
+			out[v] = true
+		}
+	}
+	return out, nil
+}
+
+// planSplit classifies every op of f for a split into n slices (on ranks
+// ranks when ranks > 0). It returns nil when n is 1.
+func planSplit(f *ir.Func, n int, ranks int, opts Options) (*splitter, error) {
 	for _, op := range f.Body {
 		if ir.IsPointToPoint(op.Kind) {
-			return Stats{}, fmt.Errorf("%s: microbatch: @%s is a pipeline stage (it has %ss), whose microbatches parallel{pp, microbatches} makes", loc(op), f.Name, op.Kind)
+			return nil, fmt.Errorf("%s: microbatch: @%s is a pipeline stage (it has %ss), whose microbatches parallel{pp, microbatches} makes", loc(op), f.Name, op.Kind)
 		}
 	}
 	if n == 1 {
-		return Stats{}, nil
+		return nil, nil
 	}
 	s := &splitter{f: f, n: int64(n), ranks: int64(ranks), per: int64(n), opts: opts}
 	if ranks > 0 {
@@ -144,7 +181,7 @@ func split(f *ir.Func, n int, ranks int, opts Options) (Stats, error) {
 	// one's slices read; a round that cannot be planned keeps the last.
 	promote := map[*ir.Value]cut{}
 	if err := s.plan(promote); err != nil {
-		return Stats{}, err
+		return nil, err
 	}
 	for round := 0; round < 8; round++ {
 		more := s.demands(promote)
@@ -160,10 +197,7 @@ func split(f *ir.Func, n int, ranks int, opts Options) (Stats, error) {
 		}
 		promote = next
 	}
-	if err := s.emit(); err != nil {
-		return Stats{}, err
-	}
-	return s.st, nil
+	return s, nil
 }
 
 // plan classifies every op of f, the values in promote made per slice

@@ -37,22 +37,7 @@ func init() {
 		}
 		var funcs []*ir.Func
 		for _, f := range m.Funcs {
-			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches, PerRankDropout: !o.ExactDropout}
-			if o.Devices > 0 {
-				if o.DP != 1 || o.TP != 1 || o.PP != 1 || o.Zero != 0 {
-					return fmt.Errorf("parallel: give devices (to search) or dp, tp, pp and zero, not both")
-				}
-				best, cands, err := Search(f, o.Devices, o.DeviceMemory.Of(0), plan.Bucket)
-				var lines []string
-				for _, c := range cands {
-					lines = append(lines, c.String())
-				}
-				if err != nil {
-					return fmt.Errorf("@%s: %v; weighed %s", f.Name, err, strings.Join(lines, "; "))
-				}
-				ctx.Stat("note", fmt.Sprintf("chose %s, the fastest in the cost model that fits; weighed %s", best, strings.Join(lines, "; ")))
-				plan = best
-			}
+			plan := Plan{DP: o.DP, TP: o.TP, PP: o.PP, Zero: o.Zero, Bucket: o.Bucket.Of(0), LocalBN: !o.SyncBN, Microbatches: o.Microbatches, PerRankDropout: !o.ExactDropout, Device: ctx.Device()}
 			if plan.PP > 1 {
 				if len(m.Funcs) > 1 {
 					return fmt.Errorf("parallel{pp=%d}: the module has %d functions; a pipeline cuts one step", plan.PP, len(m.Funcs))
@@ -69,8 +54,8 @@ func init() {
 				if !st.Interleave {
 					order = "each microbatch's forward and backward in turn (1F1B could deadlock)"
 				}
-				one := costmodel.Default.Simulate(f).Seconds
-				ctx.Stat("note", fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled step %.3g s (one device: %.3g s), %.0f%% of the stages' time idle", f.Name, plan.PP, max(1, plan.Microbatches), order, st.Step, one, 100*st.Bubble()))
+				one := ctx.Device().Simulate(f).Seconds
+				ctx.Note(fmt.Sprintf("@%s in %d stages of %d microbatches, %s; modelled step %.3g s (one device: %.3g s), %.0f%% of the stages' time idle", f.Name, plan.PP, max(1, plan.Microbatches), order, st.Step, one, 100*st.Bubble()))
 				continue
 			}
 			st, err := Partition(f, plan)
@@ -80,7 +65,7 @@ func init() {
 			funcs = append(funcs, f)
 			ctx.AddStat("ranks", int64(plan.Ranks()))
 			if st.BatchNorms > 0 {
-				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d normalisations of @%s take each rank's statistics", st.BatchNorms, f.Name))
+				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d batch-normalisation ops of @%s (forward and gradient) take each rank's statistics", st.BatchNorms, f.Name))
 			}
 			if st.Dropouts > 0 && plan.PerRankDropout {
 				ctx.Approximate(passes.PerRankDropout, fmt.Sprintf("%d random ops of @%s draw the same numbers on every rank", st.Dropouts, f.Name))
@@ -99,10 +84,7 @@ type options struct {
 	Bucket       passes.Size `opt:"bucket" default:"25MiB" doc:"without ZeRO: all-reduce consecutive gradients together in buckets of up to this many bytes (DDP's default; 0: one all_reduce per gradient)"`
 	Microbatches int         `opt:"microbatches" default:"1" range:"[1,inf)" doc:"each rank runs its part of the batch as this many microbatches (gradient accumulation) before the all-reduces"`
 	SyncBN       bool        `opt:"sync-bn" default:"true" doc:"batch normalisation takes the whole batch's statistics, all-reduced over the ranks (SyncBatchNorm), so the step computes what one device does; false (an approximation: --allow per-slice-bn): each rank's own, as DDP does by default"`
-	ExactDropout bool        `opt:"exact-dropout" default:"true" doc:"data-parallel ranks draw their rows of the whole batch's dropout masks (every rank draws the whole mask and keeps its rows by a reduce_scatter), so the step computes what one device does, at a mask-sized exchange per dropout; false (an approximation: --allow per-rank-dropout): each rank draws a mask for its rows from the same counter, as DDP ranks seeded alike do"`
-	// Devices asks for the search instead of a plan.
-	Devices      int         `opt:"devices" default:"0" range:"[0,4096]" doc:"search dp (dividing devices), tp and zero for the fastest plan in the cost model whose peak fits device-memory, noting every candidate (0: use dp, tp and zero as given)"`
-	DeviceMemory passes.Size `opt:"device-memory" default:"0" doc:"with devices: the memory of one device (16GiB; 0: any)"`
+	ExactDropout bool        `opt:"exact-dropout" default:"true" doc:"data-parallel ranks draw their rows of the whole batch's dropout masks (each rank's counters start at its rows' offset), so the step computes what one device does, with no exchange; false (an approximation: --allow per-rank-dropout): each rank draws a mask for its rows from the same counter, as DDP ranks seeded alike do"`
 }
 
 // Plan is how a step is spread over ranks.
@@ -121,6 +103,32 @@ type Plan struct {
 	// masks from the same counters (an approximation) instead of its rows
 	// of the one-device step's masks.
 	PerRankDropout bool
+	// Device is what the pipeline's stages are balanced for (zero:
+	// costmodel.Default).
+	Device costmodel.Device
+}
+
+func (p Plan) device() costmodel.Device {
+	if p.Device == (costmodel.Device{}) {
+		return costmodel.Default
+	}
+	return p.Device
+}
+
+// String is p as the parallel pass's options (dp=2,zero=1), which parse
+// back to p, its bucket and approximations aside.
+func (p Plan) String() string {
+	var parts []string
+	for _, c := range []struct {
+		name string
+		n    int
+		show bool
+	}{{"dp", p.DP, p.PP <= 1 || p.DP > 1 || p.TP > 1}, {"tp", p.TP, p.TP > 1}, {"pp", p.PP, p.PP > 1}, {"zero", p.Zero, p.PP <= 1 || p.DP > 1 || p.TP > 1}, {"microbatches", p.Microbatches, p.PP > 1 || p.Microbatches > 1}} {
+		if c.show {
+			parts = append(parts, fmt.Sprintf("%s=%d", c.name, c.n))
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // Ranks is the number of ranks a plan runs on.

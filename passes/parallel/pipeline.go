@@ -179,7 +179,7 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 	}
 	g := f.Clone()
 	passes.RemoveDeadOps(g) // a dead forward op belongs to no stage
-	pl := &pipeliner{g: g, pp: pp, dp: dp * max(1, p.TP), stage: map[*ir.Op]int{}}
+	pl := &pipeliner{g: g, pp: pp, dp: dp * max(1, p.TP), stage: map[*ir.Op]int{}, dev: p.device()}
 	if err := pl.cut(); err != nil {
 		return nil, st, err
 	}
@@ -232,7 +232,7 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 			return nil, st, err
 		}
 	}
-	st.Step, st.Busy = PipelineTime(stages, costmodel.Default)
+	st.Step, st.Busy = PipelineTime(stages, pl.dev)
 	for _, s := range stages {
 		for _, op := range s.Body {
 			if op.Kind == "send" {
@@ -246,6 +246,7 @@ func PipelinePlan(f *ir.Func, p Plan) ([]*ir.Func, PipelineStats, error) {
 
 type pipeliner struct {
 	g      *ir.Func
+	dev    costmodel.Device
 	pp     int
 	stage  map[*ir.Op]int // of every op that is not free
 	free   map[*ir.Value]bool
@@ -316,7 +317,7 @@ func (pl *pipeliner) cut() error {
 			}
 		}
 		attr[op] = a
-		weight[a] += costmodel.Default.OpSeconds(op)
+		weight[a] += pl.dev.OpSeconds(op)
 	}
 	// A cut at i sends the forward values made before i and read from i
 	// on, and their gradients back: the link's time counts against the
@@ -324,7 +325,7 @@ func (pl *pipeliner) cut() error {
 	cross := make([]float64, len(fwd)+1)
 	for x, l := range lo {
 		if h := hi[x]; h > l && x.Type.SizeBytes() > 0 {
-			secs := 2 * costmodel.Default.CollectiveSeconds("send", x.Type.SizeBytes(), 2)
+			secs := 2 * pl.dev.CollectiveSeconds("send", x.Type.SizeBytes(), 2)
 			cross[l+1] += secs
 			cross[h+1] -= secs
 		}

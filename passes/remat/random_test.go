@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
@@ -178,7 +179,7 @@ func BenchmarkFiveThousandOps(b *testing.B) {
 	step := trainingStep(b, residualStack(385, 1024))
 	f := passtest.Parse(b, step).Funcs[0]
 	peak := liveness.Analyze(f).Peak
-	flops := memreport.Build(f, nil).FLOPs
+	flops := memreport.Build(f, nil, costmodel.Default).FLOPs
 	for _, frac := range []float64{0.5, 0.33} {
 		b.Run(fmt.Sprintf("budget=%.2f", frac), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {

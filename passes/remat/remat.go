@@ -14,19 +14,15 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"math"
 	"slices"
 	"sort"
 	"strings"
 
-	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
-	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passes"
-	"github.com/kiln-compiler/kiln/passes/fuse"
-	mb "github.com/kiln-compiler/kiln/passes/microbatch"
 )
 
 func init() {
@@ -38,19 +34,12 @@ func init() {
 		for _, f := range m.Funcs {
 			peak := liveness.Analyze(f).Peak
 			budget := o.Budget.Of(peak)
-			opts := mb.Options{PerSliceBN: ctx.Allows(passes.PerSliceBN)}
-			res, split, err := fit(f, budget, o.Solver, o.Microbatch, opts)
-			if split != nil && split.BatchNorms > 0 {
-				ctx.Approximate(passes.PerSliceBN, fmt.Sprintf("%d normalisations of @%s take the statistics of each of %d microbatches", split.BatchNorms, f.Name, split.N))
-			}
-			if split != nil {
-				ctx.AddStat("microbatches", int64(split.N))
-				// The step as split, before recomputation: reports charge
-				// the way there to microbatching.
-				ctx.AddStat("split-peak", split.Split.Peak)
-				ctx.AddStat("split-flops", split.Split.FLOPs)
-				ctx.AddStat("split-ns", int64(split.Split.Seconds*1e9))
-				ctx.Stat("note", split.note())
+			res, err := Rematerialize(f, budget, o.Solver)
+			var be *BudgetError
+			if errors.As(err, &be) {
+				if fl := stepFloor(f); budget < fl {
+					be.Floor = fl
+				}
 			}
 			if err != nil {
 				return err
@@ -66,99 +55,8 @@ func init() {
 }
 
 type options struct {
-	Budget     passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
-	Microbatch bool        `opt:"microbatch" default:"true" doc:"split the step into 2, 4, 8, ... microbatches (gradient accumulation) and recompute in those when recomputation alone cannot reach the budget, or, for steps without batch normalisation in training mode or dropout, when that takes less time in the cost model"`
-	Solver     string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
-}
-
-// maxMicrobatches bounds the slices remat tries: the step grows by as
-// many copies of its ops.
-const maxMicrobatches = 64
-
-// fit rewrites f so that its peak fits budget at the least modelled step
-// time (costmodel.Default, after fusion): by recomputation alone, or, with microbatch,
-// by recomputation in 2, 4, 8, ... microbatches (gradient accumulation).
-// A split computes what the whole step does (statistics of the whole batch
-// in phases: microbatch.SplitExact), or with per-slice statistics where
-// opts allows them, so it is weighed against recomputation by time
-// alone. split describes the split taken (nil: none). On error f is
-// unchanged, and a BudgetError reports the lowest peak any candidate
-// reached.
-func fit(f *ir.Func, budget int64, solver string, microbatch bool, opts mb.Options) (Result, *splitStats, error) {
-	orig := f
-	best := f.Clone()
-	res, err := Rematerialize(best, budget, solver)
-	var be *BudgetError
-	if errors.As(err, &be) {
-		if fl := stepFloor(orig); budget < fl {
-			be.Floor = fl // no split reaches it either
-			return res, nil, be
-		}
-	}
-	if err != nil && !errors.As(err, &be) || !microbatch || err == nil && res.FLOPs == 0 {
-		if err == nil {
-			*f = *best
-		}
-		return res, nil, err
-	}
-	var bestSplit *splitStats
-	bestSecs := math.Inf(1)
-	if err == nil {
-		bestSecs = fusedSeconds(best)
-	} else {
-		best = nil
-	}
-	alone := splitStats{Alone: res, AloneSeconds: bestSecs}
-	if be != nil {
-		alone.AloneReached = be.Reached
-	}
-	for n := 2; n <= maxMicrobatches; n *= 2 {
-		g := orig.Clone()
-		st, serr := mb.SplitWith(g, n, opts)
-		var wb *mb.WholeBatchError
-		if errors.As(serr, &wb) {
-			st, serr = mb.SplitExact(g, n, opts)
-		}
-		if serr != nil {
-			break
-		}
-		split := memreport.Measure("microbatch", g)
-		r, rerr := Rematerialize(g, budget, solver)
-		if rerr != nil {
-			if be != nil {
-				be.Microbatches = n
-				e := (*BudgetError)(nil)
-				if !errors.As(rerr, &e) || e.Reached > be.Reached-be.Reached/50 {
-					break // twice the slices gained under 2%: what stays whole holds the peak
-				}
-				be.Reached, be.Holders = e.Reached, e.Holders
-			}
-			continue
-		}
-		secs := fusedSeconds(g)
-		if secs >= bestSecs {
-			break // more slices only add launches and accumulation
-		}
-		best, bestSecs, res = g, secs, r
-		sp := alone
-		sp.N, sp.Stats, sp.Split, sp.Seconds = n, st, split, secs
-		bestSplit = &sp
-	}
-	if best == nil {
-		return Result{}, nil, be
-	}
-	*f = *best
-	return res, bestSplit, nil
-}
-
-// fusedSeconds is f's modelled step time once fuse has merged its
-// kernels, as the pipelines after remat run it: a recomputed chain fused
-// into a kernel that runs anyway costs its FLOPs, not a launch and
-// traffic of its own.
-func fusedSeconds(f *ir.Func) float64 {
-	g := f.Clone()
-	fuse.Fuse(g, fuse.Options{MultiOutput: true})
-	return costmodel.Default.Simulate(g).Seconds
+	Budget passes.Size `opt:"budget" default:"1.0" range:"(0,1]" doc:"bytes (512MiB, 2GB) or a fraction of the peak when the pass starts (0.5)"`
+	Solver string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
 }
 
 // stepFloor is the least peak any schedule of f can have, however split
@@ -180,36 +78,6 @@ func stepFloor(f *ir.Func) int64 {
 	return n
 }
 
-// splitStats is what a split into microbatches did: where the step stood
-// after it, before recomputation, and what recomputation alone reached
-// (AloneSeconds is +Inf when it could not reach the budget).
-type splitStats struct {
-	mb.Stats
-	N            int
-	Split        memreport.Effect
-	Seconds      float64 // modelled step time of the plan taken
-	Alone        Result
-	AloneReached int64 // the lowest peak recomputation alone reached, when it failed
-	AloneSeconds float64
-}
-
-// note tells the reader why the step runs as microbatches.
-func (s *splitStats) note() string {
-	var note string
-	if math.IsInf(s.AloneSeconds, 1) {
-		note = fmt.Sprintf("recomputation alone reached %s; the step runs as %d microbatches (gradient accumulation)", diag.Bytes(s.AloneReached), s.N)
-	} else {
-		note = fmt.Sprintf("the step runs as %d microbatches (gradient accumulation): with recomputation in them it takes %.1f µs in the cost model, recomputation alone (%d FLOPs) %.1f µs", s.N, s.Seconds*1e6, s.Alone.FLOPs, s.AloneSeconds*1e6)
-	}
-	switch {
-	case s.BatchNorms > 0:
-		note += fmt.Sprintf(", and batch normalisation takes its statistics per microbatch of %d (allowed: %s)", s.Batch/int64(s.N), passes.PerSliceBN)
-	case s.Phases > 0:
-		note += fmt.Sprintf(", in %d phases that keep the whole batch's statistics", s.Phases)
-	}
-	return note
-}
-
 // Result is what a solver reached.
 type Result struct {
 	Peak   int64
@@ -220,11 +88,10 @@ type Result struct {
 // BudgetError says the budget cannot be met, like XLA's "can't reduce
 // memory below" message.
 type BudgetError struct {
-	Func         string
-	Budget       int64
-	Reached      int64
-	Holders      []liveness.Holder
-	Microbatches int // the most microbatches tried beside recomputation (0: none)
+	Func    string
+	Budget  int64
+	Reached int64
+	Holders []liveness.Holder
 	// Floor, when set, is what the step's arguments and results need
 	// together, above the budget: no schedule goes below it.
 	Floor int64
@@ -232,14 +99,10 @@ type BudgetError struct {
 
 func (e *BudgetError) Error() string {
 	var b strings.Builder
-	how := "by recomputation"
-	if e.Microbatches > 0 {
-		how = fmt.Sprintf("by recomputation and up to %d microbatches", e.Microbatches)
-	}
-	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) %s; the budget is %s (%d bytes)",
-		e.Func, diag.Bytes(e.Reached), e.Reached, how, diag.Bytes(e.Budget), e.Budget)
+	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) by recomputation; the budget is %s (%d bytes)",
+		e.Func, diag.Bytes(e.Reached), e.Reached, diag.Bytes(e.Budget), e.Budget)
 	if e.Floor > e.Budget {
-		fmt.Fprintf(&b, ", under the %s (%d bytes) that the step's arguments and results need together, which no schedule, recomputation or split goes below", diag.Bytes(e.Floor), e.Floor)
+		fmt.Fprintf(&b, ", under the %s (%d bytes) that the step's arguments and results need together, which no schedule or recomputation goes below", diag.Bytes(e.Floor), e.Floor)
 	}
 	b.WriteString(". Values live at that peak:")
 	for _, h := range e.Holders {

@@ -44,7 +44,7 @@ func TestRematIsBitExactAndFitsTheBudget(t *testing.T) {
 	base := liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
 	for _, solver := range []string{"greedy", "sqrt", "exact", "best"} {
 		for _, budget := range []string{"0.9", "0.8"} {
-			m := passtest.CheckPipeline(t, step, "remat{budget="+budget+",solver="+solver+",microbatch=false}", 0)
+			m := passtest.CheckPipeline(t, step, "remat{budget="+budget+",solver="+solver+"}", 0)
 			f := m.Funcs[0]
 			peak := liveness.Analyze(f).Peak
 			require.LessOrEqual(t, float64(peak), float64(base)*mustFloat(budget)+1, "%s at %s", solver, budget)
@@ -124,41 +124,6 @@ func TestPlanMatchesRecompute(t *testing.T) {
 	require.Positive(t, planned)
 }
 
-// TestRematFallsBackToMicrobatches: a budget under what recomputation
-// reaches on an MLP at batch 256 is met by splitting the step into
-// microbatches; loss and gradients stay those of the whole batch within
-// 1e-12 in f64 (the slices' sums are added in another order), and the
-// pass says how many slices it took. Without microbatching it fails.
-func TestRematFallsBackToMicrobatches(t *testing.T) {
-	src := `func @deep(%x: f64[256,32], %w0: f64[32,32] {param}, %w1: f64[32,32] {param}, %w2: f64[32,32] {param}) -> (f64[256,32]) {
-  %h0 = matmul(%x, %w0) : f64[256,32]
-  %a0 = tanh(%h0) : f64[256,32]
-  %h1 = matmul(%a0, %w1) : f64[256,32]
-  %a1 = tanh(%h1) : f64[256,32]
-  %h2 = matmul(%a1, %w2) : f64[256,32]
-  %a2 = tanh(%h2) : f64[256,32]
-  return %a2
-}`
-	step := trainingStep(t, src)
-	whole := passtest.Parse(t, step).Funcs[0]
-	peak := liveness.Analyze(whole).Peak
-	m := passtest.Parse(t, step)
-	err := passtest.RunErr(m, "remat{budget=0.5,microbatch=false}")
-	require.ErrorContains(t, err, "can't reduce memory below")
-	m = passtest.Parse(t, step)
-	passtest.Run(t, m, "remat{budget=0.5}")
-	f := m.Funcs[0]
-	require.LessOrEqual(t, liveness.Analyze(f).Peak, peak/2)
-	slices := 0
-	for _, op := range f.Body {
-		if op.Kind == "slice" {
-			slices++
-		}
-	}
-	require.GreaterOrEqual(t, slices, 2, "the step runs as microbatches")
-	passtest.Equivalent(t, whole, f, 1e-12, 1, 2)
-}
-
 func TestRecomputedNames(t *testing.T) {
 	for in, want := range map[string]string{
 		"x":                         "x.remat",
@@ -174,63 +139,3 @@ func TestRecomputedNames(t *testing.T) {
 	}
 }
 
-// wideMLP is a step whose recomputation must redo a 17-GFLOP matmul at
-// 0.9 of its peak, while two microbatches reach that budget with no
-// recomputation of it; bn adds batch normalisation in training mode
-// after the first layer.
-func wideMLP(bn bool) string {
-	norm := "%n0 = relu(%h0) : f32[4096,1024]"
-	args := ""
-	if bn {
-		args = ", %g: f32[1024] {param}, %b: f32[1024] {param}, %m: f32[1024], %v: f32[1024]"
-		norm = "%n0, %rm, %rv, %sm, %si = batch_norm_train(%h0, %g, %b, %m, %v) {epsilon = 1e-05, momentum = 0.9} : f32[4096,1024], f32[1024], f32[1024], f32[1024], f32[1024]"
-	}
-	return `func @wide(%x: f32[4096,2048], %w0: f32[2048,1024] {param}, %w1: f32[1024,1024] {param}, %w2: f32[1024,1024] {param}` + args + `) -> (f32[4096,1024]) {
-  %h0 = matmul(%x, %w0) : f32[4096,1024]
-  ` + norm + `
-  %a0 = relu(%n0) : f32[4096,1024]
-  %h1 = matmul(%a0, %w1) : f32[4096,1024]
-  %a1 = relu(%h1) : f32[4096,1024]
-  %h2 = matmul(%a1, %w2) : f32[4096,1024]
-  %a2 = relu(%h2) : f32[4096,1024]
-  return %a2
-}`
-}
-
-func countSlices(f *ir.Func) int {
-	n := 0
-	for _, op := range f.Body {
-		if op.Kind == "slice" {
-			n++
-		}
-	}
-	return n
-}
-
-// TestRematWeighsMicrobatchesByModelledTime: when recomputation alone
-// reaches the budget but microbatches reach it in less modelled time
-// (after fusion), remat takes the microbatches; a step with batch
-// normalisation keeps recomputation alone, since splitting would change
-// its statistics.
-func TestRematWeighsMicrobatchesByModelledTime(t *testing.T) {
-	step := trainingStep(t, wideMLP(false))
-	peak := liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
-	alone := passtest.Parse(t, step).Funcs[0]
-	_, err := Rematerialize(alone, peak*9/10, "best")
-	require.NoError(t, err, "recomputation alone reaches 0.9")
-
-	m := passtest.Parse(t, step)
-	passtest.Run(t, m, "remat{budget=0.9}")
-	f := m.Funcs[0]
-	require.LessOrEqual(t, liveness.Analyze(f).Peak, peak*9/10)
-	require.Positive(t, countSlices(f), "the step runs as microbatches")
-	require.Less(t, fusedSeconds(f), fusedSeconds(alone))
-
-	step = trainingStep(t, wideMLP(true))
-	peak = liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
-	m = passtest.Parse(t, step)
-	passtest.Run(t, m, "remat{budget=0.97}")
-	f = m.Funcs[0]
-	require.LessOrEqual(t, liveness.Analyze(f).Peak, peak*97/100)
-	require.Zero(t, countSlices(f), "batch normalisation keeps the whole batch")
-}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -65,7 +66,7 @@ func BenchmarkSelectSaved(b *testing.B) {
 	step := trainingStep(b, residualStack(910, 64))
 	f := passtest.Parse(b, step).Funcs[0]
 	peak := liveness.Analyze(f).Peak
-	flops := memreport.Build(f, nil).FLOPs
+	flops := memreport.Build(f, nil, costmodel.Default).FLOPs
 	for i := 0; i < b.N; i++ {
 		g := passtest.Parse(b, step).Funcs[0]
 		start := time.Now()

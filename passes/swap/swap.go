@@ -18,7 +18,6 @@ import (
 	"strings"
 
 	"github.com/kiln-compiler/kiln/alloc"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
@@ -33,17 +32,14 @@ func init() {
 		Summary:     "copy tensors to host memory and back so that the device arena fits a budget",
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
-		dev := costmodel.Device{FLOPs: o.FLOPs, MemBW: o.MemBW, LinkBW: o.LinkBW, Launch: o.Launch}
-		if err := dev.Validate(); err != nil {
-			return err
-		}
+		dev := ctx.Device()
 		for _, f := range m.Funcs {
-			device, err := DeviceBytes(f)
+			device, err := DeviceBytes(f, ctx.Workspace)
 			if err != nil {
 				return err
 			}
 			budget := o.DeviceBudget.Of(device)
-			res, err := Swap(f, budget, Options{Device: dev, Recompute: o.Recompute, Params: o.Params, Inputs: o.Inputs, Peak: o.Peak})
+			res, err := Swap(f, budget, Options{Device: dev, Workspace: ctx.Workspace, Recompute: o.Recompute, Params: o.Params, Inputs: o.Inputs, Peak: o.Peak})
 			if err != nil {
 				return err
 			}
@@ -70,15 +66,12 @@ type options struct {
 	Peak         bool        `opt:"peak" default:"false" doc:"bound the peak of the bytes live on the device, as remat{budget} does (no workspace, no packing losses), instead of the device memory (--budget uses it after remat)"`
 	Params       bool        `opt:"params" default:"true" doc:"also consider holding parameters and their optimizer state in host memory, the updates running on the host (ZeRO-Offload); false leaves the arguments and their copies as they are"`
 	Inputs       bool        `opt:"inputs" default:"false" doc:"with params, when nothing else lowers the peak, also leave data inputs in host memory, each reader fetching a copy (launch plans cannot take them yet)"`
-	FLOPs        float64     `opt:"flops" default:"50e12" range:"(0,inf)" doc:"device peak FLOP/s of the cost model"`
-	MemBW        float64     `opt:"mem-bw" default:"2e12" range:"(0,inf)" doc:"device memory bytes/s of the cost model"`
-	LinkBW       float64     `opt:"link-bw" default:"25e9" range:"(0,inf)" doc:"host link bytes/s of the cost model (each direction)"`
-	Launch       float64     `opt:"launch" default:"2e-6" range:"[0,inf)" doc:"seconds of overhead per kernel launch"`
 }
 
 // Options configure Swap.
 type Options struct {
 	Device    costmodel.Device
+	Workspace func(*ir.Func) (int64, error) // the backend's kernels' workspace (DeviceBytes)
 	Recompute bool // let recomputation compete with swapping
 	Params    bool // let offloading parameters and their state compete too
 	Inputs    bool // with Params, move data inputs to host memory when nothing else lowers the peak
@@ -116,8 +109,9 @@ func ArenaBytes(f *ir.Func) int64 {
 // DeviceBytes is the device memory of f's launch plan: the arguments it
 // keeps on the device (not those offloaded to host memory), its arena
 // (the assigned one, else the default assignment's), rounded up as the
-// plan lays it out, and the kernels' workspace after it.
-func DeviceBytes(f *ir.Func) (int64, error) {
+// plan lays it out, and the kernels' workspace after it, as the backend
+// sizes it (workspace).
+func DeviceBytes(f *ir.Func, workspace func(*ir.Func) (int64, error)) (int64, error) {
 	ws, err := workspace(f)
 	if err != nil {
 		return 0, err
@@ -131,23 +125,7 @@ func deviceArgs(info *liveness.Info) int64 {
 }
 
 func roundUp(n int64) int64 {
-	return (n + loops.TempAlignment - 1) / loops.TempAlignment * loops.TempAlignment
-}
-
-// workspace is the kernels' workspace of f, lowered with the default
-// assignment when f has none.
-func workspace(f *ir.Func) (int64, error) {
-	g := f.Clone()
-	if _, ok := g.Attrs["arena"]; !ok {
-		if _, err := assign.Assign(g, "best", alloc.DefaultAlignment, 0); err != nil {
-			return 0, err
-		}
-	}
-	p, err := loops.Lower(g)
-	if err != nil {
-		return 0, fmt.Errorf("@%s: %v", f.Name, err)
-	}
-	return p.WorkspaceBytes(), nil
+	return (n + alloc.WorkspaceAlignment - 1) / alloc.WorkspaceAlignment * alloc.WorkspaceAlignment
 }
 
 // Swap rewrites f so that its device arena (DeviceBytes) is at most
@@ -202,7 +180,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 	// Live bytes are a lower bound of the arena: aim lower when
 	// fragmentation or the workspace leaves the device arena above the
 	// budget.
-	ws, err := workspace(f)
+	ws, err := opt.Workspace(f)
 	if err != nil {
 		return res, err
 	}
@@ -220,7 +198,7 @@ func fit(f *ir.Func, budget int64, opt Options) (Result, error) {
 			restore()
 			return res, err
 		}
-		ws, err := workspace(f)
+		ws, err := opt.Workspace(f)
 		if err != nil {
 			restore()
 			return res, err

@@ -2,6 +2,7 @@ package swap_test
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"os"
 	"strings"
 	"testing"
@@ -43,7 +44,7 @@ func run(t *testing.T, m *ir.Module, pipeline string) error {
 	t.Helper()
 	pipe, err := passes.ParsePipeline(pipeline, nil)
 	require.NoError(t, err)
-	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe)
+	return (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Workspace: loops.Workspace}).Run(m, pipe)
 }
 
 // TestSwapFitsTheBudgetAndKeepsResults: swapped steps fit the device
@@ -97,7 +98,7 @@ func TestSwapOffloadsFinishedGradients(t *testing.T) {
 	before := passtest.Parse(t, wide)
 	require.NoError(t, run(t, before, "autodiff"))
 	after := passtest.Clone(t, before)
-	device, err := swap.DeviceBytes(after.Funcs[0])
+	device, err := swap.DeviceBytes(after.Funcs[0], loops.Workspace)
 	require.NoError(t, err)
 	budget := device / 2
 	require.NoError(t, run(t, after, fmt.Sprintf("swap{device-budget=%d},assign", budget)))
@@ -110,7 +111,7 @@ func TestSwapOffloadsFinishedGradients(t *testing.T) {
 		}
 	}
 	require.Positive(t, offloaded, "no gradient was offloaded")
-	got, err := swap.DeviceBytes(f)
+	got, err := swap.DeviceBytes(f, loops.Workspace)
 	require.NoError(t, err)
 	require.LessOrEqual(t, got, budget)
 	require.NoError(t, liveness.CheckOffsets(f))
@@ -142,7 +143,7 @@ func TestSwapOffloadsParametersAndState(t *testing.T) {
 				before := passtest.Parse(t, wide)
 				require.NoError(t, run(t, before, fmt.Sprintf("autodiff,optimizer{kind=%s,lr=0.01,placement=%s}", opt, placement)))
 				after := passtest.Clone(t, before)
-				device, err := swap.DeviceBytes(after.Funcs[0])
+				device, err := swap.DeviceBytes(after.Funcs[0], loops.Workspace)
 				require.NoError(t, err)
 				budget := device / part
 				// VerifyEach checks that no copy reads a parameter after its update wrote it.
@@ -167,14 +168,14 @@ func TestSwapOffloadsParametersAndState(t *testing.T) {
 					}
 				}
 				require.Positive(t, onHost, "%s: no update runs on the host", name)
-				got, err := swap.DeviceBytes(f)
+				got, err := swap.DeviceBytes(f, loops.Workspace)
 				require.NoError(t, err)
 				require.LessOrEqual(t, got, budget, name)
 				was := liveness.Analyze(before.Funcs[0])
 				require.Equal(t, was.ParamBytes+was.StateBytes+was.InputBytes, info.ParamBytes+info.StateBytes+info.InputBytes+info.HostArgBytes, name)
 				require.NoError(t, liveness.CheckOffsets(f), name)
 				// The report's bytes by dtype are the device's.
-				rep := memreport.Build(f, nil)
+				rep := memreport.Build(f, nil, costmodel.Default)
 				require.Equal(t, info.HostArgBytes, rep.OffloadedBytes, name)
 				require.LessOrEqual(t, rep.BytesByDType["f64"], rep.PlannedBytes, "%s: the bytes by dtype count host memory", name)
 				passtest.Equivalent(t, before.Funcs[0], f, 0)
@@ -307,12 +308,12 @@ func TestZooCIStepsAtHalfTheArena(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, run(t, m, "autodiff,optimizer{kind=sgd,lr=0.01},fuse,reorder"))
 		f := m.Funcs[0]
-		device, err := swap.DeviceBytes(f)
+		device, err := swap.DeviceBytes(f, loops.Workspace)
 		require.NoError(t, err)
 		arena := swap.ArenaBytes(f)
 		budget := device - arena/2
 		before := costmodel.Default.Simulate(f)
-		res, err := swap.Swap(f, budget, swap.Options{Device: costmodel.Default, Recompute: true})
+		res, err := swap.Swap(f, budget, swap.Options{Device: costmodel.Default, Workspace: loops.Workspace, Recompute: true})
 		require.NoError(t, err, name)
 		require.LessOrEqual(t, res.Arena, budget, name)
 		require.NoError(t, ir.Verify(m))

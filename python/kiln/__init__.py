@@ -9,9 +9,10 @@ Python.
     out = step(x)                                   # {"loss": ..., "grad.fc.weight": ..., ...}
 
 The model is exported with torch.onnx.export (training mode, opset 17, constants not folded), imported
-with every example input as data, differentiated (loss = the sum of the first output), optionally given
-an optimizer step and a recomputation budget, fused, reordered and assigned into one arena by the Kiln
-binary: $KILN if set, else `kiln` on PATH. Only torch (and onnx, which torch.onnx uses) are needed.
+with every example input as data, and planned by the Kiln binary ($KILN if set, else `kiln` on PATH) as
+`kiln mem --train -O2` plans it from the same arguments: differentiated (loss = the sum of the first
+output), optionally given an optimizer step and a memory budget, fused, reordered and assigned into one
+arena. Only torch (and onnx, which torch.onnx uses) are needed.
 """
 import dataclasses
 import json
@@ -55,10 +56,14 @@ def _binary():
 
 
 def _run(args):
+    return _run_both(args)[0]
+
+
+def _run_both(args):
     proc = subprocess.run([_binary()] + args, capture_output=True, text=True)
     if proc.returncode != 0:
         raise KilnError(proc.stderr.strip() or f"kiln exited with {proc.returncode}")
-    return proc.stdout
+    return proc.stdout, proc.stderr
 
 
 def _export(model, example_inputs, tmp, training):
@@ -84,33 +89,44 @@ def _export(model, example_inputs, tmp, training):
     return kir, names, example_inputs
 
 
-def pipeline(budget=None, optimizer=None):
-    """The pass pipeline memory() runs, as `kiln mem --train --optimizer KIND -O2 --budget B` expands it:
-    autodiff, the optimizer step ("sgd", "momentum", "adam", "adamw"), clean-ups, the saved-set selection,
-    remat under budget (a fraction of the peak it starts from, or bytes like "512MiB"), fuse, reorder and
-    assign."""
-    passes = ["autodiff{loss=sum}"]
+def _plan_args(budget, optimizer, allow, microbatches, device):
+    """The flags of a training-step request, as `kiln mem` and `kiln compile` take them: the same
+    request gives the same plan from Python and from the command line."""
+    args = ["--train", "-O2"]
     if optimizer is not None:
-        passes.append(f"optimizer{{kind={optimizer}}}")
-    passes += ["canonicalize", "dce", "cse", "saveset"]
+        args += ["--optimizer", optimizer]
     if budget is not None:
-        passes.append(f"remat{{budget={budget}}}")
-    passes += ["fuse", "reorder", "assign"]
-    return ",".join(passes)
+        args += ["--budget", str(budget)]
+    if microbatches is not None:
+        args += ["--microbatches", str(int(microbatches))]
+    if device is not None:
+        args += ["--device", device]
+    if isinstance(allow, str):
+        allow = [allow]
+    for name in allow or ():
+        args += ["--allow", name]
+    return args
 
 
-def memory(model, example_inputs, budget=None, optimizer=None):
+def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microbatches=None, device=None):
     """Plan the memory of one training step of model on example_inputs (a tensor or a tuple of them)
-    and return a MemoryReport. budget: recompute so that the peak fits it (a fraction such as 0.5, or
-    bytes such as "2GiB"); optimizer: add its update step ("sgd", "momentum", "adam" or "adamw")."""
+    and return a MemoryReport: the plan `kiln mem --train -O2` makes with the same arguments.
+    budget: bound the peak (a fraction of the step's peak after autodiff alone, such as 0.5, or bytes
+    such as "2GiB"), by recomputation, microbatches, swapping and offloading in turn; optimizer: add its
+    update step ("sgd", "momentum", "adam" or "adamw"); microbatches: split the step into that many
+    slices of the batch; device: the device the plan models ("h100", or rates); allow: the names of the
+    approximations the plan may make ("per-slice-bn", "per-rank-dropout"; none unless named)."""
+    args = _plan_args(budget, optimizer, allow, microbatches, device)
     with tempfile.TemporaryDirectory(prefix="kiln-") as tmp:
         kir, _, _ = _export(model, example_inputs, tmp, training=True)
-        pipe = pipeline(budget, optimizer)
-        raw = json.loads(_run(["mem", kir, "--passes", pipe, "--json"]))
+        out, err = _run_both(["mem", kir, *args, "--json", "--print-pipeline"])
+    raw = json.loads(out)
+    pipes = [line[len("pipeline: "):] for line in err.splitlines() if line.startswith("pipeline: ")]
     return MemoryReport(
         planned_bytes=raw["planned_bytes"], peak_bytes=raw["peak_bytes"], arena_bytes=raw["arena_bytes"],
         params_bytes=raw["params_bytes"], state_bytes=raw["state_bytes"], inputs_bytes=raw["inputs_bytes"],
-        flops=raw["flops"], recompute_flops=raw["recompute_flops"], pipeline=pipe, raw=raw)
+        flops=raw["flops"], recompute_flops=raw["recompute_flops"], pipeline=pipes[-1] if pipes else "",
+        raw=raw)
 
 
 class Compiled:
@@ -168,25 +184,30 @@ class Compiled:
             pass
 
 
-def compile(model, example_inputs, train=False, loss="sum", optimizer=None, budget=None):
+def compile(model, example_inputs, train=False, loss="sum", optimizer=None, budget=None, allow=(),
+            microbatches=None, device=None):
     """Compile model for example_inputs (their shapes and dtypes are fixed) into a native program and
     return it as a Compiled callable. train=False compiles the forward pass (eval mode); train=True the
     training step: forward, loss (the "sum" or "mean" of the first output) and backward, with an
     optimizer step when optimizer is "sgd", "momentum", "adam" or "adamw", and recomputation under
-    budget (a fraction of the peak or bytes). Kiln plans it with -O2 (kiln compile --train -O2)."""
+    budget (a fraction of the peak or bytes). Kiln plans it as memory() does (kiln compile --train -O2);
+    allow, microbatches and device are memory()'s."""
     tmp = tempfile.mkdtemp(prefix="kiln-compile-")
     try:
         kir, names, _ = _export(model, example_inputs, tmp, training=train)
         exe = os.path.join(tmp, "step")
-        args = ["compile", kir, "--target", "llvm", "--emit", "exe", "-o", exe, "-O2"]
+        args = ["compile", kir, "--target", "llvm", "--emit", "exe", "-o", exe]
         if train:
-            args.append(f"--train={loss}")
-            if optimizer is not None:
-                args += ["--optimizer", optimizer]
-        elif optimizer is not None:
-            raise ValueError("an optimizer needs train=True")
-        if budget is not None:
-            args += ["--budget", str(budget)]
+            args += _plan_args(budget, optimizer, allow, microbatches, device)
+            args[args.index("--train")] = f"--train={loss}"
+        elif optimizer is not None or microbatches is not None:
+            raise ValueError("an optimizer or microbatches need train=True")
+        else:
+            args.append("-O2")
+            if budget is not None:
+                args += ["--budget", str(budget)]
+            if device is not None:
+                args += ["--device", device]
         _run(args)
         return Compiled(exe, names, tmp)
     except BaseException:

@@ -1,6 +1,7 @@
-package driver
+package planner
 
-// The passes built into kiln register themselves when imported.
+// The passes built into kiln register themselves when imported: every
+// -O level and toolbox step the planner builds names them.
 import (
 	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"

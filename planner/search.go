@@ -1,21 +1,24 @@
-package parallel
+package planner
 
 import (
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"slices"
+	"strings"
 
 	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/fuse"
+	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passes/remat"
 )
 
 // Candidate is one plan Search weighed: each rank's peak and its step
 // time in the cost model (after fusion), or why the plan cannot be made.
 type Candidate struct {
-	Plan    Plan
+	Plan    parallel.Plan
 	Peak    int64
 	Seconds float64
 	Fits    bool
@@ -51,7 +54,7 @@ func (c Candidate) String() string {
 // per rank or stage), at the time that adds. It returns the fastest plan
 // in the cost model that fits memory per device (0: any), ties going to
 // the smaller peak, and every candidate it weighed. f is unchanged.
-func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, error) {
+func Search(f *ir.Func, devices int, memory, bucket int64, dev costmodel.Device) (parallel.Plan, []Candidate, error) {
 	var cands []Candidate
 	for dp := 1; dp <= devices; dp++ {
 		if devices%dp != 0 {
@@ -65,7 +68,7 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 				if dp == 1 && zero > 0 {
 					continue
 				}
-				cands = append(cands, weigh(f, Plan{DP: dp, TP: tp, Zero: zero, Bucket: bucket}, memory))
+				cands = append(cands, weigh(f, parallel.Plan{DP: dp, TP: tp, Zero: zero, Bucket: bucket, Device: dev}, memory, dev))
 			}
 		}
 	}
@@ -88,7 +91,7 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 						ms = []int{2 * pp}
 					}
 					for _, m := range ms {
-						cands = append(cands, weighPipeline(f, Plan{DP: dp, TP: tp, PP: pp, Zero: zero, Bucket: bucket, Microbatches: m}, memory))
+						cands = append(cands, weighPipeline(f, parallel.Plan{DP: dp, TP: tp, PP: pp, Zero: zero, Bucket: bucket, Microbatches: m, Device: dev}, memory, dev))
 					}
 				}
 			}
@@ -111,23 +114,23 @@ func Search(f *ir.Func, devices int, memory, bucket int64) (Plan, []Candidate, e
 			}
 		}
 		if least < 0 {
-			return Plan{}, cands, fmt.Errorf("no plan over %d devices can be made: %v", devices, cands[0].Err)
+			return parallel.Plan{}, cands, fmt.Errorf("no plan over %d devices can be made: %v", devices, cands[0].Err)
 		}
-		return Plan{}, cands, fmt.Errorf("no plan over %d devices fits %s per device; the smallest, %s, needs %s", devices, diag.Bytes(memory), cands[least].Plan, diag.Bytes(cands[least].Peak))
+		return parallel.Plan{}, cands, fmt.Errorf("no plan over %d devices fits %s per device; the smallest, %s, needs %s", devices, diag.Bytes(memory), cands[least].Plan, diag.Bytes(cands[least].Peak))
 	}
 	return cands[best].Plan, cands, nil
 }
 
 // weigh partitions a copy of f by p and measures a rank's peak and step
 // time.
-func weigh(f *ir.Func, p Plan, memory int64) Candidate {
+func weigh(f *ir.Func, p parallel.Plan, memory int64, dev costmodel.Device) Candidate {
 	c := Candidate{Plan: p}
 	g := f.Clone()
-	if _, c.Err = Partition(g, p); c.Err == nil {
+	if _, c.Err = parallel.Partition(g, p); c.Err == nil {
 		c.Peak = liveness.Analyze(g).Peak
 		c.Remat = fitByRemat(&g, memory)
 		fuse.Fuse(g, fuse.Options{MultiOutput: true})
-		c.Seconds = costmodel.Default.Simulate(g).Seconds
+		c.Seconds = dev.Simulate(g).Seconds
 		c.Fits = memory <= 0 || c.Peak <= memory || c.Remat
 	}
 	return c
@@ -150,9 +153,9 @@ func fitByRemat(g **ir.Func, memory int64) bool {
 // weighPipeline cuts a copy of f into p's stages and measures the
 // largest stage's peak and the pipeline's step time (PipelineTime, each
 // stage fused).
-func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
+func weighPipeline(f *ir.Func, p parallel.Plan, memory int64, dev costmodel.Device) Candidate {
 	c := Candidate{Plan: p}
-	stages, _, err := PipelinePlan(f, p)
+	stages, _, err := parallel.PipelinePlan(f, p)
 	if c.Err = err; err != nil {
 		return c
 	}
@@ -166,23 +169,82 @@ func weighPipeline(f *ir.Func, p Plan, memory int64) Candidate {
 		}
 		fuse.Fuse(stages[i], fuse.Options{MultiOutput: true})
 	}
-	c.Seconds, _ = PipelineTime(stages, costmodel.Default)
+	c.Seconds, _ = parallel.PipelineTime(stages, dev)
 	c.Fits = fits
 	return c
 }
 
-func (p Plan) String() string {
-	if p.PP > 1 && p.TP > 1 {
-		return fmt.Sprintf("dp=%d,tp=%d,pp=%d,zero=%d,microbatches=%d", p.DP, p.TP, p.PP, p.Zero, p.Microbatches)
+// searchParallel puts the fastest plan Search finds for the step as it
+// stands after pipe[:at] (Request.Parallel "devices=N[,device-memory=M]
+// [,bucket=B]") into pipe at at, noting every candidate on the parallel
+// pass.
+func (p *planner) searchParallel(m *ir.Module, pipe passes.Pipeline) (passes.Pipeline, error) {
+	if p.searchAt < 0 {
+		return pipe, nil
 	}
-	if p.PP > 1 && p.DP > 1 {
-		return fmt.Sprintf("dp=%d,pp=%d,zero=%d,microbatches=%d", p.DP, p.PP, p.Zero, p.Microbatches)
+	at := p.searchAt
+	devices, memory, bucket := 0, int64(0), int64(25<<20)
+	for _, kv := range strings.Split(p.req.Parallel, ",") {
+		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		switch k {
+		case "devices":
+			n, err := parseCount(v)
+			if err != nil || n > 4096 {
+				return nil, &RequestError{fmt.Sprintf("--parallel: devices must be a count from 1 to 4096, not %q", v)}
+			}
+			devices = n
+		case "device-memory", "bucket":
+			sz, err := passes.ParseSize(v)
+			if err != nil || sz.IsFrac {
+				return nil, &RequestError{fmt.Sprintf("--parallel: %s takes bytes, not %q", k, v)}
+			}
+			if k == "bucket" {
+				bucket = sz.Bytes
+			} else {
+				memory = sz.Bytes
+			}
+		default:
+			return nil, &RequestError{fmt.Sprintf("--parallel: give devices (to search) or dp, tp, pp and zero, not both (%s)", k)}
+		}
 	}
-	if p.PP > 1 {
-		return fmt.Sprintf("pp=%d,microbatches=%d", p.PP, p.Microbatches)
+	base, _, err := p.trial(m, pipe[:at])
+	if err != nil {
+		return nil, err
 	}
-	if p.TP > 1 {
-		return fmt.Sprintf("dp=%d,tp=%d,zero=%d", p.DP, p.TP, p.Zero)
+	if len(base.Funcs) != 1 {
+		return nil, &RequestError{fmt.Sprintf("--parallel devices=%d: the module has %d functions; the search plans one step", devices, len(base.Funcs))}
 	}
-	return fmt.Sprintf("dp=%d,zero=%d", p.DP, p.Zero)
+	f := base.Funcs[0]
+	best, cands, err := Search(f, devices, memory, bucket, p.req.Device)
+	var lines []string
+	for _, c := range cands {
+		lines = append(lines, c.String())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("@%s: %v; weighed %s", f.Name, err, strings.Join(lines, "; "))
+	}
+	p.res.Notes = append(p.res.Notes, Note{"parallel", fmt.Sprintf("chose %s, the fastest in the cost model that fits; weighed %s", best, strings.Join(lines, "; "))})
+	chosen, err := passes.ParsePipeline(fmt.Sprintf("parallel{%s,bucket=%d}", best, bucket), nil)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(pipe[:at], chosen, pipe[at:]), nil
+}
+
+// isSearch reports whether a --parallel spec asks for the search.
+func isSearch(spec string) bool {
+	for _, kv := range strings.Split(spec, ",") {
+		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); k == "devices" {
+			return true
+		}
+	}
+	return false
+}
+
+func parseCount(s string) (int, error) {
+	var n int
+	if _, err := fmt.Sscanf(s, "%d", &n); err != nil || n < 1 || fmt.Sprint(n) != s {
+		return 0, fmt.Errorf("%q is not a count of at least 1", s)
+	}
+	return n, nil
 }
