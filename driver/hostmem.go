@@ -3,11 +3,11 @@ package driver
 import (
 	"bufio"
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"os"
 	"strconv"
 	"strings"
 
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 )
 

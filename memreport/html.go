@@ -2,11 +2,11 @@ package memreport
 
 import (
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"html"
 	"io"
 	"strings"
 
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 )

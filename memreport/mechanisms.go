@@ -2,9 +2,10 @@ package memreport
 
 import (
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"slices"
 	"strings"
+
+	"github.com/kiln-compiler/kiln/diag"
 )
 
 // Mechanism is what one way of saving memory contributed over a pipeline:

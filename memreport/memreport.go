@@ -8,7 +8,6 @@ package memreport
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"io"
 	"sort"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/alloc"
 	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 )

@@ -2,7 +2,6 @@ package onnx
 
 import (
 	"fmt"
-	"github.com/stretchr/testify/require"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+
+	"github.com/stretchr/testify/require"
 )
 
 // backendData is where Debian's libonnx-testdata puts the ONNX project's

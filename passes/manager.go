@@ -74,7 +74,7 @@ type Manager struct {
 	// Workspace sizes the kernels' workspace of a function, as the
 	// backend will lower it (Context.Workspace).
 	Workspace func(*ir.Func) (int64, error)
-	Runs []PassRun // filled by Run
+	Runs      []PassRun // filled by Run
 }
 
 // PassError is a pass that failed, panicked or produced invalid IR.

@@ -2,13 +2,13 @@ package plancheck
 
 import (
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"html"
 	"io"
 	"sort"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/memreport"
 )
 

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/memreport"
 	"github.com/kiln-compiler/kiln/onnx"

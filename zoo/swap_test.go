@@ -1,10 +1,10 @@
 package zoo
 
 import (
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"testing"
 	"time"
 
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes/swap"

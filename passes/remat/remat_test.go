@@ -138,4 +138,3 @@ func TestRecomputedNames(t *testing.T) {
 		require.Equal(t, want, RecomputedName(in), in)
 	}
 }
-

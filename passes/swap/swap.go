@@ -11,7 +11,6 @@ package swap
 
 import (
 	"fmt"
-	"github.com/kiln-compiler/kiln/diag"
 	"math"
 	"slices"
 	"sort"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/alloc"
 	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/passes"
@@ -72,9 +72,9 @@ type options struct {
 type Options struct {
 	Device    costmodel.Device
 	Workspace func(*ir.Func) (int64, error) // the backend's kernels' workspace (DeviceBytes)
-	Recompute bool // let recomputation compete with swapping
-	Params    bool // let offloading parameters and their state compete too
-	Inputs    bool // with Params, move data inputs to host memory when nothing else lowers the peak
+	Recompute bool                          // let recomputation compete with swapping
+	Params    bool                          // let offloading parameters and their state compete too
+	Inputs    bool                          // with Params, move data inputs to host memory when nothing else lowers the peak
 	// Peak bounds the live bytes on the device (liveness) instead of the
 	// device memory (DeviceBytes).
 	Peak bool
