@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/outfile"
 )
 
 // largeForward writes a residual chain of layers (matmul, tanh, add,
@@ -95,4 +98,45 @@ func runKiln(args ...string) (string, string, int) {
 	var errb strings.Builder
 	code := Main(args, strings.NewReader(""), io.Discard, &errb)
 	return "", errb.String(), code
+}
+
+// BenchmarkPassesOnResNet50WithWeights times dce,cse,reorder on ResNet-50
+// exported with its weights (scripts/export_resnet50_weights.py, the path
+// in $KILN_RESNET50_WEIGHTS): reading the model, the pipeline as kiln opt
+// runs it (verified after each pass, nothing printed) and printing it are
+// reported apart, in seconds. The pipeline's share must stay under 1 s.
+// Run with -benchtime 1x.
+func BenchmarkPassesOnResNet50WithWeights(b *testing.B) {
+	path := os.Getenv("KILN_RESNET50_WEIGHTS")
+	if path == "" {
+		b.Skip("set KILN_RESNET50_WEIGHTS to ResNet-50 exported with its weights (scripts/export_resnet50_weights.py)")
+	}
+	e := &env{stdout: io.Discard, stderr: io.Discard, stdin: strings.NewReader(""), files: &outfile.Guard{}}
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		in, err := readModule(e, path, onnx.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		read := time.Since(start)
+		start = time.Now()
+		pf := pipelineFlags{passes: "dce,cse,reorder", verifyEach: true, timingFormat: "text"}
+		req, err := pf.request()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pf.plan(e, in, req); err != nil {
+			b.Fatal(err)
+		}
+		passes := time.Since(start)
+		start = time.Now()
+		_ = in.module.String()
+		printed := time.Since(start)
+		b.ReportMetric(read.Seconds(), "read-s")
+		b.ReportMetric(passes.Seconds(), "passes-s")
+		b.ReportMetric(printed.Seconds(), "print-s")
+		if passes > time.Second {
+			b.Errorf("dce,cse,reorder took %v beyond reading and printing (at most 1 s)", passes)
+		}
+	}
 }

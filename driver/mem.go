@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passes/remat"
 	"github.com/kiln-compiler/kiln/progress"
@@ -59,13 +60,13 @@ func init() {
 				if err != nil {
 					return usageError{"--device: " + err.Error()}
 				}
-				pf.observe = func(pass string, m *ir.Module) {
+				pf.observe = func(pass string, m *ir.Module, a *passes.Analyses) {
 					g := m.Func(*fn)
 					if *fn == "" && len(m.Funcs) > 0 {
 						g = m.Funcs[0]
 					}
 					if g != nil {
-						effects = append(effects, memreport.Measure(pass, g, dev))
+						effects = append(effects, memreport.Measure(pass, g, a.Liveness(g), dev))
 					}
 				}
 				in, res, err := pf.load(e, args)

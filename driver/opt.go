@@ -27,7 +27,7 @@ type pipelineFlags struct {
 	printAfterChange bool
 	printConstants   bool
 	// observe, when set, sees the module before and after each pass.
-	observe       func(pass string, m *ir.Module)
+	observe       func(pass string, m *ir.Module, a *passes.Analyses)
 	verifyEach    bool
 	timing        bool
 	timingFormat  string

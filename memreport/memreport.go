@@ -161,8 +161,12 @@ type Effect struct {
 }
 
 // Measure is f's Effect, without the allocator's work of Build.
-func Measure(pass string, f *ir.Func, dev costmodel.Device) Effect {
-	e := Effect{Pass: pass, Peak: liveness.Analyze(f).Peak, Seconds: dev.Simulate(f).Seconds}
+// info is f's liveness (nil: computed here).
+func Measure(pass string, f *ir.Func, info *liveness.Info, dev costmodel.Device) Effect {
+	if info == nil {
+		info = liveness.Analyze(f)
+	}
+	e := Effect{Pass: pass, Peak: info.Peak, Seconds: dev.Simulate(f).Seconds}
 	for _, op := range f.Body {
 		e.FLOPs += ir.OpCost(op).FLOPs
 		if isLaunch(op) {
@@ -175,7 +179,12 @@ func Measure(pass string, f *ir.Func, dev costmodel.Device) Effect {
 // Build analyses f. When f carries an arena (buffer assignment ran) the
 // report uses it; otherwise it runs the default assignment on the side.
 func Build(f *ir.Func, passes []Pass, dev costmodel.Device) *Report {
-	info := liveness.Analyze(f)
+	return BuildFrom(liveness.Analyze(f), passes, dev)
+}
+
+// BuildFrom is Build of the function whose liveness is info.
+func BuildFrom(info *liveness.Info, passes []Pass, dev costmodel.Device) *Report {
+	f := info.Func
 	r := &Report{device: dev,
 		Func: f.Name, Ops: len(f.Body),
 		ParamsBytes: info.ParamBytes, InputsBytes: info.InputBytes, OutputsBytes: info.OutputBytes, StateBytes: info.StateBytes,

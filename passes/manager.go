@@ -36,7 +36,7 @@ type Instrumentation struct {
 	Progress *progress.Reporter
 	// Observe, when set, sees the module before the first pass (pass "")
 	// and after each pass that succeeds.
-	Observe func(pass string, m *ir.Module)
+	Observe func(pass string, m *ir.Module, a *Analyses)
 }
 
 // forPeople is printed IR as the dumps show it: large constants elided
@@ -75,6 +75,9 @@ type Manager struct {
 	// backend will lower it (Context.Workspace).
 	Workspace func(*ir.Func) (int64, error)
 	Runs      []PassRun // filled by Run
+	// Analyses are the pipeline's cached analyses (filled by Run): what
+	// the last pass left valid.
+	Analyses *Analyses
 }
 
 // PassError is a pass that failed, panicked or produced invalid IR.
@@ -119,8 +122,11 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		}
 	}
 	defer in.Progress.Done()
+	if mg.Analyses == nil {
+		mg.Analyses = &Analyses{}
+	}
 	if in.Observe != nil {
-		in.Observe("", m)
+		in.Observe("", m, mg.Analyses)
 	}
 	for i, step := range pipe {
 		name := step.Pass.Name
@@ -143,6 +149,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 			ctx.SetDevice(*mg.Device)
 		}
 		ctx.workspace = mg.Workspace
+		ctx.analyses = mg.Analyses
 		start := time.Now()
 		err = runGuarded(step.Pass, ctx, m)
 		secs := time.Since(start).Seconds()
@@ -151,8 +158,12 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 				clear(m, q)
 			}
 		}
+		mg.Analyses.invalidate(step.Pass)
 		if err == nil && in.VerifyEach {
 			err = verifyAfter(m, step.Pass)
+		}
+		if err == nil && in.VerifyEach {
+			err = mg.Analyses.check(m)
 		}
 		if err != nil {
 			pe := &PassError{Pass: name, Err: err}
@@ -169,7 +180,7 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		}
 		mg.Runs = append(mg.Runs, run)
 		if in.Observe != nil {
-			in.Observe(name, m)
+			in.Observe(name, m, mg.Analyses)
 		}
 		if in.PrintAfterAll || in.PrintAfter[name] || in.PrintAfterChange && run.Changed {
 			fmt.Fprintf(log, "// -----// IR Dump After %s //----- //\n%s\n", name, in.forPeople(after))

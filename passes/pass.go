@@ -10,6 +10,7 @@ import (
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/liveness"
 )
 
 // Pass is a transformation (or analysis) of a module.
@@ -30,6 +31,10 @@ type Pass struct {
 	// or may no longer hold (Invalidates). The pass manager checks a
 	// pipeline against these before it runs any pass.
 	Requires, Excludes, Establishes, Invalidates []Property
+	// Preserves lists the analyses still valid after the pass: the
+	// manager keeps them cached (and checks them under verify-each);
+	// every other analysis is dropped.
+	Preserves []Analysis
 
 	newOptions func() reflect.Value // a pointer to the options struct with its defaults
 }
@@ -119,6 +124,7 @@ type Context struct {
 	device  *costmodel.Device
 	// workspace sizes the kernels' workspace (Manager.Workspace).
 	workspace func(*ir.Func) (int64, error)
+	analyses  *Analyses
 	// Deadline, when not zero, is a hint for passes with time budgets.
 	Deadline time.Time
 }
@@ -236,6 +242,11 @@ func (c *Context) Approximations() []Approximation { return c.approx }
 // Note records something the pass wants the reader of a report to know
 // (a choice it made, and why).
 func (c *Context) Note(text string) { c.notes = append(c.notes, text) }
+
+// Liveness is f's liveness as the pass starts, cached across passes that
+// preserve it (Pass.Preserves). A pass that changes f and reads its
+// liveness again calls liveness.Analyze.
+func (c *Context) Liveness(f *ir.Func) *liveness.Info { return c.analyses.Liveness(f) }
 
 // Notes returns what Note recorded.
 func (c *Context) Notes() []string { return c.notes }

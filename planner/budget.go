@@ -330,7 +330,7 @@ func (p *planner) offload(m, orig *ir.Module, pipe passes.Pipeline, failure erro
 			continue
 		}
 		m.Funcs = c.Funcs
-		p.res.Pipeline, p.res.Runs = try.pipe, mg.Runs
+		p.res.Pipeline, p.res.Runs, p.res.Analyses = try.pipe, mg.Runs, mg.Analyses
 		if splitNote != "" {
 			p.res.Notes = append(p.res.Notes, Note{"remat", splitNote})
 		}
@@ -470,7 +470,7 @@ func (r *Result) Report(f *ir.Func, timing bool) *memreport.Report {
 		}
 		ps = append(ps, p)
 	}
-	rep := memreport.Build(f, ps, r.Device)
+	rep := memreport.BuildFrom(r.Analyses.Liveness(f), ps, r.Device)
 	rep.Allowed = append(rep.Allowed, r.Allowed...)
 	for _, run := range r.Runs {
 		for _, a := range run.Approximations {

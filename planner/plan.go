@@ -219,7 +219,7 @@ func (p *planner) execute(m *ir.Module, pipe passes.Pipeline) error {
 	}
 	mg := p.manager(false)
 	err := mg.Run(m, pipe)
-	p.res.Pipeline, p.res.Runs = pipe, mg.Runs
+	p.res.Pipeline, p.res.Runs, p.res.Analyses = pipe, mg.Runs, mg.Analyses
 	if err == nil && note != "" {
 		p.res.Notes = append(p.res.Notes, Note{"remat", note})
 	}

@@ -124,6 +124,8 @@ type Result struct {
 	Allowed  []string
 	Pipeline passes.Pipeline
 	Runs     []passes.PassRun
+	// Analyses are what the pipeline's last pass left cached.
+	Analyses *passes.Analyses
 	// Notes are the planner's decisions, each on the pass it concerns
 	// (the update placement on optimizer, the toolbox's choice on the
 	// pass that made it work).

@@ -32,7 +32,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
 		for _, f := range m.Funcs {
-			peak := liveness.Analyze(f).Peak
+			peak := ctx.Liveness(f).Peak
 			budget := o.Budget.Of(peak)
 			res, err := Rematerialize(f, budget, o.Solver)
 			var be *BudgetError

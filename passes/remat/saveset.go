@@ -17,7 +17,7 @@ func init() {
 		Invalidates: []passes.Property{passes.Assigned},
 		Run: func(ctx *passes.Context, m *ir.Module) error {
 			for _, f := range m.Funcs {
-				before := liveness.Analyze(f).Peak
+				before := ctx.Liveness(f).Peak
 				res := SelectSaved(f)
 				ctx.AddStat("peak-before", before)
 				ctx.AddStat("peak-after", res.Peak)
