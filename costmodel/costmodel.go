@@ -132,12 +132,12 @@ func CollectiveBytes(kind string, n, p int64) int64 {
 }
 
 // IsCopy reports whether op is a host-device copy (swap_out, swap_in).
-func IsCopy(op *ir.Op) bool { return op.Kind == "swap_out" || op.Kind == "swap_in" }
+func IsCopy(op *ir.Op) bool { return ir.CopiesToHost(op) || ir.CopiesFromHost(op) }
 
 // Launches reports whether op runs a kernel: not a view and not a
 // constant, which take no device time.
 func Launches(op *ir.Op) bool {
-	if op.Kind == "constant" {
+	if ir.IsConstant(op) {
 		return false
 	}
 	d := op.Def()
@@ -205,7 +205,7 @@ func (d Device) simulate(f *ir.Func, commReady func(op *ir.Op, ready float64)) T
 		if IsCopy(op) {
 			// A swap_in also waits for the ops before it: its memory is free
 			// only once they ran.
-			if op.Kind == "swap_in" {
+			if ir.CopiesFromHost(op) {
 				start = max(start, compute)
 			}
 			start = max(start, copyFree)
@@ -214,7 +214,7 @@ func (d Device) simulate(f *ir.Func, commReady func(op *ir.Op, ready float64)) T
 			for _, r := range op.Results {
 				ready[r] = copyFree
 			}
-			if op.Kind == "swap_out" {
+			if ir.CopiesToHost(op) {
 				mustWait = max(mustWait, copyFree)
 			} else {
 				copiedAt[op.Operands[0]] = copyFree

@@ -289,7 +289,7 @@ func init() {
 		ONNX:    "Where",
 	})
 	Register(&OpDef{
-		Name: "constant", Summary: "a constant tensor", MaxOperands: 0,
+		Name: "constant", Summary: "a constant tensor", MaxOperands: 0, Constant: true,
 		Attrs:  []AttrSpec{{Name: "value", Kind: AttrDense, Required: true}},
 		Infer:  func(_ []Type, a AttrValues) ([]Type, error) { return []Type{a.Dense("value").Type}, nil },
 		FLOPs:  zeroFLOPs,

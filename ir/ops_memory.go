@@ -58,7 +58,7 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "swap_in", Summary: "copy a host tensor (a swap_out result) back to device memory",
-		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Grad: NoGrad,
+		MinOperands: 1, MaxOperands: 1, Attrs: stream, Infer: copyType, FLOPs: zeroFLOPs, Fusion: Opaque, Grad: NoGrad, FromHost: true,
 		Axes: broadcastAxes, Linear: linearIn([]int{0}),
 	})
 }

@@ -36,19 +36,19 @@ func init() {
 	Register(&OpDef{
 		Name: "sgd_update", Summary: "p -= lr * (g + weight_decay * p), in place (p, g[, ok])",
 		MinOperands: 2, MaxOperands: 3, Attrs: common, Infer: sameAll(2),
-		FLOPs: perElement(3), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0},
+		FLOPs: perElement(3), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0}, Update: true,
 	})
 	Register(&OpDef{
 		Name: "momentum_update", Summary: "buf = momentum * buf + g'; p -= lr * buf, in place (p, g, buf[, ok]), g' = g + weight_decay * p",
 		MinOperands: 3, MaxOperands: 4, Attrs: append(common, AttrSpec{Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)}), Infer: sameAll(3),
-		FLOPs: perElement(5), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2},
+		FLOPs: perElement(5), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2}, Update: true,
 	})
 	Register(&OpDef{
 		Name: "adam_update", Summary: "Adam (decoupled = true: AdamW) with bias correction for step t, in place (p, g, m, v[, ok])",
 		MinOperands: 4, MaxOperands: 5,
 		Attrs: append(common, AttrSpec{Name: "beta1", Kind: AttrFloat, Default: FloatAttr(0.9)}, AttrSpec{Name: "beta2", Kind: AttrFloat, Default: FloatAttr(0.999)},
 			AttrSpec{Name: "eps", Kind: AttrFloat, Default: FloatAttr(1e-8)}, AttrSpec{Name: "step", Kind: AttrInt, Default: IntAttr(1)}, AttrSpec{Name: "decoupled", Kind: AttrBool}),
-		Infer: sameAll(4), FLOPs: perElement(12), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2, 3},
+		Infer: sameAll(4), FLOPs: perElement(12), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2, 3}, Update: true,
 	})
 	Register(&OpDef{
 		Name: "overwrite", Summary: "dst := src, in place (dst, src)",

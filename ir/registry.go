@@ -118,6 +118,16 @@ type OpDef struct {
 	// Host: the result lives in host memory (swap_out); only swap_in may
 	// read it.
 	Host bool
+	// FromHost: the op copies a host tensor (its operand) into device
+	// memory (swap_in). Host and FromHost ops are copies over the host
+	// link, which the cost model times by the link's bandwidth.
+	FromHost bool
+	// Constant: the result is known before the step runs; no kernel
+	// computes it (it is materialised with the arena).
+	Constant bool
+	// Update: an optimizer update, which reads a gradient and writes the
+	// parameter and its state in place (Writes).
+	Update bool
 
 	// Scalar, for an elementwise op with one result, computes a result
 	// element from the operands' elements at the same (broadcast) index.
@@ -517,3 +527,15 @@ func inputFLOPs(in, _ []Type, _ AttrValues) int64 { return in[0].NumElements() }
 func (d *OpDef) MayOverwrite(k int) bool {
 	return d != nil && d.InPlace && (d.InPlaceOperands == nil || slices.Contains(d.InPlaceOperands, k))
 }
+
+// IsConstant reports whether op's result is known before the step runs
+// (OpDef.Constant).
+func IsConstant(op *Op) bool { d := op.Def(); return d != nil && d.Constant }
+
+// CopiesToHost reports whether op copies a device tensor to host memory
+// (OpDef.Host).
+func CopiesToHost(op *Op) bool { d := op.Def(); return d != nil && d.Host }
+
+// CopiesFromHost reports whether op copies a host tensor into device
+// memory (OpDef.FromHost).
+func CopiesFromHost(op *Op) bool { d := op.Def(); return d != nil && d.FromHost }

@@ -268,7 +268,7 @@ func BuildFrom(info *liveness.Info, passes []Pass, dev costmodel.Device) *Report
 // isLaunch reports whether op is a kernel launch: not a constant, and not
 // a view (views move no data).
 func isLaunch(op *ir.Op) bool {
-	if op.Kind == "constant" {
+	if ir.IsConstant(op) {
 		return false
 	}
 	d := op.Def()

@@ -64,7 +64,7 @@ func canonicalize(f *ir.Func) (folded, simplified int) {
 // constOf returns the dense value of v when a constant op defines it and
 // it has no role (a loss seed is kept as it is for later passes).
 func constOf(v *ir.Value) *ir.Dense {
-	if v.Def != nil && v.Def.Kind == "constant" && v.Def.Attrs["role"].Kind == 0 {
+	if v.Def != nil && ir.IsConstant(v.Def) && v.Def.Attrs["role"].Kind == 0 {
 		return v.Def.Attrs["value"].Dense
 	}
 	return nil
@@ -160,7 +160,7 @@ func simplify(op *ir.Op) *ir.Value {
 // and its results are small; it reports whether it did. The interpreter
 // computes the value, so a fold always agrees with a run.
 func foldOp(op *ir.Op) bool {
-	if len(op.Results) != 1 || op.Kind == "constant" || len(op.Operands) == 0 {
+	if len(op.Results) != 1 || ir.IsConstant(op) || len(op.Operands) == 0 {
 		return false
 	}
 	in := make([]*interp.Tensor, len(op.Operands))

@@ -48,7 +48,7 @@ func PropertiesOf(m *ir.Module) propertySet {
 			if op.Region != nil {
 				s[Fused] = true
 			}
-			if d := op.Def(); d != nil && len(d.Writes) > 0 && op.Kind != "overwrite" {
+			if d := op.Def(); d != nil && d.Update {
 				s[OptimizerStep] = true
 			}
 			for _, r := range op.Results {

@@ -199,12 +199,18 @@ func (p *planner) fitRemat(m *ir.Module, pipe passes.Pipeline, at int) (out pass
 	return slices.Concat(pipe[:at], ms, pipe[at:]), note
 }
 
+// fitSolver is the remat solver fit weighs its candidates with: greedy
+// is linear in the saved values, where best's exact search over subsets
+// grows with every slice of a split; the remat step that runs after the
+// decision uses the solver it names.
+const fitSolver = "greedy"
+
 // fit is the number of microbatches f should run as to reach budget
 // fastest with recomputation in them (0: recomputation alone), and a note
 // saying why.
 func (p *planner) fit(f *ir.Func, budget int64) (int, string) {
 	g := f.Clone()
-	res, err := remat.Rematerialize(g, budget, "best")
+	res, err := remat.Rematerialize(g, budget, fitSolver)
 	var be *remat.BudgetError
 	if err != nil && !errors.As(err, &be) || err == nil && res.FLOPs == 0 {
 		return 0, ""
@@ -230,7 +236,7 @@ func (p *planner) fit(f *ir.Func, budget int64) (int, string) {
 		if serr != nil {
 			break
 		}
-		_, rerr := remat.Rematerialize(h, budget, "best")
+		_, rerr := remat.Rematerialize(h, budget, fitSolver)
 		if rerr != nil {
 			var e *remat.BudgetError
 			if !errors.As(rerr, &e) || e.Reached > reached-reached/50 {
@@ -296,7 +302,7 @@ type offloadTry struct {
 func (p *planner) offload(m, orig *ir.Module, pipe passes.Pipeline, failure error) error {
 	tries, err := p.offloadTries(orig, pipe)
 	if err != nil {
-		return fmt.Errorf("%v\nwith offloading too: %v", failure, err)
+		return fmt.Errorf("%w\nwith offloading too: %v", failure, err)
 	}
 	var splitErr, wholeErr error
 	maxSplit := 0
@@ -338,16 +344,16 @@ func (p *planner) offload(m, orig *ir.Module, pipe passes.Pipeline, failure erro
 		return nil
 	}
 	if wholeErr != nil {
-		failure = fmt.Errorf("%v\nwith offloading too: %v", failure, wholeErr)
+		failure = fmt.Errorf("%w\nwith offloading too: %v", failure, wholeErr)
 	}
 	if splitErr != nil {
 		// Only the headline: its live values are the whole step's, split.
 		head, _, _ := strings.Cut(splitErr.Error(), "\n")
 		var tpe *passes.PassError
 		if errors.As(splitErr, &tpe) && tpe.Pass == "microbatch" {
-			failure = fmt.Errorf("%v\nno split into microbatches could be made: %s", failure, head)
+			failure = fmt.Errorf("%w\nno split into microbatches could be made: %s", failure, head)
 		} else {
-			failure = fmt.Errorf("%v\nsplit into %d microbatches, then offloaded: %s", failure, maxSplit, head)
+			failure = fmt.Errorf("%w\nsplit into %d microbatches, then offloaded: %s", failure, maxSplit, head)
 		}
 	}
 	return failure

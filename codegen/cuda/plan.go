@@ -410,7 +410,7 @@ func (b *planner) copyNode(i int, op *ir.Op) error {
 		return err
 	}
 	dir := "device_to_host"
-	if op.Kind == "swap_in" {
+	if ir.CopiesFromHost(op) {
 		dir = "host_to_device"
 	}
 	b.raw = append(b.raw, Node{Kind: "copy", Stream: int(op.Attr().Int("stream")), Op: i, Direction: dir, Src: src, Dst: dst,

@@ -80,7 +80,7 @@ func classOf(op *ir.Op) ir.FusionClass {
 	if d == nil || d.Impure || op.Region != nil || len(op.Results) == 0 {
 		return ir.Opaque
 	}
-	if op.Kind == "constant" {
+	if ir.IsConstant(op) {
 		return ir.Elementwise
 	}
 	return d.Fusion
@@ -520,7 +520,7 @@ func (fu *fuser) groups() []*built {
 		seen[g] = true
 		nonConst := 0
 		for _, j := range g.ops {
-			if fu.f.Body[j].Kind != "constant" {
+			if !ir.IsConstant(fu.f.Body[j]) {
 				nonConst++
 			}
 		}
@@ -634,7 +634,7 @@ func buildKernel(f *ir.Func, g *built, usedOutside, isResult map[*ir.Value]bool)
 		}
 		region.Body = append(region.Body, c)
 		locs = append(locs, op.Loc)
-		if op.Kind != "constant" {
+		if !ir.IsConstant(op) {
 			kinds = append(kinds, op.Kind)
 		}
 	}

@@ -497,7 +497,7 @@ func freeValues(g *ir.Func) map[*ir.Value]bool {
 		}
 	}
 	for _, op := range g.Body {
-		if d := op.Def(); d == nil || len(d.Writes) > 0 || d.Impure && op.Kind != "random_uniform" {
+		if d := op.Def(); d == nil || len(d.Writes) > 0 || d.Impure && d.Random == nil {
 			continue
 		}
 		reads := true

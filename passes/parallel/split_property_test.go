@@ -5,16 +5,19 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/kiln-compiler/kiln/planner"
 )
 
 func init() {
@@ -46,16 +49,21 @@ type split struct {
 	// exact says what the split must do for a step whose batch is mixed
 	// by statistics alone: split it (it computes them exactly) or refuse.
 	exact bool
+	// budget, when set, plans the step at -O2 under this budget with the
+	// planner instead: its toolbox may recompute, split, swap or offload,
+	// or refuse the budget, as it decides.
+	budget string
 }
 
 var splits = []split{
-	{"microbatch{n=2}", "microbatch{n=2}", false, false},
-	{"microbatch{n=4}", "microbatch{n=4}", false, false},
-	{"microbatch{n=8,exact-bn=true}", "microbatch{n=8,exact-bn=true}", false, true},
-	{"microbatch{n=2,exact-bn=true}", "microbatch{n=2,exact-bn=true}", false, true},
-	{"parallel{dp=2}", "parallel{dp=2}", true, true},
-	{"parallel{dp=4,zero=2}", "parallel{dp=4,zero=2}", true, true},
-	{"parallel{dp=2,microbatches=2}", "parallel{dp=2,microbatches=2}", true, false},
+	{"microbatch{n=2}", "microbatch{n=2}", false, false, ""},
+	{"microbatch{n=4}", "microbatch{n=4}", false, false, ""},
+	{"microbatch{n=8,exact-bn=true}", "microbatch{n=8,exact-bn=true}", false, true, ""},
+	{"microbatch{n=2,exact-bn=true}", "microbatch{n=2,exact-bn=true}", false, true, ""},
+	{"parallel{dp=2}", "parallel{dp=2}", true, true, ""},
+	{"parallel{dp=4,zero=2}", "parallel{dp=4,zero=2}", true, true, ""},
+	{"parallel{dp=2,microbatches=2}", "parallel{dp=2,microbatches=2}", true, false, ""},
+	{"toolbox -O2 --budget 0.5", "", false, false, "0.5"},
 }
 
 // TestSplitsAreExactOrRefused is the property the per-axis records exist
@@ -90,6 +98,7 @@ func TestSplitsAreExactOrRefused(t *testing.T) {
 	r := rand.New(rand.NewSource(38))
 	accepted := map[string]int{}
 	refused := map[string]int{}
+	toolboxSplits := 0
 	for i := range steps {
 		mixing := i%4 != 0
 		bs := passtest.RandomBatchStep(r, 8, mixing)
@@ -102,13 +111,32 @@ func TestSplitsAreExactOrRefused(t *testing.T) {
 		require.NoError(t, err)
 		floors := stepFloors(t, m, bs, args)
 		for _, sp := range splits {
+			if sp.budget != "" && testing.Short() && i%25 != 3 {
+				continue // the toolbox plans each step many times over (0.5 s): every 25th in -short, all 500 in the full run
+			}
 			got := passtest.Clone(t, m)
-			err := passtest.RunErr(got, sp.pipe)
+			var err error
+			if sp.budget != "" {
+				var res *planner.Result
+				res, err = planner.Plan(got, planner.Request{Level: 2, Budget: sp.budget}, planner.Session{Inst: passes.Instrumentation{VerifyEach: true}, Workspace: loops.Workspace})
+				if err == nil && slices.ContainsFunc(res.Runs, func(r passes.PassRun) bool { return r.Name == "microbatch" }) {
+					toolboxSplits++
+				}
+			} else {
+				err = passtest.RunErr(got, sp.pipe)
+			}
+			var fe *planner.FloorError
+			if errors.As(err, &fe) {
+				refused[sp.name]++ // a budget under what any plan reaches, refused before any pass ran
+				continue
+			}
 			if err != nil {
 				var pe *passes.PassError
 				require.True(t, errors.As(err, &pe), "step %d, %s: %v", i, sp.name, err)
 				require.NotContains(t, err.Error(), "panic", "step %d, %s", i, sp.name)
-				require.Regexp(t, `test\.kir:\d+:\d+: `, err.Error(), "step %d, %s: the refusal names the op", i, sp.name)
+				if sp.budget == "" { // the toolbox refuses budgets, naming what holds the peak
+					require.Regexp(t, `test\.kir:\d+:\d+: `, err.Error(), "step %d, %s: the refusal names the op", i, sp.name)
+				}
 				refused[sp.name]++
 			} else {
 				accepted[sp.name]++
@@ -132,6 +160,8 @@ func TestSplitsAreExactOrRefused(t *testing.T) {
 			mustRefuse := bs.Mix&(passtest.MixSoftmax|passtest.MixGather|passtest.MixShift|passtest.MixRoll) != 0 ||
 				bs.Mix&passtest.MixStatistics != 0 && !sp.exact
 			switch {
+			case sp.budget != "":
+				// The toolbox chooses whether to split at all.
 			case mustSplit:
 				require.NoError(t, err, "step %d (%s), %s:\n%s", i, mixName(bs.Mix), sp.name, bs.Src)
 			case mustRefuse:
@@ -142,6 +172,7 @@ func TestSplitsAreExactOrRefused(t *testing.T) {
 	for _, sp := range splits {
 		t.Logf("%-32s %3d split exactly, %3d refused", sp.name, accepted[sp.name], refused[sp.name])
 	}
+	t.Logf("the toolbox's plans split %d steps into microbatches", toolboxSplits)
 }
 
 // stepFloors measures the summation-order floors of m's step on args.

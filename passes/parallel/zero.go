@@ -206,7 +206,7 @@ func backwardOps(f *ir.Func) map[*ir.Op]bool {
 	bwd := map[*ir.Op]bool{}
 	fromSeed := map[*ir.Value]bool{}
 	for _, op := range f.Body {
-		dep := op.Kind == "constant" && op.Attrs["role"].Str == ir.RoleLossSeed
+		dep := ir.IsConstant(op) && op.Attrs["role"].Str == ir.RoleLossSeed
 		for _, x := range op.Operands {
 			dep = dep || fromSeed[x]
 		}

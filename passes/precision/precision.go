@@ -187,7 +187,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	gradOps := gradientProducers(f)
 	for _, op := range f.Body {
 		want := low
-		if op.Def().KeepF32 || gradOps[op] || op.Kind == "cast" || op.Kind == "constant" {
+		if op.Def().KeepF32 || gradOps[op] || op.Kind == "cast" || ir.IsConstant(op) {
 			want = ir.F32
 		}
 		if readsFloatData(op) {
@@ -294,7 +294,7 @@ func readsFloatData(op *ir.Op) bool {
 func lossSeed(f *ir.Func) *ir.Value {
 	var seed *ir.Value
 	for _, op := range f.Body {
-		if op.Kind == "constant" && op.Attrs.String("role", "") == ir.RoleLossSeed {
+		if ir.IsConstant(op) && op.Attrs.String("role", "") == ir.RoleLossSeed {
 			seed = op.Results[0]
 		}
 	}

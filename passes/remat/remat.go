@@ -606,6 +606,12 @@ func savedValues(f *ir.Func) []*ir.Value {
 	return out
 }
 
+// exactOpsPerSubset bounds best's exact search by work, not subsets
+// alone: each subset clones and analyses the whole function, so limit
+// subsets of a function of n ops cost limit·n op copies; a function above
+// exactOpsPerSubset ops per allowed subset is left to the other solvers.
+const exactOpsPerSubset = 64
+
 // exact tries every subset of the saved values (at most limit subsets):
 // each chosen value is recomputed before its first backward use. It keeps
 // the subset that fits the budget with the fewest added FLOPs; when none
@@ -613,7 +619,7 @@ func savedValues(f *ir.Func) []*ir.Value {
 // recomputation gets). It returns -1 when there are too many subsets.
 func exact(f *ir.Func, budget int64, limit int) int64 {
 	saved := savedValues(f)
-	if len(saved) > 30 || 1<<len(saved) > limit {
+	if len(saved) > 30 || 1<<len(saved) > limit || limit < 1<<30 && (1<<len(saved))*len(f.Body) > limit*exactOpsPerSubset {
 		return -1
 	}
 	names := make([]string, len(saved))

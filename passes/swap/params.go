@@ -201,7 +201,7 @@ func (s *swapper) offloadParam(po paramOffload, peak int) bool {
 		// Early enough that the compute before the reader hides the copy,
 		// but not before the previous swap_in of p is read.
 		secs, j := s.dev.CopySeconds(p.Type.SizeBytes()), i
-		readsP := func(x *ir.Value) bool { return x.Def != nil && x.Def.Kind == "swap_in" && x.Def.Operands[0] == p }
+		readsP := func(x *ir.Value) bool { return x.Def != nil && ir.CopiesFromHost(x.Def) && x.Def.Operands[0] == p }
 		for acc := 0.0; !po.each && j > 0 && acc < secs && !slices.ContainsFunc(f.Body[j-1].Operands, readsP); {
 			j--
 			acc += s.dev.OpSeconds(f.Body[j])
@@ -216,11 +216,11 @@ func (s *swapper) offloadParam(po paramOffload, peak int) bool {
 // resort when copies shared between readers hold the peak up.
 func (s *swapper) respread(p *ir.Value) bool {
 	f := s.f
-	isCopy := func(x *ir.Value) bool { return x.Def != nil && x.Def.Kind == "swap_in" && x.Def.Operands[0] == p }
+	isCopy := func(x *ir.Value) bool { return x.Def != nil && ir.CopiesFromHost(x.Def) && x.Def.Operands[0] == p }
 	var body []*ir.Op
 	changed := false
 	for _, op := range f.Body {
-		if op.Kind == "swap_in" && op.Operands[0] == p {
+		if ir.CopiesFromHost(op) && op.Operands[0] == p {
 			changed = true
 			continue
 		}

@@ -578,7 +578,7 @@ func (s *swapper) swap(v *ir.Value, early, late, p int) bool {
 	loc := v.Def.Loc
 	var so *ir.Op
 	host := v
-	if v.Def.Kind == "swap_in" {
+	if ir.CopiesFromHost(v.Def) {
 		// Already back from the host: bring it back again, later.
 		host = v.Def.Operands[0]
 	} else {
@@ -627,7 +627,7 @@ func (s *swapper) offloadable(b *liveness.Buffer, uses map[*ir.Value][]int, p in
 	// The buffer's last value is the gradient; the others (a running sum
 	// that microbatches accumulate in place) must be done with too.
 	g := b.Values[len(b.Values)-1]
-	if g.Def == nil || g.Def == peakOp || g.Def.Kind == "swap_in" || slices.Index(s.f.Body, g.Def) > p {
+	if g.Def == nil || g.Def == peakOp || ir.CopiesFromHost(g.Def) || slices.Index(s.f.Body, g.Def) > p {
 		return nil
 	}
 	out := s.offloadOf(g)
@@ -649,7 +649,7 @@ func (s *swapper) offloadable(b *liveness.Buffer, uses map[*ir.Value][]int, p in
 // offloadOf is the swap_out of g that an earlier offload made, or nil.
 func (s *swapper) offloadOf(g *ir.Value) *ir.Op {
 	for _, r := range s.f.Results {
-		if d := r.Value.Def; d != nil && d.Kind == "swap_out" && d.Operands[0] == g {
+		if d := r.Value.Def; d != nil && ir.CopiesToHost(d) && d.Operands[0] == g {
 			return d
 		}
 	}
