@@ -56,7 +56,11 @@ func TestLowPrecisionRoundingMatchesInterpreter(t *testing.T) {
 func TestMixedPrecisionStepCompiled(t *testing.T) {
 	t.Parallel()
 	requireClang(t)
-	for _, dir := range []string{"../../testdata/models/mlp", "../../testdata/models/small_cnn", "../../testdata/models/one_layer_transformer"} {
+	dirs := []string{"../../testdata/models/mlp", "../../testdata/models/small_cnn", "../../testdata/models/one_layer_transformer"}
+	if testing.Short() {
+		dirs = dirs[:1]
+	}
+	for _, dir := range dirs {
 		f, args := modelRun(t, dir, "autodiff,precision{dtype=bf16},"+o2)
 		want, err := interp.Run(f, cloneAll(args), interp.Options{})
 		require.NoError(t, err)
@@ -79,6 +83,9 @@ func TestMixedPrecisionStepCompiled(t *testing.T) {
 // the interpreter: at the first scale (2^15) it overflows, reports it,
 // skips the update and halves the scale; at 2^10 it updates.
 func TestDynamicLossScaleCompiled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a transformer's step compiled several times: 12 s")
+	}
 	t.Parallel()
 	requireClang(t)
 	dir := "../../testdata/models/one_layer_transformer"

@@ -88,7 +88,11 @@ func TestRandomFunctionsCompiled(t *testing.T) {
 	t.Parallel()
 	requireClang(t)
 	rng := rand.New(rand.NewPCG(randomSeed, 2))
-	for n := 0; n < randomFunctions; n++ {
+	count := randomFunctions
+	if testing.Short() {
+		count /= 3 // the same first functions as the full run
+	}
+	for n := 0; n < count; n++ {
 		f := randomFunc(rng, n)
 		m := &ir.Module{Funcs: []*ir.Func{f}}
 		require.NoError(t, ir.Verify(m), m.String())

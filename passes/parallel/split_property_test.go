@@ -94,7 +94,10 @@ var splits = []split{
 // the plain split; steps with a softmax over the batch, gathers or
 // shifts along it, or the op without axes are refused by every split.
 func TestSplitsAreExactOrRefused(t *testing.T) {
-	const steps = 500
+	steps := 500
+	if testing.Short() {
+		steps = 120 // the same first steps as the full run
+	}
 	r := rand.New(rand.NewSource(38))
 	accepted := map[string]int{}
 	refused := map[string]int{}
@@ -111,8 +114,8 @@ func TestSplitsAreExactOrRefused(t *testing.T) {
 		require.NoError(t, err)
 		floors := stepFloors(t, m, bs, args)
 		for _, sp := range splits {
-			if sp.budget != "" && testing.Short() && i%25 != 3 {
-				continue // the toolbox plans each step many times over (0.5 s): every 25th in -short, all 500 in the full run
+			if sp.budget != "" && testing.Short() && i%10 != 3 {
+				continue // the toolbox plans each step many times over (0.5 s): every 10th in -short, all 500 in the full run
 			}
 			got := passtest.Clone(t, m)
 			var err error
