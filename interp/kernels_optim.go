@@ -21,11 +21,11 @@ func init() {
 		return nil, nil
 	}
 	kernels["sgd_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
-		if skipped(in, 2) {
+		if skipped(in, 3) {
 			return nil, nil
 		}
 		p, g := in[0], in[1]
-		lr, wd := op.Attr().Float("lr"), op.Attr().Float("weight_decay")
+		lr, wd := in[2].F[0], op.Attr().Float("weight_decay")
 		for i := range p.F {
 			p.F[i] -= lr * (g.F[i] + wd*p.F[i])
 		}
@@ -33,11 +33,11 @@ func init() {
 		return nil, nil
 	}
 	kernels["momentum_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
-		if skipped(in, 3) {
+		if skipped(in, 4) {
 			return nil, nil
 		}
 		p, g, buf := in[0], in[1], in[2]
-		lr, wd, mu := op.Attr().Float("lr"), op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
+		lr, wd, mu := in[3].F[0], op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
 		for i := range p.F {
 			d := g.F[i] + wd*p.F[i]
 			buf.F[i] = mu*buf.F[i] + d
@@ -48,14 +48,14 @@ func init() {
 		return nil, nil
 	}
 	kernels["adam_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
-		if skipped(in, 4) {
+		if skipped(in, 6) {
 			return nil, nil
 		}
 		p, g, m, v := in[0], in[1], in[2], in[3]
 		a := op.Attrs
-		lr, wd := a.Float("lr", 0), a.Float("weight_decay", 0)
+		lr, wd := in[4].F[0], a.Float("weight_decay", 0)
 		b1, b2, eps := a.Float("beta1", 0.9), a.Float("beta2", 0.999), a.Float("eps", 1e-8)
-		t := float64(a.Int("step", 1))
+		t := in[5].F[0] + 1 // the steps taken before this one, and this one
 		decoupled := a.Bool("decoupled", false)
 		bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
 		for i := range p.F {

@@ -203,6 +203,7 @@ func init() {
 	Register(&OpDef{
 		Name: "batch_norm_train", Summary: "batch normalisation with batch statistics: (x, scale, bias, running_mean, running_var) -> (y, new_running_mean, new_running_var, saved_mean, saved_invstd)",
 		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}, {Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)}},
+		Running: map[int]int{3: 1, 4: 2},
 		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			c, err := channelParams(in)
 			if err != nil {

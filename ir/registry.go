@@ -128,6 +128,11 @@ type OpDef struct {
 	// Update: an optimizer update, which reads a gradient and writes the
 	// parameter and its state in place (Writes).
 	Update bool
+	// Running maps an operand that holds a running statistic to the
+	// result that is its new value (batch_norm_train's running mean and
+	// variance): a training step writes the result back into the operand
+	// when the operand is state.
+	Running map[int]int
 
 	// Scalar, for an elementwise op with one result, computes a result
 	// element from the operands' elements at the same (broadcast) index.
@@ -539,3 +544,18 @@ func CopiesToHost(op *Op) bool { d := op.Def(); return d != nil && d.Host }
 // CopiesFromHost reports whether op copies a host tensor into device
 // memory (OpDef.FromHost).
 func CopiesFromHost(op *Op) bool { d := op.Def(); return d != nil && d.FromHost }
+
+// Overwrites reports whether op writes v in place (v is one of the
+// operands its record's Writes names).
+func Overwrites(op *Op, v *Value) bool {
+	d := op.Def()
+	if d == nil {
+		return false
+	}
+	for _, k := range d.Writes {
+		if op.Operands[k] == v {
+			return true
+		}
+	}
+	return false
+}

@@ -245,11 +245,11 @@ func handInstances() []instance {
 		{op: "random_uniform", attrs: ir.Attrs{"shape": ints(3, 5), "seed": ir.IntAttr(3)}, model: modelScalar},
 		{op: "random_uniform", attrs: ir.Attrs{"shape": ints(7), "dtype": ir.TypeAttr(ir.F64)}, model: modelScalar},
 
-		{op: "sgd_update", in: tys("f32[10]", "f32[10]"), attrs: ir.Attrs{"lr": ir.FloatAttr(0.1), "weight_decay": ir.FloatAttr(0.01)}, model: modelRelative},
-		{op: "sgd_update", in: tys("f32[10]", "f32[10]", "bool[]"), attrs: ir.Attrs{"lr": ir.FloatAttr(0.1)}, model: modelRelative},
-		{op: "momentum_update", in: tys("f32[10]", "f32[10]", "f32[10]"), attrs: ir.Attrs{"lr": ir.FloatAttr(0.1), "momentum": ir.FloatAttr(0.5)}, model: modelRelative},
-		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]"), attrs: ir.Attrs{"lr": ir.FloatAttr(0.01), "step": ir.IntAttr(3), "weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
-		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]"), attrs: ir.Attrs{"lr": ir.FloatAttr(0.01), "decoupled": ir.BoolAttr(true), "weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
+		{op: "sgd_update", in: tys("f32[10]", "f32[10]", "f32[]"), attrs: ir.Attrs{"weight_decay": ir.FloatAttr(0.01)}, model: modelRelative},
+		{op: "sgd_update", in: tys("f32[10]", "f32[10]", "f32[]", "bool[]"), model: modelRelative},
+		{op: "momentum_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[]"), attrs: ir.Attrs{"momentum": ir.FloatAttr(0.5)}, model: modelRelative},
+		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]"), attrs: ir.Attrs{"weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
+		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]"), attrs: ir.Attrs{"decoupled": ir.BoolAttr(true), "weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
 		{op: "overwrite", in: tys("f32[10]", "f32[10]"), model: modelExact},
 
 		{op: "swap_out", in: tys("f32[3,4]"), model: modelExact},

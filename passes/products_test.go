@@ -93,11 +93,11 @@ func TestMergeProductsKeepsWhatItCannotMerge(t *testing.T) {
 // an optimizer update overwrites before the concat or add stays where it
 // is (moved past the update it would read the new weight).
 func TestMergeProductsKeepsProductsBeforeAnUpdate(t *testing.T) {
-	src := `func @f(%x1: f32[2,2], %x2: f32[2,2], %w: f32[2,4] {param, inout}, %g: f32[2,4], %s: f32[2,4]) -> (f32[4,4], f32[2,4]) {
+	src := `func @f(%x1: f32[2,2], %x2: f32[2,2], %w: f32[2,4] {param, inout}, %g: f32[2,4], %s: f32[2,4], %lr: f32[] {state}) -> (f32[4,4], f32[2,4]) {
   %p1 = gemm(%x1, %w) : f32[2,4]
   %p2 = gemm(%x2, %w) : f32[2,4]
   %q = gemm(%x1, %w) : f32[2,4]
-  sgd_update(%w, %g) {lr = 0.5}
+  sgd_update(%w, %g, %lr)
   %c = concat(%p1, %p2) {axis = 0} : f32[4,4]
   %a = add(%s, %q) : f32[2,4]
   return %c, %a

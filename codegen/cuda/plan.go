@@ -571,9 +571,10 @@ func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temp
 }
 
 // baseOffset is the offset a loop buffer's storage counts from: the arena
-// offset for arena buffers (already absolute), 0 for params and inputs.
+// offset for arena and host-arena buffers (already absolute), 0 for
+// params and inputs.
 func (b *planner) baseOffset(lb *loops.Buffer) int64 {
-	if lb.Storage == loops.Arena {
+	if lb.Storage == loops.Arena || lb.Storage == loops.Host {
 		return b.plan.Buffers[b.byName[lb.Name]].Offset
 	}
 	return 0

@@ -1,8 +1,6 @@
 package loops
 
 import (
-	"math"
-
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/ir/scalar"
 )
@@ -342,41 +340,45 @@ func updateStore(b *builder, in []Tensor, n int) func(t Tensor, fn func(idx []Ex
 	}
 }
 
+// scalarOperand reads a scalar operand (a learning rate, a step number)
+// in f64.
+func scalarOperand(t Tensor) Expr { return conv(t.At(nil), F64) }
+
 func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
-	lr, wd := op.Attr().Float("lr"), op.Attr().Float("weight_decay")
-	p, g := in[0], in[1]
-	store := updateStore(b, in, 2)
+	wd := op.Attr().Float("weight_decay")
+	p, g, lr := in[0], in[1], scalarOperand(in[2])
+	store := updateStore(b, in, 3)
 	store(p, func(idx []Expr) Expr {
 		pv, gv := conv(p.At(idx), F64), conv(g.At(idx), F64)
-		return sub(pv, mul(Float{V: lr, K: F64}, add(gv, mul(Float{V: wd, K: F64}, pv))))
+		return sub(pv, mul(lr, add(gv, mul(Float{V: wd, K: F64}, pv))))
 	})
 	return nil
 }
 
 func lowerMomentum(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
-	lr, wd, mu := op.Attr().Float("lr"), op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
-	p, g, buf := in[0], in[1], in[2]
-	store := updateStore(b, in, 3)
+	wd, mu := op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
+	p, g, buf, lr := in[0], in[1], in[2], scalarOperand(in[3])
+	store := updateStore(b, in, 4)
 	store(buf, func(idx []Expr) Expr {
 		d := add(conv(g.At(idx), F64), mul(Float{V: wd, K: F64}, conv(p.At(idx), F64)))
 		return add(mul(Float{V: mu, K: F64}, conv(buf.At(idx), F64)), d)
 	})
 	store(p, func(idx []Expr) Expr {
-		return sub(conv(p.At(idx), F64), mul(Float{V: lr, K: F64}, conv(buf.At(idx), F64)))
+		return sub(conv(p.At(idx), F64), mul(lr, conv(buf.At(idx), F64)))
 	})
 	return nil
 }
 
 func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 	a := op.Attrs
-	lr, wd := a.Float("lr", 0), a.Float("weight_decay", 0)
+	wd := a.Float("weight_decay", 0)
 	b1, b2, eps := a.Float("beta1", 0.9), a.Float("beta2", 0.999), a.Float("eps", 1e-8)
-	t := float64(a.Int("step", 1))
 	decoupled := a.Bool("decoupled", false)
-	bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
 	p, g, m, v := in[0], in[1], in[2], in[3]
-	store := updateStore(b, in, 4)
 	f := func(x float64) Expr { return Float{V: x, K: F64} }
+	lr, t := scalarOperand(in[4]), add(scalarOperand(in[5]), f(1)) // t: the steps taken before this one, and this one
+	bc1, bc2 := sub(f(1), bin(scalar.Pow, f(b1), t)), sub(f(1), bin(scalar.Pow, f(b2), t))
+	store := updateStore(b, in, 6)
 	d := func(idx []Expr) Expr {
 		gv := conv(g.At(idx), F64)
 		if decoupled {
@@ -394,10 +396,10 @@ func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 	store(p, func(idx []Expr) Expr {
 		pv := conv(p.At(idx), F64)
 		if decoupled {
-			pv = mul(pv, f(1-lr*wd))
+			pv = mul(pv, sub(f(1), mul(lr, f(wd))))
 		}
-		denom := add(div(un(scalar.Sqrt, conv(v.At(idx), F64)), f(math.Sqrt(bc2))), f(eps))
-		return sub(pv, div(mul(f(lr/bc1), conv(m.At(idx), F64)), denom))
+		denom := add(div(un(scalar.Sqrt, conv(v.At(idx), F64)), un(scalar.Sqrt, bc2)), f(eps))
+		return sub(pv, div(mul(div(lr, bc1), conv(m.At(idx), F64)), denom))
 	})
 	return nil
 }

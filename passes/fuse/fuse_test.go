@@ -72,9 +72,9 @@ func TestNoCycles(t *testing.T) {
 // the optimizer update overwrites it is never fused into a kernel placed
 // after the update (found compiling a rematerialised AdamW step).
 func TestReadsStayBeforeInPlaceWrites(t *testing.T) {
-	src := `func @f(%x: f32[4], %w: f32[4] {param, inout}, %g: f32[4]) -> (f32[4]) {
+	src := `func @f(%x: f32[4], %w: f32[4] {param, inout}, %g: f32[4], %lr: f32[] {state}) -> (f32[4]) {
   %a = mul(%w, %x) : f32[4]
-  sgd_update(%w, %g) {lr = 0.5}
+  sgd_update(%w, %g, %lr)
   %b = relu(%a) : f32[4]
   return %b
 }

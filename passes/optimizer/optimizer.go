@@ -11,6 +11,16 @@
 // adam (L2 weight decay added to the gradient) and adamw (decoupled
 // decay p *= 1 - lr·wd), both with bias correction for step t.
 //
+// What changes from step to step is state, not a constant of the step:
+// the learning rate is the state argument optimizer.lr (f32[], role "lr",
+// initially the lr option; a runtime sets it), and the number of steps
+// taken is optimizer.step (f32[] as torch.optim keeps it, role "step",
+// inout): Adam's updates read it (bias correction for t = step + 1), and
+// the step writes step + 1 back at its end (not when dynamic loss scaling skips the step, as
+// GradScaler skips optimizer.step()). Batch-norm running statistics
+// (state operands of batch_norm_train) take the new values the step
+// computes, as a PyTorch module in training mode updates its buffers.
+//
 // After dynamic loss scaling (precision with f16), each update also takes
 // the step's grads.finite result and writes nothing when it is false, as
 // GradScaler skips optimizer.step(); the updates then wait for every
@@ -19,6 +29,8 @@ package optimizer
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
@@ -60,7 +72,7 @@ type options struct {
 	Beta2       float64  `opt:"beta2" default:"0.999" range:"[0,1)" doc:"Adam second-moment decay"`
 	Eps         float64  `opt:"eps" default:"1e-08" range:"(0,inf)" doc:"Adam denominator term"`
 	WeightDecay *float64 `opt:"weight-decay" default:"0; 0.01 for adamw" range:"[0,inf)" doc:"weight decay (PyTorch's defaults)"`
-	Step        int64    `opt:"step" default:"1" range:"[1,inf)" doc:"Adam step number t for bias correction"`
+	Step        int64    `opt:"step" default:"0" range:"[0,inf)" doc:"the steps already taken (the initial value of optimizer.step)"`
 	KeepGrads   bool     `opt:"keep-grads" default:"false" doc:"keep returning the gradients"`
 	Placement   string   `opt:"placement" enum:"auto|early|end" default:"auto" doc:"early: each update right after its gradient; end: all updates at the end (as optimizer.step()); auto: kiln's commands run the rest of the pipeline with both and keep the plan that needs less memory (then less modelled time), the pass alone places early"`
 }
@@ -71,9 +83,18 @@ type Config struct {
 	LR, Momentum      float64
 	Beta1, Beta2, Eps float64
 	WeightDecay       float64
-	Step              int64
+	Step              int64 // steps already taken
 	KeepGrads, AtEnd  bool
 }
+
+// Roles of the optimizer's state arguments (the argument attribute
+// "role"), which runtimes and checkpoints use to find them.
+const (
+	RoleLR      = "lr"              // the learning rate, f32[]
+	RoleStep    = "step"            // the steps taken, f32[]
+	RoleMoment  = "optimizer_state" // momentum buffers, Adam's moments
+	RoleRunning = "running_stat"    // batch-norm running statistics
+)
 
 // Apply adds the updates to a training step (its results with the role
 // grad) and returns how many parameters it updates.
@@ -88,6 +109,10 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	}
 	var updates []update
 	dropped := map[int]bool{}
+	lr := f.AddState("optimizer.lr", &ir.Dense{Type: f32Scalar, Floats: []float64{c.LR}}, false)
+	lr.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleLR)}
+	step := f.AddState("optimizer.step", &ir.Dense{Type: f32Scalar, Floats: []float64{float64(c.Step)}}, true)
+	step.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleStep)}
 	for _, p := range f.Args {
 		if p.Arg.Kind != ir.ArgParam {
 			continue
@@ -98,7 +123,7 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		}
 		g := f.Results[ri].Value
 		p.Arg.InOut = true
-		attrs := ir.Attrs{"lr": ir.FloatAttr(c.LR)}
+		attrs := ir.Attrs{}
 		if c.WeightDecay != 0 {
 			attrs["weight_decay"] = ir.FloatAttr(c.WeightDecay)
 		}
@@ -108,14 +133,16 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		case "momentum":
 			kind = "momentum_update"
 			attrs["momentum"] = ir.FloatAttr(c.Momentum)
-			operands = append(operands, newState(f, "momentum."+p.Name, p.Type))
+			operands = append(operands, newState(f, "momentum."+p.Name, p.Type), lr)
 		case "adam", "adamw":
 			kind = "adam_update"
-			attrs["beta1"], attrs["beta2"], attrs["eps"], attrs["step"] = ir.FloatAttr(c.Beta1), ir.FloatAttr(c.Beta2), ir.FloatAttr(c.Eps), ir.IntAttr(c.Step)
+			attrs["beta1"], attrs["beta2"], attrs["eps"] = ir.FloatAttr(c.Beta1), ir.FloatAttr(c.Beta2), ir.FloatAttr(c.Eps)
 			if c.Kind == "adamw" {
 				attrs["decoupled"] = ir.BoolAttr(true)
 			}
-			operands = append(operands, newState(f, "adam.m."+p.Name, p.Type), newState(f, "adam.v."+p.Name, p.Type))
+			operands = append(operands, newState(f, "adam.m."+p.Name, p.Type), newState(f, "adam.v."+p.Name, p.Type), lr, step)
+		default:
+			operands = append(operands, lr)
 		}
 		if finite != nil {
 			operands = append(operands, finite) // skipped when a gradient is not finite
@@ -162,6 +189,12 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		body = append(body, at[i]...)
 	}
 	f.Body = body
+	if err := advance(f, step, finite); err != nil {
+		return 0, err
+	}
+	if err := keepRunningStats(f); err != nil {
+		return 0, err
+	}
 	var results []ir.Result
 	for i, r := range f.Results {
 		if !dropped[i] {
@@ -172,9 +205,93 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	return len(updates), nil
 }
 
+var f32Scalar = ir.Type{DType: ir.F32, Shape: ir.Shape{}}
+
 // newState adds a zero-initialised state argument updated in place.
 func newState(f *ir.Func, name string, t ir.Type) *ir.Value {
-	return f.AddState(name, &ir.Dense{Type: t, Floats: []float64{0}}, true)
+	v := f.AddState(name, &ir.Dense{Type: t, Floats: []float64{0}}, true)
+	v.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleMoment)}
+	return v
+}
+
+// advance writes step + 1 back into the step count at the end of the
+// step, unless finite (dynamic loss scaling's condition, or nil) is false.
+func advance(f *ir.Func, step, finite *ir.Value) error {
+	one, err := f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: f32Scalar, Floats: []float64{1}})}, ir.Location{}, "optimizer.one")
+	if err != nil {
+		return err
+	}
+	next, err := f.NewOp("add", []*ir.Value{step, one.Results[0]}, nil, ir.Location{}, "optimizer.step.next")
+	if err != nil {
+		return err
+	}
+	f.Body = append(f.Body, one, next)
+	t := next.Results[0]
+	if finite != nil {
+		kept, err := f.NewOp("where", []*ir.Value{finite, t, step}, nil, ir.Location{}, "optimizer.step.kept")
+		if err != nil {
+			return err
+		}
+		f.Body = append(f.Body, kept)
+		t = kept.Results[0]
+	}
+	w, err := f.NewOp("overwrite", []*ir.Value{step, t}, nil, ir.Location{}, "")
+	if err != nil {
+		return err
+	}
+	f.Body = append(f.Body, w)
+	return nil
+}
+
+// keepRunningStats writes the running statistics that ops compute (the
+// op record's Running: batch_norm_train's mean and variance) back into
+// their state operands, each right after the last reader of the old
+// value, so that the new one dies at once. A statistic that is not a state argument (a constant,
+// a computed value) is left alone; one read by two batch norms is
+// refused: which update would win is not PyTorch's business to decide
+// either.
+func keepRunningStats(f *ir.Func) error {
+	written := map[*ir.Value]*ir.Op{}
+	last := map[*ir.Value]int{}
+	for i, op := range f.Body {
+		for _, x := range op.Operands {
+			last[x] = i
+		}
+	}
+	after := map[int][]*ir.Op{}
+	for _, op := range f.Body {
+		d := op.Def()
+		if d == nil {
+			continue
+		}
+		for _, k := range slices.Sorted(maps.Keys(d.Running)) {
+			operand := op.Operands[k]
+			if operand.Arg == nil || operand.Arg.Kind != ir.ArgState {
+				continue
+			}
+			if prev := written[operand]; prev != nil {
+				return fmt.Errorf("%s: %s is the running statistic of two batch norms (%s and %s): which one's update to keep is ambiguous", op.Loc, operand.Ref(), prev.Results[0].Ref(), op.Results[0].Ref())
+			}
+			written[operand] = op
+			operand.Arg.InOut = true
+			if operand.Arg.Attrs == nil {
+				operand.Arg.Attrs = ir.Attrs{}
+			}
+			operand.Arg.Attrs["role"] = ir.StringAttr(RoleRunning)
+			w, err := f.NewOp("overwrite", []*ir.Value{operand, op.Results[d.Running[k]]}, nil, op.Loc, "")
+			if err != nil {
+				return err
+			}
+			after[last[operand]] = append(after[last[operand]], w)
+		}
+	}
+	body := make([]*ir.Op, 0, len(f.Body)+len(written))
+	for i, op := range f.Body {
+		body = append(body, op)
+		body = append(body, after[i]...)
+	}
+	f.Body = body
+	return nil
 }
 
 func locOf(v *ir.Value) ir.Location {

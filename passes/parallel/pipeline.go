@@ -2,6 +2,7 @@ package parallel
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"sort"
 	"strings"
@@ -487,30 +488,65 @@ func balance(w, cross []float64, n int) []int {
 }
 
 // freeValues are the values every stage can make for itself: data
-// arguments, and results of pure ops that read only free values (or
-// nothing: constants).
+// arguments, state that the step only reads (a learning rate: each stage
+// holds its copy rather than receive it), counters (state whose one
+// writer stores a value made from free values and the counter itself,
+// such as the optimizer's step count: each stage holding a copy advances
+// it alike, see counters), and results of pure ops that read only free
+// values (or nothing: constants).
 func freeValues(g *ir.Func) map[*ir.Value]bool {
 	free := map[*ir.Value]bool{}
 	for _, a := range g.Args {
-		if a.Arg.Kind == ir.ArgData {
+		if a.Arg.Kind == ir.ArgData || a.Arg.Kind == ir.ArgState && !a.Arg.InOut {
 			free[a] = true
 		}
 	}
-	for _, op := range g.Body {
-		if d := op.Def(); d == nil || len(d.Writes) > 0 || d.Impure && d.Random == nil {
-			continue
-		}
-		reads := true
-		for _, x := range op.Operands {
-			reads = reads && free[x]
-		}
-		if reads {
-			for _, r := range op.Results {
-				free[r] = true
+	propagate := func(free map[*ir.Value]bool) {
+		for _, op := range g.Body {
+			if d := op.Def(); d == nil || len(d.Writes) > 0 || d.Impure && d.Random == nil {
+				continue
+			}
+			reads := true
+			for _, x := range op.Operands {
+				reads = reads && free[x]
+			}
+			if reads {
+				for _, r := range op.Results {
+					free[r] = true
+				}
 			}
 		}
 	}
+	for a, w := range counters(g) {
+		try := maps.Clone(free)
+		try[a] = true
+		propagate(try)
+		if try[w.Operands[1]] {
+			free[a] = true
+		}
+	}
+	propagate(free)
 	return free
+}
+
+// counters are the inout state arguments written by exactly one op, an
+// overwrite, with that op.
+func counters(g *ir.Func) map[*ir.Value]*ir.Op {
+	writers := map[*ir.Value][]*ir.Op{}
+	for _, op := range g.Body {
+		if d := op.Def(); d != nil {
+			for _, k := range d.Writes {
+				writers[op.Operands[k]] = append(writers[op.Operands[k]], op)
+			}
+		}
+	}
+	out := map[*ir.Value]*ir.Op{}
+	for a, ws := range writers {
+		if a.Arg != nil && a.Arg.Kind == ir.ArgState && len(ws) == 1 && ws[0].Kind == "overwrite" {
+			out[a] = ws[0]
+		}
+	}
+	return out
 }
 
 func allFree(op *ir.Op, free map[*ir.Value]bool) bool {
@@ -845,8 +881,13 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 	for s := range per {
 		local[s] = map[*ir.Value]*ir.Value{}
 	}
+	var counterWrites []*ir.Op // of counters every stage holds a copy of
 	for s, ops := range per {
 		for _, op := range ops {
+			if d := op.Def(); d != nil && len(d.Writes) > 0 && pl.free[op.Operands[d.Writes[0]]] {
+				counterWrites = append(counterWrites, op)
+				continue
+			}
 			for i, x := range op.Operands {
 				op.Operands[i] = localOf(s, x)
 			}
@@ -854,6 +895,33 @@ func (pl *pipeliner) build(m int, interleave bool) ([]*ir.Func, error) {
 			for _, r := range op.Results {
 				local[s][r] = r
 			}
+		}
+	}
+	// A counter advances at the end of every stage that holds a copy
+	// (stage 0 holds one that no stage reads).
+	for _, w := range counterWrites {
+		held := false
+		for s := range bodies {
+			_, ok := args[s][w.Operands[0]]
+			held = held || ok
+		}
+		if !held {
+			arg(0, w.Operands[0])
+		}
+		for s := range bodies {
+			if _, ok := args[s][w.Operands[0]]; !ok {
+				continue
+			}
+			in := make([]*ir.Value, len(w.Operands))
+			for i, x := range w.Operands {
+				in[i] = localOf(s, x)
+			}
+			c, err := g.NewOp(w.Kind, in, w.Attrs.Clone(), w.Loc, "")
+			if err != nil {
+				return nil, err
+			}
+			bodies[s] = append(bodies[s], c)
+			pl.stage[c] = s
 		}
 	}
 	// Results: each stage returns those it makes, and the gradients of

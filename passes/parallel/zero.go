@@ -110,7 +110,21 @@ func stage1(f *ir.Func, moved map[*ir.Op]bool) {
 			rest = append(rest, op)
 		}
 	}
-	f.Body = append(append(rest, scatters...), updates...)
+	// An argument the moved updates read (the step count) is overwritten
+	// after them.
+	var writes []*ir.Op
+	rest = slices.DeleteFunc(rest, func(op *ir.Op) bool {
+		for _, u := range updates {
+			for _, x := range u.Operands {
+				if x.Arg != nil && ir.Overwrites(op, x) && !slices.Contains(u.Def().Writes, slices.Index(u.Operands, x)) {
+					writes = append(writes, op)
+					return true
+				}
+			}
+		}
+		return false
+	})
+	f.Body = append(append(append(rest, scatters...), updates...), writes...)
 }
 
 // gather replaces the readers of a sharded parameter's whole value.

@@ -181,8 +181,8 @@ func (s *swapper) offloadParam(po paramOffload, peak int) bool {
 			if x.Def != nil {
 				pos = slices.Index(body, x.Def) + 1
 			}
-			for i, op := range body { // after every other reader
-				if slices.Contains(op.Operands, x) {
+			for i, op := range body { // after every other reader, before its writer
+				if slices.Contains(op.Operands, x) && !ir.Overwrites(op, x) {
 					pos = max(pos, i+1)
 				}
 			}

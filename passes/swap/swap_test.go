@@ -260,10 +260,10 @@ func TestVerifierRejectsHostReads(t *testing.T) {
   %y = mul(%x, %w) : f32[4]
   return %y
 }`: "mul reads %w, which is in host memory",
-		`func @f(%x: f32[4], %w: f32[4] {param, inout, host = true}) -> (f32[4]) {
+		`func @f(%x: f32[4], %w: f32[4] {param, inout, host = true}, %lr: f32[] {state}) -> (f32[4]) {
   %wd = swap_in(%w) : f32[4]
   %y = mul(%x, %wd) : f32[4]
-  sgd_update(%w, %y) {lr = 0.1}
+  sgd_update(%w, %y, %lr)
   return %y
 }`: "sgd_update reads %w, which is in host memory",
 		`func @f(%w: f32[4] {param, host = 1}) -> (f32[4]) {
@@ -283,17 +283,17 @@ func TestVerifierRejectsHostReads(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ir.Verify(m))
 	// An update that reads only host memory runs on the host.
-	m, err = parseOnly(`func @f(%x: f32[4], %w: f32[4] {param, inout, host = true}) -> (f32[4]) {
+	m, err = parseOnly(`func @f(%x: f32[4], %w: f32[4] {param, inout, host = true}, %lr: f32[] {state, host = true}) -> (f32[4]) {
   %wd = swap_in(%w) : f32[4]
   %y = mul(%x, %wd) : f32[4]
   %yh = swap_out(%y) : f32[4]
-  sgd_update(%w, %yh) {lr = 0.1}
+  sgd_update(%w, %yh, %lr)
   return %y
 }`)
 	require.NoError(t, err)
 	require.NoError(t, ir.Verify(m))
 	require.True(t, ir.OnHost(m.Funcs[0].Body[3]))
-	require.Equal(t, int64(16), liveness.Analyze(m.Funcs[0]).HostArgBytes)
+	require.Equal(t, int64(16+4), liveness.Analyze(m.Funcs[0]).HostArgBytes, "the parameter and the learning rate")
 }
 
 // TestZooCIStepsAtHalfTheArena: the CI-sized zoo training steps fit their
