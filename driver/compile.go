@@ -23,13 +23,14 @@ import (
 // optLevels holds -O0..-O3, the budgets the pipelines take, and --train
 // and --optimizer, which put autodiff and the optimizer pass before them.
 type optLevels struct {
-	o            [4]bool
-	budget       string
-	deviceBudget string
-	train        trainFlag
-	optimizer    string
-	microbatches int
-	parallel     string
+	o                [4]bool
+	budget           string
+	deviceBudget     string
+	train            trainFlag
+	optimizer        string
+	optimizerOptions string
+	microbatches     int
+	parallel         string
 }
 
 // trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
@@ -63,6 +64,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena and workspace fit: bytes, or a fraction of the step's after autodiff alone")
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(planner.Optimizers, ", "))
+	fs.StringVar(&l.optimizerOptions, "optimizer-options", "", "the optimizer pass's options (kiln passes lists them): lr=0.01,momentum=0.9,weight-decay=0,...")
 	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (the whole batch's statistics kept in phases unless --allow per-slice-bn)")
 	fs.StringVar(&l.parallel, "parallel", "", "with --train: partition the step over ranks, parallel{SPEC} after autodiff and the optimizer (dp=N: data parallelism); devices=N[,device-memory=M] searches for the fastest plan that fits")
 }
@@ -80,7 +82,7 @@ func (l *optLevels) request() (planner.Request, error) {
 		}
 	}
 	req.Budget, req.DeviceBudget = l.budget, l.deviceBudget
-	req.Train, req.Optimizer = string(l.train), l.optimizer
+	req.Train, req.Optimizer, req.OptimizerOptions = string(l.train), l.optimizer, l.optimizerOptions
 	req.Microbatches, req.Parallel = l.microbatches, l.parallel
 	return req, nil
 }
@@ -109,7 +111,7 @@ func init() {
 			pf.levels = &optLevels{}
 			pf.levels.register(fs)
 			target := fs.String("target", "llvm", "llvm, or cuda (-o DIR gets plan.json, kernels.cu, kiln_cuda.h and module.kir)")
-			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations), obj, lib (shared library) or exe (with a .npy driver)")
+			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations of the entry point), runtime-header (kiln_runtime.h, the ABI of lib), obj, lib (shared library: the step's runtime) or exe (a program over the runtime, reading and writing .npy files)")
 			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
 			fn := fs.String("func", "", "function to compile (default: the first)")
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
@@ -124,7 +126,7 @@ func init() {
 					return usageError{fmt.Sprintf("--threads must be 0 (all cores) or more, not %d", *threads)}
 				}
 				switch *emit {
-				case "ll", "header":
+				case "ll", "header", "runtime-header":
 				case "obj", "lib", "exe":
 					if *out == "-" || *out == "" {
 						return usageError{fmt.Sprintf("--emit %s needs -o OUT", *emit)}
@@ -180,6 +182,8 @@ func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, 
 		return writeOutput(e, out, []byte(text))
 	case "header":
 		return writeOutput(e, out, []byte(llvm.Header(p)))
+	case "runtime-header":
+		return writeOutput(e, out, []byte(llvm.RuntimeHeader))
 	}
 	prog := progress.For(e.stderr)
 	prog.Step("compile: clang -O2 of @%s (%d kernels)", f.Name, len(p.Kernels))

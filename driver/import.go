@@ -3,6 +3,7 @@ package driver
 import (
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/onnx"
@@ -11,12 +12,13 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "import",
-		usage:   "kiln import MODEL.onnx|- [-o OUT.kir] [--batch N] [--data-inputs a,b]",
+		usage:   "kiln import MODEL.onnx|- [-o OUT.kir] [--batch N] [--data-inputs a,b] [--trainable-file F]",
 		summary: "convert an ONNX model to Kiln IR",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			out := fs.String("o", "-", "output file (- for standard output)")
 			batch := fs.Int64("batch", 0, "replace the first dimension of the data inputs")
 			dataInputs := fs.String("data-inputs", "", "comma-separated graph inputs that are data (default: the first input)")
+			trainable := fs.String("trainable-file", "", "a file naming, one per line, the float initializers and inputs that are parameters; the others become state (default: all are parameters)")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
 					return usageError{"want exactly one ONNX model (or - for standard input)"}
@@ -28,6 +30,18 @@ func init() {
 				for _, d := range strings.Split(*dataInputs, ",") {
 					if d = strings.TrimSpace(d); d != "" {
 						opt.DataInputs = append(opt.DataInputs, d)
+					}
+				}
+				if *trainable != "" {
+					b, err := os.ReadFile(*trainable)
+					if err != nil {
+						return err
+					}
+					opt.Trainable = []string{}
+					for _, line := range strings.Split(string(b), "\n") {
+						if line = strings.TrimSpace(line); line != "" {
+							opt.Trainable = append(opt.Trainable, line)
+						}
 					}
 				}
 				in, err := readModule(e, args[0], opt)

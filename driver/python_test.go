@@ -12,7 +12,9 @@ import (
 // TestPythonEntry runs python/tests/test_memory.py (kiln.memory on a
 // torchvision ResNet-18 and a small GPT built in torch) and
 // python/tests/test_compile.py (kiln.compile: the GPT's training step and
-// the ResNet's forward pass compiled, against torch) with a kiln binary
+// the ResNet's forward pass compiled, against torch) and
+// python/tests/test_train.py (training in-process: optimizers, state,
+// checkpoints, Fashion-MNIST against torch) with a kiln binary
 // built from this tree, under Debian's system Python, which .ci/run
 // provides with python3-torch and python3-torchvision.
 func TestPythonEntry(t *testing.T) {
@@ -29,7 +31,7 @@ func TestPythonEntry(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
-	for _, script := range []string{"test_memory.py", "test_compile.py"} {
+	for _, script := range []string{"test_memory.py", "test_compile.py", "test_train.py"} {
 		cmd := exec.Command(python, filepath.Join(root, "python", "tests", script))
 		cmd.Dir = filepath.Join(root, "python", "tests")
 		cmd.Env = append(os.Environ(), "KILN="+bin, "PYTHONPATH="+filepath.Join(root, "python"))

@@ -24,7 +24,7 @@ var arity = map[string][2]int{
 	"MatMul": {2, 2}, "GlobalAveragePool": {1, 1}, "Max": {1, many}, "Min": {1, many}, "Sum": {1, many},
 	"Identity": {1, 1}, "Softmax": {1, 1}, "LogSoftmax": {1, 1}, "Conv": {2, 3}, "BatchNormalization": {5, 5},
 	"Gemm": {2, 3}, "MaxPool": {1, 1}, "AveragePool": {1, 1}, "LayerNormalization": {2, 3}, "Dropout": {1, 3},
-	"SoftmaxCrossEntropyLoss": {2, 3}, "Reshape": {2, 2}, "Transpose": {1, 1}, "Flatten": {1, 1}, "Concat": {1, many},
+	"SoftmaxCrossEntropyLoss": {2, 3}, "NegativeLogLikelihoodLoss": {2, 3}, "Reshape": {2, 2}, "Transpose": {1, 1}, "Flatten": {1, 1}, "Concat": {1, many},
 	"Split": {1, 2}, "Slice": {3, 5}, "Gather": {2, 2}, "Squeeze": {1, 2}, "Unsqueeze": {1, 2}, "Expand": {2, 2},
 	"Pad": {1, 4}, "ReduceSum": {1, 2}, "ReduceMean": {1, 2}, "ReduceMax": {1, 2}, "Cast": {1, 1}, "Constant": {0, 0},
 	"ConstantOfShape": {1, 1}, "Shape": {1, 1}, "Size": {1, 1}, "Range": {3, 3},
@@ -193,18 +193,42 @@ func init() {
 		seed := attrInt(n, "seed", im.seeds)
 		return im.emit("dropout", in[:1], ir.Attrs{"ratio": ir.FloatAttr(f32(ratio)), "seed": ir.IntAttr(seed)})
 	}
+	// SoftmaxCrossEntropyLoss without its options is Kiln's fused op;
+	// with any (ignore_index, which PyTorch always writes, class weights,
+	// reduction none, the log_prob output) it is log_softmax followed by
+	// NegativeLogLikelihoodLoss, written out as ops (nllLoss).
 	converters["SoftmaxCrossEntropyLoss"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		if len(in) > 2 && !in[2].missing() {
-			return nil, im.errorf("class weights are not supported")
-		}
-		if attr(n, "ignore_index") != nil {
-			return nil, im.errorf("ignore_index is not supported")
-		}
 		r := attrString(n, "reduction", "mean")
-		if r != "mean" && r != "sum" {
-			return nil, im.errorf("reduction=%s is not supported (mean or sum)", r)
+		if r != "mean" && r != "sum" && r != "none" {
+			return nil, im.errorf("reduction=%s is not one of mean, sum, none", r)
 		}
-		return im.emit("softmax_cross_entropy", in[:2], ir.Attrs{"reduction": ir.StringAttr(r)})
+		weighted := len(in) > 2 && !in[2].missing()
+		if !weighted && attr(n, "ignore_index") == nil && r != "none" && (len(n.Outputs) < 2 || n.Outputs[1] == "") {
+			return im.emit("softmax_cross_entropy", in[:2], ir.Attrs{"reduction": ir.StringAttr(r)})
+		}
+		if in[0].typ().Rank() < 2 {
+			return nil, im.errorf("scores %s need a batch and a class dimension", in[0].typ())
+		}
+		logp, err := im.one("log_softmax", ir.Attrs{"axis": ir.IntAttr(1)}, in[0])
+		if err != nil {
+			return nil, err
+		}
+		loss, err := im.nllLoss(n, append([]entry{logp}, in[1:]...), r)
+		if err != nil {
+			return nil, err
+		}
+		return []entry{loss, logp}, nil
+	}
+	converters["NegativeLogLikelihoodLoss"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		r := attrString(n, "reduction", "mean")
+		if r != "mean" && r != "sum" && r != "none" {
+			return nil, im.errorf("reduction=%s is not one of mean, sum, none", r)
+		}
+		loss, err := im.nllLoss(n, in, r)
+		if err != nil {
+			return nil, err
+		}
+		return []entry{loss}, nil
 	}
 
 	// Shape ops.
@@ -492,6 +516,99 @@ func (im *importer) reduce(n *node, kind string, in []entry, keepdims bool) ([]e
 		return in[:1], nil
 	}
 	return im.emit(kind, in[:1], a)
+}
+
+// nllLoss is NegativeLogLikelihoodLoss of in = (log-probabilities
+// [N,C,d...], labels [N,d...], optional class weights [C]) as the ONNX
+// spec defines it: each position's loss is -w[label] * input[label], 0
+// where the label is ignore_index; "mean" divides the sum by the sum of
+// the weights taken (the count of labels not ignored, without weights).
+// Labels outside [0, C) that are not ignored are an error when the step
+// runs (gather's index check).
+func (im *importer) nllLoss(n *node, in []entry, reduction string) (entry, error) {
+	x, labels := in[0], in[1]
+	xt, lt := x.typ(), labels.typ()
+	if xt.Rank() < 2 || lt.Rank() != xt.Rank()-1 || lt.Shape[0] != xt.Shape[0] || !lt.Shape[1:].Equal(xt.Shape[2:]) || lt.DType.IsFloat() {
+		return entry{}, im.errorf("labels %s do not index the classes of %s", lt, xt)
+	}
+	valid := entry{}
+	safe := labels
+	var err error
+	if a := attr(n, "ignore_index"); a != nil {
+		ignore := scalarConst(lt.DType, float64(attrInt(n, "ignore_index", 0)))
+		if valid, err = im.one("ne", nil, labels, ignore); err != nil {
+			return entry{}, err
+		}
+		if safe, err = im.one("where", nil, valid, labels, scalarConst(lt.DType, 0)); err != nil {
+			return entry{}, err
+		}
+	}
+	idx, err := im.one("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(1)}, safe)
+	if err != nil {
+		return entry{}, err
+	}
+	picked, err := im.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(1)}, x, idx)
+	if err != nil {
+		return entry{}, err
+	}
+	if picked, err = im.one("squeeze", ir.Attrs{"axes": ir.IntsAttr(1)}, picked); err != nil {
+		return entry{}, err
+	}
+	// w: each position's weight (its class's, 0 where ignored), or nil
+	// when every position weighs 1.
+	var w *entry
+	if len(in) > 2 && !in[2].missing() {
+		if in[2].typ().Rank() != 1 || in[2].typ().Shape[0] != xt.Shape[1] {
+			return entry{}, im.errorf("class weights %s must have one entry per class (%d)", in[2].typ(), xt.Shape[1])
+		}
+		g, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(0)}, in[2], safe)
+		if err != nil {
+			return entry{}, err
+		}
+		w = &g
+	}
+	if valid.v != nil || valid.k != nil {
+		ones := scalarConst(xt.DType, 1)
+		if w != nil {
+			ones = *w
+		}
+		g, err := im.one("where", nil, valid, ones, scalarConst(xt.DType, 0))
+		if err != nil {
+			return entry{}, err
+		}
+		w = &g
+	}
+	loss, err := im.one("neg", nil, picked)
+	if err != nil {
+		return entry{}, err
+	}
+	if w != nil {
+		if loss, err = im.one("mul", nil, loss, *w); err != nil {
+			return entry{}, err
+		}
+	}
+	if reduction == "none" {
+		return loss, nil
+	}
+	all := func(e entry) (entry, error) {
+		axes := make([]int64, e.typ().Rank())
+		for i := range axes {
+			axes[i] = int64(i)
+		}
+		return im.one("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(false)}, e)
+	}
+	sum, err := all(loss)
+	if err != nil || reduction == "sum" {
+		return sum, err
+	}
+	if w == nil {
+		return im.one("div", nil, sum, scalarConst(xt.DType, float64(lt.NumElements())))
+	}
+	total, err := all(*w)
+	if err != nil {
+		return entry{}, err
+	}
+	return im.one("div", nil, sum, total)
 }
 
 // present drops trailing missing optional inputs.

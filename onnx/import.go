@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,6 +31,10 @@ type Options struct {
 	DataInputs []string
 	// Batch, when positive, replaces the first dimension of every data input.
 	Batch int64
+	// Trainable, when not nil, names the float initializers and inputs
+	// that are parameters; the others are state (read, not trained: a
+	// loss's class weights, a buffer). Nil: every one is a parameter.
+	Trainable []string
 }
 
 // ImportFile reads an .onnx file.
@@ -99,7 +104,7 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 var introduced = map[string]int64{
 	"Expand": 8, "Where": 9, "Erf": 9, "Shrink": 9, "OneHot": 9, "Sign": 9, "Mod": 10, "Resize": 10,
 	"Range": 11, "CumSum": 11, "GatherElements": 11, "ScatterElements": 11, "GatherND": 11, "ScatterND": 11, "Round": 11, "Einsum": 12, "Celu": 12, "GreaterOrEqual": 12,
-	"LessOrEqual": 12, "SoftmaxCrossEntropyLoss": 12, "Trilu": 14, "HardSwish": 14,
+	"LessOrEqual": 12, "SoftmaxCrossEntropyLoss": 12, "NegativeLogLikelihoodLoss": 12, "Trilu": 14, "HardSwish": 14,
 	"LayerNormalization": 17, "Mish": 18, "GroupNormalization": 18, "Gelu": 20,
 }
 
@@ -164,6 +169,11 @@ func (e entry) typ() ir.Type {
 		return e.v.Type
 	}
 	return e.k.Type
+}
+
+// frozen reports whether Options.Trainable leaves name out.
+func (im *importer) frozen(name string) bool {
+	return im.opt.Trainable != nil && !slices.Contains(im.opt.Trainable, name)
 }
 
 func (e entry) missing() bool { return e.v == nil && e.k == nil }
@@ -435,7 +445,7 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 		switch {
 		case data[vi.Name]:
 			kind = ir.ArgData
-		case state[vi.Name]:
+		case state[vi.Name] || im.frozen(vi.Name):
 			kind = ir.ArgState
 		}
 		im.addArg(vi.Name, ir.Type{DType: dt, Shape: shape}, kind, nil)
@@ -451,7 +461,7 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			continue
 		}
 		kind := ir.ArgParam
-		if state[t.Name] {
+		if state[t.Name] || im.frozen(t.Name) {
 			kind = ir.ArgState
 		}
 		im.addArg(t.Name, x.Type, kind, x.ToDense())

@@ -117,7 +117,11 @@ func (p *planner) pipeline() (passes.Pipeline, error) {
 		steps = append(steps, p.microbatchStep(r.Microbatches))
 	}
 	if r.Optimizer != "" {
-		steps = append(steps, "optimizer{kind="+r.Optimizer+"}")
+		opts := "kind=" + r.Optimizer
+		if r.OptimizerOptions != "" {
+			opts += "," + r.OptimizerOptions
+		}
+		steps = append(steps, "optimizer{"+opts+"}")
 	}
 	if isSearch(r.Parallel) {
 		if r.Microbatches > 1 {

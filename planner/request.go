@@ -27,6 +27,9 @@ type Request struct {
 	// "momentum", "adam" or "adamw" ("": none). Its updates are placed
 	// where the plan needs less memory (UpdatePlacement).
 	Optimizer string
+	// OptimizerOptions are the optimizer pass's options besides its kind
+	// ("lr=0.01,weight-decay=0"), as the pass takes them.
+	OptimizerOptions string
 	// Microbatches > 1 splits the step into that many slices of its batch
 	// (gradient accumulation): exactly, statistics of the whole batch kept
 	// in phases where the step has them, unless per-slice statistics are
@@ -78,6 +81,10 @@ func (r Request) Check() error {
 	switch {
 	case r.Train != "" && r.Train != "sum" && r.Train != "mean":
 		return &RequestError{fmt.Sprintf("the loss is sum or mean, not %q", r.Train)}
+	case r.OptimizerOptions != "" && r.Optimizer == "":
+		return &RequestError{"--optimizer-options needs --optimizer"}
+	case strings.ContainsAny(r.OptimizerOptions, "{}"):
+		return &RequestError{fmt.Sprintf("--optimizer-options takes key=value pairs separated by commas, not %q", r.OptimizerOptions)}
 	case r.Optimizer != "" && !slices.Contains(Optimizers, r.Optimizer):
 		return &RequestError{fmt.Sprintf("--optimizer must be one of %s, not %q%s", strings.Join(Optimizers, ", "), r.Optimizer, diag.DidYouMean(r.Optimizer, Optimizers))}
 	case r.Microbatches < 0 || r.Microbatches > 0 && r.Train == "":

@@ -180,15 +180,16 @@ func describeTensor(name, file string, t kir.Type, inout bool) (cTensor, error) 
 // Driver is the C source of an executable that runs p on .npy files:
 // --input NAME=FILE.npy for every argument, --output-dir DIR for the
 // results (DIR/NAME.npy) and updated arguments (DIR/updated.NAME.npy).
-func Driver(p *loops.Program) (string, error) {
+func Driver(p *loops.Program, opt Options) (string, error) {
 	data := struct {
 		Entry                   string
 		Ranks                   int // 0 on one rank
+		Threads                 int
 		MaxRank                 int
 		ArenaBytes              int64
 		StatusIndexOutOfRange   int
 		Params, Inputs, Results []cTensor
-	}{Entry: EntryName(p.Func), MaxRank: 1, ArenaBytes: p.ArenaBytes, StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
+	}{Entry: EntryName(p.Func), Threads: opt.Threads, MaxRank: 1, ArenaBytes: p.ArenaBytes, StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
 	if n := Ranks(p); n > 1 {
 		data.Ranks = int(n)
 	}
@@ -300,13 +301,36 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		return nil, err
 	}
 	args := append([]string{}, Flags...)
+	// The runtime (kiln_runtime.h) of a library or an executable: its
+	// source, its header and the embedded initial values.
+	runtime := func() (string, error) {
+		src, err := Runtime(p)
+		if err != nil {
+			return "", err
+		}
+		files := InitFiles(p)
+		files["runtime.c"], files["kiln_runtime.h"] = []byte(src), []byte(RuntimeHeader)
+		for name, b := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+				return "", err
+			}
+		}
+		return filepath.Join(dir, "runtime.c"), nil
+	}
 	switch kind {
 	case "obj":
 		args = append(args, "-c", ll)
 	case "lib":
-		args = append(args, "-shared", "-fPIC", ll, "-lm", "-lpthread")
+		if Ranks(p) > 1 {
+			return nil, fmt.Errorf("a step of %d ranks is built as an executable (--emit exe, run under mpirun), not a library", Ranks(p))
+		}
+		rt, err := runtime()
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", rt, ll, "-lm", "-lpthread")
 	case "exe":
-		src, err := Driver(p)
+		src, err := Driver(p, opt)
 		if err != nil {
 			return nil, err
 		}
@@ -314,12 +338,11 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if err := os.WriteFile(drv, []byte(src), 0o644); err != nil {
 			return nil, err
 		}
-		for name, b := range InitFiles(p) {
-			if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-				return nil, err
-			}
+		rt, err := runtime()
+		if err != nil {
+			return nil, err
 		}
-		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, ll, "-lm", "-lpthread")
+		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, rt, ll, "-lm", "-lpthread")
 		if Ranks(p) > 1 {
 			mpi, err := mpiFlags()
 			if err != nil {

@@ -197,7 +197,9 @@ const maxThreads = 256
 // [0, n) into one contiguous chunk per thread (at most threads of them),
 // calls body(ctx, lo, hi, thread index) for each, runs the first on the calling
 // thread and the others on new POSIX threads, and joins them. A thread
-// that cannot be created runs its chunk on the caller.
+// that cannot be created runs its chunk on the caller. The definition is
+// weak: the runtime (runtime.c.tmpl) links a thread pool in its place,
+// which splits the chunks the same way.
 func (md *module) parallelFor() *ir.Func {
 	if md.parallel != nil {
 		return md.parallel
@@ -216,7 +218,7 @@ func (md *module) parallelFor() *ir.Func {
 
 	bodyP, ctxP, nP, threadsP := ir.NewParam("body", bodyType), ir.NewParam("ctx", i8p), ir.NewParam("n", types.I64), ir.NewParam("threads", types.I64)
 	f := md.m.NewFunc("kiln_parallel_for", types.Void, bodyP, ctxP, nP, threadsP)
-	f.Linkage = enum.LinkageInternal
+	f.Linkage = enum.LinkageWeak // the runtime's thread pool replaces it
 	entry := f.NewBlock("")
 	start := f.NewBlock("")
 	e := &fn{md: md, f: f, entry: entry, cur: start}

@@ -2,6 +2,7 @@ package llvm
 
 import (
 	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/llir/llvm/ir"
 	"github.com/llir/llvm/ir/constant"
 	"github.com/llir/llvm/ir/enum"
 	"github.com/llir/llvm/ir/types"
@@ -83,11 +84,36 @@ func (e *fn) allocWorkspace() (ws value.Value, free func()) {
 	} else if md.panelMax > 0 {
 		size = e.cur.NewAdd(size, e.cur.NewMul(threads, i64(md.panelMax)))
 	}
-	// malloc, not aligned_alloc: glibc's aligned_alloc of a few MiB, made
-	// on every call, kept three times the block resident.
-	ws = e.cur.NewCall(md.declare("malloc", i8p, types.I64), size)
+	ws = e.cur.NewCall(md.wsHook("kiln_ws_acquire"), size)
 	e.cur.NewStore(threads, e.cur.NewBitCast(ws, types.NewPointer(types.I64)))
-	return ws, func() { e.cur.NewCall(md.declare("free", types.Void, i8p), ws) }
+	return ws, func() { e.cur.NewCall(md.wsHook("kiln_ws_release"), ws) }
+}
+
+// wsHook emits a weak kiln_ws_acquire(bytes) or kiln_ws_release(block):
+// malloc and free (malloc, not aligned_alloc: glibc's aligned_alloc of a
+// few MiB, made on every call, kept three times the block resident). The
+// runtime (runtime.c.tmpl) links versions that keep one block from run to
+// run in their place.
+func (md *module) wsHook(name string) *ir.Func {
+	if f := md.decls[name]; f != nil {
+		return f
+	}
+	var f *ir.Func
+	if name == "kiln_ws_acquire" {
+		n := ir.NewParam("n", types.I64)
+		f = md.m.NewFunc(name, i8p, n)
+		b := f.NewBlock("")
+		b.NewRet(b.NewCall(md.declare("malloc", i8p, types.I64), n))
+	} else {
+		p := ir.NewParam("p", i8p)
+		f = md.m.NewFunc(name, types.Void, p)
+		b := f.NewBlock("")
+		b.NewCall(md.declare("free", types.Void, i8p), p)
+		b.NewRet(nil)
+	}
+	f.Linkage = enum.LinkageWeak
+	md.decls[name] = f
+	return f
 }
 
 // threadCount loads the thread count from the workspace header.

@@ -5,14 +5,17 @@ Python.
     report = kiln.memory(model, (x,), budget=0.5, optimizer="adam")
     print(report.planned_bytes, report.peak_bytes)
 
-    step = kiln.compile(model, (x,), train=True)   # forward and backward, compiled by clang
-    out = step(x)                                   # {"loss": ..., "grad.fc.weight": ..., ...}
+    step = kiln.compile(model, (x, y), optimizer="adamw", lr=1e-3)   # model(x, y) returns the loss
+    for x, y in batches:
+        out = step(x, y)                            # forward, backward and update, in this process
+    model.load_state_dict(step.state_dict())
 
 The model is exported with torch.onnx.export (training mode, opset 17, constants not folded), imported
 with every example input as data, and planned by the Kiln binary ($KILN if set, else `kiln` on PATH) as
 `kiln mem --train -O2` plans it from the same arguments: differentiated (loss = the sum of the first
 output), optionally given an optimizer step and a memory budget, fused, reordered and assigned into one
-arena. Only torch (and onnx, which torch.onnx uses) are needed.
+arena. kiln.compile builds it into a shared library (clang) and runs it in this process through its C
+ABI with ctypes. Only torch (and onnx, which torch.onnx uses) and numpy are needed.
 """
 import dataclasses
 import json
@@ -21,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["MemoryReport", "KilnError", "memory", "compile", "Compiled"]
+__all__ = ["MemoryReport", "KilnError", "memory", "compile", "load", "Step"]
 
 
 class KilnError(RuntimeError):
@@ -77,6 +80,9 @@ def _export(model, example_inputs, tmp, training):
     names = [f"input{i}" for i in range(len(example_inputs))]
     onnx_path = os.path.join(tmp, "model.onnx")
     was_training = model.training
+    # Tracing runs the model once: in training mode that moves batch-norm
+    # statistics and counts; the module keeps the state it had.
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
     model.train(training)
     try:
         mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
@@ -84,8 +90,12 @@ def _export(model, example_inputs, tmp, training):
                           training=mode, do_constant_folding=False, input_names=names, output_names=["output"])
     finally:
         model.train(was_training)
+        model.load_state_dict(saved)
     kir = os.path.join(tmp, "model.kir")
-    _run(["import", onnx_path, "--data-inputs", ",".join(names), "-o", kir])
+    trainable = os.path.join(tmp, "trainable.txt")
+    with open(trainable, "w") as f:  # what torch trains; other tensors (class weights, buffers) are state
+        f.write("".join(name + "\n" for name, p in model.named_parameters() if p.requires_grad))
+    _run(["import", onnx_path, "--data-inputs", ",".join(names), "--trainable-file", trainable, "-o", kir])
     return kir, names, example_inputs
 
 
@@ -129,47 +139,156 @@ def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microba
         raw=raw)
 
 
-class Compiled:
-    """A model compiled to a native program by Kiln's LLVM backend (clang -O2). Call it with tensors
-    (numpy arrays or torch tensors, in the order of the example inputs); it returns a dict from result
-    name to array: the model's outputs ("output" for the first), or for a training step "loss" and "grad.PARAM" for every
-    parameter (and "updated.PARAM" after an optimizer step). Results are torch tensors when the inputs
-    were. The weights are those the model had when it was compiled. close() (or the end of a with block)
-    deletes the program."""
+_NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "i64": "int64", "i32": "int32", "i16": "int16",
+              "i8": "int8", "u8": "uint8", "bool": "bool"}
 
-    def __init__(self, exe, names, tmp):
-        self.exe, self.names, self._tmp = exe, names, tmp
 
-    def __call__(self, *inputs):
+def _runtime(lib_path):
+    """Loads a compiled step's library and declares its C ABI (kiln_runtime.h)."""
+    import ctypes
+
+    lib = ctypes.CDLL(lib_path)
+    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    for name, res, args in [("kiln_descriptor", ctypes.c_char_p, []), ("kiln_create", p, [i]), ("kiln_destroy", None, [p]),
+                            ("kiln_run", i, [p]), ("kiln_data", p, [p, i]), ("kiln_set", i, [p, i, p, ll]),
+                            ("kiln_get", i, [p, i, p, ll]), ("kiln_bind", i, [p, i, p]), ("kiln_save", i, [p, ctypes.c_char_p]),
+                            ("kiln_load", i, [p, ctypes.c_char_p]), ("kiln_error", ctypes.c_char_p, [p])]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+class Step:
+    """A compiled step, run in this process through its C ABI (ctypes; kiln_runtime.h). Made by
+    kiln.compile or kiln.load; call it with the inputs (numpy arrays or torch tensors, in the order of
+    the example inputs). Parameters, optimizer state, batch-norm statistics, the step count and the
+    learning rate live in the step and advance in place with every call. close() (or the end of a with
+    block) frees it."""
+
+    def __init__(self, folder, meta, owned):
         import numpy as np
 
-        if len(inputs) != len(self.names):
-            raise TypeError(f"the compiled model takes {len(self.names)} inputs, not {len(inputs)}")
+        self._np = np
+        self._folder, self._owned, self._meta = folder, owned, meta
+        self._lib = _runtime(os.path.join(folder, "step.so"))
+        self.descriptor = json.loads(self._lib.kiln_descriptor())
+        self._s = self._lib.kiln_create(0)
+        if not self._s:
+            raise MemoryError("the step's arena and arguments do not fit in memory")
+        self._tensors = self.descriptor["tensors"]
+        self._by_name = {t["name"]: t for t in self._tensors if t["kind"] != "result"}
+        by_name = {t["name"]: t for t in self._tensors if t["kind"] == "input"}
+        self._inputs = [by_name[n] for n in meta["inputs"]]
+        self._bound = {}
+
+    def _check(self, rc):
+        if rc != 0:
+            raise KilnError(self._lib.kiln_error(self._s).decode())
+
+    def _array(self, t):
+        """A copy of tensor t (a descriptor entry) as a numpy array."""
+        np = self._np
+        out = np.empty(t["shape"], dtype=_NP_DTYPES[t["dtype"]])
+        self._check(self._lib.kiln_get(self._s, t["index"], out.ctypes.data, out.nbytes))
+        return out
+
+    def _set(self, t, value):
+        np = self._np
+        a = np.ascontiguousarray(np.asarray(value, dtype=_NP_DTYPES[t["dtype"]]).reshape(t["shape"]))
+        self._check(self._lib.kiln_set(self._s, t["index"], a.ctypes.data, a.nbytes))
+
+    def __call__(self, *inputs):
+        np = self._np
+        if len(inputs) != len(self._inputs):
+            raise TypeError(f"the step takes {len(self._inputs)} inputs, not {len(inputs)}")
         as_torch = False
-        with tempfile.TemporaryDirectory(prefix="kiln-run-") as run:
-            ins, outs = os.path.join(run, "in"), os.path.join(run, "out")
-            os.makedirs(ins)
-            for name, x in zip(self.names, inputs):
-                if hasattr(x, "detach"):  # a torch tensor
-                    as_torch = True
-                    x = x.detach().cpu().numpy()
-                np.save(os.path.join(ins, name + ".npy"), np.ascontiguousarray(x))
-            proc = subprocess.run([self.exe, "--inputs", ins, "--output-dir", outs], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise KilnError(proc.stderr.strip() or f"the compiled program exited with {proc.returncode}")
-            results = {}
-            for f in sorted(os.listdir(outs)):
-                if f.endswith(".npy"):
-                    results[f[:-4]] = np.load(os.path.join(outs, f))
+        for t, x in zip(self._inputs, inputs):
+            if hasattr(x, "detach"):  # a torch tensor: its memory, when it lies on the CPU
+                as_torch = True
+                x = x.detach().cpu().numpy()
+            a = np.asarray(x)
+            want = np.dtype(_NP_DTYPES[t["dtype"]])
+            if list(a.shape) != list(t["shape"]):
+                raise ValueError(f"input {t['name']} has shape {list(a.shape)}, the step was compiled for {t['shape']}")
+            if a.dtype != want or not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a, dtype=want)  # a copy only where the layout or type differs
+            self._bound[t["name"]] = a  # kept alive while the step reads it
+            self._check(self._lib.kiln_bind(self._s, t["index"], a.ctypes.data))
+        self._check(self._lib.kiln_run(self._s))
+        results = {}
+        for t in self._tensors:
+            if t["kind"] != "result":
+                continue
+            if self._meta.get("optimizer") and t["role"] != "loss":
+                continue
+            results[t["name"]] = self._array(t)
         if as_torch:
             import torch
             results = {k: torch.from_numpy(v) for k, v in results.items()}
         return results
 
+    def _steps(self):
+        t = self._by_name.get("optimizer.step")
+        return int(self._array(t)) if t else 0
+
+    def state_dict(self):
+        """Copies of the module's tensors, {name: torch.Tensor}, named as module.state_dict() names them
+        (parameters and buffers, num_batches_tracked included)."""
+        import torch
+
+        out = {}
+        for name in self._meta["state_names"]:
+            if name in self._by_name:
+                out[name] = torch.from_numpy(self._array(self._by_name[name]))
+            elif name.endswith("num_batches_tracked"):
+                out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps(), dtype=torch.int64)
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Sets the module's tensors that state_dict holds (as state_dict() names them)."""
+        for name, value in state_dict.items():
+            if hasattr(value, "detach"):
+                value = value.detach().cpu().numpy()
+            if name in self._by_name and name in self._meta["state_names"]:
+                self._set(self._by_name[name], value)
+            elif name.endswith("num_batches_tracked"):
+                self._meta["tracked"][name] = int(value) - self._steps()
+            else:
+                raise KeyError(f"the step holds no tensor {name!r}")
+
+    def set_lr(self, lr):
+        """Sets the learning rate of the next steps."""
+        t = self._by_name.get("optimizer.lr")
+        if t is None:
+            raise KilnError("the step has no optimizer (compile it with optimizer=...)")
+        self._set(t, lr)
+
+    def save(self, path):
+        """Writes a folder that kiln.load reopens: step.so (the compiled library), checkpoint.npz (every
+        parameter and state tensor: module tensors, optimizer state, the step count, the learning rate;
+        numpy.savez's format, which numpy and torch users open with numpy.load) and kiln.json."""
+        tmp = path.rstrip("/") + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        try:
+            shutil.copyfile(os.path.join(self._folder, "step.so"), os.path.join(tmp, "step.so"))
+            self._check(self._lib.kiln_save(self._s, os.path.join(tmp, "checkpoint.npz").encode()))
+            with open(os.path.join(tmp, "kiln.json"), "w") as f:
+                json.dump(self._meta, f)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
     def close(self):
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        if getattr(self, "_s", None):
+            self._lib.kiln_destroy(self._s)
+            self._s = None
+        if getattr(self, "_owned", False):
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._owned = False
 
     def __enter__(self):
         return self
@@ -184,24 +303,62 @@ class Compiled:
             pass
 
 
-def compile(model, example_inputs, train=False, loss="sum", optimizer=None, budget=None, allow=(),
-            microbatches=None, device=None):
-    """Compile model for example_inputs (their shapes and dtypes are fixed) into a native program and
-    return it as a Compiled callable. train=False compiles the forward pass (eval mode); train=True the
-    training step: forward, loss (the "sum" or "mean" of the first output) and backward, with an
-    optimizer step when optimizer is "sgd", "momentum", "adam" or "adamw", and recomputation under
-    budget (a fraction of the peak or bytes). Kiln plans it as memory() does (kiln compile --train -O2);
-    allow, microbatches and device are memory()'s."""
+def load(path):
+    """Reopens a step that Step.save wrote: the same library, its state from the checkpoint; training
+    continues bit for bit, with no module and no recompilation."""
+    with open(os.path.join(path, "kiln.json")) as f:
+        meta = json.load(f)
+    step = Step(path, meta, owned=False)
+    step._check(step._lib.kiln_load(step._s, os.path.join(path, "checkpoint.npz").encode()))
+    return step
+
+
+def _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay):
+    """The optimizer pass's kind and options for torch.optim's defaults and keywords."""
+    if optimizer not in ("sgd", "momentum", "adam", "adamw"):
+        raise ValueError(f"optimizer must be None, 'sgd', 'momentum', 'adam' or 'adamw', not {optimizer!r}")
+    if optimizer == "momentum" and not momentum:
+        momentum = 0.9
+    kind = optimizer
+    if optimizer in ("sgd", "momentum"):
+        kind = "momentum" if momentum else "sgd"
+    if weight_decay is None:
+        weight_decay = 0.01 if optimizer == "adamw" else 0.0
+    opts = [f"lr={float(lr)!r}", f"weight-decay={float(weight_decay)!r}"]
+    if kind == "momentum":
+        opts.append(f"momentum={float(momentum)!r}")
+    if kind in ("adam", "adamw"):
+        opts += [f"beta1={float(betas[0])!r}", f"beta2={float(betas[1])!r}", f"eps={float(eps)!r}"]
+    return kind, ",".join(opts)
+
+
+def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1e-3, momentum=0.0, betas=(0.9, 0.999),
+            eps=1e-8, weight_decay=None, budget=None, microbatches=None, allow=(), device=None):
+    """Compile module for example_inputs (a tensor or a tuple; their shapes and dtypes are fixed) into a
+    Step run in this process. train=True: module(*inputs) returns the loss (a scalar as it is, a tensor
+    reduced by loss, "sum" or "mean"); with optimizer None the step returns {"loss", "grad.NAME"...} and
+    updates nothing; with "sgd" (momentum > 0: its momentum form), "momentum" (sgd, momentum 0.9 unless
+    given), "adam" or "adamw" it runs forward, backward and the update in place (torch.optim's formulas
+    and defaults; weight_decay None: torch's default) and returns {"loss"}. train=False compiles the
+    forward (eval mode) and returns its outputs. budget, microbatches and allow are the planner's
+    request, as --budget, --microbatches and --allow; device is kiln.memory's."""
+    if not train and (optimizer is not None or microbatches is not None):
+        raise ValueError("an optimizer or microbatches need train=True")
+    if loss not in ("sum", "mean"):
+        raise ValueError(f"loss must be 'sum' or 'mean', not {loss!r}")
     tmp = tempfile.mkdtemp(prefix="kiln-compile-")
     try:
-        kir, names, _ = _export(model, example_inputs, tmp, training=train)
-        exe = os.path.join(tmp, "step")
-        args = ["compile", kir, "--target", "llvm", "--emit", "exe", "-o", exe]
+        kir, names, _ = _export(module, example_inputs, tmp, training=train)
+        args = ["compile", kir, "--target", "llvm", "--emit", "lib", "-o", os.path.join(tmp, "step.so")]
+        meta = {"inputs": names, "optimizer": optimizer, "train": bool(train),
+                "state_names": list(module.state_dict().keys()),
+                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")}}
         if train:
-            args += _plan_args(budget, optimizer, allow, microbatches, device)
+            args += _plan_args(budget, None, allow, microbatches, device)
             args[args.index("--train")] = f"--train={loss}"
-        elif optimizer is not None or microbatches is not None:
-            raise ValueError("an optimizer or microbatches need train=True")
+            if optimizer is not None:
+                kind, opts = _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay)
+                args += ["--optimizer", kind, "--optimizer-options", opts]
         else:
             args.append("-O2")
             if budget is not None:
@@ -209,7 +366,12 @@ def compile(model, example_inputs, train=False, loss="sum", optimizer=None, budg
             if device is not None:
                 args += ["--device", device]
         _run(args)
-        return Compiled(exe, names, tmp)
+        for f in os.listdir(tmp):
+            if f != "step.so":
+                os.remove(os.path.join(tmp, f))
+        step = Step(tmp, meta, owned=True)
+        step.load_state_dict({k: v for k, v in module.state_dict().items() if k in step._by_name})
+        return step
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

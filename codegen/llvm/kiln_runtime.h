@@ -1,0 +1,84 @@
+/* kiln_runtime.h: the C ABI of a step compiled by Kiln
+   (kiln compile IN --target llvm --emit lib -o step.so).
+
+   A step is a runtime object. kiln_create makes one: it allocates every
+   argument (parameters, state, data inputs) and fills it from the value
+   the program embeds (zero where it embeds none), the arena, the kernel
+   workspace (sized on the first run, then kept) and a thread pool shared
+   by every step of the process. kiln_run runs the step once: it reads the
+   arguments, writes the results into the arena and updates the inout
+   arguments (parameters, optimizer state, the step count, batch-norm
+   statistics) in place; it allocates nothing after the first run. A step
+   is not safe to use from two threads at once; runs of different steps
+   of one library take turns.
+
+   Tensors are numbered as kiln_descriptor lists them: arguments first
+   (index i < the number of arguments), then results. Each is dense,
+   row-major, little-endian, its dtype and shape as the descriptor says.
+
+   Errors: a function returning int returns 0 on success and -1 on error,
+   with kiln_error(step) saying why; kiln_create returns NULL when memory
+   runs out. No function exits the process or prints. */
+#ifndef KILN_RUNTIME_H
+#define KILN_RUNTIME_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_step kiln_step;
+
+/* kiln_descriptor is a JSON object describing the step: "entry",
+   "arena_bytes", and "tensors", a list of {"index", "name", "kind"
+   ("param", "state", "input" or "result"), "role" (for state: "lr",
+   "step", "optimizer_state", "running_stat", "loss_scale" or "state";
+   for results: "loss", "grad", ... or ""), "dtype", "shape", "bytes",
+   "inout", "embedded"}. The string is static. */
+const char *kiln_descriptor(void);
+
+/* kiln_create makes a step whose parallel loops use at most threads
+   threads (0: the cores online). */
+kiln_step *kiln_create(int threads);
+void kiln_destroy(kiln_step *s);
+
+/* kiln_run runs the step once. A label or gather index outside its
+   dimension is an error (the results must then not be used). */
+int kiln_run(kiln_step *s);
+
+/* kiln_count is the number of tensors; kiln_find the index of the tensor
+   named name (arguments before results), or -1. */
+int kiln_count(void);
+int kiln_find(const char *name);
+
+/* kiln_data is tensor i's memory: an argument's buffer (or the caller's
+   memory kiln_bind gave it), a result's place in the arena, valid until
+   the next run. kiln_bytes is its size in bytes. */
+void *kiln_data(kiln_step *s, int i);
+long long kiln_bytes(int i);
+
+/* kiln_set copies bytes into argument i (bytes must be its size);
+   kiln_get copies tensor i out. */
+int kiln_set(kiln_step *s, int i, const void *src, long long bytes);
+int kiln_get(kiln_step *s, int i, void *dst, long long bytes);
+
+/* kiln_bind makes data input i read the caller's memory (no copy) until
+   it is bound again; NULL returns it to its own buffer. The memory must
+   hold kiln_bytes(i) bytes and stay valid while the step runs. */
+int kiln_bind(kiln_step *s, int i, void *data);
+
+/* kiln_save writes every parameter and state tensor to path, an .npz
+   archive as numpy.savez writes it (member NAME.npy for each), through a
+   temporary file renamed into place; kiln_load reads such an archive
+   (every parameter and state tensor must be in it, with its dtype and
+   shape) and changes nothing when it fails. */
+int kiln_save(kiln_step *s, const char *path);
+int kiln_load(kiln_step *s, const char *path);
+
+/* kiln_error is the message of the last error on s. */
+const char *kiln_error(kiln_step *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,148 @@
+package llvm
+
+import (
+	_ "embed"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	kir "github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
+)
+
+// RuntimeHeader is kiln_runtime.h, the C ABI of a compiled step's
+// runtime (--emit lib); the runtime's source is generated per program
+// (Runtime).
+//
+//go:embed kiln_runtime.h
+var RuntimeHeader string
+
+//go:embed runtime.c.tmpl
+var runtimeSource string
+
+var runtimeTemplate = template.Must(template.New("runtime").Parse(runtimeSource))
+
+// TensorInfo describes one tensor of a compiled step, as kiln_descriptor
+// lists it: arguments (parameters and state, then data inputs), then
+// results.
+type TensorInfo struct {
+	Index    int     `json:"index"`
+	Name     string  `json:"name"`
+	Kind     string  `json:"kind"` // param, state, input or result
+	Role     string  `json:"role"`
+	DType    string  `json:"dtype"`
+	Shape    []int64 `json:"shape"`
+	Bytes    int64   `json:"bytes"`
+	InOut    bool    `json:"inout"`
+	Embedded bool    `json:"embedded"` // the program holds its initial value
+}
+
+// Descriptor is the machine-readable description of a compiled step.
+type Descriptor struct {
+	Entry      string       `json:"entry"`
+	ArenaBytes int64        `json:"arena_bytes"`
+	Tensors    []TensorInfo `json:"tensors"`
+}
+
+// Describe lists p's tensors in the runtime's order.
+func Describe(p *loops.Program) Descriptor {
+	d := Descriptor{Entry: EntryName(p.Func), ArenaBytes: p.ArenaBytes, Tensors: []TensorInfo{}}
+	add := func(name, kind, role string, t kir.Type, inout, embedded bool) {
+		d.Tensors = append(d.Tensors, TensorInfo{Index: len(d.Tensors), Name: name, Kind: kind, Role: role, DType: t.DType.String(),
+			Shape: append([]int64{}, t.Shape...), Bytes: t.SizeBytes(), InOut: inout, Embedded: embedded})
+	}
+	for _, v := range p.Params {
+		kind, role := "param", "param"
+		if v.Arg != nil && v.Arg.Kind == kir.ArgState {
+			kind, role = "state", "state"
+		}
+		if v.Arg != nil {
+			role = v.Arg.Attrs.String("role", role)
+		}
+		add(v.Name, kind, role, v.Type, v.Arg != nil && v.Arg.InOut, embedded(v))
+	}
+	for _, v := range p.Inputs {
+		add(v.Name, "input", "input", v.Type, false, false)
+	}
+	for i, r := range p.Func.Results {
+		add(resultName(p.Func, i), "result", r.Role(), r.Value.Type, false, false)
+	}
+	return d
+}
+
+func embedded(v *kir.Value) bool {
+	return v.Arg != nil && v.Arg.Init != nil && v.Arg.Init.Type.Equal(v.Type)
+}
+
+type runtimeTensor struct {
+	Name, Descr, Shape string
+	Kind, Slot, Rank   int
+	Bytes              int64
+	InOut              int
+	Init               string
+}
+
+// Runtime is the C source of p's runtime (kiln_runtime.h): the tensor
+// table, the embedded initial values (files InitFiles names, beside it),
+// the thread pool, the workspace, checkpoints.
+func Runtime(p *loops.Program) (string, error) {
+	desc := Describe(p)
+	js, err := json.Marshal(desc)
+	if err != nil {
+		return "", err
+	}
+	data := struct {
+		Entry, Descriptor          string
+		MaxRank                    int
+		ArenaBytes                 int64
+		NParams, NInputs, NResults int
+		StatusIndexOutOfRange      int
+		Tensors                    []runtimeTensor
+	}{Entry: desc.Entry, Descriptor: cString(string(js)), MaxRank: 1, ArenaBytes: p.ArenaBytes,
+		NParams: len(p.Params), NInputs: len(p.Inputs), NResults: len(p.Func.Results), StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
+	var types []kir.Type // in the descriptor's order
+	for _, v := range append(append([]*kir.Value{}, p.Params...), p.Inputs...) {
+		types = append(types, v.Type)
+	}
+	for _, r := range p.Func.Results {
+		types = append(types, r.Value.Type)
+	}
+	for i, t := range desc.Tensors {
+		descr, err := npy.Descr(types[i].DType)
+		if err != nil {
+			return "", err
+		}
+		rt := runtimeTensor{Name: cString(t.Name), Descr: descr, Rank: len(t.Shape), Bytes: t.Bytes}
+		switch {
+		case i < len(p.Params):
+			rt.Slot = i
+			if embedded(p.Params[i]) {
+				rt.Init = initSymbol(i)
+			}
+		case i < len(p.Params)+len(p.Inputs):
+			rt.Kind, rt.Slot = 1, i-len(p.Params)
+		default:
+			rt.Kind, rt.Slot = 2, i-len(p.Params)-len(p.Inputs)
+		}
+		if t.InOut {
+			rt.InOut = 1
+		}
+		dims := []string{"0"}
+		if len(t.Shape) > 0 {
+			dims = dims[:0]
+			for _, s := range t.Shape {
+				dims = append(dims, strconv.FormatInt(s, 10)+"LL")
+			}
+		}
+		rt.Shape = strings.Join(dims, ", ")
+		data.MaxRank = max(data.MaxRank, len(t.Shape))
+		data.Tensors = append(data.Tensors, rt)
+	}
+	var b strings.Builder
+	if err := runtimeTemplate.Execute(&b, data); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
