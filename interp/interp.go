@@ -332,7 +332,10 @@ func RandomArgsBounded(args []*ir.Value, seed uint64, bound func(i int) (int64, 
 	out := make([]*Tensor, len(args))
 	for i, a := range args {
 		b, ok := bound(i)
-		out[i] = randomTensor(a.Type, b, ok, rng)
+		out[i] = randomTensor(a.Type, b, ok, rng) // drawn even when kept, so that the other draws stay put
+		if ir.KeepsInit(a) {
+			out[i] = FromDense(a.Arg.Init)
+		}
 	}
 	return out
 }

@@ -306,7 +306,7 @@ func init() {
 
 	kernels["dropout"] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 		ratio := op.Attr().Float("ratio")
-		seed, offset := uint64(op.Attr().Int("seed")), randomOffset(op, rt)
+		seed, offset := uint64(op.Attr().Int("seed")), randomStart(op, in, rt)
 		y, mask := New(out[0]), New(out[1])
 		scale := 1 / (1 - ratio)
 		for i, v := range in[0].F {
@@ -320,19 +320,20 @@ func init() {
 	kernels["dropout_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 		ratio := op.Attr().Float("ratio")
 		scale := 1 / (1 - ratio)
-		seed, offset := uint64(op.Attr().Int("seed")), randomOffset(op, rt)
+		seed, offset := uint64(op.Attr().Int("seed")), randomStart(op, in, rt)
+		masked := len(in) == 2 && ir.RandomKey(op) == nil
 		dx := New(out[0])
 		for i, g := range in[0].F {
-			keep := len(in) == 1 && DropoutKeep(seed, offset+uint64(i), ratio) || len(in) == 2 && in[1].I[i] != 0
+			keep := !masked && DropoutKeep(seed, offset+uint64(i), ratio) || masked && in[1].I[i] != 0
 			if keep {
 				dx.F[i] = g * scale
 			}
 		}
 		return []*Tensor{dx}, nil
 	}
-	kernels["random_uniform"] = func(op *ir.Op, _ []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
+	kernels["random_uniform"] = func(op *ir.Op, in []*Tensor, out []ir.Type, rt *runtime) ([]*Tensor, error) {
 		y := New(out[0])
-		seed, offset := uint64(op.Attr().Int("seed")), randomOffset(op, rt)
+		seed, offset := uint64(op.Attr().Int("seed")), randomStart(op, in, rt)
 		for i := range y.F {
 			y.F[i] = Uniform(seed, offset+uint64(i))
 		}
@@ -450,6 +451,16 @@ func randomOffset(op *ir.Op, rt *runtime) uint64 {
 		rank = rt.rank
 	}
 	return uint64(ir.RandomOffset(op.Attr(), rank))
+}
+
+// randomStart is the number a random op draws for its first element: its
+// offset (randomOffset) past its key operand's position, if it has one.
+func randomStart(op *ir.Op, in []*Tensor, rt *runtime) uint64 {
+	off := randomOffset(op, rt)
+	if ir.RandomKey(op) != nil {
+		off += uint64(in[len(in)-1].I[0])
+	}
+	return off
 }
 
 // DropoutKeep is the dropout mask: element i of a dropout op with the given

@@ -70,6 +70,13 @@ const (
 	RoleLoss        = "loss"         // the loss the step minimises
 	RoleGrad        = "grad"         // the gradient of the param argument named by the attribute "param"
 	RoleGradsFinite = "grads_finite" // whether every gradient is finite (dynamic loss scaling)
+
+	// Roles of state arguments (the argument attribute "role").
+	RoleLR             = "lr"              // the learning rate
+	RoleStep           = "step"            // the optimizer steps taken
+	RoleRandom         = "rng"             // the random generator's position
+	RoleOptimizerState = "optimizer_state" // momentum buffers, Adam's moments
+	RoleRunningStat    = "running_stat"    // batch-norm running statistics
 )
 
 // Role returns the result's role, or "".
@@ -300,4 +307,19 @@ func isBareName(s string) bool {
 		}
 	}
 	return true
+}
+
+// KeepsInit reports whether argument a holds a hyper-parameter or a
+// counter (the roles lr, step and rng), whose domain a random draw would
+// leave (a negative step count or learning rate): random arguments for
+// tests keep its initial value.
+func KeepsInit(a *Value) bool {
+	if a.Arg == nil || a.Arg.Init == nil {
+		return false
+	}
+	switch a.Arg.Attrs.String("role", "") {
+	case RoleLR, RoleStep, RoleRandom:
+		return true
+	}
+	return false
 }

@@ -343,40 +343,46 @@ func init() {
 	}
 
 	Register(&OpDef{
-		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, element i drawing number offset+i, so recomputing reproduces it (and a slice of a batch, offset by its first element, draws the whole batch's mask)",
-		MinOperands: 1, MaxOperands: 1, Attrs: append([]AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}}, rankCounter...),
+		Name: "dropout", Summary: "zero elements with probability ratio, scale the rest by 1/(1-ratio); the mask comes from a counter-based RNG seeded by the seed attribute, element i drawing number key+offset+i (key: the optional i64 scalar operand, the generator's position that a training step advances), so recomputing reproduces it (and a slice of a batch, offset by its first element, draws the whole batch's mask)",
+		MinOperands: 1, MaxOperands: 2, Attrs: append([]AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt, Required: true}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}}, rankCounter...),
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if r := a.Float("ratio"); r < 0 || r >= 1 {
 				return nil, fmt.Errorf("ratio %g must be in [0, 1)", r)
 			}
+			if len(in) == 2 && !IsRandomKey(in[1]) {
+				return nil, fmt.Errorf("the random key must be an i64 scalar, got %s", in[1])
+			}
 			return []Type{in[0], {DType: Bool, Shape: in[0].Shape}}, floatOperand(in[0])
 		},
 		Fusion: Elementwise,
-		Axes:   broadcastAxes, Random: always, Linear: linearIn([]int{0}),
+		Axes:   broadcastAxes, Random: func([]Type) bool { return true }, Linear: linearIn([]int{0}),
 	})
 	Register(&OpDef{
-		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio); without a mask operand the mask is regenerated from the seed attribute (as the dropout with that seed made it)", MinOperands: 1, MaxOperands: 2,
+		Name: "dropout_grad", Summary: "dy * mask / (1 - ratio), (dy, mask) or (dy[, key]): without a mask operand the mask is regenerated from the seed attribute and the key (as the dropout with that seed and key made it)", MinOperands: 1, MaxOperands: 2,
 		Attrs: append([]AttrSpec{{Name: "ratio", Kind: AttrFloat, Default: FloatAttr(0.5)}, {Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}}, rankCounter...),
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
-			if len(in) == 1 {
+			if len(in) == 1 || IsRandomKey(in[1]) {
 				if !a.Has("seed") {
 					return nil, fmt.Errorf("without a mask operand the seed attribute is required")
 				}
 			} else if in[1].DType != Bool || !in[1].Shape.Equal(in[0].Shape) {
-				return nil, fmt.Errorf("mask %s must be bool%s", in[1], in[0].Shape)
+				return nil, fmt.Errorf("mask %s must be bool%s (or the random key, an i64 scalar)", in[1], in[0].Shape)
 			}
 			return []Type{in[0]}, nil
 		},
 		Fusion: Elementwise, Grad: NoGrad,
 		InPlace: true,
 		Axes:    broadcastAxes, Linear: linearIn([]int{0}),
-		Random: func(operands int) bool { return operands == 1 }, // with a mask operand it draws nothing
+		Random: func(in []Type) bool { return len(in) == 1 || IsRandomKey(in[1]) }, // with a mask operand it draws nothing
 	})
 	Register(&OpDef{
 		Name: "random_uniform", Summary: "uniform [0,1) numbers from a counter-based generator seeded by seed (dropout's), element i drawing number offset+i, so that every backend draws the same; impure: never merged or recomputed",
-		MaxOperands: 0, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)},
+		MaxOperands: 1, Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, {Name: "dtype", Kind: AttrType, Default: TypeAttr(F32)},
 			{Name: "seed", Kind: AttrInt}, {Name: "offset", Kind: AttrInt, Default: IntAttr(0)}, rankCounter[0], rankCounter[1], rankCounter[2]},
-		Infer: func(_ []Type, a AttrValues) ([]Type, error) {
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			if len(in) == 1 && !IsRandomKey(in[0]) {
+				return nil, fmt.Errorf("the random key must be an i64 scalar, got %s", in[0])
+			}
 			d := a.DType("dtype")
 			s := Shape(a.Ints("shape"))
 			if _, ok := s.NumElements(); !ok {
@@ -386,10 +392,14 @@ func init() {
 		},
 		Fusion: Opaque, KeepF32: true, Grad: NoGrad,
 		Impure: true,
-		Axes: func(_, out []Type, _ AttrValues) Axes {
-			return Axes{Loops: parallelLoops(out[0].Shape), Results: [][]Index{identity(0, out[0].Rank())}}
+		Axes: func(in, out []Type, _ AttrValues) Axes {
+			a := Axes{Loops: parallelLoops(out[0].Shape), Results: [][]Index{identity(0, out[0].Rank())}}
+			if len(in) == 1 {
+				a.Operands = [][]Index{{}} // the key: a scalar every element reads
+			}
+			return a
 		},
-		Random: always, ShapeAttr: "shape",
+		Random: func([]Type) bool { return true }, ShapeAttr: "shape",
 	})
 
 	Register(&OpDef{

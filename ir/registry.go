@@ -169,12 +169,13 @@ type OpDef struct {
 	// linear, the others held fixed (LinearIn); nil: derived from Scalar
 	// (none for an op without one).
 	Linear func(a AttrValues, operands int) [][]int
-	// Random, given the number of operands, reports whether the op draws
+	// Random, given the operands' types, reports whether the op draws
 	// from the counter-based generator seeded by its "seed" attribute,
-	// element i of result 0 drawing number offset+i (its "offset"
-	// attribute): a part of the result whose elements are a run of the
-	// whole's draws the whole's numbers at that offset. nil: never.
-	Random func(operands int) bool
+	// element i of result 0 drawing number key+offset+i (its "offset"
+	// attribute; key the op's random key operand, RandomKey, or 0): a
+	// part of the result whose elements are a run of the whole's draws
+	// the whole's numbers at that offset. nil: never.
+	Random func(in []Type) bool
 	// ShapeAttr names the attribute that holds result 0's shape (a copy
 	// of the op for a part of its result sets it to the part's shape).
 	ShapeAttr string
@@ -558,4 +559,34 @@ func Overwrites(op *Op, v *Value) bool {
 		}
 	}
 	return false
+}
+
+// DrawsRandom reports whether op draws from the counter-based generator
+// (its record's Random, given its operands).
+func DrawsRandom(op *Op) bool {
+	d := op.Def()
+	if d == nil || d.Random == nil {
+		return false
+	}
+	in := make([]Type, len(op.Operands))
+	for i, x := range op.Operands {
+		in[i] = x.Type
+	}
+	return d.Random(in)
+}
+
+// IsRandomKey reports whether t is the type of a random key operand: the
+// generator's position, an i64 scalar that a training step advances
+// (random ops take it as their last operand).
+func IsRandomKey(t Type) bool { return t.DType == I64 && t.Rank() == 0 }
+
+// RandomKey is the key operand of random op op, or nil.
+func RandomKey(op *Op) *Value {
+	if len(op.Operands) == 0 || op.Def() == nil || op.Def().Random == nil {
+		return nil
+	}
+	if k := op.Operands[len(op.Operands)-1]; IsRandomKey(k.Type) {
+		return k
+	}
+	return nil
 }

@@ -253,7 +253,7 @@ func restricted(op *ir.Op, ax ir.Axes, l int, p [2]int64, args []*interp.Tensor)
 	if d.ShapeAttr != "" {
 		attrs[d.ShapeAttr] = ir.IntsAttr(want[0].Shape...)
 	}
-	if d.Random != nil && d.Random(len(op.Operands)) {
+	if ir.DrawsRandom(op) {
 		s := op.Results[0].Type.Shape
 		dim := slices.IndexFunc(ax.Results[0], func(x ir.Index) bool { return x.Loop == l })
 		before, _ := s[:dim].NumElements()

@@ -155,7 +155,7 @@ func init() {
 	}
 	elementRules["dropout"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		ratio := op.Attr().Float("ratio")
-		keep := dropoutKeep(op, out[0].Shape)
+		keep := dropoutKeep(op, in, out[0].Shape)
 		return []accessor{
 			func(idx []Expr) Expr {
 				x := in[0].At(idx)
@@ -164,15 +164,15 @@ func init() {
 			keep,
 		}, nil
 	}
-	elementRules["random_uniform"] = func(op *ir.Op, _ []Tensor, out []ir.Type) ([]accessor, error) {
+	elementRules["random_uniform"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		seed := uint64(op.Attr().Int("seed"))
 		s := out[0].Shape
-		return []accessor{func(idx []Expr) Expr { return uniform(seed, counter(op, flatten(idx, s))) }}, nil
+		return []accessor{func(idx []Expr) Expr { return uniform(seed, counter(op, in, flatten(idx, s))) }}, nil
 	}
 	elementRules["dropout_grad"] = func(op *ir.Op, in []Tensor, out []ir.Type) ([]accessor, error) {
 		scale := 1 / (1 - op.Attr().Float("ratio"))
-		keep := dropoutKeep(op, out[0].Shape)
-		if len(in) == 2 {
+		keep := dropoutKeep(op, in, out[0].Shape)
+		if len(in) == 2 && ir.RandomKey(op) == nil {
 			keep = func(idx []Expr) Expr { return conv(in[1].At(idx), Bool) }
 		}
 		return []accessor{func(idx []Expr) Expr {
@@ -337,18 +337,21 @@ func errUnsupported(op *ir.Op) error {
 // dropoutKeep is dropout's mask at an index of a tensor of shape s: the
 // counter-based RNG of the op's seed and ratio, at the op's offset plus
 // the flat index (interp.DropoutKeep).
-func dropoutKeep(op *ir.Op, s ir.Shape) accessor {
+func dropoutKeep(op *ir.Op, in []Tensor, s ir.Shape) accessor {
 	ratio := op.Attr().Float("ratio")
 	seed := uint64(op.Attr().Int("seed"))
 	return func(idx []Expr) Expr {
-		return cmp(scalar.Ge, uniform(seed, counter(op, flatten(idx, s))), Float{V: ratio, K: F64})
+		return cmp(scalar.Ge, uniform(seed, counter(op, in, flatten(idx, s))), Float{V: ratio, K: F64})
 	}
 }
 
 // counter is the number a random op draws for element i of its result:
-// i past the op's offset, and on a data-parallel rank past the ranks
-// before it in its group (ir.RandomOffset).
-func counter(op *ir.Op, i Expr) Expr {
+// i past the op's key operand (if any) and offset, and on a data-parallel
+// rank past the ranks before it in its group (ir.RandomOffset).
+func counter(op *ir.Op, in []Tensor, i Expr) Expr {
+	if ir.RandomKey(op) != nil {
+		i = add(i, conv(in[len(in)-1].At(nil), I64))
+	}
 	a := op.Attr()
 	if off := a.Int("offset"); off != 0 {
 		i = add(i, Int{off})

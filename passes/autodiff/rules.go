@@ -412,6 +412,9 @@ func init() {
 				a[k] = v
 			}
 		}
+		if key := ir.RandomKey(op); key != nil {
+			return []*ir.Value{b.one("dropout_grad", a, grad(op), dys[0], key)}
+		}
 		return []*ir.Value{b.one("dropout_grad", a, grad(op), dys[0])}
 	}
 	rules["softmax_cross_entropy"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {

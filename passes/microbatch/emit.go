@@ -486,7 +486,7 @@ func (s *splitter) copyOp(op *ir.Op, m map[*ir.Value]*ir.Value, k int64) ([]*ir.
 	if d.ShapeAttr != "" && len(want) > 0 {
 		attrs[d.ShapeAttr] = ir.IntsAttr(want[0].Shape...)
 	}
-	if p.loop >= 0 && d.Random != nil && d.Random(len(op.Operands)) {
+	if p.loop >= 0 && ir.DrawsRandom(op) {
 		res, ok, err := s.randomCopy(op, operands, attrs, want, k)
 		if ok || err != nil {
 			return res, err
@@ -630,7 +630,7 @@ func (s *splitter) reemitCuts(v *ir.Value, c cut) ([]operandCut, bool) {
 		return nil, false
 	}
 	d := p.Def()
-	if d == nil || d.Impure || d.Random != nil && d.Random(len(p.Operands)) {
+	if d == nil || d.Impure || ir.DrawsRandom(p) {
 		return nil, false
 	}
 	ax, ok := ir.OpAxes(p)

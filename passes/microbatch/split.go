@@ -341,7 +341,11 @@ func (s *splitter) classify(op *ir.Op) error {
 	}
 	if len(d.Writes) > 0 {
 		if perSlice {
-			return fmt.Errorf("%s: microbatch: %s writes in place with %s, a slice's value", loc(op), op.Kind, op.Operands[append(slicedIn, localIn...)[0]].Ref())
+			v := op.Operands[append(slicedIn, localIn...)[0]]
+			if v.Def != nil && v.Def.Def() != nil && len(v.Def.Def().Running) > 0 {
+				return fmt.Errorf("%s: microbatch: %s writes in place with %s, a slice's running statistic: with per-slice statistics each slice would update it in turn, which splits do not do yet (exact-bn keeps the whole batch's)", loc(op), op.Kind, v.Ref())
+			}
+			return fmt.Errorf("%s: microbatch: %s writes in place with %s, a slice's value", loc(op), op.Kind, v.Ref())
 		}
 		return s.place(op, plan{state: late})
 	}
@@ -464,7 +468,7 @@ func (s *splitter) classifySliced(op *ir.Op, slicedIn []int) error {
 			}
 		}
 	}
-	if d.Random != nil && d.Random(len(op.Operands)) {
+	if ir.DrawsRandom(op) {
 		s.st.Dropouts++
 	}
 	p := plan{state: sliced, axes: ax, loop: l, cut: c, perPart: perPart}

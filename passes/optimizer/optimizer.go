@@ -90,11 +90,17 @@ type Config struct {
 // Roles of the optimizer's state arguments (the argument attribute
 // "role"), which runtimes and checkpoints use to find them.
 const (
-	RoleLR      = "lr"              // the learning rate, f32[]
-	RoleStep    = "step"            // the steps taken, f32[]
-	RoleMoment  = "optimizer_state" // momentum buffers, Adam's moments
-	RoleRunning = "running_stat"    // batch-norm running statistics
+	RoleLR      = ir.RoleLR
+	RoleStep    = ir.RoleStep
+	RoleMoment  = ir.RoleOptimizerState
+	RoleRunning = ir.RoleRunningStat
+	RoleRandom  = ir.RoleRandom
 )
+
+// randomStride is how far the random generator's position advances per
+// step: past every number a random op of the step draws (each op draws
+// from its own seed's stream, at most this many numbers).
+const randomStride = int64(1) << 40
 
 // Apply adds the updates to a training step (its results with the role
 // grad) and returns how many parameters it updates.
@@ -195,6 +201,9 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	if err := keepRunningStats(f); err != nil {
 		return 0, err
 	}
+	if err := advanceRandom(f); err != nil {
+		return 0, err
+	}
 	var results []ir.Result
 	for i, r := range f.Results {
 		if !dropped[i] {
@@ -240,6 +249,49 @@ func advance(f *ir.Func, step, finite *ir.Value) error {
 		return err
 	}
 	f.Body = append(f.Body, w)
+	return nil
+}
+
+// advanceRandom gives every random op that has no key the state
+// random.offset (i64[], role "rng", from 0) as its key, so that each step
+// draws new numbers (dropout masks) where it drew the same ones before,
+// and advances it by randomStride at the end of the step. Ops of one step
+// read one position: a dropout and the dropout_grad that regenerates its
+// mask draw alike.
+func advanceRandom(f *ir.Func) error {
+	var ops []*ir.Op
+	for _, op := range f.Body {
+		if ir.DrawsRandom(op) && ir.RandomKey(op) == nil {
+			ops = append(ops, op)
+		}
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	i64 := ir.Type{DType: ir.I64, Shape: ir.Shape{}}
+	key := f.AddState("random.offset", &ir.Dense{Type: i64, Ints: []int64{0}}, true)
+	key.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleRandom)}
+	for _, op := range ops {
+		a := op.Attr()
+		span := a.Int("offset") + op.Results[0].Type.NumElements()*max(1, a.Int("rank_size"))
+		if span >= randomStride {
+			return fmt.Errorf("%s: %s draws %d numbers, more than a step's share of the generator (%d)", op.Loc, op.Results[0].Ref(), span, randomStride)
+		}
+		op.Operands = append(op.Operands, key)
+	}
+	stride, err := f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: i64, Ints: []int64{randomStride}})}, ir.Location{}, "random.stride")
+	if err != nil {
+		return err
+	}
+	next, err := f.NewOp("add", []*ir.Value{key, stride.Results[0]}, nil, ir.Location{}, "random.offset.next")
+	if err != nil {
+		return err
+	}
+	w, err := f.NewOp("overwrite", []*ir.Value{key, next.Results[0]}, nil, ir.Location{}, "")
+	if err != nil {
+		return err
+	}
+	f.Body = append(f.Body, stride, next, w)
 	return nil
 }
 

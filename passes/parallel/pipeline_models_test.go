@@ -35,6 +35,12 @@ func TestPipelineOnCIModels(t *testing.T) {
 				whole := m.Funcs[0]
 				start := time.Now()
 				stages, st, err := parallel.PipelinePlan(whole, parallel.Plan{DP: 1, PP: pm[0], Microbatches: pm[1], LocalBN: true})
+				if name == "resnet50_ci" && pm[1] > 1 {
+					// Each microbatch would update the running statistics
+					// in turn: refused, naming them.
+					require.ErrorContains(t, err, "running statistic")
+					return
+				}
 				require.NoError(t, err)
 				cut := time.Since(start)
 				ref := passtest.Clone(t, m).Funcs[0]

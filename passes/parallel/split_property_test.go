@@ -184,7 +184,7 @@ func stepFloors(t *testing.T, m *ir.Module, bs passtest.BatchStep, args []*inter
 	if bs.Mix&passtest.MixRandom != 0 {
 		g := passtest.Clone(t, m).Funcs[0]
 		g.Walk(func(op *ir.Op) {
-			if d := op.Def(); d != nil && d.Random != nil && d.Random(len(op.Operands)) {
+			if ir.DrawsRandom(op) {
 				op.Attrs["ratio"] = ir.FloatAttr(0)
 			}
 		})

@@ -927,14 +927,18 @@ func (tp *tensorRewrite) dropout(op *ir.Op, in []*ir.Value, st []sharding) (bool
 	}
 	r := op.Results[0]
 	var scale *ir.Value
-	if op.Kind == "dropout_grad" && len(in) == 2 {
+	var key *ir.Value // the random key, as this rank holds it
+	if ir.RandomKey(op) != nil {
+		key = in[len(in)-1]
+	}
+	if op.Kind == "dropout_grad" && len(in) == 2 && key == nil {
 		if scale = tp.scales[op.Operands[1]]; scale == nil || tp.state[scale] != s {
 			return false, nil
 		}
 	} else {
 		var mask *ir.Value
 		var err error
-		if scale, mask, err = tp.dropoutScale(op, op.Operands[0].Type, s); err != nil {
+		if scale, mask, err = tp.dropoutScale(op, key, op.Operands[0].Type, s); err != nil {
 			return false, err
 		}
 		if op.Kind == "dropout" {
@@ -954,7 +958,7 @@ func (tp *tensorRewrite) dropout(op *ir.Op, in []*ir.Value, st []sharding) (bool
 
 // dropoutScale is the rank's part (split as s) of the scale of the
 // dropout mask op draws for a tensor of type whole, and the whole mask.
-func (tp *tensorRewrite) dropoutScale(op *ir.Op, whole ir.Type, s sharding) (scale, mask *ir.Value, err error) {
+func (tp *tensorRewrite) dropoutScale(op *ir.Op, key *ir.Value, whole ir.Type, s sharding) (scale, mask *ir.Value, err error) {
 	name := op.Results[0].Name + ".scale"
 	one, err := tp.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: whole.DType, Shape: ir.Shape{}}, Floats: []float64{1}})}, op.Loc, name+".one")
 	if err != nil {
@@ -970,7 +974,11 @@ func (tp *tensorRewrite) dropoutScale(op *ir.Op, whole ir.Type, s sharding) (sca
 			attrs[k] = v
 		}
 	}
-	drawn, err := tp.emit("dropout", ones.Results, attrs, op.Loc, name+".whole")
+	operands := ones.Results
+	if key != nil {
+		operands = append([]*ir.Value{ones.Results[0]}, key)
+	}
+	drawn, err := tp.emit("dropout", operands, attrs, op.Loc, name+".whole")
 	if err != nil {
 		return nil, nil, err
 	}

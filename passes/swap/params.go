@@ -171,6 +171,28 @@ func (s *swapper) offloadParam(po paramOffload, peak int) bool {
 			if ir.InHost(x) {
 				continue
 			}
+			if x.Arg != nil && !ir.Overwrites(u, x) {
+				// An argument the step only reads here (the learning rate,
+				// the step count): one host copy at the top serves every
+				// host-run update.
+				c := s.argCopies[x]
+				if c == nil || !slices.Contains(body, c.Def) { // none yet, or undone with the attempt that made it
+					so, err := f.NewOp("swap_out", []*ir.Value{x}, ir.Attrs{"stream": ir.IntAttr(1)}, ir.Location{}, x.Name+".host")
+					if err != nil {
+						return false
+					}
+					body = slices.Insert(body, 0, so)
+					at++
+					if s.argCopies == nil {
+						s.argCopies = map[*ir.Value]*ir.Value{}
+					}
+					c = so.Results[0]
+					s.argCopies[x] = c
+				}
+				s.replaced = append(s.replaced, replacement{u, j, x})
+				u.Operands[j] = c
+				continue
+			}
 			so, err := f.NewOp("swap_out", []*ir.Value{x}, ir.Attrs{"stream": ir.IntAttr(1)}, u.Loc, x.Name+".host")
 			if err != nil {
 				return false

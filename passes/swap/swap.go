@@ -233,6 +233,10 @@ type swapper struct {
 	offloaded   int
 	inputs      int   // data inputs moved to host memory
 	work        int64 // op visits of analyses, simulations and rewrites (see swapWork)
+	// argCopies are the host copies of arguments that host-run updates
+	// read besides what they update (the learning rate, the step count):
+	// one each, made at the top of the step (again if an undo drops it).
+	argCopies map[*ir.Value]*ir.Value
 	// undo log of a swap attempt
 	body     []*ir.Op
 	replaced []replacement
