@@ -103,8 +103,11 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		blk.NewStore(constant.NewInt(types.I32, 0), md.status)
 	}
 	ws, free := fe.allocWorkspace()
-	for _, k := range kernels {
+	enter, exit := md.profileHook("kiln_profile_enter"), md.profileHook("kiln_profile_exit")
+	for i, k := range kernels {
+		fe.cur.NewCall(enter, constant.NewInt(types.I64, int64(i)))
 		fe.cur.NewCall(k, arena, params, inputs, ws)
+		fe.cur.NewCall(exit, constant.NewInt(types.I64, int64(i)))
 	}
 	free()
 	blk = fe.cur
@@ -119,6 +122,20 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		blk.NewRet(blk.NewLoad(types.I32, md.status))
 	}
 	return md.m, nil
+}
+
+// profileHook emits a weak kiln_profile_enter(kernel) or
+// kiln_profile_exit(kernel) that does nothing: the runtime links versions
+// that time each kernel when profiling is on (kiln_profile).
+func (md *module) profileHook(name string) *ir.Func {
+	if f := md.decls[name]; f != nil {
+		return f
+	}
+	f := md.m.NewFunc(name, types.Void, ir.NewParam("kernel", types.I64))
+	f.NewBlock("").NewRet(nil)
+	f.Linkage = enum.LinkageWeak
+	md.decls[name] = f
+	return f
 }
 
 // declare returns an external function (libm, libc or an intrinsic).

@@ -74,6 +74,16 @@ int kiln_bind(kiln_step *s, int i, void *data);
 int kiln_save(kiln_step *s, const char *path);
 int kiln_load(kiln_step *s, const char *path);
 
+/* The profile. kiln_profile(1) clears it and times every kernel of the
+   runs that follow (kiln_profile(0) stops); kiln_kernel reports kernel k
+   (k < kiln_kernels()): its name, the bytes it reads and writes and its
+   FLOPs by the cost model, and the calls and seconds measured. Returns
+   0, or -1 for no such kernel. The profile is the library's, shared by
+   its steps. */
+void kiln_profile(int on);
+int kiln_kernels(void);
+int kiln_kernel(int k, const char **name, long long *bytes, long long *flops, long long *calls, double *seconds);
+
 /* kiln_error is the message of the last error on s. */
 const char *kiln_error(kiln_step *s);
 

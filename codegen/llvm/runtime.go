@@ -84,6 +84,13 @@ type runtimeTensor struct {
 	Init               string
 }
 
+// runtimeKernel is what the profile reports of a kernel besides its time:
+// the bytes it reads and writes and its FLOPs, by the cost model.
+type runtimeKernel struct {
+	Name         string
+	Bytes, FLOPs int64
+}
+
 // Runtime is the C source of p's runtime (kiln_runtime.h): the tensor
 // table, the embedded initial values (files InitFiles names, beside it),
 // the thread pool, the workspace, checkpoints.
@@ -100,6 +107,7 @@ func Runtime(p *loops.Program) (string, error) {
 		NParams, NInputs, NResults int
 		StatusIndexOutOfRange      int
 		Tensors                    []runtimeTensor
+		Kernels                    []runtimeKernel
 	}{Entry: desc.Entry, Descriptor: cString(string(js)), MaxRank: 1, ArenaBytes: p.ArenaBytes,
 		NParams: len(p.Params), NInputs: len(p.Inputs), NResults: len(p.Func.Results), StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
 	var types []kir.Type // in the descriptor's order
@@ -139,6 +147,10 @@ func Runtime(p *loops.Program) (string, error) {
 		rt.Shape = strings.Join(dims, ", ")
 		data.MaxRank = max(data.MaxRank, len(t.Shape))
 		data.Tensors = append(data.Tensors, rt)
+	}
+	for _, k := range p.Kernels {
+		c := kir.OpCost(k.Op)
+		data.Kernels = append(data.Kernels, runtimeKernel{Name: cString(k.Name), Bytes: c.BytesRead + c.BytesWritten, FLOPs: c.FLOPs})
 	}
 	var b strings.Builder
 	if err := runtimeTemplate.Execute(&b, data); err != nil {

@@ -152,7 +152,10 @@ def _runtime(lib_path):
     for name, res, args in [("kiln_descriptor", ctypes.c_char_p, []), ("kiln_create", p, [i]), ("kiln_destroy", None, [p]),
                             ("kiln_run", i, [p]), ("kiln_data", p, [p, i]), ("kiln_set", i, [p, i, p, ll]),
                             ("kiln_get", i, [p, i, p, ll]), ("kiln_bind", i, [p, i, p]), ("kiln_save", i, [p, ctypes.c_char_p]),
-                            ("kiln_load", i, [p, ctypes.c_char_p]), ("kiln_error", ctypes.c_char_p, [p])]:
+                            ("kiln_load", i, [p, ctypes.c_char_p]), ("kiln_error", ctypes.c_char_p, [p]),
+                            ("kiln_profile", None, [i]), ("kiln_kernels", i, []),
+                            ("kiln_kernel", i, [i, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ll), ctypes.POINTER(ll),
+                                                ctypes.POINTER(ll), ctypes.POINTER(ctypes.c_double)])]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
     return lib
@@ -226,6 +229,21 @@ class Step:
             import torch
             results = {k: torch.from_numpy(v) for k, v in results.items()}
         return results
+
+    def profile(self, on=True):
+        """Starts (clearing it) or stops timing every kernel of the runs that follow."""
+        self._lib.kiln_profile(1 if on else 0)
+
+    def kernel_profile(self):
+        """The kernels' profile since profile(): a list of {"kernel", "calls", "seconds", "bytes", "flops"}
+        (bytes read and written and FLOPs per call by Kiln's cost model), the slowest first."""
+        import ctypes
+        out = []
+        for k in range(self._lib.kiln_kernels()):
+            name, b, fl, c, sec = ctypes.c_char_p(), ctypes.c_longlong(), ctypes.c_longlong(), ctypes.c_longlong(), ctypes.c_double()
+            self._lib.kiln_kernel(k, ctypes.byref(name), ctypes.byref(b), ctypes.byref(fl), ctypes.byref(c), ctypes.byref(sec))
+            out.append({"kernel": name.value.decode(), "calls": c.value, "seconds": sec.value, "bytes": b.value, "flops": fl.value})
+        return sorted(out, key=lambda r: -r["seconds"])
 
     def _steps(self):
         t = self._by_name.get("optimizer.step")

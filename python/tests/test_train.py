@@ -1,6 +1,7 @@
 """Training with kiln.compile in-process, against torch: optimizers step for step, state_dict round
-trips, checkpoints that resume bit for bit, the learning rate as state, and a CNN with batch norm trained
-on Fashion-MNIST (Debian's dataset-fashion-mnist) from the same weights on the same batches.
+trips, checkpoints that resume bit for bit, the learning rate as state, the kernel profile, a CNN with
+batch norm trained on Fashion-MNIST (Debian's dataset-fashion-mnist), and a character-level transformer
+trained on the Go distribution's source, both from the same weights on the same batches as torch.
 Run: KILN=path/to/kiln PYTHONPATH=python /usr/bin/python3 python/tests/test_train.py
 KILN_FULL_TRAINING=1 trains 300 steps per optimizer (the benchmark); the default is 60.
 
@@ -12,7 +13,9 @@ its share). The Fashion-MNIST CNN is chaotic at any useful learning rate: torch 
 from the same weights on the same batches differ by 0.27% at step 25 and 0.24% at step 40 (SGD, lr
 0.01, momentum 0.9; measured 2026-12-06), so no f32 implementation can promise 1e-3 over 50 steps.
 What is checked instead: the first 10 steps within 1e-4 (before the chaos amplifies roundoff; measured
-3e-6), and test accuracy on 2000 images within 1 point (20 images) of torch's after the same steps."""
+3e-6), and test accuracy on 2000 images within 1 point (20 images) of torch's after the same steps. The
+language model: the first 10 losses within 1e-4, the mean of the last 10 at least 1 nat below the first
+10's and within 5% of torch's."""
 import copy
 import gzip
 import os
@@ -108,6 +111,12 @@ def check_state_and_checkpoints():
         for k, v in resumed.state_dict().items():
             if "running" not in k and "num_batches" not in k:
                 assert torch.equal(v, before[k]), k
+        # The kernel profile times every kernel of the runs after profile().
+        resumed.profile()
+        resumed(*data[1])
+        prof = resumed.kernel_profile()
+        assert prof and all(r["calls"] == 1 for r in prof) and sum(r["seconds"] for r in prof) > 0, prof[:3]
+        resumed.profile(False)
         # load_state_dict sets the module's tensors.
         resumed.load_state_dict(fresh.state_dict())
         assert torch.equal(resumed.state_dict()["l1.weight"], fresh.l1.weight.detach())
@@ -190,10 +199,88 @@ def check_fashion_mnist():
               f"{a:.1f}% (torch {b:.1f}%)")
 
 
+def go_source_text(limit=400_000):
+    """Bytes of the Go distribution's source, which every machine that builds Kiln has."""
+    import subprocess
+    root = subprocess.run(["go", "env", "GOROOT"], capture_output=True, text=True, check=True).stdout.strip()
+    chunks, n = [], 0
+    for dirpath, _, files in sorted(os.walk(os.path.join(root, "src", "strings"))) + sorted(os.walk(os.path.join(root, "src", "fmt"))):
+        for f in sorted(files):
+            if f.endswith(".go") and not f.endswith("_test.go"):
+                with open(os.path.join(dirpath, f), "rb") as fh:
+                    b = fh.read()
+                chunks.append(b)
+                n += len(b)
+                if n >= limit:
+                    return b"".join(chunks)
+    return b"".join(chunks)
+
+
+class CharLM(torch.nn.Module):
+    """A one-block causal transformer over bytes (7-bit): embedding, learned positions, one attention head
+    with a causal mask, an MLP, layer norms, and the next byte's cross-entropy."""
+
+    def __init__(self, vocab=128, seq=32, dim=48):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.pos = torch.nn.Parameter(torch.randn(1, seq, dim) * 0.02)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.ln1, self.ln2, self.ln3 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+        self.head = torch.nn.Linear(dim, vocab)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e9), diagonal=1))
+        self.dim = dim
+
+    def forward(self, x, y):
+        h = self.emb(x) + self.pos
+        q, k, v = self.qkv(self.ln1(h)).split(self.dim, dim=-1)
+        att = torch.softmax(q @ k.transpose(1, 2) / self.dim ** 0.5 + self.mask, dim=-1)
+        h = h + self.proj(att @ v)
+        h = h + self.mlp(self.ln2(h))
+        logits = self.head(self.ln3(h))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def check_char_lm():
+    steps = 300 if os.environ.get("KILN_FULL_TRAINING") else 60
+    text = np.frombuffer(go_source_text(), np.uint8) & 127
+    data = torch.from_numpy(text.astype(np.int64))
+    batch, seq = 16, 32
+    torch.manual_seed(11)
+    model = CharLM(seq=seq)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(12)
+    starts = torch.randint(0, len(data) - seq - 1, (steps, batch), generator=g)
+    x0 = torch.stack([data[s:s + seq] for s in starts[0]])
+    step = kiln.compile(model, (x0, x0), optimizer="adamw", lr=3e-3)
+    got, want = [], []
+    for i in range(steps):
+        x = torch.stack([data[s:s + seq] for s in starts[i]])
+        y = torch.stack([data[s + 1:s + seq + 1] for s in starts[i]])
+        got.append(float(step(x, y)["loss"]))
+        opt.zero_grad()
+        l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(float(l))
+    early = max(abs(a - b) / b for a, b in zip(got[:10], want[:10]))
+    assert early <= 1e-4, early
+    first, last = np.mean(got[:10]), np.mean(got[-10:])
+    want_first, want_last = np.mean(want[:10]), np.mean(want[-10:])
+    assert last < first - 1.0, (first, last)  # it learns: from ln(128) = 4.85 nats a byte
+    assert abs(last - want_last) <= 0.05 * want_last, (last, want_last)
+    step.close()
+    print(f"char LM on Go's source: first 10 losses within {early:.1e} of torch's; mean loss {first:.3f} -> {last:.3f} "
+          f"over {steps} steps (torch {want_first:.3f} -> {want_last:.3f})")
+
+
 def main():
     check_optimizers_against_torch()
     check_state_and_checkpoints()
     check_fashion_mnist()
+    check_char_lm()
     print("ok")
 
 
