@@ -190,10 +190,10 @@ func TestCompilePipelineWritesAFilePerStage(t *testing.T) {
 		require.Contains(t, string(text), "@"+call)
 	}
 	if _, err := exec.LookPath("clang-14"); err != nil && os.Getenv("CI") == "" {
-		t.Skip("clang-14 is not installed")
+		passtest.Missing(t, "clang-14 is not installed")
 	}
 	if _, err := exec.LookPath("mpicc"); err != nil && os.Getenv("CI") == "" {
-		t.Skip("mpicc is not installed")
+		passtest.Missing(t, "mpicc is not installed")
 	}
 	_, stderr, code = kiln(t, append(base, "--emit", "exe", "-o", filepath.Join(dir, "exe"))...)
 	require.Equal(t, 0, code, stderr)
@@ -274,7 +274,7 @@ func TestRunResNetOnFourRanksUnderMPI(t *testing.T) {
 		t.Skip("model-scale")
 	}
 	if _, err := exec.LookPath("mpirun"); err != nil {
-		t.Skip("mpirun not installed (libopenmpi-dev openmpi-bin)")
+		passtest.Missing(t, "mpirun not installed (libopenmpi-dev openmpi-bin)")
 	}
 	model := "../testdata/models/ci/resnet50_ci_f64.onnx"
 	m, err := onnx.ImportFile(model, onnx.Options{})

@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 
+	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -43,7 +44,7 @@ const backendFloor = 120
 // (rtol 1e-3, atol 1e-5 on values of order one).
 func TestBackendModels(t *testing.T) {
 	if _, err := os.Stat(backendData); err != nil {
-		t.Skipf("the ONNX backend test data is not installed (apt-get install libonnx-testdata): %v", err)
+		passtest.Missing(t, "the ONNX backend test data is not installed (apt-get install libonnx-testdata): %v", err)
 	}
 	var dirs []string
 	for _, folder := range backendFolders {
@@ -185,7 +186,7 @@ func TestResizeNodeTests(t *testing.T) {
 	up, _ := filepath.Glob(filepath.Join(backendData, "node", "test_upsample_*"))
 	dirs = append(dirs, up...)
 	if len(dirs) == 0 {
-		t.Skip("the ONNX backend test data is not installed (apt-get install libonnx-testdata)")
+		passtest.Missing(t, "the ONNX backend test data is not installed (apt-get install libonnx-testdata)")
 	}
 	passed, linear := 0, 0
 	for _, dir := range dirs {

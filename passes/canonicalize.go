@@ -84,6 +84,25 @@ func isSplatOf(v *ir.Value, x float64) bool {
 	return true
 }
 
+// isZeroWithSign reports whether v is a constant zero that leaves x
+// unchanged, -0 included: adding -0 (x + -0 = x, but -0 + +0 = +0) or
+// subtracting +0 (x - +0 = x, but -0 - -0 = +0). Integers have one zero.
+func isZeroWithSign(v *ir.Value, negative bool) bool {
+	d := constOf(v)
+	if d == nil || !isSplatOf(v, 0) {
+		return false
+	}
+	if !d.Type.DType.IsFloat() {
+		return true
+	}
+	for _, f := range d.Floats {
+		if math.Signbit(f) != negative {
+			return false
+		}
+	}
+	return true
+}
+
 // simplify returns the value op's single result can be replaced by, or nil.
 func simplify(op *ir.Op) *ir.Value {
 	if len(op.Results) != 1 {
@@ -131,14 +150,14 @@ func simplify(op *ir.Op) *ir.Value {
 			return same(inner.Operands[0])
 		}
 	case "add":
-		if isSplatOf(a[1], 0) {
+		if isZeroWithSign(a[1], true) {
 			return same(a[0])
 		}
-		if isSplatOf(a[0], 0) {
+		if isZeroWithSign(a[0], true) {
 			return same(a[1])
 		}
 	case "sub":
-		if isSplatOf(a[1], 0) {
+		if isZeroWithSign(a[1], false) {
 			return same(a[0])
 		}
 	case "mul":

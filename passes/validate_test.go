@@ -7,8 +7,9 @@ import (
 )
 
 // Translation validation of the cleanup passes: outputs are bit-identical.
+// (Adding -0 is the identity; adding +0 is not, for -0.)
 const cleanupInput = `func @f(%x: f32[4,3], %w: f32[3,5], %b: f32[5]) -> (f32[4,5], f32[5,4]) {
-  %zero = constant() {value = dense<f32[]: 0.0>} : f32[]
+  %zero = constant() {value = dense<f32[]: -0.0>} : f32[]
   %one = constant() {value = dense<f32[5]: 1.0>} : f32[5]
   %two = constant() {value = dense<f32[5]: [1.0, 2.0, 3.0, 4.0, 5.0]>} : f32[5]
   %c = add(%one, %two) : f32[5]

@@ -1,0 +1,115 @@
+"""Training-step speed of Kiln's compiled step (in-process, kiln.compile) against PyTorch 1.13 eager on
+the same threads: medians of RUNS steps after two warm-up steps, SGD with momentum, the same batch.
+Also the forward pass alone (train=False) and, with --profile, Kiln's slowest kernels.
+Usage: KILN=path/to/kiln PYTHONPATH=python /usr/bin/python3 scripts/bench_train.py [MODEL...] [--runs N]
+       [--threads T] [--profile]
+Models: resnet18 (batch 16, 224x224), fmnist_cnn (batch 32, 28x28), gpt2_block (one GPT-2-small block,
+batch 4, 128 tokens). Prints one line per model; docs/runtime.md keeps the figures."""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/python/tests")
+import kiln  # noqa: E402
+from test_train import CNN  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    """A GPT-2-small-shaped block (768 wide, 12 heads, causal) with a squared-output loss."""
+
+    def __init__(self, dim=768, heads=12, seq=128):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.fc, self.out = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e9), diagonal=1))
+        self.heads, self.dim = heads, dim
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5 + self.mask, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        x = x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return (x * x).mean()
+
+
+class Classify(torch.nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+def models():
+    torch.manual_seed(0)
+    return {
+        "resnet18": lambda: (Classify(torchvision.models.resnet18(num_classes=1000)),
+                             (torch.randn(16, 3, 224, 224), torch.randint(0, 1000, (16,)))),
+        "fmnist_cnn": lambda: (CNN(), (torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,)))),
+        "gpt2_block": lambda: (Block(), (torch.randn(4, 128, 768),)),
+    }
+
+
+def median_seconds(fn, runs):
+    fn()
+    fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=["fmnist_cnn", "gpt2_block", "resnet18"])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    table = models()
+    for name in a.models:
+        model, inputs = table[name]()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def torch_step():
+            opt.zero_grad()
+            model(*inputs).backward()
+            opt.step()
+
+        t_torch = median_seconds(torch_step, a.runs)
+        with torch.no_grad():
+            model.eval()
+            fwd_in = inputs if name == "gpt2_block" else inputs
+            t_torch_fwd = median_seconds(lambda: model(*fwd_in), a.runs)
+            model.train()
+        step = kiln.compile(model, inputs, optimizer="sgd", lr=0.01, momentum=0.9)
+        t_kiln = median_seconds(lambda: step(*inputs), a.runs)
+        if a.profile:
+            step.profile()
+            step(*inputs)
+            for r in step.kernel_profile()[:8]:
+                print(f"  {r['kernel']:40s} {1e3 * r['seconds']:9.2f} ms  {r['bytes'] / 1e6:9.1f} MB  {r['flops'] / 1e9:7.2f} GFLOP")
+            step.profile(False)
+        step.close()
+        fwd = kiln.compile(model.eval(), inputs, train=False)
+        t_kiln_fwd = median_seconds(lambda: fwd(*inputs), a.runs)
+        fwd.close()
+        print(f"{name}: step kiln {t_kiln * 1e3:.1f} ms, torch {t_torch * 1e3:.1f} ms ({t_kiln / t_torch:.2f}x); "
+              f"forward kiln {t_kiln_fwd * 1e3:.1f} ms, torch {t_torch_fwd * 1e3:.1f} ms ({t_kiln_fwd / t_torch_fwd:.2f}x)",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
