@@ -11,8 +11,8 @@ import (
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
-	"github.com/kiln-compiler/kiln/planner"
 	"github.com/kiln-compiler/kiln/passtest"
+	"github.com/kiln-compiler/kiln/planner"
 )
 
 // edgeValues are the floats where rewrites that hold for real numbers
