@@ -335,6 +335,7 @@ func RandomArgsBounded(args []*ir.Value, seed uint64, bound func(i int) (int64, 
 		out[i] = randomTensor(a.Type, b, ok, rng) // drawn even when kept, so that the other draws stay put
 		if ir.KeepsInit(a) {
 			out[i] = FromDense(a.Arg.Init)
+			out[i].round() // as its dtype holds it (0.001 in f32 is 0.0010000000475)
 		}
 	}
 	return out
