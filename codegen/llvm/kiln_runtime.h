@@ -29,7 +29,8 @@ extern "C" {
 typedef struct kiln_step kiln_step;
 
 /* kiln_descriptor is a JSON object describing the step: "entry",
-   "arena_bytes", and "tensors", a list of {"index", "name", "kind"
+   "arena_bytes", "workspace_bytes" (the largest kernel's temporaries;
+   the workspace adds a packed matrix panel per thread), and "tensors", a list of {"index", "name", "kind"
    ("param", "state", "input" or "result"), "role" (for state: "lr",
    "step", "optimizer_state", "running_stat", "loss_scale" or "state";
    for results: "loss", "grad", ... or ""), "dtype", "shape", "bytes",

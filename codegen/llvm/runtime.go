@@ -41,14 +41,17 @@ type TensorInfo struct {
 
 // Descriptor is the machine-readable description of a compiled step.
 type Descriptor struct {
-	Entry      string       `json:"entry"`
-	ArenaBytes int64        `json:"arena_bytes"`
-	Tensors    []TensorInfo `json:"tensors"`
+	Entry      string `json:"entry"`
+	ArenaBytes int64  `json:"arena_bytes"`
+	// WorkspaceBytes is the largest kernel's temporaries; the runtime's
+	// block adds a packed matrix panel per thread.
+	WorkspaceBytes int64        `json:"workspace_bytes"`
+	Tensors        []TensorInfo `json:"tensors"`
 }
 
 // Describe lists p's tensors in the runtime's order.
 func Describe(p *loops.Program) Descriptor {
-	d := Descriptor{Entry: EntryName(p.Func), ArenaBytes: p.ArenaBytes, Tensors: []TensorInfo{}}
+	d := Descriptor{Entry: EntryName(p.Func), ArenaBytes: p.ArenaBytes, WorkspaceBytes: p.WorkspaceBytes(), Tensors: []TensorInfo{}}
 	add := func(name, kind, role string, t kir.Type, inout, embedded bool) {
 		d.Tensors = append(d.Tensors, TensorInfo{Index: len(d.Tensors), Name: name, Kind: kind, Role: role, DType: t.DType.String(),
 			Shape: append([]int64{}, t.Shape...), Bytes: t.SizeBytes(), InOut: inout, Embedded: embedded})
