@@ -305,8 +305,9 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 // npzValues reads the members NAME.npy of the .npz archive path (stored
 // or deflated, as numpy.savez and savez_compressed write) into given, for
 // the arguments no --input names. A member that names no argument is an
-// error, and a member is read no further than its argument's size (a
-// compressed bomb cannot exhaust memory).
+// error, of two members with one name the last counts (as in numpy), and
+// a member is read no further than its argument's size (a compressed bomb
+// cannot exhaust memory).
 func npzValues(e *env, f *ir.Func, path string, given map[string]*interp.Tensor) error {
 	e.files.Read(path)
 	z, err := zip.OpenReader(path)
@@ -318,7 +319,14 @@ func npzValues(e *env, f *ir.Func, path string, given map[string]*interp.Tensor)
 	for _, a := range f.Args {
 		args[a.Name] = a
 	}
+	last := map[string]*zip.File{} // numpy keeps the last of two members with one name
 	for _, m := range z.File {
+		last[m.Name] = m
+	}
+	for _, m := range z.File {
+		if last[m.Name] != m {
+			continue
+		}
 		name := strings.TrimSuffix(m.Name, ".npy")
 		a := args[name]
 		if a == nil {

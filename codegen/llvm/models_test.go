@@ -130,6 +130,9 @@ func TestSmallModelsCompiled(t *testing.T) {
 				require.LessOrEqual(t, passtest.RelErr(res[i], g), 1e-4, f.ResultName(i))
 			}
 		})
+		if testing.Short() {
+			continue // the optimizer, swap and remat variants: in the full run
+		}
 		t.Run(filepath.Base(dir)+"/momentum", func(t *testing.T) {
 			t.Parallel()
 			f, args := modelRun(t, dir, "autodiff,optimizer{kind=momentum,lr=0.01,weight-decay=0.01},"+o2)

@@ -78,6 +78,9 @@ func TestDataParallelStepUnderMPI(t *testing.T) {
 // run by mpirun, equal one device (the error model of
 // TestDataParallelStepUnderMPI).
 func TestTensorParallelBlocksUnderMPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short compiles one partitioned step under mpirun (TestDataParallelStepUnderMPI)")
+	}
 	requireMPI(t)
 	raw, err := os.ReadFile("../../testdata/steps/mlp_blocks_f64.kir")
 	require.NoError(t, err)
@@ -89,6 +92,9 @@ func TestTensorParallelBlocksUnderMPI(t *testing.T) {
 // one whose parts hold each rank's heads of the query, key and value
 // rows (shard_outer), compiled and run on its ranks, equals one device.
 func TestTensorParallelAttentionUnderMPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short compiles one partitioned step under mpirun (TestDataParallelStepUnderMPI)")
+	}
 	requireMPI(t)
 	for file, spec := range map[string]string{"mha_f64.kir": "dp=2,tp=2,zero=2", "mha_fused_f64.kir": "tp=2"} {
 		raw, err := os.ReadFile("../../testdata/steps/" + file)
@@ -144,6 +150,9 @@ func requireMPI(t *testing.T) {
 // the interpreter's ranks do: bit for bit (nothing is computed in
 // another order).
 func TestSendRecvUnderMPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short compiles one partitioned step under mpirun (TestDataParallelStepUnderMPI)")
+	}
 	requireMPI(t)
 	src := `func @s0(%x: f64[2,3], %k: i32[4]) -> (f64[2,3]) attributes {ranks = 2, stage = 0, stages = 3} {
   %y = neg(%x) : f64[2,3]
