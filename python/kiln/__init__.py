@@ -92,10 +92,18 @@ def _export(model, example_inputs, tmp, training):
         model.train(was_training)
         model.load_state_dict(saved)
     kir = os.path.join(tmp, "model.kir")
-    trainable = os.path.join(tmp, "trainable.txt")
-    with open(trainable, "w") as f:  # what torch trains; other tensors (class weights, buffers) are state
-        f.write("".join(name + "\n" for name, p in model.named_parameters() if p.requires_grad))
-    _run(["import", onnx_path, "--data-inputs", ",".join(names), "--trainable-file", trainable, "-o", kir])
+    args = ["import", onnx_path, "--data-inputs", ",".join(names), "-o", kir]
+    # What torch trains is trainable; other float tensors of the graph (a loss's class weights, buffers)
+    # are state. Only when the export kept every parameter's name: a renamed one would be frozen.
+    import onnx
+    initializers = {t.name for t in onnx.load(onnx_path, load_external_data=False).graph.initializer}
+    params = [name for name, p in model.named_parameters() if p.requires_grad]
+    if all(name in initializers for name in params):
+        trainable = os.path.join(tmp, "trainable.txt")
+        with open(trainable, "w") as f:
+            f.write("".join(name + "\n" for name in params))
+        args += ["--trainable-file", trainable]
+    _run(args)
     return kir, names, example_inputs
 
 
