@@ -57,8 +57,9 @@ int kiln_find(const char *name);
 void *kiln_data(kiln_step *s, int i);
 long long kiln_bytes(int i);
 
-/* kiln_set copies bytes into argument i (bytes must be its size);
-   kiln_get copies tensor i out. */
+/* kiln_set copies bytes into argument i's own buffer (bytes must be its
+   size; a data input bound by kiln_bind is unbound, the caller's memory
+   never written); kiln_get copies tensor i out. */
 int kiln_set(kiln_step *s, int i, const void *src, long long bytes);
 int kiln_get(kiln_step *s, int i, void *dst, long long bytes);
 

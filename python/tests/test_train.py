@@ -117,6 +117,14 @@ def check_state_and_checkpoints():
         prof = resumed.kernel_profile()
         assert prof and all(r["calls"] == 1 for r in prof) and sum(r["seconds"] for r in prof) > 0, prof[:3]
         resumed.profile(False)
+        # kiln_set on a bound input writes the step's own buffer, never the caller's memory.
+        t = resumed._inputs[0]
+        caller = np.ascontiguousarray(data[0][0].numpy())
+        before_bytes = caller.copy()
+        resumed._check(resumed._lib.kiln_bind(resumed._s, t["index"], caller.ctypes.data))
+        zeros = np.zeros_like(caller)
+        resumed._check(resumed._lib.kiln_set(resumed._s, t["index"], zeros.ctypes.data, zeros.nbytes))
+        assert np.array_equal(caller, before_bytes), "kiln_set wrote through a binding"
         # load_state_dict sets the module's tensors.
         resumed.load_state_dict(fresh.state_dict())
         assert torch.equal(resumed.state_dict()["l1.weight"], fresh.l1.weight.detach())
