@@ -36,26 +36,37 @@ func TestDifferential(t *testing.T) {
 		}
 	}
 	insts := allInstances()
+	f, uses, err := combine("ops", insts)
+	require.NoError(t, err)
+	type run struct {
+		name                  string
+		args, want, wantFinal []*interp.Tensor
+	}
+	var runs []run
 	for _, mode := range []struct {
 		name string
 		edge bool
 	}{{"random", false}, {"edge", true}} {
-		t.Run(mode.name, func(t *testing.T) {
-			f, uses, err := combine("ops", insts)
-			require.NoError(t, err)
-			args := inputs(f, uses, mode.edge, 1)
-			want, wantFinal, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{})
-			require.NoError(t, err)
-
+		args := inputs(f, uses, mode.edge, 1)
+		want, wantFinal, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{})
+		require.NoError(t, err, mode.name)
+		runs = append(runs, run{mode.name, args, want, wantFinal})
+	}
+	// One program serves both modes: only the arguments differ.
+	m := &ir.Module{Funcs: []*ir.Func{f}}
+	pipe, err := passes.ParsePipeline("assign", nil)
+	require.NoError(t, err)
+	require.NoError(t, (&passes.Manager{}).Run(m, pipe))
+	prog, err := loops.Lower(f)
+	require.NoError(t, err)
+	exe, err := llvm.Compile(prog, llvm.Options{})
+	require.NoError(t, err)
+	defer exe.Close()
+	for _, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
+			args, want, wantFinal := r.args, r.want, r.wantFinal
 			checkFolding(t, uses, args, want)
-
-			m := &ir.Module{Funcs: []*ir.Func{f}}
-			pipe, err := passes.ParsePipeline("assign", nil)
-			require.NoError(t, err)
-			require.NoError(t, (&passes.Manager{}).Run(m, pipe))
-			prog, err := loops.Lower(f)
-			require.NoError(t, err)
-			got, gotFinal, err := llvm.Run(prog, cloneAll(args))
+			got, gotFinal, err := exe.Run(cloneAll(args), llvm.RunOptions{})
 			require.NoError(t, err)
 
 			disagreements := 0

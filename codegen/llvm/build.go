@@ -1,7 +1,9 @@
 package llvm
 
 import (
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,13 +13,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"text/template"
 
 	llir "github.com/llir/llvm/ir"
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	kir "github.com/kiln-compiler/kiln/ir"
-	"github.com/kiln-compiler/kiln/npy"
 )
 
 // Text is the LLVM IR of p as clang reads it.
@@ -128,20 +128,6 @@ func FileName(name string) string {
 	return b.String()
 }
 
-//go:embed driver.c.tmpl
-var driverSource string
-
-var driverTemplate = template.Must(template.New("driver").Parse(driverSource))
-
-type cTensor struct {
-	Name, File, Descr, Shape string
-	Rank                     int
-	Bytes                    int64
-	InOut                    int
-	Init                     string // symbol of the embedded init value, or ""
-	Type                     string // dtype[shape], for --help
-}
-
 // cString quotes s as a C string literal.
 func cString(s string) string {
 	var b strings.Builder
@@ -158,80 +144,12 @@ func cString(s string) string {
 	return b.String()
 }
 
-func describeTensor(name, file string, t kir.Type, inout bool) (cTensor, error) {
-	d, err := npy.Descr(t.DType)
-	if err != nil {
-		return cTensor{}, err
-	}
-	dims := make([]string, len(t.Shape))
-	for i, s := range t.Shape {
-		dims[i] = strconv.FormatInt(s, 10) + "LL"
-	}
-	if len(dims) == 0 {
-		dims = []string{"0"}
-	}
-	c := cTensor{Name: cString(name), File: cString(file), Descr: d, Shape: strings.Join(dims, ", "), Rank: len(t.Shape), Bytes: t.SizeBytes(), Type: cString(t.String())}
-	if inout {
-		c.InOut = 1
-	}
-	return c, nil
-}
-
-// Driver is the C source of an executable that runs p on .npy files:
-// --input NAME=FILE.npy for every argument, --output-dir DIR for the
-// results (DIR/NAME.npy) and updated arguments (DIR/updated.NAME.npy).
-func Driver(p *loops.Program, opt Options) (string, error) {
-	data := struct {
-		Entry                   string
-		Ranks                   int // 0 on one rank
-		Threads                 int
-		MaxRank                 int
-		ArenaBytes              int64
-		StatusIndexOutOfRange   int
-		Params, Inputs, Results []cTensor
-	}{Entry: EntryName(p.Func), Threads: opt.Threads, MaxRank: 1, ArenaBytes: p.ArenaBytes, StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
-	if n := Ranks(p); n > 1 {
-		data.Ranks = int(n)
-	}
-	add := func(list *[]cTensor, name, file string, t kir.Type, inout bool) error {
-		c, err := describeTensor(name, file, t, inout)
-		*list = append(*list, c)
-		data.MaxRank = max(data.MaxRank, t.Rank())
-		return err
-	}
-	for i, v := range p.Params {
-		inout := v.Arg != nil && v.Arg.InOut
-		if err := add(&data.Params, v.Name, FileName("updated."+v.Name), v.Type, inout); err != nil {
-			return "", err
-		}
-		if v.Arg != nil && v.Arg.Init != nil && v.Arg.Init.Type.Equal(v.Type) {
-			data.Params[len(data.Params)-1].Init = initSymbol(i)
-		}
-	}
-	for _, v := range p.Inputs {
-		if err := add(&data.Inputs, v.Name, FileName(v.Name), v.Type, false); err != nil {
-			return "", err
-		}
-	}
-	for i, r := range p.Func.Results {
-		name := resultName(p.Func, i)
-		if err := add(&data.Results, name, FileName(name), r.Value.Type, false); err != nil {
-			return "", err
-		}
-	}
-	var b strings.Builder
-	if err := driverTemplate.Execute(&b, data); err != nil {
-		return "", err
-	}
-	return b.String(), nil
-}
-
 // initSymbol names the embedded init value of parameter i; its bytes are
-// the file initSymbol(i)+".bin" beside driver.c (see InitFiles).
+// the file initSymbol(i)+".bin" beside program.c (see InitFiles).
 func initSymbol(i int) string { return "kiln_init_" + strconv.Itoa(i) }
 
 // InitFiles are the raw little-endian bytes of every parameter's init
-// value, by file name, which the driver embeds with .incbin.
+// value, by file name, which program.c embeds with .incbin.
 func InitFiles(p *loops.Program) map[string][]byte {
 	out := map[string][]byte{}
 	for i, v := range p.Params {
@@ -301,21 +219,21 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		return nil, err
 	}
 	args := append([]string{}, Flags...)
-	// The runtime (kiln_runtime.h) of a library or an executable: its
-	// source, its header and the embedded initial values.
-	runtime := func() (string, error) {
-		src, err := Runtime(p)
+	// The step's tables and embedded initial values (program.c), which
+	// the fixed runtime and driver read; their headers serve both.
+	tables := func() (string, error) {
+		src, err := Tables(p, opt.Threads)
 		if err != nil {
 			return "", err
 		}
 		files := InitFiles(p)
-		files["runtime.c"], files["kiln_runtime.h"] = []byte(src), []byte(RuntimeHeader)
+		files["program.c"], files["kiln_program.h"], files["kiln_runtime.h"] = []byte(src), []byte(programHeader), []byte(RuntimeHeader)
 		for name, b := range files {
 			if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 				return "", err
 			}
 		}
-		return filepath.Join(dir, "runtime.c"), nil
+		return filepath.Join(dir, "program.c"), nil
 	}
 	switch kind {
 	case "obj":
@@ -324,32 +242,36 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if Ranks(p) > 1 {
 			return nil, fmt.Errorf("a step of %d ranks is built as an executable (--emit exe, run under mpirun), not a library", Ranks(p))
 		}
-		rt, err := runtime()
+		tc, err := tables()
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", rt, ll, "-lm", "-lpthread")
+		rt, err := fixedObject(clang, dir, "runtime", runtimeSource, nil)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", tc, rt, ll, "-lm", "-lpthread")
 	case "exe":
-		src, err := Driver(p, opt)
+		tc, err := tables()
 		if err != nil {
 			return nil, err
 		}
-		drv := filepath.Join(dir, "driver.c")
-		if err := os.WriteFile(drv, []byte(src), 0o644); err != nil {
-			return nil, err
-		}
-		rt, err := runtime()
+		rt, err := fixedObject(clang, dir, "runtime", runtimeSource, nil)
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", drv, rt, ll, "-lm", "-lpthread")
+		var mpi []string
 		if Ranks(p) > 1 {
-			mpi, err := mpiFlags()
-			if err != nil {
+			if mpi, err = mpiFlags(); err != nil {
 				return nil, err
 			}
-			args = append(args, mpi...)
 		}
+		drv, err := fixedObject(clang, dir, "driver", driverSource, append([]string{fmt.Sprintf("-DKILN_MPI=%d", min(len(mpi), 1))}, mpi...))
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", tc, drv, rt, ll, "-lm", "-lpthread")
+		args = append(args, mpi...)
 	default:
 		return nil, fmt.Errorf("unknown output kind %q", kind)
 	}
@@ -362,6 +284,48 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		return nil, fmt.Errorf("clang failed on the generated code: %v\n%s", err, tail(string(msg), 4000))
 	}
 	return os.ReadFile(tmp)
+}
+
+// fixedObjects holds the objects of the fixed C sources (runtime.c,
+// driver.c) this process compiled, by clang, flags and source: every
+// step links the same ones.
+var fixedObjects sync.Map // key string -> *fixedObj
+
+type fixedObj struct {
+	once sync.Once
+	data []byte
+	err  error
+}
+
+// fixedObject writes the object of the fixed source src, compiled with
+// Flags and extra, to dir/name.o (compiling it the first time this
+// process needs it; dir holds the headers) and returns its path.
+func fixedObject(clang, dir, name, src string, extra []string) (string, error) {
+	h := sha256.New()
+	for _, s := range append(append([]string{clang, src, programHeader, RuntimeHeader}, Flags...), extra...) {
+		fmt.Fprintf(h, "%d:%s", len(s), s)
+	}
+	v, _ := fixedObjects.LoadOrStore(hex.EncodeToString(h.Sum(nil)), &fixedObj{})
+	o := v.(*fixedObj)
+	obj := filepath.Join(dir, name+".o")
+	o.once.Do(func() {
+		c := filepath.Join(dir, name+".c")
+		if o.err = os.WriteFile(c, []byte(src), 0o644); o.err != nil {
+			return
+		}
+		args := append(append(append([]string{}, Flags...), "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE"), extra...)
+		cmd := exec.Command(clang, append(args, "-c", c, "-o", obj)...)
+		cmd.Dir = dir
+		if msg, err := cmd.CombinedOutput(); err != nil || len(msg) > 0 {
+			o.err = fmt.Errorf("clang failed on the %s's source: %v\n%s", name, err, tail(string(msg), 4000))
+			return
+		}
+		o.data, o.err = os.ReadFile(obj)
+	})
+	if o.err != nil {
+		return "", o.err
+	}
+	return obj, os.WriteFile(obj, o.data, 0o644)
 }
 
 func tail(s string, n int) string {

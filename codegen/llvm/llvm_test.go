@@ -344,7 +344,10 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 	good := []*interp.Tensor{e, ints(0, 4, -1, 2), x, ints(0, 5, 3, 1)}
 	want, err := interp.Run(f, good, interp.Options{})
 	require.NoError(t, err)
-	got, _, err := llvm.Run(p, good)
+	exe, err := llvm.Compile(p, llvm.Options{})
+	require.NoError(t, err)
+	defer exe.Close()
+	got, _, err := exe.Run(good, llvm.RunOptions{})
 	require.NoError(t, err)
 	require.InDelta(t, want[0].F[0], got[0].F[0], 1e-4)
 	for _, bad := range [][]*interp.Tensor{
@@ -355,7 +358,7 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 	} {
 		_, err := interp.Run(f, bad, interp.Options{})
 		require.Error(t, err)
-		_, _, err = llvm.Run(p, bad)
+		_, _, err = exe.Run(bad, llvm.RunOptions{})
 		require.ErrorContains(t, err, "index out of range")
 	}
 }

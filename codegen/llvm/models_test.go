@@ -112,6 +112,9 @@ func TestSmallModelsCompiled(t *testing.T) {
 	for _, path := range dirs {
 		dir := filepath.Dir(path)
 		t.Run(filepath.Base(dir)+"/forward", func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("-short compiles the training step, which holds the forward pass and meets PyTorch's gradients")
+			}
 			t.Parallel()
 			f, args := modelRun(t, dir, o2)
 			res, _ := compiledAndInterpreted(t, f, args)

@@ -198,7 +198,7 @@ const maxThreads = 256
 // calls body(ctx, lo, hi, thread index) for each, runs the first on the calling
 // thread and the others on new POSIX threads, and joins them. A thread
 // that cannot be created runs its chunk on the caller. The definition is
-// weak: the runtime (runtime.c.tmpl) links a thread pool in its place,
+// weak: the runtime (csrc/runtime.c) links a thread pool in its place,
 // which splits the chunks the same way.
 func (md *module) parallelFor() *ir.Func {
 	if md.parallel != nil {

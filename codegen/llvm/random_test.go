@@ -83,19 +83,24 @@ func randomFunc(rng *rand.Rand, n int) *ir.Func {
 }
 
 // TestRandomFunctionsCompiled: random functions, fused, reordered and
-// assigned, compile and agree with the interpreter within 1e-5.
+// assigned, compile and agree with the interpreter within 1e-5 (one
+// program each; -short compiles its third of them side by side, as one).
 func TestRandomFunctionsCompiled(t *testing.T) {
 	t.Parallel()
 	requireClang(t)
 	rng := rand.New(rand.NewPCG(randomSeed, 2))
-	count := randomFunctions
-	if testing.Short() {
-		count /= 3 // the same first functions as the full run
-	}
-	for n := 0; n < count; n++ {
+	var fs []*ir.Func
+	for n := 0; n < randomFunctions; n++ {
 		f := randomFunc(rng, n)
+		require.NoError(t, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}}), f.String())
+		fs = append(fs, f)
+	}
+	if testing.Short() {
+		all, _ := joinFuncs(fs[:randomFunctions/3]) // the same first functions as the full run
+		fs = []*ir.Func{all}
+	}
+	for n, f := range fs {
 		m := &ir.Module{Funcs: []*ir.Func{f}}
-		require.NoError(t, ir.Verify(m), m.String())
 		pipelineOn(t, m, "fuse,reorder,assign")
 		args := interp.RandomArgs(f, uint64(n))
 		want, err := interp.Run(f, cloneAll(args), interp.Options{})
@@ -106,7 +111,7 @@ func TestRandomFunctionsCompiled(t *testing.T) {
 		require.NoError(t, err, m.String())
 		for i := range want {
 			e := passtest.RelErr(got[i], want[i])
-			require.True(t, e <= 1e-5, "result %d: relative error %g\n%s", i, e, m.String())
+			require.True(t, e <= 1e-5, "result %s: relative error %g\n%s", f.ResultName(i), e, m.String())
 		}
 	}
 }

@@ -32,14 +32,48 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 	if len(opts) > 0 {
 		opt = opts[0]
 	}
-	dir, bin, exe, err := built(p, opt.Options)
+	e, err := Compile(p, opt.Options)
 	if err != nil {
+		return nil, nil, err
+	}
+	defer e.Close()
+	return e.Run(args, opt)
+}
+
+// Executable is p compiled once, to run on many argument sets: its
+// folder holds the program and each run's files until Close.
+type Executable struct {
+	p        *loops.Program
+	dir, bin string
+	exe      []byte
+	runs     int
+}
+
+// Compile builds p into an executable in a new temporary folder, which
+// Close removes.
+func Compile(p *loops.Program, opt Options) (*Executable, error) {
+	dir, bin, exe, err := built(p, opt)
+	if err != nil {
+		return nil, err
+	}
+	return &Executable{p: p, dir: dir, bin: bin, exe: exe}, nil
+}
+
+// Close removes the executable's folder.
+func (e *Executable) Close() error { return os.RemoveAll(e.dir) }
+
+// Run runs the executable on args as Run does (opt.Options is ignored:
+// the code is already generated).
+func (e *Executable) Run(args []*interp.Tensor, opt RunOptions) (results, final []*interp.Tensor, err error) {
+	e.runs++
+	dir := filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs))
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
 	out := filepath.Join(dir, "out")
 	cmdArgs := []string{"--output-dir", out}
-	f := p.Func
+	f := e.p.Func
 	if len(args) != len(f.Args) {
 		return nil, nil, fmt.Errorf("@%s takes %d arguments, got %d", f.Name, len(f.Args), len(args))
 	}
@@ -56,9 +90,9 @@ func Run(p *loops.Program, args []*interp.Tensor, opts ...RunOptions) (results, 
 	if opt.MaxRSS != nil {
 		cmdArgs = append(cmdArgs, "--report-memory")
 	}
-	msg, err := exec.Command(bin, cmdArgs...).CombinedOutput()
+	msg, err := exec.Command(e.bin, cmdArgs...).CombinedOutput()
 	if opt.Binary != nil {
-		*opt.Binary = int64(len(exe))
+		*opt.Binary = int64(len(e.exe))
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("the compiled program failed: %v\n%s", err, strings.TrimSpace(string(msg)))

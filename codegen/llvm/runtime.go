@@ -13,16 +13,25 @@ import (
 )
 
 // RuntimeHeader is kiln_runtime.h, the C ABI of a compiled step's
-// runtime (--emit lib); the runtime's source is generated per program
-// (Runtime).
+// runtime (--emit lib).
 //
 //go:embed kiln_runtime.h
 var RuntimeHeader string
 
-//go:embed runtime.c.tmpl
-var runtimeSource string
+// The fixed C sources of every step's runtime and executable, and the
+// header through which they read a step's generated tables.
+var (
+	//go:embed csrc/runtime.c
+	runtimeSource string
+	//go:embed csrc/driver.c
+	driverSource string
+	//go:embed csrc/kiln_program.h
+	programHeader string
+	//go:embed csrc/program.c.tmpl
+	tablesSource string
+)
 
-var runtimeTemplate = template.Must(template.New("runtime").Parse(runtimeSource))
+var tablesTemplate = template.Must(template.New("program").Parse(tablesSource))
 
 // TensorInfo describes one tensor of a compiled step, as kiln_descriptor
 // lists it: arguments (parameters and state, then data inputs), then
@@ -79,25 +88,29 @@ func embedded(v *kir.Value) bool {
 	return v.Arg != nil && v.Arg.Init != nil && v.Arg.Init.Type.Equal(v.Type)
 }
 
-type runtimeTensor struct {
-	Name, Descr, Shape string
-	Kind, Slot, Rank   int
-	Bytes              int64
-	InOut              int
-	Init               string
+// programTensor is one row of program.c's tensor table (kiln_program.h).
+type programTensor struct {
+	Name, File, Descr, Shape, Type string // C literals but Descr
+	Kind, Slot, Rank               int
+	Bytes                          int64
+	InOut                          int
+	Init                           string // symbol of the embedded initial value, or ""
 }
 
-// runtimeKernel is what the profile reports of a kernel besides its time:
+// programKernel is what the profile reports of a kernel besides its time:
 // the bytes it reads and writes and its FLOPs, by the cost model.
-type runtimeKernel struct {
+type programKernel struct {
 	Name         string
 	Bytes, FLOPs int64
 }
 
-// Runtime is the C source of p's runtime (kiln_runtime.h): the tensor
-// table, the embedded initial values (files InitFiles names, beside it),
-// the thread pool, the workspace, checkpoints.
-func Runtime(p *loops.Program) (string, error) {
+// Tables is the C source of p's tables (program.c, declared by
+// kiln_program.h): its tensors, kernels, descriptor and sizes, and the
+// embedded initial values (files InitFiles names, beside it). The
+// runtime (runtime.c) and the executable (driver.c) are fixed sources
+// that read them. threads is the executable's thread count (0: the
+// cores online).
+func Tables(p *loops.Program, threads int) (string, error) {
 	desc := Describe(p)
 	js, err := json.Marshal(desc)
 	if err != nil {
@@ -105,14 +118,15 @@ func Runtime(p *loops.Program) (string, error) {
 	}
 	data := struct {
 		Entry, Descriptor          string
-		MaxRank                    int
 		ArenaBytes                 int64
 		NParams, NInputs, NResults int
 		StatusIndexOutOfRange      int
-		Tensors                    []runtimeTensor
-		Kernels                    []runtimeKernel
-	}{Entry: desc.Entry, Descriptor: cString(string(js)), MaxRank: 1, ArenaBytes: p.ArenaBytes,
-		NParams: len(p.Params), NInputs: len(p.Inputs), NResults: len(p.Func.Results), StatusIndexOutOfRange: loops.StatusIndexOutOfRange}
+		Ranks, Threads             int64
+		Tensors                    []programTensor
+		Kernels                    []programKernel
+	}{Entry: desc.Entry, Descriptor: cString(string(js)), ArenaBytes: p.ArenaBytes,
+		NParams: len(p.Params), NInputs: len(p.Inputs), NResults: len(p.Func.Results), StatusIndexOutOfRange: loops.StatusIndexOutOfRange,
+		Ranks: Ranks(p), Threads: int64(threads)}
 	var types []kir.Type // in the descriptor's order
 	for _, v := range append(append([]*kir.Value{}, p.Params...), p.Inputs...) {
 		types = append(types, v.Type)
@@ -125,20 +139,23 @@ func Runtime(p *loops.Program) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		rt := runtimeTensor{Name: cString(t.Name), Descr: descr, Rank: len(t.Shape), Bytes: t.Bytes}
+		pt := programTensor{Name: cString(t.Name), Descr: descr, Rank: len(t.Shape), Bytes: t.Bytes, Type: cString(types[i].String())}
+		file := FileName(t.Name)
 		switch {
 		case i < len(p.Params):
-			rt.Slot = i
+			pt.Slot = i
+			file = FileName("updated." + t.Name)
 			if embedded(p.Params[i]) {
-				rt.Init = initSymbol(i)
+				pt.Init = initSymbol(i)
 			}
 		case i < len(p.Params)+len(p.Inputs):
-			rt.Kind, rt.Slot = 1, i-len(p.Params)
+			pt.Kind, pt.Slot = 1, i-len(p.Params)
 		default:
-			rt.Kind, rt.Slot = 2, i-len(p.Params)-len(p.Inputs)
+			pt.Kind, pt.Slot = 2, i-len(p.Params)-len(p.Inputs)
 		}
+		pt.File = cString(file)
 		if t.InOut {
-			rt.InOut = 1
+			pt.InOut = 1
 		}
 		dims := []string{"0"}
 		if len(t.Shape) > 0 {
@@ -147,16 +164,15 @@ func Runtime(p *loops.Program) (string, error) {
 				dims = append(dims, strconv.FormatInt(s, 10)+"LL")
 			}
 		}
-		rt.Shape = strings.Join(dims, ", ")
-		data.MaxRank = max(data.MaxRank, len(t.Shape))
-		data.Tensors = append(data.Tensors, rt)
+		pt.Shape = strings.Join(dims, ", ")
+		data.Tensors = append(data.Tensors, pt)
 	}
 	for _, k := range p.Kernels {
 		c := kir.OpCost(k.Op)
-		data.Kernels = append(data.Kernels, runtimeKernel{Name: cString(k.Name), Bytes: c.BytesRead + c.BytesWritten, FLOPs: c.FLOPs})
+		data.Kernels = append(data.Kernels, programKernel{Name: cString(k.Name), Bytes: c.BytesRead + c.BytesWritten, FLOPs: c.FLOPs})
 	}
 	var b strings.Builder
-	if err := runtimeTemplate.Execute(&b, data); err != nil {
+	if err := tablesTemplate.Execute(&b, data); err != nil {
 		return "", err
 	}
 	return b.String(), nil

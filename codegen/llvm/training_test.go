@@ -45,11 +45,14 @@ func TestStepsAdvanceTheirState(t *testing.T) {
 	args[lr].F[0] = 0
 	p, err := loops.Lower(f)
 	require.NoError(t, err)
+	exe, err := llvm.Compile(p, llvm.Options{})
+	require.NoError(t, err)
+	defer exe.Close()
 	var losses []float64
 	for s := 0; s < 3; s++ {
 		want, wantArgs, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{})
 		require.NoError(t, err)
-		got, gotArgs, err := llvm.Run(p, cloneAll(args))
+		got, gotArgs, err := exe.Run(cloneAll(args), llvm.RunOptions{})
 		require.NoError(t, err)
 		require.InDelta(t, want[0].F[0], got[0].F[0], 1e-5*(1+abs(want[0].F[0])), "step %d: the loss", s)
 		require.Equal(t, wantArgs[key].I[0], gotArgs[key].I[0], "step %d: the generator's position", s)

@@ -92,7 +92,7 @@ func (e *fn) allocWorkspace() (ws value.Value, free func()) {
 // wsHook emits a weak kiln_ws_acquire(bytes) or kiln_ws_release(block):
 // malloc and free (malloc, not aligned_alloc: glibc's aligned_alloc of a
 // few MiB, made on every call, kept three times the block resident). The
-// runtime (runtime.c.tmpl) links versions that keep one block from run to
+// runtime (csrc/runtime.c) links versions that keep one block from run to
 // run in their place.
 func (md *module) wsHook(name string) *ir.Func {
 	if f := md.decls[name]; f != nil {

@@ -96,7 +96,7 @@ var splits = []split{
 func TestSplitsAreExactOrRefused(t *testing.T) {
 	steps := 500
 	if testing.Short() {
-		steps = 120 // the same first steps as the full run
+		steps = 60 // the same first steps as the full run
 	}
 	r := rand.New(rand.NewSource(38))
 	accepted := map[string]int{}

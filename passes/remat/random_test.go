@@ -247,7 +247,11 @@ func TestGreedyChunks(t *testing.T) {
 	for _, rows := range []int{128} {
 		step := trainingStep(t, residualStack(16, rows))
 		peak := liveness.Analyze(passtest.Parse(t, step).Funcs[0]).Peak
-		for _, frac := range []float64{0.5, 0.4} {
+		fracs := []float64{0.5, 0.4}
+		if testing.Short() {
+			fracs = fracs[:1]
+		}
+		for _, frac := range fracs {
 			budget := int64(frac * float64(peak))
 			reached := int64(math.MaxInt64)
 			for _, chunks := range []bool{true, false} {

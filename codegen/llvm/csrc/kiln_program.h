@@ -1,0 +1,46 @@
+/* kiln_program.h: what a compiled step's generated tables (program.c)
+   tell the fixed runtime (runtime.c) and executable (driver.c). Internal
+   to one build, not an ABI: kiln_runtime.h is the ABI. */
+#ifndef KILN_PROGRAM_H
+#define KILN_PROGRAM_H
+
+/* One tensor of the step, in the runtime's order: parameters and state,
+   data inputs, results. */
+typedef struct {
+	const char *name;  /* argument or result name */
+	const char *file;  /* its file under --output-dir, without .npy */
+	int kind, slot;    /* 0 a parameter or state (params[slot]), 1 a data input (inputs[slot]), 2 a result (outputs[slot]) */
+	const char *descr; /* .npy descr */
+	int rank;
+	const long long *shape;
+	long long bytes;
+	int inout;
+	const unsigned char *init; /* the embedded initial value, or NULL */
+	const char *type;          /* dtype[shape], for --help */
+} kiln_tensor_info;
+
+/* What the profile reports of a kernel besides its time: the bytes it
+   reads and writes and its FLOPs, by the cost model. */
+typedef struct {
+	const char *name;
+	long long bytes, flops;
+} kiln_kernel_info;
+
+typedef struct {
+	const char *entry; /* the entry point's name */
+	int ntensors, nparams, ninputs, nresults, nkernels;
+	int status_index_out_of_range; /* the entry point's status for a bad index */
+	long long arena_bytes;
+	int ranks;   /* MPI ranks the executable runs as */
+	int threads; /* the executable's threads (0: the cores online) */
+	const kiln_tensor_info *tensors;
+	const kiln_kernel_info *kernels;
+	const char *descriptor; /* kiln_descriptor's JSON */
+} kiln_program_info;
+
+extern const kiln_program_info kiln_program;
+
+/* kiln_program_entry calls the step's entry point. */
+int kiln_program_entry(void *arena, void **params, void **inputs, void **outputs);
+
+#endif
