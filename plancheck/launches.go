@@ -60,11 +60,14 @@ func validateSchema(raw []byte) error {
 // launch contract (the "// kiln launch:" line above it).
 type Signature struct {
 	Params  []Param
-	Threads int64    // threads the kernel needs (grid × block at least)
-	Bytes   []int64  // bytes each pointer parameter may touch
-	Modes   []string // how each pointer parameter is used: read, write or readwrite
-	Outer   []int64  // extent of each scalar parameter (an outer loop index)
-	Host    bool     // a C function called on the host, not a kernel
+	Threads int64 // threads the kernel needs (grid × block at least)
+	// MaxBlock is the kernel's __launch_bounds__: a block of more threads
+	// fails to launch.
+	MaxBlock int64
+	Bytes    []int64  // bytes each pointer parameter may touch
+	Modes    []string // how each pointer parameter is used: read, write or readwrite
+	Outer    []int64  // extent of each scalar parameter (an outer loop index)
+	Host     bool     // a C function called on the host, not a kernel
 }
 
 // Param is one kernel parameter: a pointer to Elem (Const: read only) or
@@ -76,9 +79,9 @@ type Param struct {
 }
 
 var (
-	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" __global__ void __launch_bounds__\(\d+\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" __global__ void __launch_bounds__\((\d+)\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
 	// hostRE is a host function (an update of offloaded parameters).
-	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" void ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" void ()([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
 	paramRE = regexp.MustCompile(`^(const )?([a-z ]+?) \*__restrict__ b\d+$|^long long v\d+$`)
 )
 
@@ -86,9 +89,15 @@ var (
 func signatures(src string) (map[string]Signature, error) {
 	out := map[string]Signature{}
 	kernels := kernelRE.FindAllStringSubmatch(src, -1)
+	var err error
 	for i, m := range append(kernels, hostRE.FindAllStringSubmatch(src, -1)...) {
-		name := m[5]
+		name := m[6]
 		sig := Signature{Host: i >= len(kernels)}
+		if !sig.Host {
+			if sig.MaxBlock, err = strconv.ParseInt(m[5], 10, 64); err != nil || sig.MaxBlock < 1 || sig.MaxBlock > 1024 {
+				return nil, fmt.Errorf("kernel %s: __launch_bounds__(%s) is not 1 to 1024 threads", name, m[5])
+			}
+		}
 		for _, md := range strings.Split(m[3], ",") {
 			switch md {
 			case "r":
@@ -102,7 +111,6 @@ func signatures(src string) (map[string]Signature, error) {
 				return nil, fmt.Errorf("kernel %s: mode %q", name, md)
 			}
 		}
-		var err error
 		if sig.Threads, err = strconv.ParseInt(m[1], 10, 64); err != nil {
 			return nil, fmt.Errorf("kernel %s: threads %q", name, m[1])
 		}
@@ -113,8 +121,8 @@ func signatures(src string) (map[string]Signature, error) {
 			return nil, fmt.Errorf("kernel %s: %v", name, err)
 		}
 		pointers, scalars := 0, 0
-		if strings.TrimSpace(m[6]) != "" {
-			for _, p := range strings.Split(m[6], ", ") {
+		if strings.TrimSpace(m[7]) != "" {
+			for _, p := range strings.Split(m[7], ", ") {
 				pm := paramRE.FindStringSubmatch(p)
 				if pm == nil {
 					return nil, fmt.Errorf("kernel %s: parameter %q is not one kiln writes", name, p)
@@ -156,6 +164,15 @@ func intList(s string) ([]int64, error) {
 	}
 	return out, nil
 }
+
+// CUDA's launch limits: grid dimensions, and the dynamic shared memory
+// of one block without the opt-in attribute (48 KiB on every
+// architecture; a plan has no way to ask for more).
+const (
+	maxGridX       = 1<<31 - 1
+	maxGridYZ      = 65535
+	maxSharedBytes = 48 << 10
+)
 
 // storage is the C element type of each dtype in kernels.cu.
 var storage = map[string]string{"f32": "float", "f64": "double", "f16": "unsigned short", "bf16": "unsigned short",
@@ -202,6 +219,15 @@ func launches(p *cuda.Plan, f *ir.Func, kernels map[string]Signature) error {
 			}
 			if b := n.Block; b[0]*b[1]*b[2] > 1024 || b[2] > 64 {
 				return fmt.Errorf("node %d: block %v is larger than CUDA allows (1024 threads, z at most 64)", i, *b)
+			}
+			if b := n.Block; int64(b[0])*int64(b[1])*int64(b[2]) > sig.MaxBlock {
+				return fmt.Errorf("node %d: a block of %d threads, but kernel %s is compiled for at most %d (__launch_bounds__)", i, b[0]*b[1]*b[2], n.Kernel, sig.MaxBlock)
+			}
+			if g := n.Grid; g[0] > maxGridX || g[1] > maxGridYZ || g[2] > maxGridYZ {
+				return fmt.Errorf("node %d: grid %v is larger than CUDA allows (x at most 2^31-1, y and z at most 65535)", i, *g)
+			}
+			if n.SharedBytes > maxSharedBytes {
+				return fmt.Errorf("node %d: %d bytes of shared memory, more than a block may have (%d)", i, n.SharedBytes, maxSharedBytes)
 			}
 		}
 		var tuple []int64

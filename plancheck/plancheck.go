@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/parser"
@@ -340,6 +341,9 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 	if p.CostModel.Validate() != nil {
 		return fmt.Errorf("plan.json: %v", p.CostModel.Validate())
 	}
+	if err := layout(p, values); err != nil {
+		return err
+	}
 	for i, b := range p.Buffers {
 		if b.ID != i {
 			return fmt.Errorf("plan.json: buffer %d has id %d", i, b.ID)
@@ -491,6 +495,46 @@ func contains(xs []string, x string) bool {
 // bufferType checks a buffer's dtype, shape and size against each other
 // and against the value of the module it holds first (kernel workspace
 // buffers hold no value of the module).
+// maxAlignment bounds an arena's alignment (a page of 1 MiB).
+const maxAlignment = 1 << 20
+
+// layout checks the arenas and the workspace: each arena's alignment is a
+// power of two from 8 (the widest element) to 1 MiB; the workspace is a
+// range of the device arena that starts at a multiple of
+// loops.TempAlignment, and the device buffers inside it are kernel
+// temporaries (no value of the module) that lie wholly in it.
+func layout(p *cuda.Plan, values map[string]*ir.Value) error {
+	for _, a := range []struct {
+		what  string
+		arena cuda.Arena
+	}{{"device", p.Arena}, {"host", p.Host}} {
+		if al := a.arena.Alignment; al < 8 || al > maxAlignment || al&(al-1) != 0 {
+			return fmt.Errorf("plan.json: the %s arena's alignment %d is not a power of two from 8 to %d", a.what, al, maxAlignment)
+		}
+	}
+	w := p.Workspace
+	if !within(w.Offset, w.SizeBytes, p.Arena.SizeBytes) {
+		return fmt.Errorf("plan.json: the workspace at %d (%d bytes) is outside the device arena of %d bytes", w.Offset, w.SizeBytes, p.Arena.SizeBytes)
+	}
+	if w.Offset%loops.TempAlignment != 0 {
+		return fmt.Errorf("plan.json: the workspace starts at %d, not a multiple of %d", w.Offset, loops.TempAlignment)
+	}
+	for i, b := range p.Buffers {
+		if b.Space != "device" || len(b.Values) == 0 || b.SizeBytes <= 0 {
+			continue
+		}
+		inside := b.Offset >= w.Offset && b.Offset <= w.Offset+w.SizeBytes-b.SizeBytes
+		overlaps := b.Offset < w.Offset+w.SizeBytes && w.Offset < b.Offset+b.SizeBytes
+		switch {
+		case overlaps && !inside:
+			return fmt.Errorf("plan.json: buffer %d (%s) at %d (%d bytes) straddles the workspace [%d, %d)", i, b.Values[0], b.Offset, b.SizeBytes, w.Offset, w.Offset+w.SizeBytes)
+		case inside && values[b.Values[0]] != nil:
+			return fmt.Errorf("plan.json: buffer %d holds %s inside the workspace [%d, %d), which only kernel temporaries use", i, b.Values[0], w.Offset, w.Offset+w.SizeBytes)
+		}
+	}
+	return nil
+}
+
 func bufferType(b cuda.Buffer, values map[string]*ir.Value) error {
 	d, ok := ir.ParseDType(b.DType)
 	if !ok {
