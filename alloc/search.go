@@ -36,6 +36,9 @@ type SearchOptions struct {
 // cover the most constrained such cell (coverCell). It returns the best
 // solution found; Optimal is set when the search finished.
 func Search(p *Problem, opt SearchOptions) *Solution {
+	if len(p.Buffers) == 0 {
+		return &Solution{Offsets: []int64{}, Algo: "search", Optimal: true} // nothing to place: an empty arena
+	}
 	if opt.Initial == nil {
 		opt.Initial = GreedyBestFit(p)
 		if f := GreedyFirstFit(p); f.Size < opt.Initial.Size {

@@ -17,14 +17,39 @@ type Diagnostic struct {
 	Msg       string
 }
 
+// String is the diagnostic's line, with control characters of the file
+// name and message (an escape sequence in a name) shown as '?'.
 func (d Diagnostic) String() string {
 	if d.Line <= 0 {
 		if d.File == "" {
-			return "error: " + d.Msg
+			return "error: " + Printable(d.Msg)
 		}
-		return fmt.Sprintf("%s: error: %s", d.File, d.Msg)
+		return fmt.Sprintf("%s: error: %s", Printable(d.File), Printable(d.Msg))
 	}
-	return fmt.Sprintf("%s:%d:%d: error: %s", d.File, d.Line, d.Col, d.Msg)
+	return fmt.Sprintf("%s:%d:%d: error: %s", Printable(d.File), d.Line, d.Col, Printable(d.Msg))
+}
+
+// Printable replaces each control character of s but tab and newline
+// (escape sequences that would reach the terminal) with '?', byte for
+// byte, so that columns stay where they were.
+func Printable(s string) string {
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 && c != '\t' && c != '\n' || c == 0x7f {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c < 0x20 && c != '\t' && c != '\n' || c == 0x7f {
+			b[i] = '?'
+		}
+	}
+	return string(b)
 }
 
 // List is an error made of one or more diagnostics.
@@ -109,6 +134,7 @@ func Render(l List, sources map[string]string) string {
 			col = 1
 		}
 		line, col = window(line, col)
+		line = Printable(line)
 		b.WriteString(line)
 		b.WriteByte('\n')
 		// Keep tabs so the caret lines up under tab-indented source.

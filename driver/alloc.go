@@ -58,7 +58,7 @@ func init() {
 					return err
 				}
 				var sol *alloc.Solution
-				prog := progress.For(e.stderr)
+				prog := progress.For(e.terminal)
 				prog.Step("alloc: packing %d buffers (at most %s)", len(p.Buffers), time.Duration(timeout))
 				defer prog.Done()
 				if *capacity > 0 {

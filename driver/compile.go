@@ -185,7 +185,7 @@ func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, 
 	case "runtime-header":
 		return writeOutput(e, out, []byte(llvm.RuntimeHeader))
 	}
-	prog := progress.For(e.stderr)
+	prog := progress.For(e.terminal)
 	prog.Step("compile: clang -O2 of @%s (%d kernels)", f.Name, len(p.Kernels))
 	data, err := llvm.Build(p, emit, llvm.Options{Threads: threads})
 	prog.Done()

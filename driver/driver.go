@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,7 +28,10 @@ const Version = "0.1.0-dev"
 type env struct {
 	stdin  io.Reader
 	stdout io.Writer
-	stderr io.Writer
+	stderr io.Writer // control characters shown as '?' (see printable)
+	// terminal is the stderr the caller gave, for the progress line's
+	// own escape sequences.
+	terminal io.Writer
 	// files are the files the command reads and writes: no output
 	// replaces an input, and no file is written twice.
 	files *outfile.Guard
@@ -64,7 +68,9 @@ func Run() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 // program name) and returns the exit status: 0 on success, 1 on an error
 // in the input or a failing pass, 2 on a misuse of the command line.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
-	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, files: &outfile.Guard{}}
+	terminal := stderr
+	stderr = printable{stderr}
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, terminal: terminal, files: &outfile.Guard{}}
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(stderr, "kiln: internal error: %v\nplease report this with the input that caused it\n", r)
@@ -248,19 +254,18 @@ type input struct {
 func readModule(e *env, path string, opt onnx.Options) (*input, error) {
 	in := &input{path: path, name: path}
 	e.files.Read(path)
-	var data []byte
-	var err error
+	data, err := readInputFile(e, path)
 	if path == "-" {
 		in.name = "<stdin>"
-		data, err = io.ReadAll(e.stdin)
-	} else {
-		data, err = os.ReadFile(path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kiln: cannot read input: %v", unwrapPathError(err))
 	}
 	if strings.HasSuffix(strings.ToLower(path), ".onnx") || len(data) > 0 && data[0] == 0x08 {
 		return importData(e, in, data, opt)
+	}
+	if what := binaryKind(data); what != "" {
+		return nil, fmt.Errorf("%s: error: this is not a Kiln text (.kir) or an ONNX model: it looks like %s", in.name, what)
 	}
 	if opt.Batch != 0 || len(opt.DataInputs) > 0 {
 		return nil, usageError{"--batch and --data-inputs apply to ONNX input only"}
@@ -288,6 +293,57 @@ func readModule(e *env, path string, opt onnx.Options) (*input, error) {
 	}
 	in.module = m
 	return in, nil
+}
+
+// readInputFile reads an input whole: a regular file or standard input
+// ("-"), not a device (/dev/zero never ends), and no more than a quarter
+// of the memory available (what kiln then builds from it takes more).
+func readInputFile(e *env, path string) ([]byte, error) {
+	var r io.Reader = e.stdin
+	name := "standard input"
+	if path != "-" {
+		fh, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer fh.Close()
+		st, err := fh.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if st.Mode()&(os.ModeDevice|os.ModeCharDevice|os.ModeDir|os.ModeSocket) != 0 {
+			return nil, fmt.Errorf("%s is not a regular file", path)
+		}
+		r, name = fh, path
+	}
+	limit := availableMemory() / 4
+	if limit <= 0 {
+		limit = 1 << 40
+	}
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s holds more than %s, a quarter of the memory available: kiln reads its input whole", name, diag.Bytes(limit))
+	}
+	return data, nil
+}
+
+// binaryKind says what a binary file that is neither a .kir text nor an
+// ONNX model looks like ("" for text): PyTorch's checkpoints are zip
+// archives or pickles.
+func binaryKind(data []byte) string {
+	head := data[:min(len(data), 4096)]
+	switch {
+	case bytes.HasPrefix(head, []byte("PK\x03\x04")):
+		return "a zip archive (a PyTorch checkpoint, torch.save, is one): export the model with torch.onnx.export"
+	case len(head) >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5:
+		return "a Python pickle (torch.save writes one): export the model with torch.onnx.export"
+	case bytes.IndexByte(head, 0) >= 0:
+		return "binary data (an ONNX model is read by its .onnx extension or its first byte, 0x08)"
+	}
+	return ""
 }
 
 // report renders err (diagnostics with source lines where it has them)
@@ -349,4 +405,19 @@ func at(p ir.Pos) string {
 		return p.String()
 	}
 	return p.File
+}
+
+// printable writes to w with each control character but tab and newline
+// shown as '?': a name carrying an escape sequence reaches the terminal
+// in a message as text.
+type printable struct{ w io.Writer }
+
+func (p printable) Write(b []byte) (int, error) {
+	if s := diag.Printable(string(b)); len(s) == len(b) && s != string(b) {
+		if _, err := io.WriteString(p.w, s); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+	return p.w.Write(b)
 }

@@ -87,6 +87,10 @@ func TestHostileFilesRefusedAlike(t *testing.T) {
 		c, out := exitCode(t, exec.Command(exe, "--input", "x="+path, "--output-dir", filepath.Join(dir, "exe-"+name)))
 		require.Equal(t, 1, c, "the executable took %s: %s", name, out)
 		require.Contains(t, out, path)
+		if name == "wrong-shape" {
+			require.Contains(t, out, "x wants f32[2]; the file's shape is (3,)", "the executable names both shapes")
+			require.Contains(t, stderr, "holds f32[3], but argument %x is f32[2]", "kiln run names both shapes")
+		}
 	}
 	// .npz: a member whose CRC is wrong; two members with one name.
 	zipOf := func(members ...[2]string) []byte {

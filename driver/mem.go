@@ -163,7 +163,7 @@ func rematSweep(e *env, f *ir.Func, solver string, asJSON bool) error {
 		total += ir.OpCost(op).FLOPs
 	}
 	var points []sweepPoint
-	prog := progress.For(e.stderr)
+	prog := progress.For(e.terminal)
 	defer prog.Done()
 	for pct := 100; pct >= 5; pct -= 5 {
 		prog.Step("remat sweep: budget %d%% of the peak", pct)

@@ -167,7 +167,7 @@ func (p *pipelineFlags) plan(e *env, in *input, req planner.Request) (*planner.R
 			ReproducerDir:    p.reproducerDir,
 			Log:              e.stderr,
 			Files:            e.files,
-			Progress:         progress.For(e.stderr),
+			Progress:         progress.For(e.terminal),
 			Observe:          p.observe,
 		},
 		Resolve:   passes.ExternalResolver(p.pluginDir, p.pluginTimeout),

@@ -45,7 +45,7 @@ func init() {
 				if err != nil {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
-				lp.Progress = progress.For(e.stderr)
+				lp.Progress = progress.For(e.terminal)
 				lp.MemoryLimit = availableMemory() / 2
 				flops := plancheck.StepFLOPs(lp.Func)
 				check := plancheck.CheckStructure
@@ -180,7 +180,7 @@ func planCheckStages(e *env, dir string, seed uint64, forceReplay, fast bool) er
 		flops += plancheck.StepFLOPs(lp.Func) * float64(max(1, lp.Ranks))
 		lps = append(lps, lp)
 	}
-	lps[0].Progress = progress.For(e.stderr)
+	lps[0].Progress = progress.For(e.terminal)
 	lps[0].MemoryLimit = availableMemory() / 2
 	replay := forceReplay || !fast && flops <= plancheck.ReplayFLOPs
 	reports, err := plancheck.CheckStages(lps, seed, replay)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kiln-compiler/kiln/diag"
 	"io"
 	"os"
 	"path/filepath"
@@ -257,7 +258,7 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 			for i, a := range f.Args {
 				names[i] = a.Name
 			}
-			return nil, fmt.Errorf("kiln: --input %s: @%s has no argument %q (it has %s)", spec, f.Name, name, strings.Join(names, ", "))
+			return nil, fmt.Errorf("kiln: --input %s: @%s has no argument %q%s", spec, f.Name, name, diag.Among(name, names))
 		}
 		t, err := load(arg, file)
 		if err != nil {
@@ -334,7 +335,7 @@ func npzValues(e *env, f *ir.Func, path string, given map[string]*interp.Tensor)
 			for _, x := range f.Args {
 				names = append(names, x.Name)
 			}
-			return fmt.Errorf("kiln: --inputs %s: member %q names no argument of @%s (it has %s)", path, m.Name, f.Name, strings.Join(names, ", "))
+			return fmt.Errorf("kiln: --inputs %s: member %q names no argument of @%s%s", path, m.Name, f.Name, diag.Among(name, names))
 		}
 		if given[name] != nil {
 			continue // --input wins

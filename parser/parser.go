@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/alecthomas/participle/v2"
 	"github.com/alecthomas/participle/v2/lexer"
@@ -439,7 +440,11 @@ func (l *lowerer) lowerAttrs(d *attrDictAST) ir.Attrs {
 func (l *lowerer) lowerValue(v *valueAST) ir.Attr {
 	switch {
 	case v.Float != nil:
-		return ir.FloatAttr(parseFloat(*v.Float))
+		f := parseFloat(*v.Float)
+		if math.IsInf(f, 0) && !strings.Contains(*v.Float, "inf") {
+			l.errorf(v.Pos, "the number %s is beyond the range of f64 (write inf or -inf for an infinity)", clip(*v.Float))
+		}
+		return ir.FloatAttr(f)
 	case v.Int != nil:
 		return ir.IntAttr(l.parseInt(*v.Int, v.Pos))
 	case v.Str != nil:
@@ -518,7 +523,11 @@ func (l *lowerer) lowerDense(da *denseAST, p lexer.Position) *ir.Dense {
 			continue
 		}
 		if t.DType.IsFloat() {
-			d.Floats = append(d.Floats, ir.RoundTo(t.DType, f))
+			r := ir.RoundTo(t.DType, f)
+			if math.IsInf(r, 0) && !math.IsInf(f, 0) {
+				l.errorf(e.Pos, "%s is beyond the range of %s (write inf or -inf for an infinity)", ir.FormatFloat(f), t.DType)
+			}
+			d.Floats = append(d.Floats, r)
 		} else if a.Kind == ir.AttrFloat {
 			l.errorf(e.Pos, "%s constant holds a non-integer %s", t.DType, ir.FormatFloat(f))
 		} else if a.Kind == ir.AttrInt {
@@ -562,10 +571,39 @@ func unquoteSigil(s string) string { return unquoteName(s[1:]) }
 
 func unquoteName(s string) string {
 	if strings.HasPrefix(s, `"`) {
+		// Bytes that are not UTF-8 stand for themselves (strconv.Unquote
+		// would make each one U+FFFD, and two names one).
+		s = escapeInvalid(s)
 		if u, err := strconv.Unquote(s); err == nil {
 			return u
 		}
 		return s[1 : len(s)-1]
+	}
+	return s
+}
+
+// escapeInvalid writes each byte of s that is not UTF-8 as a \xNN escape.
+func escapeInvalid(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+// clip shortens a literal for a message.
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:37] + "..."
 	}
 	return s
 }

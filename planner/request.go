@@ -98,6 +98,11 @@ func (r Request) Check() error {
 	case (r.Budget != "" || r.DeviceBudget != "") && r.Level < 2:
 		return &RequestError{"--budget and --device-budget need -O2 or -O3"}
 	}
+	if r.Train != "" && r.Passes != "" {
+		if ps, err := passes.ParsePipeline(r.Passes, nil); err == nil && slices.ContainsFunc(ps, func(s passes.Step) bool { return s.Pass.Name == "autodiff" }) {
+			return &RequestError{fmt.Sprintf("--train differentiates the function already (autodiff{loss=%s} runs before --passes): drop autodiff from --passes, or --train", r.Train)}
+		}
+	}
 	if err := passes.CheckAllowed(r.Allow); err != nil {
 		return &RequestError{"--allow: " + err.Error()}
 	}

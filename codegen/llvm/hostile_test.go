@@ -73,8 +73,16 @@ func TestHostileNamesCompile(t *testing.T) {
 			// a second; -short builds it for the first name, which holds
 			// every hostile name among its arguments and results.
 			if !testing.Short() || i == 0 {
-				_, err = llvm.Build(p, "exe", llvm.Options{})
+				exe, err := llvm.Build(p, "exe", llvm.Options{})
 				require.NoError(t, err, "the executable (driver.c and the LLVM module) compiles with -Werror")
+				bin := filepath.Join(t.TempDir(), "step")
+				require.NoError(t, os.WriteFile(bin, exe, 0o755))
+				help, err := exec.Command(bin, "--help").Output()
+				require.NoError(t, err)
+				for _, line := range strings.Split(strings.TrimRight(string(help), "\n"), "\n") {
+					require.False(t, strings.ContainsFunc(line, func(r rune) bool { return r < 0x20 }), "--help shows a control character of a name: %q", line)
+				}
+				require.Contains(t, string(help), "new?line", "a name's newline shows as '?'")
 			}
 
 			dir := t.TempDir()

@@ -30,18 +30,28 @@ typedef kiln_tensor_info tensor_t;
 #define inputs (kiln_program.tensors + NPARAMS)
 #define results (kiln_program.tensors + NPARAMS + NINPUTS)
 
-static void die(const char *fmt, const char *a, const char *b) {
+/* put_text writes s with each control character shown as '?' (a name
+   carrying an escape sequence reaches the terminal as text). */
+static void put_text(FILE *f, const char *s) {
+	for (; *s; s++) fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, f);
+}
+
+static void report(const char *fmt, const char *a, const char *b, const char *tail) {
+	char msg[8192];
+	snprintf(msg, sizeof msg, fmt, a, b);
 	fprintf(stderr, "error: ");
-	fprintf(stderr, fmt, a, b);
-	fprintf(stderr, "\n");
+	put_text(stderr, msg);
+	fprintf(stderr, "%s\n", tail);
+}
+
+static void die(const char *fmt, const char *a, const char *b) {
+	report(fmt, a, b, "");
 	exit(1);
 }
 
 /* misuse reports a command line the program cannot take: exit 2. */
 static void misuse(const char *fmt, const char *a, const char *b) {
-	fprintf(stderr, "error: ");
-	fprintf(stderr, fmt, a, b);
-	fprintf(stderr, " (--help lists the arguments)\n");
+	report(fmt, a, b, " (--help lists the arguments)");
 	exit(2);
 }
 
@@ -195,6 +205,16 @@ static const char *rank_dir(const char *dir, int rank) {
 }
 #endif
 
+/* wrong_shape reports a .npy file whose shape (the header's text from
+   its '(') is not t's. */
+static void wrong_shape(const char *path, const tensor_t *t, const char *shape) {
+	char got[256], want[512];
+	size_t n = strcspn(shape, ")");
+	snprintf(got, sizeof got, "%.*s%s", (int)(n < 200 ? n : 200), shape, shape[n] == ')' ? ")" : "...");
+	snprintf(want, sizeof want, "%s wants %s; the file's shape is %s", t->name, t->type, got);
+	die("%s: %s", path, want);
+}
+
 /* check_header checks a .npy header dictionary as kiln run's reader
    (package npy) does: exactly the keys 'descr' (t's dtype),
    'fortran_order' (False) and 'shape' (t's), each once, nothing else. */
@@ -227,17 +247,18 @@ static void check_header(const char *h, const char *path, const tensor_t *t) {
 		} else if (kl == 5 && strncmp(k, "shape", 5) == 0) {
 			if (seen_s++) die("%s: the header names 'shape' twice%s", path, "");
 			if (*p++ != '(') die("%s: no shape%s", path, "");
+			const char *shape = p - 1;
 			for (int i = 0; i < t->rank; i++) {
 				char *end;
 				while (*p == ' ') p++;
 				long long v = strtoll(p, &end, 10);
-				if (end == p || v != t->shape[i]) die("%s: wrong shape for %s", path, t->name);
+				if (end == p || v != t->shape[i]) wrong_shape(path, t, shape);
 				p = end;
 				while (*p == ' ') p++;
 				if (*p == ',') p++;
 			}
 			while (*p == ' ') p++;
-			if (*p++ != ')') die("%s: wrong shape for %s", path, t->name);
+			if (*p++ != ')') wrong_shape(path, t, shape);
 		} else {
 			die("%s: the header has an unknown key (only descr, fortran_order and shape)%s", path, "");
 		}
@@ -454,10 +475,14 @@ static void usage(void) {
 	printf("the member NAME.npy of an .npz archive that numpy.savez wrote),\n");
 	printf("else its embedded init value. Results go to DIR/NAME.npy, updated arguments to DIR/updated.NAME.npy.\n\n");
 	printf("arguments:\n");
-	for (int i = 0; i < NPARAMS; i++) printf("  %-24s %s%s\n", params[i].name, params[i].type, params[i].init ? "  (default: embedded init)" : "");
-	for (int i = 0; i < NINPUTS; i++) printf("  %-24s %s\n", inputs[i].name, inputs[i].type);
-	printf("results:\n");
-	for (int i = 0; i < NRESULTS; i++) printf("  %-24s %s\n", results[i].name, results[i].type);
+	for (int i = 0; i < NPARAMS + NINPUTS + NRESULTS; i++) {
+		const tensor_t *t = &kiln_program.tensors[i];
+		if (i == NPARAMS + NINPUTS) printf("results:\n");
+		printf("  ");
+		put_text(stdout, t->name);
+		printf("%*s %s%s\n", 24 - (int)strlen(t->name) > 0 ? 24 - (int)strlen(t->name) : 0, "", t->type, t->kind == 0 && t->init ? "  (default: embedded init)" : "");
+	}
+	if (NRESULTS == 0) printf("results:\n");
 }
 
 static const char *from_dir(const char *dir, const char *file);
