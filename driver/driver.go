@@ -5,12 +5,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kiln-compiler/kiln/scratch"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
@@ -62,7 +65,26 @@ func (e usageError) Error() string { return e.msg }
 
 // Run is the whole kiln program: a main function that only calls Run
 // builds a kiln (with whatever passes its imports register).
-func Run() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+//
+// SIGINT, SIGTERM and SIGHUP end it at once with status 128 plus the
+// signal's number, as a shell reports a process the signal killed, after
+// ending the programs it runs and removing its temporary files
+// (package scratch).
+func Run() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		scratch.Interrupt()
+		fmt.Fprintf(os.Stderr, "kiln: %v: stopped (the programs it ran ended, its temporary files removed)\n", s)
+		code := 1
+		if n, ok := s.(syscall.Signal); ok {
+			code = 128 + int(n)
+		}
+		os.Exit(code)
+	}()
+	os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
 
 // Main runs the kiln command with the given arguments (without the
 // program name) and returns the exit status: 0 on success, 1 on an error

@@ -79,7 +79,7 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.timingFormat, "timing-format", "text", "timing report format: text or json")
 	fs.BoolVar(&p.stats, "stats", false, "print pass statistics (to stderr)")
 	fs.StringVar(&p.dumpDir, "dump-dir", "", "write the IR after each pass to DIR/NN-pass.kir")
-	fs.StringVar(&p.reproducerDir, "reproducer-dir", "", "where a failing pass leaves its reproducer (default: the temp folder)")
+	fs.StringVar(&p.reproducerDir, "reproducer-dir", "", "where a failing pass leaves its reproducer (none unless given)")
 	fs.StringVar(&p.pluginDir, "plugin-dir", "", "where ext:NAME passes (programs kiln-pass-NAME) are looked up before PATH")
 	fs.DurationVar(&p.pluginTimeout, "plugin-timeout", time.Minute, "time limit of one external pass run")
 	fs.Var(&p.loadPlugins, "load-pass-plugin", "FILE.so: load passes built with go build -buildmode=plugin (repeatable)")

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/kiln-compiler/kiln/diag"
+	"github.com/kiln-compiler/kiln/scratch"
 	"io"
 	"os"
 	"path/filepath"
@@ -401,11 +402,11 @@ func writeResults(e *env, names []string, res []*interp.Tensor, dir string) erro
 		}
 		data[i] = b.Bytes()
 	}
-	stage, err := os.MkdirTemp(dir, ".kiln-run-*")
+	stage, err := scratch.MkdirTemp(dir, ".kiln-run-*")
 	if err != nil {
 		return fmt.Errorf("kiln: cannot write to %s: %v", dir, unwrapPathError(err))
 	}
-	defer os.RemoveAll(stage)
+	defer scratch.Remove(stage)
 	for i := range res {
 		if err := os.WriteFile(filepath.Join(stage, FileName(names[i])), data[i], 0o644); err != nil {
 			return fmt.Errorf("kiln: cannot write %s: %v", FileName(names[i]), unwrapPathError(err))

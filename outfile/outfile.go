@@ -9,6 +9,7 @@ package outfile
 
 import (
 	"fmt"
+	"github.com/kiln-compiler/kiln/scratch"
 	"os"
 	"path/filepath"
 	"sync"
@@ -42,27 +43,32 @@ func WriteMode(path string, data []byte, mode os.FileMode, inputs ...string) err
 		}
 		return werr
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	tmp, err := scratch.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
+	renamed := false
+	defer func() {
+		if !renamed {
+			scratch.Remove(tmp.Name())
+		}
+	}()
 	_, werr := tmp.Write(data)
 	cerr := tmp.Close()
 	if werr != nil || cerr != nil {
-		os.Remove(tmp.Name())
 		if werr != nil {
 			return werr
 		}
 		return cerr
 	}
 	if err := os.Chmod(tmp.Name(), mode); err != nil {
-		os.Remove(tmp.Name())
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
 		return err
 	}
+	renamed = true
+	scratch.Forget(tmp.Name())
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kiln-compiler/kiln/scratch"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,7 +125,7 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = time.Second
 	ownProcessGroup(cmd)
-	err := cmd.Run()
+	err := scratch.Run(cmd)
 	killProcessGroup(cmd) // children a plugin left behind go with it
 	tail := stderr.buf.String()
 	if len(tail) > stderrTail {

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"fmt"
+	"github.com/kiln-compiler/kiln/scratch"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +175,7 @@ func Ranks(p *loops.Program) int64 {
 func mpiFlags() ([]string, error) {
 	var flags []string
 	for _, what := range []string{"--showme:compile", "--showme:link"} {
-		out, err := exec.Command("mpicc", what).Output()
+		out, err := scratch.Output(exec.Command("mpicc", what))
 		if err != nil {
 			return nil, fmt.Errorf("a program of several ranks links against MPI, and mpicc is missing: apt-get install -y libopenmpi-dev openmpi-bin")
 		}
@@ -209,11 +210,11 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "kiln-build-")
+	dir, err := scratch.MkdirTemp("", "kiln-build-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer scratch.Remove(dir)
 	ll := filepath.Join(dir, "program.ll")
 	if err := os.WriteFile(ll, []byte(text), 0o644); err != nil {
 		return nil, err
@@ -278,8 +279,9 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	tmp := filepath.Join(dir, "out")
 	args = append(args, "-o", tmp)
 	cmd := exec.Command(clang, args...)
-	cmd.Dir = dir // .incbin reads the init files from here
-	msg, err := cmd.CombinedOutput()
+	cmd.Dir = dir                                 // .incbin reads the init files from here
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir) // clang's own temporaries go with the folder
+	msg, err := scratch.CombinedOutput(cmd)
 	if err != nil || len(msg) > 0 {
 		return nil, fmt.Errorf("clang failed on the generated code: %v\n%s", err, tail(string(msg), 4000))
 	}
@@ -316,7 +318,8 @@ func fixedObject(clang, dir, name, src string, extra []string) (string, error) {
 		args := append(append(append([]string{}, Flags...), "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE"), extra...)
 		cmd := exec.Command(clang, append(args, "-c", c, "-o", obj)...)
 		cmd.Dir = dir
-		if msg, err := cmd.CombinedOutput(); err != nil || len(msg) > 0 {
+		cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+		if msg, err := scratch.CombinedOutput(cmd); err != nil || len(msg) > 0 {
 			o.err = fmt.Errorf("clang failed on the %s's source: %v\n%s", name, err, tail(string(msg), 4000))
 			return
 		}

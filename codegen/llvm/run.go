@@ -3,6 +3,7 @@ package llvm
 import (
 	"context"
 	"fmt"
+	"github.com/kiln-compiler/kiln/scratch"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,7 +61,7 @@ func Compile(p *loops.Program, opt Options) (*Executable, error) {
 }
 
 // Close removes the executable's folder.
-func (e *Executable) Close() error { return os.RemoveAll(e.dir) }
+func (e *Executable) Close() error { return scratch.Remove(e.dir) }
 
 // Run runs the executable on args as Run does (opt.Options is ignored:
 // the code is already generated).
@@ -90,7 +91,7 @@ func (e *Executable) Run(args []*interp.Tensor, opt RunOptions) (results, final 
 	if opt.MaxRSS != nil {
 		cmdArgs = append(cmdArgs, "--report-memory")
 	}
-	msg, err := exec.Command(e.bin, cmdArgs...).CombinedOutput()
+	msg, err := scratch.CombinedOutput(exec.Command(e.bin, cmdArgs...))
 	if opt.Binary != nil {
 		*opt.Binary = int64(len(e.exe))
 	}
@@ -115,12 +116,12 @@ func built(p *loops.Program, opt Options) (dir, bin string, exe []byte, err erro
 	if exe, err = Build(p, "exe", opt); err != nil {
 		return "", "", nil, err
 	}
-	if dir, err = os.MkdirTemp("", "kiln-run-"); err != nil {
+	if dir, err = scratch.MkdirTemp("", "kiln-run-"); err != nil {
 		return "", "", nil, err
 	}
 	bin = filepath.Join(dir, "program")
 	if err := os.WriteFile(bin, exe, 0o755); err != nil {
-		os.RemoveAll(dir)
+		scratch.Remove(dir)
 		return "", "", nil, err
 	}
 	return dir, bin, exe, nil
@@ -168,7 +169,7 @@ func RunRanks(p *loops.Program, args [][]*interp.Tensor, opts ...RunOptions) (re
 	if err != nil {
 		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer scratch.Remove(dir)
 	f := p.Func
 	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
 	for r, rargs := range args {
@@ -220,11 +221,11 @@ func RunStages(ps []*loops.Program, args [][]*interp.Tensor, opt Options) (resul
 	if err != nil {
 		return nil, nil, fmt.Errorf("running %d pipeline stages needs mpirun: apt-get install -y openmpi-bin libopenmpi-dev", len(ps))
 	}
-	dir, err := os.MkdirTemp("", "kiln-stages-")
+	dir, err := scratch.MkdirTemp("", "kiln-stages-")
 	if err != nil {
 		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer scratch.Remove(dir)
 	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
 	cmdArgs := []string{"--oversubscribe"}
 	if os.Geteuid() == 0 {
@@ -289,7 +290,7 @@ func runMPI(mpirun string, args []string) ([]byte, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, mpirun, args...)
 	cmd.WaitDelay = 10 * time.Second // ranks that outlive a killed mpirun keep its output open
-	msg, err := cmd.CombinedOutput()
+	msg, err := scratch.CombinedOutput(cmd)
 	if ctx.Err() != nil {
 		return msg, fmt.Errorf("the ranks did not finish within %v (do they wait for each other?)", MPITimeout)
 	}

@@ -10,12 +10,14 @@
    --report-memory reports the peak resident bytes (VmHWM) on stderr;
    --profile the time of every kernel (the runtime's kiln_profile). */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #if KILN_MPI
 #include <mpi.h>
 #endif
@@ -405,6 +407,17 @@ static void *read_npz(const char *path, const tensor_t *t) {
 	return NULL;
 }
 
+/* The .tmp file being written, which a signal that ends the program
+   removes (a result is written whole under its own name, or not at all). */
+static char pending_tmp[4200];
+static volatile sig_atomic_t have_tmp;
+
+static void on_signal(int sig) {
+	if (have_tmp) unlink(pending_tmp);
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
 static void write_npy(const char *dir, const char *file, const tensor_t *t, const void *data) {
 	char path[4096], tmp[4200], header[512], shape[256] = "";
 	snprintf(path, sizeof path, "%s/%s.npy", dir, file);
@@ -420,13 +433,22 @@ static void write_npy(const char *dir, const char *file, const tensor_t *t, cons
 	memset(header + n, ' ', pad);
 	header[n + pad] = '\n';
 	int hl = n + pad + 1;
+	have_tmp = 0;
+	memcpy(pending_tmp, tmp, sizeof tmp < sizeof pending_tmp ? sizeof tmp : sizeof pending_tmp);
+	have_tmp = 1;
 	FILE *f = fopen(tmp, "wb");
 	if (!f) die("cannot write %s: %s", tmp, strerror(errno));
 	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, hl & 0xff, hl >> 8};
 	fwrite(pre, 1, 10, f);
 	fwrite(header, 1, hl, f);
 	fwrite(data, 1, t->bytes, f);
-	if (fclose(f) != 0 || rename(tmp, path) != 0) die("cannot write %s: %s", path, strerror(errno));
+	int ok = fclose(f) == 0 && rename(tmp, path) == 0;
+	have_tmp = 0;
+	if (!ok) {
+		int e = errno;
+		unlink(tmp);
+		die("cannot write %s: %s", path, strerror(e));
+	}
 }
 
 /* peak_resident is VmHWM of /proc/self/status in bytes (0 if unknown). */
@@ -586,6 +608,9 @@ static void *argument_value(int argc, char **argv, const char *dir, const tensor
 }
 
 int main(int argc, char **argv) {
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGHUP, on_signal);
 	const char *dir = NULL, *in_dir = NULL;
 	int repeat = 1, timed = 0, report_memory = 0, profile = 0;
 	for (int i = 1; i < argc; i++) {

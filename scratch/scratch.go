@@ -1,0 +1,107 @@
+// Package scratch holds what one kiln process makes for a while and must
+// not leave behind when it is interrupted: temporary folders and files,
+// and child processes (clang, compiled programs, mpirun, plugins). Kiln's
+// signal handler calls Interrupt, which kills the children still running
+// (their whole process groups) and removes the folders and files still
+// registered.
+package scratch
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"sync"
+)
+
+var (
+	mu       sync.Mutex
+	paths    = map[string]bool{}
+	children = map[*exec.Cmd]bool{}
+)
+
+// MkdirTemp makes a temporary folder as os.MkdirTemp does and registers
+// it; Remove removes it.
+func MkdirTemp(dir, pattern string) (string, error) {
+	d, err := os.MkdirTemp(dir, pattern)
+	if err == nil {
+		track(d)
+	}
+	return d, err
+}
+
+// CreateTemp creates a temporary file as os.CreateTemp does and registers
+// it; Remove removes it, Forget keeps it (once renamed into place).
+func CreateTemp(dir, pattern string) (*os.File, error) {
+	f, err := os.CreateTemp(dir, pattern)
+	if err == nil {
+		track(f.Name())
+	}
+	return f, err
+}
+
+func track(path string) {
+	mu.Lock()
+	paths[path] = true
+	mu.Unlock()
+}
+
+// Forget stops tracking path.
+func Forget(path string) {
+	mu.Lock()
+	delete(paths, path)
+	mu.Unlock()
+}
+
+// Remove removes path and what it holds, and stops tracking it.
+func Remove(path string) error {
+	Forget(path)
+	return os.RemoveAll(path)
+}
+
+// Run runs cmd to completion in a process group of its own (unless cmd
+// already asks for one), which Interrupt kills while it runs.
+func Run(cmd *exec.Cmd) error {
+	ownGroup(cmd)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	mu.Lock()
+	children[cmd] = true
+	mu.Unlock()
+	err := cmd.Wait()
+	mu.Lock()
+	delete(children, cmd)
+	mu.Unlock()
+	return err
+}
+
+// CombinedOutput is cmd's standard output and error together, as
+// (*exec.Cmd).CombinedOutput, run by Run.
+func CombinedOutput(cmd *exec.Cmd) ([]byte, error) {
+	var b bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &b, &b
+	err := Run(cmd)
+	return b.Bytes(), err
+}
+
+// Output is cmd's standard output, as (*exec.Cmd).Output, run by Run.
+func Output(cmd *exec.Cmd) ([]byte, error) {
+	var b bytes.Buffer
+	cmd.Stdout = &b
+	err := Run(cmd)
+	return b.Bytes(), err
+}
+
+// Interrupt kills every child still running, with its process group,
+// and removes every registered folder and file. The process should exit
+// right after: what runs on may find its files gone.
+func Interrupt() {
+	mu.Lock()
+	defer mu.Unlock()
+	for c := range children {
+		killGroup(c)
+	}
+	for p := range paths {
+		os.RemoveAll(p)
+	}
+}

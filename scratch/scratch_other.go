@@ -1,0 +1,13 @@
+//go:build !unix
+
+package scratch
+
+import "os/exec"
+
+func ownGroup(cmd *exec.Cmd) {}
+
+func killGroup(cmd *exec.Cmd) {
+	if cmd.Process != nil {
+		cmd.Process.Kill()
+	}
+}
