@@ -194,6 +194,24 @@ func TestExecutableEmbedsSplatInits(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	got, want := readNpy(t, filepath.Join(dir, "exe", "y.npy")), readNpy(t, filepath.Join(dir, "run", "y.npy"))
 	require.LessOrEqual(t, passtest.RelErr(got, want), 1e-6, "one multiply-add per element in f32")
+
+	// A splat of 2^40 elements (4 TiB) is one element in the program: it
+	// compiles at once to a small executable, which then says it cannot
+	// allocate the step (exit 1, no crash).
+	huge := filepath.Join(dir, "huge.kir")
+	require.NoError(t, os.WriteFile(huge, []byte("func @f(%x: f32[4], %w: f32[1099511627776] {param, init = dense<f32[1099511627776]: 1.0>}) -> (f32[4]) {\n  %y = neg(%x) : f32[4]\n  return %y\n}\n"), 0o644))
+	hugeExe := filepath.Join(dir, "huge")
+	_, stderr, code = kiln(t, "compile", huge, "--emit", "exe", "-o", hugeExe)
+	require.Equal(t, 0, code, stderr)
+	st, err := os.Stat(hugeExe)
+	require.NoError(t, err)
+	require.Less(t, st.Size(), int64(1<<20), "the splat is stored as one element")
+	require.NoError(t, os.WriteFile(filepath.Join(in, "x.npy"), npyImage(`{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }`, 1, 1, 2, 3, 4), 0o644))
+	cmd := exec.Command(hugeExe, "--inputs", in, "--output-dir", filepath.Join(dir, "huge-out"))
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Equal(t, 1, cmd.ProcessState.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "cannot allocate the step")
 }
 
 // writeNPZ writes tensors as an .npz archive (members NAME.npy), stored

@@ -305,11 +305,20 @@ func (d *Dense) AllEqual() bool {
 // as ONNX raw_data and the text format's hex form do; a splat gives all
 // of its elements.
 func (d *Dense) RawBytes() []byte {
-	sz := d.Type.DType.Size()
 	n := int64(d.Len())
 	if d.IsSplat() {
 		n = d.Type.NumElements()
 	}
+	return d.rawBytes(n)
+}
+
+// StoredBytes encodes the stored elements as RawBytes does: a splat's
+// one value, once.
+func (d *Dense) StoredBytes() []byte { return d.rawBytes(int64(d.Len())) }
+
+// rawBytes encodes the first n elements.
+func (d *Dense) rawBytes(n int64) []byte {
+	sz := d.Type.DType.Size()
 	out := make([]byte, n*sz)
 	for i := int64(0); i < n; i++ {
 		b := out[i*sz:]

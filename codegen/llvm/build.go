@@ -150,12 +150,14 @@ func cString(s string) string {
 func initSymbol(i int) string { return "kiln_init_" + strconv.Itoa(i) }
 
 // InitFiles are the raw little-endian bytes of every parameter's init
-// value, by file name, which program.c embeds with .incbin.
+// value, by file name, which program.c embeds with .incbin: a splat's
+// one element, which the runtime repeats (a splat of a GiB is 4 bytes in
+// the program).
 func InitFiles(p *loops.Program) map[string][]byte {
 	out := map[string][]byte{}
 	for i, v := range p.Params {
 		if v.Arg != nil && v.Arg.Init != nil && v.Arg.Init.Type.Equal(v.Type) {
-			out[initSymbol(i)+".bin"] = v.Arg.Init.RawBytes()
+			out[initSymbol(i)+".bin"] = v.Arg.Init.StoredBytes() // a splat's one value: the runtime repeats it
 		}
 	}
 	return out

@@ -38,7 +38,9 @@ typedef struct kiln_step kiln_step;
 const char *kiln_descriptor(void);
 
 /* kiln_create makes a step whose parallel loops use at most threads
-   threads (0: the cores online). */
+   threads (0: the cores online). It returns NULL when memory runs out,
+   or when the arena and arguments together exceed the machine's
+   physical memory. */
 kiln_step *kiln_create(int threads);
 void kiln_destroy(kiln_step *s);
 

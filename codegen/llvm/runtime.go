@@ -95,6 +95,8 @@ type programTensor struct {
 	Bytes                          int64
 	InOut                          int
 	Init                           string // symbol of the embedded initial value, or ""
+	Splat                          int    // 1: Init holds one element, every element's value
+	ElemBytes                      int64
 }
 
 // programKernel is what the profile reports of a kernel besides its time:
@@ -139,7 +141,7 @@ func Tables(p *loops.Program, threads int) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		pt := programTensor{Name: cString(t.Name), Descr: descr, Rank: len(t.Shape), Bytes: t.Bytes, Type: cString(types[i].String())}
+		pt := programTensor{Name: cString(t.Name), Descr: descr, Rank: len(t.Shape), Bytes: t.Bytes, Type: cString(types[i].String()), ElemBytes: types[i].DType.Size()}
 		file := FileName(t.Name)
 		switch {
 		case i < len(p.Params):
@@ -147,6 +149,9 @@ func Tables(p *loops.Program, threads int) (string, error) {
 			file = FileName("updated." + t.Name)
 			if embedded(p.Params[i]) {
 				pt.Init = initSymbol(i)
+				if p.Params[i].Arg.Init.IsSplat() {
+					pt.Splat = 1
+				}
 			}
 		case i < len(p.Params)+len(p.Inputs):
 			pt.Kind, pt.Slot = 1, i-len(p.Params)

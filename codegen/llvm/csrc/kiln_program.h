@@ -14,8 +14,10 @@ typedef struct {
 	int rank;
 	const long long *shape;
 	long long bytes;
+	int elem_bytes;
 	int inout;
 	const unsigned char *init; /* the embedded initial value, or NULL */
+	int splat;                 /* init is one element, every element's value */
 	const char *type;          /* dtype[shape], for --help */
 } kiln_tensor_info;
 

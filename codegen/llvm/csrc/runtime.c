@@ -204,6 +204,15 @@ static void drop_pages(const void *p, long long n) {
 	if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+/* fill writes the elem bytes at value over all n bytes of dst, doubling
+   what is written with each copy. */
+static void fill(void *dst, const void *value, long long elem, long long n) {
+	char *d = dst;
+	if (n <= 0 || elem <= 0) return;
+	memcpy(d, value, (size_t)(elem < n ? elem : n));
+	for (long long done = elem; done < n; done *= 2) memcpy(d + done, d, (size_t)(done < n - done ? done : n - done));
+}
+
 void kiln_destroy(kiln_step *s) {
 	if (!s) return;
 	for (int i = 0; s->own && i < NPARAMS + NINPUTS; i++) free(s->own[i]);
@@ -217,6 +226,12 @@ kiln_step *kiln_create(int threads) {
 		long c = sysconf(_SC_NPROCESSORS_ONLN);
 		threads = c > 0 ? (int)c : 1;
 	}
+	/* More than the machine's memory would only be found out page by page
+	   (the allocation succeeds where memory is overcommitted). */
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	long long need = kiln_program.arena_bytes;
+	for (int i = 0; i < NPARAMS + NINPUTS; i++) need += tensors[i].bytes;
+	if (pages > 0 && page > 0 && need / page > pages) return NULL;
 	pool_want = threads;
 	pthread_once(&pool_once, pool_start);
 	kiln_step *s = calloc(1, sizeof *s);
@@ -237,7 +252,9 @@ kiln_step *kiln_create(int threads) {
 			kiln_destroy(s);
 			return NULL;
 		}
-		if (t->init) {
+		if (t->init && t->splat) {
+			fill(s->own[i], t->init, t->elem_bytes, t->bytes);
+		} else if (t->init) {
 			memcpy(s->own[i], t->init, (size_t)t->bytes);
 			drop_pages(t->init, t->bytes);
 		}
