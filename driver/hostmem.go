@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -71,9 +72,70 @@ func satMul(a, b int64) int64 {
 	return a * b
 }
 
-// availableMemory is the memory the system says is available (Linux's
-// MemAvailable), or 0 when it cannot tell.
+// availableMemory is the memory kiln may still use, or 0 when it cannot
+// tell: the least of what the system says is available (Linux's
+// MemAvailable), what the process's cgroup allows beyond what it holds,
+// and its address space limit (RLIMIT_AS) beyond what it has mapped.
 func availableMemory() int64 {
+	avail := memAvailable()
+	for _, lim := range []int64{cgroupLeft(), addressSpaceLeft()} {
+		if lim > 0 && (avail <= 0 || lim < avail) {
+			avail = lim
+		}
+	}
+	return avail
+}
+
+// cgroupLeft is memory.max less memory.current of the process's cgroup
+// (version 2), or 0 when there is no limit or no cgroup to read.
+func cgroupLeft() int64 {
+	raw, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		path, ok := strings.CutPrefix(line, "0::")
+		if !ok {
+			continue
+		}
+		dir := filepath.Join("/sys/fs/cgroup", filepath.Clean("/"+path))
+		limit, err1 := readInt(filepath.Join(dir, "memory.max"))
+		used, err2 := readInt(filepath.Join(dir, "memory.current"))
+		if err1 != nil || err2 != nil {
+			return 0 // "max", or no memory controller
+		}
+		return max(limit-used, 1)
+	}
+	return 0
+}
+
+// mappedBytes is the process's virtual size (VmSize), or 0.
+func mappedBytes() int64 { return statusKB("VmSize:") * 1024 }
+
+func readInt(path string) (int64, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+}
+
+func statusKB(key string) int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// memAvailable is Linux's MemAvailable, or 0 when it cannot tell.
+func memAvailable() int64 {
 	fh, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0

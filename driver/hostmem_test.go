@@ -2,6 +2,7 @@ package driver
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -50,4 +51,21 @@ func TestRunTooLargeForTheHost(t *testing.T) {
 		require.Contains(t, stderr, "huge.kir:1:1: error: running @f needs about 14.55 TiB of host memory")
 		require.NotContains(t, stderr, "goroutine")
 	}
+}
+
+// TestRunWithinAnAddressSpaceLimit: under an 8 GB RLIMIT_AS, kiln run of
+// a 16 GiB splat parameter is refused with a diagnostic (exit 1) before
+// anything is allocated: the guard counts the limit, not only the
+// machine's free memory.
+func TestRunWithinAnAddressSpaceLimit(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "splat.kir")
+	require.NoError(t, os.WriteFile(src, []byte("func @f(%w: f32[2147483648] {param, init = dense<f32[2147483648]: 1.0>}) -> (f32[]) {\n  %s = reduce_sum(%w) : f32[]\n  return %s\n}\n"), 0o644))
+	cmd := exec.Command("sh", "-c", `ulimit -v 8000000 && exec "$0" "$@"`, os.Args[0], "run", src, "--output-dir", filepath.Join(dir, "out"))
+	cmd.Env = append(os.Environ(), "KILN_TEST_AS_KILN=1")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Equal(t, 1, cmd.ProcessState.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "splat.kir:1:1: error: running @f needs about 16.00 GiB of host memory")
+	require.NotContains(t, string(out), "goroutine")
 }

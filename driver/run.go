@@ -289,7 +289,7 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 			given[a.Name] = t
 		}
 	}
-	random := interp.RandomArgsBounded(f.Args, seed, bound)
+	random := interp.RandomArgsExcept(f.Args, seed, bound, func(i int) bool { return given[f.Args[i].Name] != nil || f.Args[i].Arg.Init != nil })
 	vals := make([]*interp.Tensor, len(f.Args))
 	for i, a := range f.Args {
 		switch {

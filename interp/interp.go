@@ -328,14 +328,27 @@ func RandomArgs(f *ir.Func, seed uint64) []*Tensor {
 // bound gives (the functions that read them may be others: a partitioned
 // step's ranks or stages).
 func RandomArgsBounded(args []*ir.Value, seed uint64, bound func(i int) (int64, bool)) []*Tensor {
+	return RandomArgsExcept(args, seed, bound, func(int) bool { return false })
+}
+
+// RandomArgsExcept is RandomArgsBounded without the arguments given
+// reports (nil in their place): their values are drawn from the stream
+// but not kept, so that the other arguments get the same values, and
+// take no memory.
+func RandomArgsExcept(args []*ir.Value, seed uint64, bound func(i int) (int64, bool), given func(i int) bool) []*Tensor {
 	rng := rand.New(rand.NewPCG(seed, 0x6172677321))
 	out := make([]*Tensor, len(args))
 	for i, a := range args {
 		b, ok := bound(i)
-		out[i] = randomTensor(a.Type, b, ok, rng) // drawn even when kept, so that the other draws stay put
-		if ir.KeepsInit(a) {
+		switch {
+		case given(i):
+			skipDraws(a.Type, b, ok, rng)
+		case ir.KeepsInit(a):
+			skipDraws(a.Type, b, ok, rng) // drawn all the same, so that the other draws stay put
 			out[i] = FromDense(a.Arg.Init)
 			out[i].round() // as its dtype holds it (0.001 in f32 is 0.0010000000475)
+		default:
+			out[i] = randomTensor(a.Type, b, ok, rng)
 		}
 	}
 	return out
@@ -353,6 +366,31 @@ func randomTensor(ty ir.Type, b int64, known bool, rng *rand.Rand) *Tensor {
 		t.F[j] = rng.NormFloat64()
 	}
 	t.round()
+	bound := drawBound(ty, b, known)
+	for j := range t.I {
+		t.I[j] = rng.Int64N(bound)
+	}
+	return t
+}
+
+// skipDraws advances rng past the draws randomTensor would make.
+func skipDraws(ty ir.Type, b int64, known bool, rng *rand.Rand) {
+	n := ty.NumElements()
+	if ty.DType.IsFloat() {
+		for range n {
+			rng.NormFloat64()
+		}
+		return
+	}
+	bound := drawBound(ty, b, known)
+	for range n {
+		rng.Int64N(bound)
+	}
+}
+
+// drawBound is the bound of a random integer argument: an index's bound
+// when known, 2 for bools, else 10.
+func drawBound(ty ir.Type, b int64, known bool) int64 {
 	bound := int64(10)
 	if known {
 		bound = b
@@ -360,10 +398,7 @@ func randomTensor(ty ir.Type, b int64, known bool, rng *rand.Rand) *Tensor {
 	if ty.DType == ir.Bool {
 		bound = 2
 	}
-	for j := range t.I {
-		t.I[j] = rng.Int64N(max(bound, 1))
-	}
-	return t
+	return max(bound, 1)
 }
 
 // EvalOp runs a single op on concrete operands (constant folding uses it).

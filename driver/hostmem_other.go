@@ -1,0 +1,5 @@
+//go:build !unix
+
+package driver
+
+func addressSpaceLeft() int64 { return 0 }
