@@ -57,12 +57,37 @@ func hostBytesNeeded(f *ir.Func, interpreted bool) int64 {
 				dying[i] = append(dying[i], r)
 			}
 		}
-		peak = max(peak, live)
+		// A fused kernel's values live while it runs (the interpreter
+		// keeps every one of them until the kernel ends).
+		peak = max(peak, satAdd(live, regionElems(op.Region)))
 		for _, v := range dying[i] {
 			live -= elems(v)
 		}
 	}
 	return satMul(peak, hostTensorBytes)
+}
+
+// regionElems is the elements of every value a fused kernel's region
+// (and the regions inside it) computes.
+func regionElems(r *ir.Region) int64 {
+	if r == nil {
+		return 0
+	}
+	var n int64
+	for _, op := range r.Body {
+		for _, v := range op.Results {
+			n = satAdd(n, v.Type.NumElements())
+		}
+		n = satAdd(n, regionElems(op.Region))
+	}
+	return n
+}
+
+func satAdd(a, b int64) int64 {
+	if a > 1<<63-1-b {
+		return 1<<63 - 1
+	}
+	return a + b
 }
 
 func satMul(a, b int64) int64 {

@@ -69,3 +69,27 @@ func TestRunWithinAnAddressSpaceLimit(t *testing.T) {
 	require.Contains(t, string(out), "splat.kir:1:1: error: running @f needs about 16.00 GiB of host memory")
 	require.NotContains(t, string(out), "goroutine")
 }
+
+// TestTinyModelsOfHugeTensors: under an 8 GB RLIMIT_AS, a 91-byte ONNX
+// Dropout on 2^40 elements imports (its all-ones mask is never built),
+// and an Expand to 2^41 x 6 that a ReduceSum fuses back is refused at
+// -O2 with a diagnostic (the guard counts the values inside fused
+// kernels): exit 0 and 1, never the Go runtime's out of memory.
+func TestTinyModelsOfHugeTensors(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"opt", "../testdata/hostile/dropout_2e40.onnx"}, 0, "return %x"},
+		{[]string{"run", "../testdata/hostile/expand_2e41.onnx", "-O2", "--output-dir", filepath.Join(dir, "out")}, 1, "expand_2e41.onnx: error: running @g needs about 96.00 TiB of host memory"},
+	} {
+		cmd := exec.Command("sh", append([]string{"-c", `ulimit -v 8000000 && exec "$0" "$@"`, os.Args[0]}, c.args...)...)
+		cmd.Env = append(os.Environ(), "KILN_TEST_AS_KILN=1")
+		out, _ := cmd.CombinedOutput()
+		require.Equal(t, c.code, cmd.ProcessState.ExitCode(), "%v: %s", c.args, out)
+		require.Contains(t, string(out), c.want, "%v", c.args)
+		require.NotContains(t, string(out), "goroutine", "%v", c.args)
+	}
+}

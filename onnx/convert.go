@@ -183,11 +183,25 @@ func init() {
 			return nil, err
 		}
 		if training == 0 || ratio == 0 {
-			mask := interp.New(ir.Type{DType: ir.Bool, Shape: in[0].typ().Shape})
-			for i := range mask.I {
-				mask.I[i] = 1
+			// The mask keeps every element: a splat, never a tensor of the
+			// input's size (which may be far larger than memory).
+			mt := ir.Type{DType: ir.Bool, Shape: in[0].typ().Shape}
+			if len(n.Outputs) < 2 || n.Outputs[1] == "" {
+				return []entry{in[0]}, nil
 			}
-			return []entry{in[0], {k: mask}}, nil
+			if mt.NumElements() <= foldLimit {
+				mask := interp.New(mt)
+				for i := range mask.I {
+					mask.I[i] = 1
+				}
+				return []entry{in[0], {k: mask}}, nil
+			}
+			op, err := im.f.NewOp("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mt, Ints: []int64{1}})}, im.loc(), n.Outputs[1])
+			if err != nil {
+				return nil, err
+			}
+			im.f.Body = append(im.f.Body, op)
+			return []entry{in[0], {v: op.Results[0]}}, nil
 		}
 		im.seeds++
 		seed := attrInt(n, "seed", im.seeds)
