@@ -232,7 +232,7 @@ func joinBoolValues(fs *flag.FlagSet, args []string) []string {
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
 			continue
 		}
-		if v := args[i+1]; v == "true" || v == "false" {
+		if v := args[i+1]; v == "true" || v == "false" || v == "interp" && name == "verify-each" {
 			out[len(out)-1] = a + "=" + v
 			i++
 		}

@@ -29,6 +29,7 @@ type pipelineFlags struct {
 	// observe, when set, sees the module before and after each pass.
 	observe       func(pass string, m *ir.Module, a *passes.Analyses)
 	verifyEach    bool
+	validate      bool // --verify-each=interp: plugins' output by translation validation too
 	timing        bool
 	timingFormat  string
 	stats         bool
@@ -74,7 +75,8 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.printAfterAll, "print-ir-after-all", false, "print the IR after every pass")
 	fs.BoolVar(&p.printAfterChange, "print-ir-after-change", false, "print the IR after every pass that changed it")
 	fs.BoolVar(&p.printConstants, "print-constants", false, "print large constants whole in --print-ir-* dumps (they are elided to their type and size otherwise; -o output and dump-dir files are always whole)")
-	fs.BoolVar(&p.verifyEach, "verify-each", true, "verify the IR after every pass")
+	p.verifyEach = true
+	fs.Var(verifyFlag{p}, "verify-each", "verify the IR after every pass: true, false, or interp (also run the interpreter before and after every external pass and compare)")
 	fs.BoolVar(&p.timing, "timing", false, "report the wall time of each pass (to stderr)")
 	fs.StringVar(&p.timingFormat, "timing-format", "text", "timing report format: text or json")
 	fs.BoolVar(&p.stats, "stats", false, "print pass statistics (to stderr)")
@@ -163,6 +165,7 @@ func (p *pipelineFlags) plan(e *env, in *input, req planner.Request) (*planner.R
 			PrintAfterChange: p.printAfterChange,
 			PrintConstants:   p.printConstants,
 			VerifyEach:       p.verifyEach,
+			ValidateExternal: p.validate,
 			DumpDir:          p.dumpDir,
 			ReproducerDir:    p.reproducerDir,
 			Log:              e.stderr,
@@ -293,3 +296,30 @@ func writeOutputMode(e *env, path string, data []byte, mode os.FileMode) error {
 	}
 	return nil
 }
+
+// verifyFlag is --verify-each: a boolean that also takes "interp".
+type verifyFlag struct{ p *pipelineFlags }
+
+func (v verifyFlag) String() string {
+	if v.p == nil || v.p.verifyEach && !v.p.validate {
+		return "true"
+	}
+	if v.p.validate {
+		return "interp"
+	}
+	return "false"
+}
+
+func (v verifyFlag) Set(s string) error {
+	switch s {
+	case "true", "false":
+		v.p.verifyEach, v.p.validate = s == "true", false
+	case "interp":
+		v.p.verifyEach, v.p.validate = true, true
+	default:
+		return fmt.Errorf("--verify-each takes true, false or interp, not %q", s)
+	}
+	return nil
+}
+
+func (v verifyFlag) IsBoolFlag() bool { return true }

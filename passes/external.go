@@ -69,6 +69,38 @@ func ExternalResolver(dir string, timeout time.Duration) Resolver {
 	}
 }
 
+// Signature is f's interface as callers see it: each argument's name,
+// type, kind and whether it is updated in place, and each result's name
+// and type (not initial values or other attributes).
+func Signature(f *ir.Func) string {
+	var b strings.Builder
+	b.WriteString("@" + ir.QuoteName(f.Name) + "(")
+	for i, a := range f.Args {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %s", a.Ref(), a.Type)
+		if a.Arg != nil && a.Arg.Kind != ir.ArgData {
+			b.WriteString(" " + a.Arg.Kind.String())
+		}
+		if a.Arg != nil && a.Arg.InOut {
+			b.WriteString(" inout")
+		}
+	}
+	b.WriteString(") -> (")
+	for i, r := range f.Results {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if r.Name != "" {
+			b.WriteString(ir.QuoteKey(r.Name) + ": ")
+		}
+		b.WriteString(r.Value.Type.String())
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
 // stderrTail is how much of a failing plugin's standard error is shown.
 const stderrTail = 2000
 
@@ -101,12 +133,21 @@ func (c *capped) Write(p []byte) (int, error) {
 	return c.buf.Write(p)
 }
 
+// ChangeSignature is the option of an ext:NAME step that lets the
+// plugin change its functions' signatures (Kiln's own; the plugin does
+// not see it): ext:NAME{change-signature=true}.
+const ChangeSignature = "change-signature"
+
 func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Duration) error {
 	var args []string
 	keys := make([]string, 0, len(ctx.Args()))
 	for k := range ctx.Args() {
+		if k == ChangeSignature {
+			continue
+		}
 		keys = append(keys, k)
 	}
+	freeSignature := ctx.Args()[ChangeSignature] == "true"
 	sort.Strings(keys)
 	for _, k := range keys {
 		args = append(args, "--"+k+"="+ctx.Args()[k])
@@ -146,6 +187,9 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 	case c.Err() == context.DeadlineExceeded:
 		return describe(fmt.Sprintf("timed out after %s (--plugin-timeout)", timeout))
 	}
+	if errors.Is(err, exec.ErrWaitDelay) {
+		return describe("exited, but a process it started kept its standard output or error open (that process was stopped); the output is not used")
+	}
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -161,8 +205,17 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 		return describe(fmt.Sprintf("printed invalid IR (exit status 0):\n%v", perr))
 	}
 	for _, f := range m.Funcs {
-		if out.Func(f.Name) == nil {
+		g := out.Func(f.Name)
+		if g == nil {
 			return describe(fmt.Sprintf("printed a module without @%s (exit status 0): a pass returns every function it was given", f.Name))
+		}
+		if a, b := Signature(f), Signature(g); a != b && !freeSignature {
+			return describe(fmt.Sprintf("changed the signature of @%s (exit status 0) from\n  %s\nto\n  %s\n(give %s%s{%s=true} if it may)", f.Name, a, b, ExternalPrefix, strings.TrimPrefix(prog, "kiln-pass-"), ChangeSignature))
+		}
+	}
+	for _, g := range out.Funcs {
+		if m.Func(g.Name) == nil {
+			return describe(fmt.Sprintf("printed @%s, which it was not given (exit status 0): a pass returns the functions it was given, no others", g.Name))
 		}
 	}
 	*m = *out

@@ -26,6 +26,11 @@ type Instrumentation struct {
 	PrintAfterChange bool
 	PrintConstants   bool // dumps print large constants whole (else elided)
 	VerifyEach       bool
+	// ValidateExternal checks each external pass (ext:NAME) by
+	// translation validation: every function it keeps the signature of
+	// runs in the interpreter before and after, on the same random
+	// arguments, and the results must agree (see validateRewrite).
+	ValidateExternal bool
 	DumpDir          string    // one numbered file per pass when set
 	ReproducerDir    string    // where a failing pass leaves its reproducer (none when empty)
 	Log              io.Writer // IR printing goes here (stderr in the CLI)
@@ -133,6 +138,12 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		in.Progress.Step("pass %d/%d: %s", i+1, len(pipe), name)
 		// The text before the pass, only for what reads it: a dump, the
 		// change test, a reproducer.
+		var reference []*ir.Func
+		if in.ValidateExternal && strings.HasPrefix(name, ExternalPrefix) {
+			for _, f := range m.Funcs {
+				reference = append(reference, f.Clone())
+			}
+		}
 		before := ""
 		if in.PrintAfterChange || in.PrintBefore[name] || in.ReproducerDir != "" {
 			before = m.String()
@@ -164,6 +175,9 @@ func (mg *Manager) Run(m *ir.Module, pipe Pipeline) error {
 		}
 		if err == nil && in.VerifyEach {
 			err = mg.Analyses.check(m)
+		}
+		if err == nil && reference != nil {
+			err = validateRewrite(reference, m)
 		}
 		if err != nil {
 			pe := &PassError{Pass: name, Err: err}
