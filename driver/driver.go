@@ -71,6 +71,7 @@ func (e usageError) Error() string { return e.msg }
 // ending the programs it runs and removing its temporary files
 // (package scratch).
 func Run() {
+	scratch.AdoptOrphans()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {

@@ -168,6 +168,7 @@ func runExternal(ctx *Context, m *ir.Module, prog, path string, timeout time.Dur
 	ownProcessGroup(cmd)
 	err := scratch.Run(cmd)
 	killProcessGroup(cmd) // children a plugin left behind go with it
+	scratch.KillStrays()  // and those that left its group (setsid), once adopted
 	tail := stderr.buf.String()
 	if len(tail) > stderrTail {
 		tail = "..." + tail[len(tail)-stderrTail:]

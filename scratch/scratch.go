@@ -62,10 +62,11 @@ func Remove(path string) error {
 // already asks for one), which Interrupt kills while it runs.
 func Run(cmd *exec.Cmd) error {
 	ownGroup(cmd)
+	mu.Lock() // KillStrays never sees a child started but not yet known
 	if err := cmd.Start(); err != nil {
+		mu.Unlock()
 		return err
 	}
-	mu.Lock()
 	children[cmd] = true
 	mu.Unlock()
 	err := cmd.Wait()
@@ -104,4 +105,5 @@ func Interrupt() {
 	for p := range paths {
 		os.RemoveAll(p)
 	}
+	killStrays()
 }
