@@ -12,5 +12,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_AS_KILN") == "1" {
 		Run()
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if fuzzExeDir != "" {
+		os.RemoveAll(fuzzExeDir) // the executable FuzzExecutableReader built for this process
+	}
+	os.Exit(code)
 }
