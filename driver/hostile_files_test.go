@@ -92,6 +92,17 @@ func TestHostileFilesRefusedAlike(t *testing.T) {
 			require.Contains(t, stderr, "holds f32[3], but argument %x is f32[2]", "kiln run names both shapes")
 		}
 	}
+	// A device and a missing folder: refused by both, never read.
+	for _, args := range [][]string{
+		{"--input", "x=/dev/zero"},
+		{"--inputs", "/dev/zero"},
+		{"--inputs", filepath.Join(dir, "no-such-folder")},
+	} {
+		_, stderr, code := kiln(t, append([]string{"run", one, "--output-dir", filepath.Join(dir, "run-dev")}, args...)...)
+		require.Equal(t, 1, code, "kiln run took %v: %s", args, stderr)
+		c, out := exitCode(t, exec.Command(exe, append(args, "--output-dir", filepath.Join(dir, "exe-dev"))...))
+		require.Equal(t, 1, c, "the executable took %v: %s", args, out)
+	}
 	// .npz: a member whose CRC is wrong; two members with one name.
 	zipOf := func(members ...[2]string) []byte {
 		var b bytes.Buffer

@@ -227,7 +227,7 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 	load := func(arg *ir.Value, file string) (*interp.Tensor, error) {
 		name := arg.Name
 		e.files.Read(file)
-		data, err := os.ReadFile(file)
+		data, err := readArgumentFile(file, arg.Type.SizeBytes())
 		if err != nil {
 			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
 		}
@@ -267,6 +267,15 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 		}
 		given[name] = t
 	}
+	if inputsDir != "" {
+		st, err := os.Stat(inputsDir)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("kiln: --inputs %s: %v", inputsDir, unwrapPathError(err))
+		case !st.IsDir() && !st.Mode().IsRegular():
+			return nil, fmt.Errorf("kiln: --inputs %s is neither a folder nor an .npz file", inputsDir)
+		}
+	}
 	if st, err := os.Stat(inputsDir); inputsDir != "" && err == nil && st.Mode().IsRegular() {
 		// --inputs FILE.npz: NAME.npy members, as numpy.savez writes.
 		if err := npzValues(e, f, inputsDir, given); err != nil {
@@ -302,6 +311,26 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 		}
 	}
 	return vals, nil
+}
+
+// readArgumentFile reads a .npy file for an argument of the given bytes:
+// a regular file (not a device: /dev/zero never ends), and no more than
+// the data and a header of at most 1 MiB, plus one byte (the reader then
+// refuses what follows the data).
+func readArgumentFile(path string, bytes int64) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return io.ReadAll(io.LimitReader(fh, bytes+(1<<20)+64))
 }
 
 // npzValues reads the members NAME.npy of the .npz archive path (stored

@@ -304,6 +304,8 @@ static void *read_npy_at(FILE *f, long long size, const char *path, const tensor
 }
 
 static void *read_npy(const char *path, const tensor_t *t) {
+	struct stat st;
+	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) die("%s is not a regular file%s", path, "");
 	FILE *f = fopen(path, "rb");
 	if (!f) die("cannot open %s: %s", path, strerror(errno));
 	void *buf = read_npy_at(f, -1, path, t);
@@ -626,6 +628,11 @@ int main(int argc, char **argv) {
 		else if (strncmp(argv[i], "--input=", 8) != 0) die("unknown argument %s%s", argv[i], "");
 	}
 	if (!dir) misuse("--output-dir is required%s%s", "", "");
+	if (in_dir) {
+		struct stat st;
+		if (stat(in_dir, &st) != 0) die("--inputs %s: %s", in_dir, strerror(errno));
+		if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) die("--inputs %s is neither a folder nor an .npz file%s", in_dir, "");
+	}
 	if (!*dir) misuse("--output-dir is empty%s%s", "", "");
 	check_inputs(argc, argv);
 	mkdir(dir, 0777);
