@@ -26,6 +26,7 @@ type FloorError struct {
 	Budget, Floor int64
 	Op            *ir.Op // where the floor is reached
 	Split         int    // the finest split it assumes (1: none can be made)
+	Given         bool   // Split is the split of one try, not the finest
 }
 
 func (e *FloorError) Error() string {
@@ -36,7 +37,10 @@ func (e *FloorError) Error() string {
 		where += " at " + e.Op.Pos.String()
 	}
 	split := "the batch split as finely as it can be (into %d)"
-	if e.Split <= 1 {
+	switch {
+	case e.Given:
+		split = "the batch split into %d"
+	case e.Split <= 1:
 		split = "no split of the batch (none can be made)%.0d"
 	}
 	return fmt.Sprintf("the budget of %s (%d bytes) is below %s (%d bytes), the least any plan reaches: %s needs its operands (or its results) on the device together, with "+split+", recomputation and every parameter, state and input in host memory",
@@ -126,6 +130,34 @@ func (p *planner) floor(f *ir.Func, budget int64) error {
 			}
 		}
 	}
+	if e := floorAt(f, budget, n, sliced); e.Op != nil && budget < e.Floor {
+		return e
+	}
+	return nil
+}
+
+// splitFloor is the floor of f split into n (swap free to move every
+// parameter, state and input to the host), or nil when f cannot be split
+// so.
+func (p *planner) splitFloor(f *ir.Func, budget int64, n int) *FloorError {
+	b := batchOf(f)
+	if b <= 0 || b%int64(n) != 0 {
+		return nil
+	}
+	sliced, err := mb.Sliced(f, n, mb.Options{PerSliceBN: p.req.allows(passes.PerSliceBN)})
+	if err != nil {
+		return nil
+	}
+	if e := floorAt(f, budget, n, sliced); e.Op != nil {
+		e.Given = true
+		return e
+	}
+	return nil
+}
+
+// floorAt is the floor of f with the values sliced holding a share of n:
+// the most that one op's operands, or its results, need together.
+func floorAt(f *ir.Func, budget int64, n int, sliced map[*ir.Value]bool) *FloorError {
 	size := func(v *ir.Value) int64 {
 		if sliced[v] {
 			return v.Type.SizeBytes() / int64(n)
@@ -152,10 +184,7 @@ func (p *planner) floor(f *ir.Func, budget int64) error {
 			e.Floor, e.Op = w, op
 		}
 	}
-	if e.Op != nil && budget < e.Floor {
-		return e
-	}
-	return nil
+	return e
 }
 
 // batchOf is the batch a split would cut: dimension 0 of the first data
@@ -209,6 +238,15 @@ const fitSolver = "greedy"
 // fastest with recomputation in them (0: recomputation alone), and a note
 // saying why.
 func (p *planner) fit(f *ir.Func, budget int64) (int, string) {
+	// Every argument on the device stays there through a recomputing plan
+	// (remat moves nothing to the host, and a split slices the batch
+	// inside the step, keeping its inputs whole), and the results are
+	// there together at the end: a budget below that is out of
+	// recomputation's reach at any split, and trying splits of a large
+	// step takes minutes.
+	if remat.StepFloor(f) > budget {
+		return 0, ""
+	}
 	g := f.Clone()
 	res, err := remat.Rematerialize(g, budget, fitSolver)
 	var be *remat.BudgetError
@@ -283,6 +321,9 @@ type offloadTry struct {
 	pipe  passes.Pipeline
 	note  string
 	split int // microbatches the step is split into before swap; 0 when not split
+	// floor, when set, is above the budget: no plan of this split reaches
+	// it, and the try does not run.
+	floor *FloorError
 	// base is the index of the try this one repeats with swap free to move
 	// the data inputs, or -1: it need not run when that try failed before
 	// swap.
@@ -310,6 +351,14 @@ func (p *planner) offload(m, orig *ir.Module, pipe passes.Pipeline, failure erro
 	for i, try := range tries {
 		if try.base >= 0 && failedIn[try.base] != "swap" {
 			continue // it would stop where its base did
+		}
+		if try.floor != nil {
+			p.res.Tries = append(p.res.Tries, Try{Pipeline: try.pipe, Err: try.floor})
+			failedIn[i] = "floor"
+			if splitErr == nil {
+				splitErr, maxSplit = try.floor, try.split
+			}
+			continue
 		}
 		splitNote := ""
 		if at := slices.IndexFunc(try.pipe, func(s passes.Step) bool { return s.Pass.Name == "remat" }); at >= 0 {
@@ -396,7 +445,7 @@ func (p *planner) offloadTries(orig *ir.Module, pipe passes.Pipeline) ([]offload
 		}
 		out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", diag.Bytes(b))
-		tries = append(tries, offloadTry{out, note, 0, -1})
+		tries = append(tries, offloadTry{pipe: out, note: note, base: -1})
 	}
 	grad := -1
 	for i, s := range before {
@@ -416,7 +465,13 @@ func (p *planner) offloadTries(orig *ir.Module, pipe passes.Pipeline) ([]offload
 			out := slices.Concat(before[:grad+1], split, before[grad+1:])
 			out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 			note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", diag.Bytes(b), n, diag.Bytes(b))
-			tries = append(tries, offloadTry{out, note, n, -1})
+			try := offloadTry{pipe: out, note: note, split: n, base: -1}
+			for _, f := range trial.Funcs {
+				if e := p.splitFloor(f, b, n); e != nil && b < e.Floor && (try.floor == nil || e.Floor > try.floor.Floor) {
+					try.floor = e
+				}
+			}
+			tries = append(tries, try)
 		}
 	}
 	// Last resort: the data inputs may stay in host memory (the caller
@@ -430,7 +485,7 @@ func (p *planner) offloadTries(orig *ir.Module, pipe passes.Pipeline) ([]offload
 				out[j] = inputs
 			}
 		}
-		tries = append(tries, offloadTry{out, try.note + ", and leaving the data inputs in host memory", try.split, i})
+		tries = append(tries, offloadTry{pipe: out, note: try.note + ", and leaving the data inputs in host memory", split: try.split, base: i, floor: try.floor})
 	}
 	return tries, nil
 }

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"errors"
+	"github.com/kiln-compiler/kiln/onnx"
 	"strings"
 	"testing"
 
@@ -191,4 +192,26 @@ func TestParallelSearchThroughTheRequest(t *testing.T) {
 	require.Contains(t, notes, "chose ")
 	require.Contains(t, notes, "weighed dp=1,zero=0")
 	require.NotEmpty(t, m.Funcs)
+}
+
+// TestUnreachableBudgetRefusedWithoutSearch: MobileNetV3-Large's training
+// step at 0.01 of its peak is above the floor of the finest split (so not
+// refused up front), but every plan the toolbox would try is refused by
+// a bound before it runs: recomputation by the bytes its arguments and
+// results need together (remat.StepFloor), the offloaded splits into 2,
+// 4 and 8 by their own floors. The toolbox searched for more than ten
+// minutes before reaching the same answer.
+func TestUnreachableBudgetRefusedWithoutSearch(t *testing.T) {
+	m, err := onnx.ImportFile("../testdata/models/torchvision/mobilenet_v3_large/model.onnx", onnx.Options{})
+	require.NoError(t, err)
+	var tries []string
+	_, err = Plan(m, Request{Train: "mean", Level: 2, Budget: "0.01"}, Session{Pipeline: func(p passes.Pipeline) { tries = append(tries, p.String()) }})
+	require.Error(t, err)
+	var fe *FloorError
+	require.False(t, errors.As(err, &fe), "not refused by the up-front floor: the case is the search")
+	require.Contains(t, err.Error(), "which no schedule or recomputation goes below", "remat refuses at once")
+	require.Contains(t, err.Error(), "with the batch split into 2", "the splits are refused by their floors")
+	for _, p := range tries {
+		require.NotContains(t, p, "microbatch", "a split try ran: %s", p)
+	}
 }

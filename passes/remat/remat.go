@@ -12,7 +12,6 @@ package remat
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -35,12 +34,6 @@ func init() {
 			peak := ctx.Liveness(f).Peak
 			budget := o.Budget.Of(peak)
 			res, err := Rematerialize(f, budget, o.Solver)
-			var be *BudgetError
-			if errors.As(err, &be) {
-				if fl := stepFloor(f); budget < fl {
-					be.Floor = fl
-				}
-			}
 			if err != nil {
 				return err
 			}
@@ -59,15 +52,17 @@ type options struct {
 	Solver string      `opt:"solver" enum:"best|cheap|greedy|sqrt|exact" default:"best" doc:"cheap: keep the outputs of compute-heavy ops and recompute cheap chains from them, largest first, then greedy; greedy: cheapest recomputation per byte at the peak, repeatedly; sqrt: Chen et al. 2016 segment checkpoints; exact: every subset of saved values (small graphs); best: all that apply, fewest added FLOPs"`
 }
 
-// stepFloor is the least peak any schedule of f can have, however split
-// or recomputed: its arguments are live throughout and its results
-// together at the end.
-func stepFloor(f *ir.Func) int64 {
+// StepFloor is the least peak any schedule of f can have, however split
+// or recomputed: its arguments on the device are live throughout and its
+// results together at the end.
+func StepFloor(f *ir.Func) int64 {
 	var n int64
 	seen := map[*ir.Value]bool{}
 	for _, a := range f.Args {
 		seen[a] = true
-		n += a.Type.SizeBytes()
+		if !ir.HostArg(a) {
+			n += a.Type.SizeBytes()
+		}
 	}
 	for _, r := range f.Results {
 		if !seen[r.Value] && !ir.HostResult(r.Value) {
@@ -93,16 +88,19 @@ type BudgetError struct {
 	Reached int64
 	Holders []liveness.Holder
 	// Floor, when set, is what the step's arguments and results need
-	// together, above the budget: no schedule goes below it.
+	// together, above the budget: no schedule goes below it, and no
+	// solver ran (Reached is the peak as it was).
 	Floor int64
 }
 
 func (e *BudgetError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) by recomputation; the budget is %s (%d bytes)",
-		e.Func, diag.Bytes(e.Reached), e.Reached, diag.Bytes(e.Budget), e.Budget)
 	if e.Floor > e.Budget {
-		fmt.Fprintf(&b, ", under the %s (%d bytes) that the step's arguments and results need together, which no schedule or recomputation goes below", diag.Bytes(e.Floor), e.Floor)
+		fmt.Fprintf(&b, "@%s: the budget of %s (%d bytes) is under the %s (%d bytes) that the step's arguments and results need together, which no schedule or recomputation goes below (the peak is %s)",
+			e.Func, diag.Bytes(e.Budget), e.Budget, diag.Bytes(e.Floor), e.Floor, diag.Bytes(e.Reached))
+	} else {
+		fmt.Fprintf(&b, "@%s: can't reduce memory below %s (%d bytes) by recomputation; the budget is %s (%d bytes)",
+			e.Func, diag.Bytes(e.Reached), e.Reached, diag.Bytes(e.Budget), e.Budget)
 	}
 	b.WriteString(". Values live at that peak:")
 	for _, h := range e.Holders {
@@ -117,8 +115,14 @@ func (e *BudgetError) Error() string {
 // Rematerialize rewrites f to fit budget with the named solver.
 func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 	applyAlways(f)
-	if p := liveness.Analyze(f).Peak; p <= budget {
-		return Result{Peak: p, Solver: "none"}, nil
+	info := liveness.Analyze(f)
+	if info.Peak <= budget {
+		return Result{Peak: info.Peak, Solver: "none"}, nil
+	}
+	if fl := StepFloor(f); budget < fl {
+		// No solver can help: refused before any runs (on a large step
+		// they take minutes to find that out).
+		return Result{}, &BudgetError{Func: f.Name, Budget: budget, Reached: info.Peak, Floor: fl, Holders: info.Holders(10)}
 	}
 	var best *ir.Func
 	bestRes := Result{FLOPs: math.MaxInt64}

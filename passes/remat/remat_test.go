@@ -87,13 +87,25 @@ func TestHintsAndImpureOps(t *testing.T) {
 	require.Equal(t, 1, strings.Count(text, "random_uniform"), "impure ops are never recomputed")
 }
 
+// TestBudgetErrorNamesTheHolders: a budget no solver reaches names the
+// values live at the lowest peak reached; one below what the arguments
+// and results need together is refused before any solver runs, naming
+// that floor and the values live at the peak.
 func TestBudgetErrorNamesTheHolders(t *testing.T) {
-	m := passtest.Parse(t, mlp)
-	f := m.Funcs[0]
+	f := passtest.Parse(t, mlp).Funcs[0]
 	_, err := Rematerialize(f, 100, "best")
 	var be *BudgetError
 	require.ErrorAs(t, err, &be)
+	require.Equal(t, StepFloor(f), be.Floor)
+	require.Contains(t, err.Error(), "that the step's arguments and results need together, which no schedule or recomputation goes below")
+	require.NotEmpty(t, be.Holders)
+
+	f = passtest.Parse(t, mlp).Funcs[0]
+	_, err = Rematerialize(f, StepFloor(f)+1, "best")
+	require.ErrorAs(t, err, &be)
+	require.Zero(t, be.Floor)
 	require.Contains(t, err.Error(), "can't reduce memory below")
+	require.Greater(t, be.Reached, StepFloor(f))
 	require.NotEmpty(t, be.Holders)
 	_ = ir.F64
 }
