@@ -322,28 +322,19 @@ func readModule(e *env, path string, opt onnx.Options) (*input, error) {
 // ("-"), not a device (/dev/zero never ends), and no more than a quarter
 // of the memory available (what kiln then builds from it takes more).
 func readInputFile(e *env, path string) ([]byte, error) {
-	var r io.Reader = e.stdin
-	name := "standard input"
-	if path != "-" {
-		fh, err := os.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		defer fh.Close()
-		st, err := fh.Stat()
-		if err != nil {
-			return nil, err
-		}
-		if st.Mode()&(os.ModeDevice|os.ModeCharDevice|os.ModeDir|os.ModeSocket) != 0 {
-			return nil, fmt.Errorf("%s is not a regular file", path)
-		}
-		r, name = fh, path
-	}
 	limit := availableMemory() / 4
 	if limit <= 0 {
 		limit = 1 << 40
 	}
-	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	name := "standard input"
+	var data []byte
+	var err error
+	if path == "-" {
+		data, err = io.ReadAll(io.LimitReader(e.stdin, limit+1))
+	} else {
+		name = path
+		data, err = readRegular(path, limit+1)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -351,6 +342,25 @@ func readInputFile(e *env, path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s holds more than %s, a quarter of the memory available: kiln reads its input whole", name, diag.Bytes(limit))
 	}
 	return data, nil
+}
+
+// readRegular reads at most limit bytes of the file path, a regular
+// file or a pipe (<(...)): a device (/dev/zero never ends), a folder or
+// a socket is refused.
+func readRegular(path string, limit int64) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Mode()&(os.ModeDevice|os.ModeCharDevice|os.ModeDir|os.ModeSocket) != 0 {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return io.ReadAll(io.LimitReader(fh, limit))
 }
 
 // binaryKind says what a binary file that is neither a .kir text nor an

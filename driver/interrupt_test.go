@@ -24,7 +24,7 @@ func TestInterruptLeavesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kiln and runs it under signals (the full run)")
 	}
-	requireClangForTest(t)
+	needClang(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "kiln")
 	build := exec.Command("go", "build", "-o", bin, "../cmd/kiln")
@@ -128,13 +128,4 @@ func processesIn(dir string) []string {
 		}
 	}
 	return out
-}
-
-func requireClangForTest(t *testing.T) {
-	for _, c := range []string{"clang-14", "clang"} {
-		if _, err := exec.LookPath(c); err == nil {
-			return
-		}
-	}
-	t.Fatal("clang is not installed (.ci/run installs clang-14)")
 }

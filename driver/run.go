@@ -227,7 +227,9 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 	load := func(arg *ir.Value, file string) (*interp.Tensor, error) {
 		name := arg.Name
 		e.files.Read(file)
-		data, err := readArgumentFile(file, arg.Type.SizeBytes())
+		// No further than the data and a header of at most 1 MiB, and one
+		// byte (the reader then refuses what follows the data).
+		data, err := readRegular(file, arg.Type.SizeBytes()+(1<<20)+64)
 		if err != nil {
 			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
 		}
@@ -311,26 +313,6 @@ func argumentValues(e *env, f *ir.Func, bound func(i int) (int64, bool), inputs 
 		}
 	}
 	return vals, nil
-}
-
-// readArgumentFile reads a .npy file for an argument of the given bytes:
-// a regular file (not a device: /dev/zero never ends), and no more than
-// the data and a header of at most 1 MiB, plus one byte (the reader then
-// refuses what follows the data).
-func readArgumentFile(path string, bytes int64) ([]byte, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	st, err := fh.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	return io.ReadAll(io.LimitReader(fh, bytes+(1<<20)+64))
 }
 
 // npzValues reads the members NAME.npy of the .npz archive path (stored

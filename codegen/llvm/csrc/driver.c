@@ -421,30 +421,21 @@ static void on_signal(int sig) {
 }
 
 static void write_npy(const char *dir, const char *file, const tensor_t *t, const void *data) {
-	char path[4096], tmp[4200], header[512], shape[256] = "";
+	char path[4096], tmp[4200];
+	unsigned char header[KILN_NPY_HEADER_MAX];
 	snprintf(path, sizeof path, "%s/%s.npy", dir, file);
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	for (int i = 0; i < t->rank; i++) {
-		char d[32];
-		snprintf(d, sizeof d, i ? ", %lld" : "%lld", t->shape[i]);
-		strcat(shape, d);
-	}
-	if (t->rank == 1) strcat(shape, ",");
-	int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", t->descr, shape);
-	int total = 10 + n + 1, pad = (64 - total % 64) % 64;
-	memset(header + n, ' ', pad);
-	header[n + pad] = '\n';
-	int hl = n + pad + 1;
+	int hl = kiln_npy_header(t, header);
+	if (hl < 0) die("%s: the shape of %s does not fit a .npy header", path, t->name);
 	have_tmp = 0;
 	memcpy(pending_tmp, tmp, sizeof tmp < sizeof pending_tmp ? sizeof tmp : sizeof pending_tmp);
 	have_tmp = 1;
 	FILE *f = fopen(tmp, "wb");
 	if (!f) die("cannot write %s: %s", tmp, strerror(errno));
-	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, hl & 0xff, hl >> 8};
-	fwrite(pre, 1, 10, f);
-	fwrite(header, 1, hl, f);
-	fwrite(data, 1, t->bytes, f);
-	int ok = fclose(f) == 0 && rename(tmp, path) == 0;
+	int ok = fwrite(header, 1, (size_t)hl, f) == (size_t)hl;
+	ok = fwrite(data, 1, (size_t)t->bytes, f) == (size_t)t->bytes && ok;
+	ok = fclose(f) == 0 && ok;
+	ok = ok && rename(tmp, path) == 0;
 	have_tmp = 0;
 	if (!ok) {
 		int e = errno;

@@ -42,6 +42,12 @@ typedef struct {
 
 extern const kiln_program_info kiln_program;
 
+/* kiln_npy_header writes t's .npy header to h (KILN_NPY_HEADER_MAX bytes)
+   and returns its length, or -1 when the shape does not fit (runtime.c:
+   checkpoints; driver.c: results). */
+enum { KILN_NPY_HEADER_MAX = 1024 };
+int kiln_npy_header(const kiln_tensor_info *t, unsigned char *h);
+
 /* kiln_program_entry calls the step's entry point. */
 int kiln_program_entry(void *arena, void **params, void **inputs, void **outputs);
 

@@ -320,17 +320,24 @@ static unsigned crc32(unsigned crc, const unsigned char *p, size_t n) {
 	return ~crc;
 }
 
-/* npy_header writes t's .npy header (version 1, padded to 64 bytes) to
-   h and returns its length. */
-static int npy_header(const kiln_tensor_info *t, unsigned char *h) {
-	char shape[512] = "", dict[768];
+/* kiln_npy_header writes t's .npy header (version 1, padded to a
+   multiple of 64 bytes) to h, which holds KILN_NPY_HEADER_MAX bytes, and
+   returns its length, or -1 when the shape does not fit. */
+int kiln_npy_header(const kiln_tensor_info *t, unsigned char *h) {
+	char shape[640], dict[800];
+	size_t at = 0;
+	shape[0] = 0;
 	for (int i = 0; i < t->rank; i++) {
-		char d[32];
-		snprintf(d, sizeof d, i ? ", %lld" : "%lld", t->shape[i]);
-		strcat(shape, d);
+		int w = snprintf(shape + at, sizeof shape - at, i ? ", %lld" : "%lld", t->shape[i]);
+		if (w < 0 || (size_t)w >= sizeof shape - at) return -1;
+		at += (size_t)w;
 	}
-	if (t->rank == 1) strcat(shape, ",");
+	if (t->rank == 1) {
+		if (at + 2 > sizeof shape) return -1;
+		shape[at++] = ',', shape[at] = 0;
+	}
 	int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", t->descr, shape);
+	if (n < 0 || (size_t)n >= sizeof dict) return -1;
 	int pad = (64 - (10 + n + 1) % 64) % 64;
 	memcpy(h, "\x93NUMPY\x01\x00", 8);
 	int hl = n + pad + 1;
@@ -364,8 +371,12 @@ int kiln_save(kiln_step *s, const char *path) {
 	int ok = offsets && sizes && crcs;
 	for (int i = 0; ok && i < NPARAMS; i++) {
 		const kiln_tensor_info *t = &tensors[i];
-		unsigned char h[700];
-		int hl = npy_header(t, h);
+		unsigned char h[KILN_NPY_HEADER_MAX];
+		int hl = kiln_npy_header(t, h);
+		if (hl < 0) {
+			ok = 0;
+			break;
+		}
 		const void *data = s->pv[t->slot];
 		unsigned crc = crc32(crc32(0, h, (size_t)hl), data, (size_t)t->bytes);
 		char name[4200];
