@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -111,25 +112,61 @@ func availableMemory() int64 {
 	return avail
 }
 
-// cgroupLeft is memory.max less memory.current of the process's cgroup
-// (version 2), or 0 when there is no limit or no cgroup to read.
+// cgroupLeft is the least, over the process's cgroups (version 2, or
+// version 1's memory controller) and their ancestors, of the limit less
+// what the cgroup uses without its reclaimable file cache (memory.max,
+// memory.current and inactive_file; memory.limit_in_bytes,
+// memory.usage_in_bytes and total_inactive_file), or 0 when no cgroup
+// limits memory.
 func cgroupLeft() int64 {
 	raw, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return 0
 	}
+	var left int64
 	for _, line := range strings.Split(string(raw), "\n") {
-		path, ok := strings.CutPrefix(line, "0::")
-		if !ok {
+		// Version 2 ("0::PATH") and version 1's memory controller
+		// ("N:memory:PATH"), each with its own files.
+		root, limitFile, usedFile, inactive := "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"
+		parts := strings.SplitN(line, ":", 3)
+		switch {
+		case len(parts) == 3 && parts[0] == "0" && parts[1] == "":
+		case len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), "memory"):
+			root, limitFile, usedFile, inactive = "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
+		default:
 			continue
 		}
-		dir := filepath.Join("/sys/fs/cgroup", filepath.Clean("/"+path))
-		limit, err1 := readInt(filepath.Join(dir, "memory.max"))
-		used, err2 := readInt(filepath.Join(dir, "memory.current"))
-		if err1 != nil || err2 != nil {
-			return 0 // "max", or no memory controller
+		for dir := filepath.Join(root, filepath.Clean("/"+parts[2])); strings.HasPrefix(dir, root); dir = filepath.Dir(dir) {
+			limit, err1 := readInt(filepath.Join(dir, limitFile))
+			used, err2 := readInt(filepath.Join(dir, usedFile))
+			if err1 == nil && err2 == nil && limit < 1<<62 { // "max" fails to parse; version 1 writes no limit as about 2^63
+				used -= statValue(filepath.Join(dir, "memory.stat"), inactive)
+				if l := limit - used; left == 0 || l < left {
+					left = l
+				}
+			}
+			if dir == root {
+				break
+			}
 		}
-		return max(limit-used, 1)
+	}
+	if left < 0 {
+		left = 1
+	}
+	return left
+}
+
+// statValue is the value of key in a flat-keyed file (memory.stat), or 0.
+func statValue(path, key string) int64 {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, key+" "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+			return n
+		}
 	}
 	return 0
 }

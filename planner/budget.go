@@ -456,6 +456,14 @@ func (p *planner) offloadTries(orig *ir.Module, pipe passes.Pipeline) ([]offload
 			grad = -1
 		}
 	}
+	// The floors of the splits are those of the step the tries split: the
+	// steps before remat without a split of remat's fit.
+	unsplit := trial
+	if len(before) != at {
+		if unsplit, _, err = p.trial(orig, before); err != nil {
+			return nil, err
+		}
+	}
 	if grad >= 0 {
 		for n := 2; n <= 8; n *= 2 {
 			split, err := passes.ParsePipeline(p.microbatchStep(n), nil)
@@ -466,7 +474,7 @@ func (p *planner) offloadTries(orig *ir.Module, pipe passes.Pipeline) ([]offload
 			out = withSwapBeforeAssign(out, pipe[at+1:], swapStep)
 			note := fmt.Sprintf("remat could not reach %s alone: the step runs as %d microbatches (gradient accumulation), then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", diag.Bytes(b), n, diag.Bytes(b))
 			try := offloadTry{pipe: out, note: note, split: n, base: -1}
-			for _, f := range trial.Funcs {
+			for _, f := range unsplit.Funcs {
 				if e := p.splitFloor(f, b, n); e != nil && b < e.Floor && (try.floor == nil || e.Floor > try.floor.Floor) {
 					try.floor = e
 				}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // prSetChildSubreaper is prctl's PR_SET_CHILD_SUBREAPER.
@@ -71,6 +72,29 @@ func killStrays() {
 		pid, _ := strconv.Atoi(strings.Fields(s)[0])
 		if ppid == self && !known[pid] {
 			syscall.Kill(pid, syscall.SIGKILL)
+			reap(pid)
 		}
 	}
+}
+
+// reap waits, up to a second, for a killed stray to exit and collects it
+// (no Run waits for it: it would stay a zombie while kiln runs).
+func reap(pid int) {
+	for range 100 {
+		if got, err := syscall.Wait4(pid, nil, syscall.WNOHANG, nil); got == pid || err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// zombie reports whether pid has exited and waits to be collected.
+func zombie(pid int) bool {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	s := string(raw)
+	end := strings.LastIndexByte(s, ')')
+	return end >= 0 && len(s) > end+2 && s[end+2] == 'Z'
 }

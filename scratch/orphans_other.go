@@ -10,3 +10,5 @@ func AdoptOrphans() {}
 func KillStrays() {}
 
 func killStrays() {}
+
+func zombie(pid int) bool { return false }

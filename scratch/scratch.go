@@ -94,16 +94,21 @@ func Output(cmd *exec.Cmd) ([]byte, error) {
 }
 
 // Interrupt kills every child still running, with its process group,
-// and removes every registered folder and file. The process should exit
-// right after: what runs on may find its files gone.
+// and removes every registered folder and file; then what those children
+// left behind (KillStrays). It keeps the registry locked: the process
+// must exit right after, and whatever else runs meanwhile waits at its
+// next use of the registry instead of starting a child or making a file
+// nothing would remove.
 func Interrupt() {
 	mu.Lock()
-	defer mu.Unlock()
 	for c := range children {
 		killGroup(c)
 	}
 	for p := range paths {
 		os.RemoveAll(p)
+	}
+	for c := range children {
+		awaitExit(c) // its orphans are ours once it is gone
 	}
 	killStrays()
 }

@@ -309,7 +309,8 @@ func fixedObject(clang, dir, name, src string, extra []string) (string, error) {
 	for _, s := range append(append([]string{clang, src, programHeader, RuntimeHeader}, Flags...), extra...) {
 		fmt.Fprintf(h, "%d:%s", len(s), s)
 	}
-	v, _ := fixedObjects.LoadOrStore(hex.EncodeToString(h.Sum(nil)), &fixedObj{})
+	key := hex.EncodeToString(h.Sum(nil))
+	v, _ := fixedObjects.LoadOrStore(key, &fixedObj{})
 	o := v.(*fixedObj)
 	obj := filepath.Join(dir, name+".o")
 	o.once.Do(func() {
@@ -328,6 +329,7 @@ func fixedObject(clang, dir, name, src string, extra []string) (string, error) {
 		o.data, o.err = os.ReadFile(obj)
 	})
 	if o.err != nil {
+		fixedObjects.CompareAndDelete(key, o) // a failure (a full disk, a killed clang) is not kept: the next build tries again
 		return "", o.err
 	}
 	return obj, os.WriteFile(obj, o.data, 0o644)

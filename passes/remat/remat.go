@@ -54,21 +54,20 @@ type options struct {
 
 // StepFloor is the least peak any schedule of f can have, however split
 // or recomputed: its arguments on the device are live throughout and its
-// results together at the end.
+// results together at the end. Each buffer counts once (a view shares
+// its operand's, and a result that is an argument or a view of one adds
+// nothing).
 func StepFloor(f *ir.Func) int64 {
-	var n int64
-	seen := map[*ir.Value]bool{}
-	for _, a := range f.Args {
-		seen[a] = true
-		if !ir.HostArg(a) {
-			n += a.Type.SizeBytes()
-		}
-	}
+	info := liveness.Analyze(f)
+	n := info.ParamBytes + info.StateBytes + info.InputBytes
+	seen := map[*liveness.Buffer]bool{}
 	for _, r := range f.Results {
-		if !seen[r.Value] && !ir.HostResult(r.Value) {
-			seen[r.Value] = true
-			n += r.Value.Type.SizeBytes()
+		b := info.BufferOf[r.Value]
+		if b == nil || b.Arg || b.Host || seen[b] || ir.HostResult(r.Value) {
+			continue
 		}
+		seen[b] = true
+		n += b.Size
 	}
 	return n
 }

@@ -150,3 +150,15 @@ func TestRecomputedNames(t *testing.T) {
 		require.Equal(t, want, RecomputedName(in), in)
 	}
 }
+
+// TestStepFloorCountsEachBufferOnce: a result that is a view of an
+// argument, and two results in one buffer, count once.
+func TestStepFloorCountsEachBufferOnce(t *testing.T) {
+	f := passtest.Parse(t, `func @f(%x: f32[16,16]) -> (f32[256], f32[16,16], f32[256]) {
+  %v = reshape(%x) {shape = [256]} : f32[256]
+  %e = exp(%x) : f32[16,16]
+  %w = reshape(%e) {shape = [256]} : f32[256]
+  return %v, %e, %w
+}`).Funcs[0]
+	require.Equal(t, int64(2*16*16*4), StepFloor(f), "x once, e once")
+}

@@ -11,6 +11,7 @@
    --profile the time of every kernel (the runtime's kiln_profile). */
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,12 +26,12 @@
 #include "kiln_runtime.h"
 
 typedef kiln_tensor_info tensor_t;
-#define NPARAMS (kiln_program.nparams)
-#define NINPUTS (kiln_program.ninputs)
-#define NRESULTS (kiln_program.nresults)
-#define params (kiln_program.tensors)
-#define inputs (kiln_program.tensors + NPARAMS)
-#define results (kiln_program.tensors + NPARAMS + NINPUTS)
+#define NPARAMS (kilnrt_program.nparams)
+#define NINPUTS (kilnrt_program.ninputs)
+#define NRESULTS (kilnrt_program.nresults)
+#define params (kilnrt_program.tensors)
+#define inputs (kilnrt_program.tensors + NPARAMS)
+#define results (kilnrt_program.tensors + NPARAMS + NINPUTS)
 
 /* put_text writes s with each control character shown as '?' (a name
    carrying an escape sequence reaches the terminal as text). */
@@ -64,12 +65,12 @@ static void *must_alloc(size_t n, const char *what) {
 	return p;
 }
 #if KILN_MPI
-/* The program runs as kiln_program.ranks MPI ranks (mpirun -np RANKS). A collective's
+/* The program runs as kilnrt_program.ranks MPI ranks (mpirun -np RANKS). A collective's
    group is the ranks base + i*stride, i < size, with base = rank -
    ((rank / stride) % size) * stride (the axis of a row-major mesh); each
    (size, stride) gets one communicator, split from the world at its
    first use, which every rank reaches in the same order. */
-#define RANKS (kiln_program.ranks)
+#define RANKS (kilnrt_program.ranks)
 enum { MAX_GROUPS = 16 };
 
 /* This process's MPI rank: random ops of data-parallel ranks start their
@@ -425,10 +426,12 @@ static void write_npy(const char *dir, const char *file, const tensor_t *t, cons
 	unsigned char header[KILN_NPY_HEADER_MAX];
 	snprintf(path, sizeof path, "%s/%s.npy", dir, file);
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	int hl = kiln_npy_header(t, header);
+	int hl = kilnrt_npy_header(t, header);
 	if (hl < 0) die("%s: the shape of %s does not fit a .npy header", path, t->name);
 	have_tmp = 0;
+	atomic_signal_fence(memory_order_seq_cst);
 	memcpy(pending_tmp, tmp, sizeof tmp < sizeof pending_tmp ? sizeof tmp : sizeof pending_tmp);
+	atomic_signal_fence(memory_order_seq_cst); /* the name is whole before the handler may read it */
 	have_tmp = 1;
 	FILE *f = fopen(tmp, "wb");
 	if (!f) die("cannot write %s: %s", tmp, strerror(errno));
@@ -486,12 +489,12 @@ static void print_profile(double total) {
 
 static void usage(void) {
 	printf("usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--repeat N] [--report-memory] [--profile]\n");
-	printf("Runs %s. Each argument comes from --input NAME=FILE.npy, else DIR/NAME.npy of --inputs (or\n", kiln_program.entry);
+	printf("Runs %s. Each argument comes from --input NAME=FILE.npy, else DIR/NAME.npy of --inputs (or\n", kilnrt_program.entry);
 	printf("the member NAME.npy of an .npz archive that numpy.savez wrote),\n");
 	printf("else its embedded init value. Results go to DIR/NAME.npy, updated arguments to DIR/updated.NAME.npy.\n\n");
 	printf("arguments:\n");
 	for (int i = 0; i < NPARAMS + NINPUTS + NRESULTS; i++) {
-		const tensor_t *t = &kiln_program.tensors[i];
+		const tensor_t *t = &kilnrt_program.tensors[i];
 		if (i == NPARAMS + NINPUTS) printf("results:\n");
 		printf("  ");
 		put_text(stdout, t->name);
@@ -644,7 +647,7 @@ int main(int argc, char **argv) {
 #endif
 	/* The program is a thin caller of the runtime (kiln_runtime.h): the
 	   step made once, its arguments set from the files, run, read. */
-	kiln_step *s = kiln_create(kiln_program.threads);
+	kiln_step *s = kiln_create(kilnrt_program.threads);
 	if (!s) die("cannot allocate the step%s%s", "", "");
 	for (int i = 0; i < NPARAMS + NINPUTS; i++) {
 		const tensor_t *t = i < NPARAMS ? &params[i] : &inputs[i - NPARAMS];

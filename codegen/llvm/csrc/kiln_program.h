@@ -40,15 +40,15 @@ typedef struct {
 	const char *descriptor; /* kiln_descriptor's JSON */
 } kiln_program_info;
 
-extern const kiln_program_info kiln_program;
+extern const kiln_program_info kilnrt_program;
 
-/* kiln_npy_header writes t's .npy header to h (KILN_NPY_HEADER_MAX bytes)
+/* kilnrt_npy_header writes t's .npy header to h (KILN_NPY_HEADER_MAX bytes)
    and returns its length, or -1 when the shape does not fit (runtime.c:
    checkpoints; driver.c: results). */
 enum { KILN_NPY_HEADER_MAX = 1024 };
-int kiln_npy_header(const kiln_tensor_info *t, unsigned char *h);
+int kilnrt_npy_header(const kiln_tensor_info *t, unsigned char *h);
 
-/* kiln_program_entry calls the step's entry point. */
-int kiln_program_entry(void *arena, void **params, void **inputs, void **outputs);
+/* kilnrt_entry calls the step's entry point. */
+int kilnrt_entry(void *arena, void **params, void **inputs, void **outputs);
 
 #endif

@@ -15,14 +15,14 @@
 #include "kiln_program.h"
 #include "kiln_runtime.h"
 
-#define tensors (kiln_program.tensors)
-#define NTENSORS (kiln_program.ntensors)
-#define NPARAMS (kiln_program.nparams)
-#define NINPUTS (kiln_program.ninputs)
-#define NRESULTS (kiln_program.nresults)
-#define NKERNELS (kiln_program.nkernels)
+#define tensors (kilnrt_program.tensors)
+#define NTENSORS (kilnrt_program.ntensors)
+#define NPARAMS (kilnrt_program.nparams)
+#define NINPUTS (kilnrt_program.ninputs)
+#define NRESULTS (kilnrt_program.nresults)
+#define NKERNELS (kilnrt_program.nkernels)
 
-const char *kiln_descriptor(void) { return kiln_program.descriptor; }
+const char *kiln_descriptor(void) { return kilnrt_program.descriptor; }
 
 int kiln_count(void) { return NTENSORS; }
 long long kiln_bytes(int i) { return i >= 0 && i < NTENSORS ? tensors[i].bytes : -1; }
@@ -162,9 +162,9 @@ int kiln_kernels(void) { return NKERNELS; }
 
 int kiln_kernel(int k, const char **name, long long *bytes, long long *flops, long long *calls, double *seconds) {
 	if (k < 0 || k >= NKERNELS) return -1;
-	if (name) *name = kiln_program.kernels[k].name;
-	if (bytes) *bytes = kiln_program.kernels[k].bytes;
-	if (flops) *flops = kiln_program.kernels[k].flops;
+	if (name) *name = kilnrt_program.kernels[k].name;
+	if (bytes) *bytes = kilnrt_program.kernels[k].bytes;
+	if (flops) *flops = kilnrt_program.kernels[k].flops;
 	if (calls) *calls = kernel_calls ? kernel_calls[k] : 0;
 	if (seconds) *seconds = kernel_secs ? kernel_secs[k] : 0;
 	return 0;
@@ -229,14 +229,14 @@ kiln_step *kiln_create(int threads) {
 	/* More than the machine's memory would only be found out page by page
 	   (the allocation succeeds where memory is overcommitted). */
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-	long long need = kiln_program.arena_bytes;
+	long long need = kilnrt_program.arena_bytes;
 	for (int i = 0; i < NPARAMS + NINPUTS; i++) need += tensors[i].bytes;
 	if (pages > 0 && page > 0 && need / page > pages) return NULL;
 	pool_want = threads;
 	pthread_once(&pool_once, pool_start);
 	kiln_step *s = calloc(1, sizeof *s);
 	if (!s) return NULL;
-	s->arena = aligned(kiln_program.arena_bytes);
+	s->arena = aligned(kilnrt_program.arena_bytes);
 	s->own = calloc((size_t)(NPARAMS + NINPUTS) + 1, sizeof *s->own);
 	s->pv = calloc((size_t)NPARAMS + 1, sizeof *s->pv);
 	s->iv = calloc((size_t)NINPUTS + 1, sizeof *s->iv);
@@ -266,9 +266,9 @@ kiln_step *kiln_create(int threads) {
 
 int kiln_run(kiln_step *s) {
 	pthread_mutex_lock(&run_lock);
-	int status = kiln_program_entry(s->arena, s->pv, s->iv, s->ov);
+	int status = kilnrt_entry(s->arena, s->pv, s->iv, s->ov);
 	pthread_mutex_unlock(&run_lock);
-	if (status == kiln_program.status_index_out_of_range) return fail(s, "index out of range: a gather index or a cross-entropy label lies outside its dimension");
+	if (status == kilnrt_program.status_index_out_of_range) return fail(s, "index out of range: a gather index or a cross-entropy label lies outside its dimension");
 	if (status != 0) return fail(s, "the step failed (status %d)", status);
 	return 0;
 }
@@ -320,10 +320,10 @@ static unsigned crc32(unsigned crc, const unsigned char *p, size_t n) {
 	return ~crc;
 }
 
-/* kiln_npy_header writes t's .npy header (version 1, padded to a
+/* kilnrt_npy_header writes t's .npy header (version 1, padded to a
    multiple of 64 bytes) to h, which holds KILN_NPY_HEADER_MAX bytes, and
    returns its length, or -1 when the shape does not fit. */
-int kiln_npy_header(const kiln_tensor_info *t, unsigned char *h) {
+int kilnrt_npy_header(const kiln_tensor_info *t, unsigned char *h) {
 	char shape[640], dict[800];
 	size_t at = 0;
 	shape[0] = 0;
@@ -372,7 +372,7 @@ int kiln_save(kiln_step *s, const char *path) {
 	for (int i = 0; ok && i < NPARAMS; i++) {
 		const kiln_tensor_info *t = &tensors[i];
 		unsigned char h[KILN_NPY_HEADER_MAX];
-		int hl = kiln_npy_header(t, h);
+		int hl = kilnrt_npy_header(t, h);
 		if (hl < 0) {
 			ok = 0;
 			break;
@@ -381,6 +381,10 @@ int kiln_save(kiln_step *s, const char *path) {
 		unsigned crc = crc32(crc32(0, h, (size_t)hl), data, (size_t)t->bytes);
 		char name[4200];
 		int nl = snprintf(name, sizeof name, "%s.npy", t->name);
+		if (nl < 0 || nl >= (int)sizeof name || nl > 65535) {
+			ok = 0; /* a name no zip entry holds */
+			break;
+		}
 		unsigned char lh[30], ex[20];
 		put32(lh, 0x04034b50), put16(lh + 4, 45), put16(lh + 6, 0), put16(lh + 8, 0), put16(lh + 10, 0), put16(lh + 12, 0x21);
 		put32(lh + 14, crc), put32(lh + 18, 0xffffffffu), put32(lh + 22, 0xffffffffu), put16(lh + 26, (unsigned)nl), put16(lh + 28, 20);
@@ -393,7 +397,7 @@ int kiln_save(kiln_step *s, const char *path) {
 	unsigned long long cd = at;
 	for (int i = 0; ok && i < NPARAMS; i++) {
 		char name[4200];
-		int nl = snprintf(name, sizeof name, "%s.npy", tensors[i].name);
+		int nl = snprintf(name, sizeof name, "%s.npy", tensors[i].name); /* fits: checked above */
 		unsigned char ch[46], ex[28];
 		memset(ch, 0, sizeof ch);
 		put32(ch, 0x02014b50), put16(ch + 4, 45), put16(ch + 6, 45), put16(ch + 14, 0x21), put32(ch + 16, crcs[i]);
@@ -462,6 +466,12 @@ static int load_member(kiln_step *s, const kiln_tensor_info *t, const unsigned c
 	return 0;
 }
 
+/* fits reports whether n bytes from offset at lie within size bytes,
+   without overflow (offsets come from the file). */
+static int fits(unsigned long long at, unsigned long long n, long size) {
+	return size >= 0 && at <= (unsigned long long)size && n <= (unsigned long long)size - at;
+}
+
 int kiln_load(kiln_step *s, const char *path) {
 	FILE *f = fopen(path, "rb");
 	if (!f) return fail(s, "cannot open %s: %s", path, strerror(errno));
@@ -490,18 +500,18 @@ int kiln_load(kiln_step *s, const char *path) {
 		count = get(all + e + 10, 2), cd = get(all + e + 16, 4);
 		if (count == 0xffff || cd == 0xffffffffu) {
 			unsigned long long z;
-			if (e < 20 || get(all + e - 20, 4) != 0x07064b50 || (z = get(all + e - 12, 8)) + 56 > (unsigned long long)size || get(all + z, 4) != 0x06064b50)
+			if (e < 20 || get(all + e - 20, 4) != 0x07064b50 || !fits(z = get(all + e - 12, 8), 56, size) || get(all + z, 4) != 0x06064b50)
 				rc = fail(s, "%s: bad zip64 archive", path);
 			else count = get(all + z + 32, 8), cd = get(all + z + 48, 8);
 		}
 	}
 	unsigned long long p = cd;
 	for (unsigned long long k = 0; rc == 0 && k < count; k++) {
-		if (p + 46 > (unsigned long long)size || get(all + p, 4) != 0x02014b50) { rc = fail(s, "%s: bad central directory", path); break; }
+		if (!fits(p, 46, size) || get(all + p, 4) != 0x02014b50) { rc = fail(s, "%s: bad central directory", path); break; }
 		unsigned method = (unsigned)get(all + p + 10, 2), nl = (unsigned)get(all + p + 28, 2), xl = (unsigned)get(all + p + 30, 2), cl = (unsigned)get(all + p + 32, 2);
 		unsigned long long csize = get(all + p + 20, 4), off = get(all + p + 42, 4), usize = get(all + p + 24, 4);
 		unsigned crc = (unsigned)get(all + p + 16, 4);
-		if (p + 46 + nl + xl + cl > (unsigned long long)size) { rc = fail(s, "%s: bad central directory", path); break; }
+		if (!fits(p, 46ULL + nl + xl + cl, size)) { rc = fail(s, "%s: bad central directory", path); break; }
 		const unsigned char *name = all + p + 46, *x = name + nl;
 		for (unsigned i = 0; i + 4 <= xl;) { /* zip64 extra: the fields that overflowed, in order */
 			unsigned id = (unsigned)get(x + i, 2), len = (unsigned)get(x + i + 2, 2), j = i + 4;
@@ -520,9 +530,9 @@ int kiln_load(kiln_step *s, const char *path) {
 			if (strlen(tensors[i].name) == nl - 4 && memcmp(tensors[i].name, name, nl - 4) == 0) ti = i;
 		if (ti < 0) continue; /* not this step's */
 		if (method != 0 || csize != usize) { rc = fail(s, "%s: member %s.npy is compressed (write it with numpy.savez)", path, tensors[ti].name); break; }
-		if (off + 30 > (unsigned long long)size || get(all + off, 4) != 0x04034b50) { rc = fail(s, "%s: bad local header of %s.npy", path, tensors[ti].name); break; }
+		if (!fits(off, 30, size) || get(all + off, 4) != 0x04034b50) { rc = fail(s, "%s: bad local header of %s.npy", path, tensors[ti].name); break; }
 		unsigned long long data = off + 30 + get(all + off + 26, 2) + get(all + off + 28, 2);
-		if (data + csize > (unsigned long long)size) { rc = fail(s, "%s: %s.npy is truncated", path, tensors[ti].name); break; }
+		if (!fits(data, csize, size)) { rc = fail(s, "%s: %s.npy is truncated", path, tensors[ti].name); break; }
 		pthread_once(&crc_once, crc_init);
 		if (crc32(0, all + data, (size_t)csize) != crc) { rc = fail(s, "%s: %s.npy fails its CRC check", path, tensors[ti].name); break; }
 		free(staged[ti]); /* numpy keeps the last of two members with one name */
