@@ -11,13 +11,16 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
 
 	"github.com/kiln-compiler/kiln/diag"
+	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
+	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/outfile"
 	"github.com/kiln-compiler/kiln/parser"
@@ -267,6 +270,7 @@ type input struct {
 	name   string // the name used in diagnostics
 	text   string
 	module *ir.Module
+	bound  []string // ONNX graph inputs specialised to their --input values
 }
 
 // readModule reads and parses IN (a .kir file, an ONNX model, or - for
@@ -408,6 +412,16 @@ func importData(e *env, in *input, data []byte, opt onnx.Options) (*input, error
 	if in.path == "-" {
 		opt.Name, opt.Dir = in.name, "."
 	}
+	var bound []string
+	if value := opt.Value; value != nil {
+		opt.Value = func(name string) (*interp.Tensor, error) {
+			x, err := value(name)
+			if x != nil {
+				bound = append(bound, name)
+			}
+			return x, err
+		}
+	}
 	m, err := onnx.Import(data, opt)
 	if err != nil {
 		msg := unwrapPathError(err).Error()
@@ -428,9 +442,76 @@ func importData(e *env, in *input, data []byte, opt onnx.Options) (*input, error
 		fmt.Fprintf(e.stderr, "%s: error: the imported module does not verify:\n%v\n", in.name, err)
 		return nil, exitError{1}
 	}
+	in.bound = bound
 	in.module = m
 	in.text = m.String()
 	return in, nil
+}
+
+// checkRunningVar refuses a --running-var that is none of its values.
+func checkRunningVar(v string) error {
+	if v != "" && v != "unbiased" && v != "population" {
+		return usageError{fmt.Sprintf("--running-var must be unbiased or population, not %q", v)}
+	}
+	return nil
+}
+
+// runningVarHelp documents --running-var.
+const runningVarHelp = "with an ONNX input: how a training-mode BatchNormalization updates its running variance: unbiased (PyTorch's), population (the ONNX spec's), or empty for the producer's (unbiased when PyTorch exported the model)"
+
+// importValues gives the ONNX importer the --input NAME=FILE.npy values
+// it asks for: those of graph inputs that a node needs at import time,
+// each read when it is asked for.
+func importValues(e *env, inputs []string) (func(string) (*interp.Tensor, error), error) {
+	if len(inputs) == 0 {
+		return nil, nil
+	}
+	files := map[string]string{}
+	for _, spec := range inputs {
+		name, file, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || file == "" {
+			return nil, usageError{fmt.Sprintf("--input %q: want NAME=FILE.npy", spec)}
+		}
+		if files[name] != "" {
+			return nil, usageError{fmt.Sprintf("--input %s is given twice", name)}
+		}
+		files[name] = file
+	}
+	return func(name string) (*interp.Tensor, error) {
+		file := files[name]
+		if file == "" {
+			return nil, nil
+		}
+		e.files.Read(file)
+		// Shape operands (axes, sizes, repeats) are small; a graph input
+		// that a node reads at run time is not bound, so this bound only
+		// keeps a mistaken file from being read whole.
+		const limit = 64 << 20
+		data, err := readRegular(file, limit+1)
+		if err != nil {
+			return nil, fmt.Errorf("kiln: --input %s: %v", name, unwrapPathError(err))
+		}
+		if len(data) > limit {
+			return nil, fmt.Errorf("kiln: --input %s: %s holds more than %s", name, file, diag.Bytes(limit))
+		}
+		t, err := npy.Read(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("kiln: --input %s: %s: %v", name, file, err)
+		}
+		return t, nil
+	}, nil
+}
+
+// unbound drops the --input flags whose graph inputs the import bound.
+func unbound(inputs []string, bound []string) []string {
+	var out []string
+	for _, spec := range inputs {
+		name, _, _ := strings.Cut(spec, "=")
+		if !slices.Contains(bound, name) {
+			out = append(out, spec)
+		}
+	}
+	return out
 }
 
 func at(p ir.Pos) string {

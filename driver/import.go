@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/onnx"
@@ -19,6 +20,9 @@ func init() {
 			batch := fs.Int64("batch", 0, "replace the first dimension of the data inputs")
 			dataInputs := fs.String("data-inputs", "", "comma-separated graph inputs that are data (default: the first input)")
 			trainable := fs.String("trainable-file", "", "a file naming, one per line, the float initializers and inputs that are parameters; the others become state (default: all are parameters)")
+			runningVar := fs.String("running-var", "", runningVarHelp)
+			var inputs inputFlags
+			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of a graph input that a node needs when the model is imported, such as a Reduce's axes; the graph is specialised to it (repeatable)")
 			return func(e *env, args []string) error {
 				if len(args) != 1 {
 					return usageError{"want exactly one ONNX model (or - for standard input)"}
@@ -26,7 +30,14 @@ func init() {
 				if *batch < 0 {
 					return usageError{fmt.Sprintf("--batch must be positive (0 keeps the model's), not %d", *batch)}
 				}
-				opt := onnx.Options{Batch: *batch}
+				if err := checkRunningVar(*runningVar); err != nil {
+					return err
+				}
+				values, err := importValues(e, inputs)
+				if err != nil {
+					return err
+				}
+				opt := onnx.Options{Batch: *batch, RunningVar: *runningVar, Value: values}
 				for _, d := range strings.Split(*dataInputs, ",") {
 					if d = strings.TrimSpace(d); d != "" {
 						opt.DataInputs = append(opt.DataInputs, d)
@@ -47,6 +58,11 @@ func init() {
 				in, err := readModule(e, args[0], opt)
 				if err != nil {
 					return err
+				}
+				for _, spec := range inputs {
+					if name, _, _ := strings.Cut(spec, "="); !slices.Contains(in.bound, name) {
+						return fmt.Errorf("kiln: --input %s: no node of the model needs it when the model is imported", name)
+					}
 				}
 				return writeOutput(e, *out, []byte(in.module.String()))
 			}

@@ -39,7 +39,13 @@ type pipelineFlags struct {
 	pluginTimeout time.Duration
 	loadPlugins   inputFlags
 	batch         int64
-	printPipeline bool
+	runningVar    string
+	// inputs are the --input NAME=FILE.npy flags: arguments of kiln run,
+	// and ONNX graph inputs that a node needs at import time.
+	inputs inputFlags
+	// argumentInputs: --input also gives arguments' values (kiln run).
+	argumentInputs bool
+	printPipeline  bool
 	// allow names the approximations the passes may make (--allow).
 	allow listFlag
 	// device is the device every estimate models (--device).
@@ -70,6 +76,8 @@ func (p *pipelineFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.passes, "passes", "", "pass pipeline, e.g. 'dce,cse,reorder{algo=best}'")
 	fs.BoolVar(&p.printPipeline, "print-pipeline", false, "print the pass pipeline that runs (after -O levels and budgets expand) to stderr")
 	fs.Int64Var(&p.batch, "batch", 0, "with an ONNX input: replace the first dimension of the data inputs (0 keeps the model's)")
+	fs.StringVar(&p.runningVar, "running-var", "", runningVarHelp)
+	fs.Var(&p.inputs, "input", "NAME=FILE.npy: the value of argument NAME (kiln run), or of an ONNX graph input that a node needs when the model is imported, such as a Reduce's axes (repeatable)")
 	fs.StringVar(&p.printBefore, "print-ir-before", "", "comma-separated passes before which to print the IR (to stderr)")
 	fs.StringVar(&p.printAfter, "print-ir-after", "", "comma-separated passes after which to print the IR (to stderr)")
 	fs.BoolVar(&p.printAfterAll, "print-ir-after-all", false, "print the IR after every pass")
@@ -111,9 +119,23 @@ func (p *pipelineFlags) load(e *env, args []string) (*input, *planner.Result, er
 	if err != nil {
 		return nil, nil, err
 	}
-	in, err := readModule(e, args[0], onnx.Options{Batch: p.batch})
+	if err := checkRunningVar(p.runningVar); err != nil {
+		return nil, nil, err
+	}
+	values, err := importValues(e, p.inputs)
 	if err != nil {
 		return nil, nil, err
+	}
+	in, err := readModule(e, args[0], onnx.Options{Batch: p.batch, RunningVar: p.runningVar, Value: values})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !p.argumentInputs {
+		for _, spec := range p.inputs {
+			if name, _, _ := strings.Cut(spec, "="); !slices.Contains(in.bound, name) {
+				return nil, nil, fmt.Errorf("kiln: --input %s: no node of the model needs it when the model is imported (this command takes --input only for those; kiln run takes any argument's)", name)
+			}
+		}
 	}
 	res, err := p.plan(e, in, req)
 	if err != nil {

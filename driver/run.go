@@ -38,10 +38,9 @@ func init() {
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			var pf pipelineFlags
 			pf.register(fs)
+			pf.argumentInputs = true
 			pf.levels = &optLevels{}
 			pf.levels.register(fs)
-			var inputs inputFlags
-			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of argument NAME (repeatable)")
 			inputsDir := fs.String("inputs", "", "DIR or FILE.npz: the value of each argument from DIR/NAME.npy when the file exists, or from the archive's NAME.npy member (numpy.savez) (after --input; before init values and random draws)")
 			seed := fs.Uint64("seed", 0, "seed of the values drawn for arguments without --input")
 			outDir := fs.String("output-dir", "", "folder for the results (created if missing)")
@@ -69,6 +68,7 @@ func init() {
 				if err != nil {
 					return err
 				}
+				inputs := unbound(pf.inputs, in.bound)
 				f, err := pickFunc(in, *fn)
 				if err != nil {
 					return err

@@ -137,7 +137,7 @@ func init() {
 				}
 			}
 			unbiased := variance
-			if cnt > 1 {
+			if cnt > 1 && op.Attr().Bool("unbiased") {
 				unbiased = m2 / (cnt - 1)
 			}
 			// ONNX: running = running * momentum + batch * (1 - momentum).

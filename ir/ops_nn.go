@@ -201,8 +201,9 @@ func init() {
 	})
 
 	Register(&OpDef{
-		Name: "batch_norm_train", Summary: "batch normalisation with batch statistics: (x, scale, bias, running_mean, running_var) -> (y, new_running_mean, new_running_var, saved_mean, saved_invstd)",
-		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}, {Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)}},
+		Name: "batch_norm_train", Summary: "batch normalisation with batch statistics: (x, scale, bias, running_mean, running_var) -> (y, new_running_mean, new_running_var, saved_mean, saved_invstd); the running variance takes the unbiased batch variance (PyTorch's update) unless unbiased = false (ONNX's)",
+		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}, {Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)},
+			{Name: "unbiased", Kind: AttrBool, Default: BoolAttr(true)}},
 		Running: map[int]int{3: 1, 4: 2},
 		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
 			c, err := channelParams(in)

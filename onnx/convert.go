@@ -150,7 +150,11 @@ func init() {
 			training = attrInt(n, "is_test", 0) == 0
 		}
 		if training {
-			return im.emit("batch_norm_train", in, ir.Attrs{"epsilon": eps, "momentum": ir.FloatAttr(f32(attrFloat(n, "momentum", 0.9)))})
+			a := ir.Attrs{"epsilon": eps, "momentum": ir.FloatAttr(f32(attrFloat(n, "momentum", 0.9)))}
+			if !im.unbiased {
+				a["unbiased"] = ir.BoolAttr(false)
+			}
+			return im.emit("batch_norm_train", in, a)
 		}
 		return im.emit("batch_norm_infer", in, ir.Attrs{"epsilon": eps})
 	}
@@ -463,8 +467,11 @@ func init() {
 	}
 	converters["Range"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		for i := 0; i < 3; i++ {
-			if in[i].k == nil || in[i].k.Len() != 1 {
-				return nil, im.errorf("Range needs constant scalar start, limit and delta")
+			if in[i].k == nil {
+				return nil, im.needConstant(in[i], "Range's start, limit and delta")
+			}
+			if in[i].k.Len() != 1 {
+				return nil, im.errorf("Range needs scalar start, limit and delta")
 			}
 		}
 		t := ir.Type{DType: in[0].k.Type.DType, Shape: ir.Shape{0}}

@@ -114,7 +114,11 @@ func encNode(n tNode) []byte {
 func encValueInfo(name string, elem int64, dims []int64) []byte {
 	var shape []byte
 	for _, d := range dims {
-		shape = appendMsg(shape, 1, appendVarint(nil, 1, d))
+		if d == -1 {
+			shape = appendMsg(shape, 1, nil) // unknown: neither a size nor a name
+			continue
+		}
+		shape = appendMsg(shape, 1, appendVarint(nil, 1, d)) // d < -1: an invalid negative size
 	}
 	tt := appendVarint(nil, 1, elem)
 	tt = appendMsg(tt, 2, shape)

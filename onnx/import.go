@@ -1,6 +1,7 @@
 package onnx
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -35,7 +36,28 @@ type Options struct {
 	// that are parameters; the others are state (read, not trained: a
 	// loss's class weights, a buffer). Nil: every one is a parameter.
 	Trainable []string
+	// RunningVar is how a training-mode BatchNormalization updates its
+	// running variance: "unbiased" (PyTorch's nn.BatchNorm), "population"
+	// (the ONNX spec's BatchNormalization-15), or "" for the model's
+	// producer's: unbiased when producer_name is "pytorch", the spec's
+	// otherwise.
+	RunningVar string
+	// Value, when not nil, gives the value of a graph input, or nil when
+	// it is not known. The import asks for one, and specialises the graph
+	// to it (a constant, no longer an argument), only where a node needs
+	// it at import time: a Reduce's axes, a Resize's sizes, a Tile's
+	// repeats given as graph inputs.
+	Value func(name string) (*interp.Tensor, error)
 }
+
+// NeedsValueError is an import refused because a node needs, at import
+// time, a value computed from graph inputs whose values were not given.
+type NeedsValueError struct {
+	Inputs []string // the graph inputs it depends on, in graph order
+	msg    string
+}
+
+func (e *NeedsValueError) Error() string { return e.msg }
 
 // ImportFile reads an .onnx file.
 func ImportFile(path string, opt Options) (*ir.Module, error) {
@@ -85,8 +107,41 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 			return nil, fmt.Errorf("%s: node %q (%s): %s was added to ONNX in opset %d, and the model declares opset %d", opt.Name, n.Name, n.OpType, n.OpType, first, version)
 		}
 	}
-	im := &importer{opt: opt, opset: version, producer: map[string]*node{}, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}}
-	f, err := im.run(m.Graph)
+	unbiased := m.ProducerName == "pytorch"
+	switch opt.RunningVar {
+	case "":
+	case "unbiased", "population":
+		unbiased = opt.RunningVar == "unbiased"
+	default:
+		return nil, fmt.Errorf("%s: the running variance update is unbiased or population, not %q", opt.Name, opt.RunningVar)
+	}
+	bound := map[string]*interp.Tensor{}
+	var im *importer
+	var f *ir.Func
+	for {
+		im = &importer{opt: opt, opset: version, producer: map[string]*node{}, vals: map[string]entry{}, consts: map[*interp.Tensor]*ir.Value{}, bound: bound, inputOf: map[*ir.Value]string{}, unbiased: unbiased}
+		f, err = im.run(m.Graph)
+		var need *NeedsValueError
+		if !errors.As(err, &need) {
+			break
+		}
+		more := false
+		for _, name := range need.Inputs {
+			if opt.Value == nil || bound[name] != nil {
+				continue
+			}
+			x, verr := opt.Value(name)
+			if verr != nil {
+				return nil, verr
+			}
+			if x != nil {
+				bound[name], more = x, true
+			}
+		}
+		if !more {
+			break
+		}
+	}
 	if err != nil {
 		if im.declaredBatch > 0 && im.declaredBatch != opt.Batch {
 			// Shape arithmetic that the exporter kept as ops is re-derived
@@ -190,6 +245,9 @@ type importer struct {
 	consts        map[*interp.Tensor]*ir.Value
 	n             *node
 	seeds         int64
+	bound         map[string]*interp.Tensor // graph inputs specialised to their Options.Value
+	inputOf       map[*ir.Value]string      // the graph input each non-initializer argument is
+	unbiased      bool                      // training batch norm's running variance: unbiased (PyTorch) or population (ONNX)
 }
 
 // checkArity holds a node to its operator's input count, with its
@@ -388,7 +446,24 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 	im.f = &ir.Func{Name: name}
 	inits := map[string]*tensor{}
 	for _, t := range g.Initializer {
+		if inits[t.Name] != nil {
+			return nil, fmt.Errorf("%s: initializer %q is given twice", im.opt.Name, t.Name)
+		}
 		inits[t.Name] = t
+	}
+	declared := map[string]bool{}
+	for _, vi := range append(append(append([]*valueInfo{}, g.Inputs...), g.Outputs...), g.ValueInfo...) {
+		for i, d := range vi.Dims {
+			if d < 0 && vi.DimNames[i] == "" && vi.DimSet[i] {
+				return nil, fmt.Errorf("%s: value %q declares dimension %d as %d; a dimension is a size of 0 or more, or a symbolic name", im.opt.Name, vi.Name, i, d)
+			}
+		}
+	}
+	for _, vi := range g.Inputs {
+		if declared[vi.Name] {
+			return nil, fmt.Errorf("%s: graph input %q is declared twice; an ONNX value has one definition", im.opt.Name, vi.Name)
+		}
+		declared[vi.Name] = true
 	}
 	// Inputs that are not initializers, in order.
 	var inputs []*valueInfo
@@ -441,6 +516,13 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			}
 			shape[0] = im.opt.Batch
 		}
+		if x := im.bound[vi.Name]; x != nil {
+			if x.Type.DType != dt || !x.Type.Shape.Equal(shape) {
+				return nil, fmt.Errorf("%s: input %q is %s, but the value given for it is %s", im.opt.Name, vi.Name, ir.Type{DType: dt, Shape: shape}, x.Type)
+			}
+			im.vals[vi.Name] = entry{k: x}
+			continue
+		}
 		kind := ir.ArgParam
 		switch {
 		case data[vi.Name]:
@@ -449,6 +531,7 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			kind = ir.ArgState
 		}
 		im.addArg(vi.Name, ir.Type{DType: dt, Shape: shape}, kind, nil)
+		im.inputOf[im.vals[vi.Name].v] = vi.Name
 	}
 	for _, t := range g.Initializer {
 		im.n = &node{Name: t.Name, OpType: "initializer"}
@@ -574,6 +657,13 @@ func (im *importer) runNodes(nodes []*node) error {
 		for j, name := range n.Outputs {
 			if name == "" || j >= len(outs) {
 				continue
+			}
+			if _, dup := im.vals[name]; dup {
+				by := "a graph input or initializer"
+				if p := im.producer[name]; p != nil {
+					by = fmt.Sprintf("node %s (%s)", strconv.Quote(p.Name), p.OpType)
+				}
+				return im.errorf("output %q is already defined by %s; an ONNX value has one definition", name, by)
 			}
 			im.vals[name] = outs[j]
 			im.producer[name] = n
@@ -724,7 +814,7 @@ func (im *importer) constInts(in []entry, i int, what string) ([]int64, error) {
 		return nil, nil
 	}
 	if in[i].k == nil {
-		return nil, im.errorf("%s must be a constant (computable from static shapes); Kiln needs static shapes", what)
+		return nil, im.needConstant(in[i], what)
 	}
 	k := in[i].k
 	if !k.Type.DType.IsFloat() {
@@ -741,8 +831,11 @@ func (im *importer) constFloat(in []entry, i int, def float64, what string) (flo
 	if i >= len(in) || in[i].missing() {
 		return def, nil
 	}
-	if in[i].k == nil || in[i].k.Len() != 1 {
-		return 0, im.errorf("%s must be a constant scalar", what)
+	if in[i].k == nil {
+		return 0, im.needConstant(in[i], what)
+	}
+	if in[i].k.Len() != 1 {
+		return 0, im.errorf("%s must be a scalar", what)
 	}
 	return in[i].k.At(0), nil
 }
@@ -792,4 +885,69 @@ func f32(x float64) float64 {
 		return x
 	}
 	return v
+}
+
+// needConstant is the error for an operand that a node needs at import
+// time but that is computed at run time. When it is computed from graph
+// inputs alone (no parameter), it is a NeedsValueError naming them: with
+// their values from Options.Value the import specialises the graph.
+func (im *importer) needConstant(e entry, what string) error {
+	var inputs []string
+	pure := true
+	seen := map[*ir.Value]bool{}
+	var walk func(v *ir.Value)
+	walk = func(v *ir.Value) {
+		if seen[v] {
+			return
+		}
+		seen[v] = true
+		if v.Arg != nil {
+			if name, ok := im.inputOf[v]; ok {
+				inputs = append(inputs, name)
+			} else {
+				pure = false
+			}
+			return
+		}
+		if v.Def == nil {
+			pure = false
+			return
+		}
+		for _, o := range v.Def.Operands {
+			walk(o)
+		}
+	}
+	if e.v != nil {
+		walk(e.v)
+	}
+	if !pure || len(inputs) == 0 {
+		return im.errorf("%s must be a constant (computable from static shapes); Kiln needs static shapes", what)
+	}
+	slices.SortFunc(inputs, func(a, b string) int { return im.argIndex(a) - im.argIndex(b) })
+	give := make([]string, len(inputs))
+	for i, n := range inputs {
+		give[i] = fmt.Sprintf("--input %s=FILE.npy", n)
+	}
+	which := fmt.Sprintf("graph input %q: give its value", inputs[0])
+	if len(inputs) > 1 {
+		which = fmt.Sprintf("graph inputs %s: give their values", quoteAll(inputs))
+	}
+	return &NeedsValueError{Inputs: inputs, msg: im.errorf("Kiln needs %s when it imports the model (static shapes), from %s with %s", what, which, strings.Join(give, " ")).Error()}
+}
+
+func (im *importer) argIndex(name string) int {
+	for v, n := range im.inputOf {
+		if n == name {
+			return v.Index
+		}
+	}
+	return -1
+}
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
 }

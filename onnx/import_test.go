@@ -402,6 +402,28 @@ func TestModelDeclarationsAreChecked(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestMalformedGraphsRefused: what the ONNX checker rejects, Kiln refuses
+// naming the input, node or value (it used to read the second of two
+// inputs with one name, let the last of two nodes writing one value win,
+// and report a negative dimension as a symbolic one).
+func TestMalformedGraphsRefused(t *testing.T) {
+	x := encValueInfo("x", 1, []int64{2, 3})
+	relu := []tNode{{op: "Relu", name: "/r", inputs: []string{"x"}, outputs: []string{"y"}}}
+	y := [][]byte{encValueInfo("y", 1, []int64{2, 3})}
+	_, err := Import(encModel(tGraph{nodes: relu, inputs: [][]byte{x, encValueInfo("x", 1, []int64{4})}, outputs: y}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: graph input "x" is declared twice; an ONNX value has one definition`)
+	two := append(relu, tNode{op: "Neg", name: "/n", inputs: []string{"x"}, outputs: []string{"y"}})
+	_, err = Import(encModel(tGraph{nodes: two, inputs: [][]byte{x}, outputs: y}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/n" (Neg): output "y" is already defined by node "/r" (Relu); an ONNX value has one definition`)
+	over := []tNode{{op: "Relu", name: "/r", inputs: []string{"x"}, outputs: []string{"x"}}}
+	_, err = Import(encModel(tGraph{nodes: over, inputs: [][]byte{x}, outputs: [][]byte{x}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: node "/r" (Relu): output "x" is already defined by a graph input or initializer; an ONNX value has one definition`)
+	_, err = Import(encModel(tGraph{nodes: relu, inputs: [][]byte{encValueInfo("x", 1, []int64{2, -3})}, outputs: y}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: value "x" declares dimension 1 as -3; a dimension is a size of 0 or more, or a symbolic name`)
+	_, err = Import(encModel(tGraph{nodes: relu, inputs: [][]byte{x}, inits: [][]byte{encTensorI64("k", []int64{1}, []int64{1}), encTensorI64("k", []int64{1}, []int64{2})}, outputs: y}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: initializer "k" is given twice`)
+}
+
 // TestSliceEndsKeepInt64: PyTorch writes x[:, 1:] as ends = INT64_MAX; it
 // must stay INT64_MAX (not pass through a float64 and wrap to INT64_MIN).
 func TestSliceEndsKeepInt64(t *testing.T) {
@@ -607,4 +629,38 @@ func TestGatherND(t *testing.T) {
 	_, err = Import(model([]int64{2, 0, 0, 0}), Options{Name: "m.onnx"})
 	require.ErrorContains(t, err, `node "/g" (GatherND)`)
 	require.ErrorContains(t, err, "out of range")
+}
+
+// TestOperandsAsGraphInputs: a Reduce's axes given as a graph input is an
+// error naming the input and the way to give it; with its value in
+// Options.Values the graph is specialised to it (the input is no longer
+// an argument), and a value of another type is refused.
+func TestOperandsAsGraphInputs(t *testing.T) {
+	data := encModel(tGraph{opset: 18,
+		nodes:   []tNode{{op: "ReduceSum", name: "/sum", inputs: []string{"x", "axes"}, outputs: []string{"y"}}},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 3}), encValueInfo("axes", 7, []int64{1})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 3})}})
+	_, err := Import(data, Options{Name: "m.onnx"})
+	var need *NeedsValueError
+	require.ErrorAs(t, err, &need)
+	require.Equal(t, []string{"axes"}, need.Inputs)
+	require.EqualError(t, err, `m.onnx: node "/sum" (ReduceSum): Kiln needs the axes when it imports the model (static shapes), from graph input "axes": give its value with --input axes=FILE.npy`)
+	axes := interp.FromInts(ir.Type{DType: ir.I64, Shape: ir.Shape{1}}, []int64{0})
+	m, err := Import(data, Options{Name: "m.onnx", Value: valuesOf(map[string]*interp.Tensor{"axes": axes})})
+	require.NoError(t, err)
+	f := m.Funcs[0]
+	require.Len(t, f.Args, 1)
+	require.Equal(t, "x", f.Args[0].Name)
+	x := interp.New(ir.Type{DType: ir.F32, Shape: ir.Shape{2, 3}})
+	copy(x.F, []float64{1, 2, 3, 10, 20, 30})
+	got, err := interp.Run(f, []*interp.Tensor{x}, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{11, 22, 33}, got[0].F)
+	wrong := interp.FromInts(ir.Type{DType: ir.I32, Shape: ir.Shape{1}}, []int64{0})
+	_, err = Import(data, Options{Name: "m.onnx", Value: valuesOf(map[string]*interp.Tensor{"axes": wrong})})
+	require.EqualError(t, err, `m.onnx: input "axes" is i64[1], but the value given for it is i32[1]`)
+}
+
+func valuesOf(m map[string]*interp.Tensor) func(string) (*interp.Tensor, error) {
+	return func(name string) (*interp.Tensor, error) { return m[name], nil }
 }

@@ -137,8 +137,11 @@ func init() {
 		if len(depths) != 1 || depths[0] < 1 || depths[0] > foldLimit {
 			return nil, im.errorf("the depth must be one integer from 1 to %d", foldLimit)
 		}
-		if in[2].k == nil || in[2].k.Len() != 2 {
-			return nil, im.errorf("the values must be a constant [off, on]")
+		if in[2].k == nil {
+			return nil, im.needConstant(in[2], "the values [off, on]")
+		}
+		if in[2].k.Len() != 2 {
+			return nil, im.errorf("the values must be [off, on]")
 		}
 		depth := depths[0]
 		idx := in[0]
@@ -349,7 +352,7 @@ func init() {
 			return nil, im.errorf("reduction=%s is not supported (none or add)", r)
 		}
 		if idx.k == nil {
-			return nil, im.errorf("without a reduction the indices must be known at import, to rule out duplicates")
+			return nil, im.needConstant(idx, "without a reduction, the indices (to rule out duplicates)")
 		}
 		ax, _ := ir.NormalizeAxis(axis, data.typ().Rank())
 		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data.typ().Shape})
@@ -622,7 +625,7 @@ func init() {
 			return nil, im.errorf("reduction=%s is not supported (none or add)", r)
 		}
 		if lin.k == nil {
-			return nil, im.errorf("without a reduction the indices must be known at import, to rule out duplicates")
+			return nil, im.needConstant(lin, "without a reduction, the indices (to rule out duplicates)")
 		}
 		inner, _ := data[m:].NumElements()
 		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data})

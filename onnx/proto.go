@@ -11,9 +11,10 @@ import (
 // The subset of onnx.proto that Kiln reads.
 
 type model struct {
-	IRVersion int64
-	Opsets    []opset
-	Graph     *graph
+	IRVersion    int64
+	ProducerName string
+	Opsets       []opset
+	Graph        *graph
 }
 
 type opset struct {
@@ -74,6 +75,7 @@ type valueInfo struct {
 	ElemType int64
 	Dims     []int64
 	DimNames []string // symbolic dimensions ("" where the dimension is a number)
+	DimSet   []bool   // whether dim_value is given (a negative one is invalid)
 	HasShape bool
 }
 
@@ -173,6 +175,8 @@ func parseModel(b []byte) (*model, error) {
 		switch num {
 		case 1:
 			m.IRVersion = int64(v)
+		case 2:
+			m.ProducerName = string(data)
 		case 8:
 			var o opset
 			err := fields(data, func(num protowire.Number, _ protowire.Type, v uint64, data []byte) error {
@@ -405,10 +409,10 @@ func parseValueInfo(b []byte) (*valueInfo, error) {
 							if num != 1 {
 								return nil
 							}
-							dim, name := int64(-1), ""
+							dim, name, set := int64(-1), "", false
 							err := fields(data, func(num protowire.Number, _ protowire.Type, v uint64, data []byte) error {
 								if num == 1 {
-									dim = int64(v)
+									dim, set = int64(v), true
 								} else if num == 2 {
 									name = string(data)
 								}
@@ -416,6 +420,7 @@ func parseValueInfo(b []byte) (*valueInfo, error) {
 							})
 							vi.Dims = append(vi.Dims, dim)
 							vi.DimNames = append(vi.DimNames, name)
+							vi.DimSet = append(vi.DimSet, set)
 							return err
 						})
 					}

@@ -361,7 +361,7 @@ func (im *importer) constFloats(in []entry, i int, what string) ([]float64, erro
 		return nil, nil
 	}
 	if in[i].k == nil {
-		return nil, im.errorf("%s must be a constant (computable from static shapes); Kiln needs static shapes", what)
+		return nil, im.needConstant(in[i], what)
 	}
 	out := make([]float64, in[i].k.Len())
 	for j := range out {

@@ -72,7 +72,7 @@ func lowerBatchNormTrain(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 		}(), ComputeKind(out[0].Type.DType))
 	})
 	unbiased := func(ch Expr) Expr {
-		if cnt > 1 {
+		if cnt > 1 && op.Attr().Bool("unbiased") {
 			return div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt - 1, K: F64})
 		}
 		return div(&Load{Buf: m2, Index: []Expr{ch}}, Float{V: cnt, K: F64})

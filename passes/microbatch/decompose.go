@@ -104,7 +104,8 @@ func (e *emitter) sum(v *ir.Value, axes []int64, name string) *ir.Value {
 }
 
 // forward is batch_norm_train from its sums: y, the new running mean
-// and variance (unbiased), the saved mean and invstd.
+// and variance (the unbiased batch variance unless unbiased = false),
+// the saved mean and invstd.
 func (e *emitter) forward(op *ir.Op) []*ir.Value {
 	x, scale, bias, rm, rv := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
 	name := op.Results[0].Name
@@ -125,7 +126,7 @@ func (e *emitter) forward(op *ir.Op) []*ir.Value {
 		e.op("mul", nil, name+".xhat", centred, invstd), e.op("reshape", bcast, name+".scale", scale)),
 		e.op("reshape", bcast, name+".bias", bias))
 	unbiased := variance
-	if count > 1 {
+	if count > 1 && a.Bool("unbiased") {
 		unbiased = e.op("mul", nil, name+".unbiased", q, e.scalar(d, 1/(count-1), name+".inv_count_1"))
 	}
 	meanC := e.op("reshape", perChannel, op.Results[3].Name, mean)
