@@ -85,21 +85,10 @@ func (x *Tensor) round() {
 	switch d {
 	case ir.F64, ir.I64:
 		return
-	case ir.I32:
+	}
+	if !d.IsFloat() {
 		for i, v := range x.I {
-			x.I[i] = int64(int32(v))
-		}
-		return
-	case ir.I8:
-		for i, v := range x.I {
-			x.I[i] = int64(int8(v))
-		}
-		return
-	case ir.Bool:
-		for i, v := range x.I {
-			if v != 0 {
-				x.I[i] = 1
-			}
+			x.I[i] = d.WrapInt(v)
 		}
 		return
 	}

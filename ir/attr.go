@@ -337,9 +337,11 @@ func (d *Dense) rawBytes(n int64) []byte {
 			b[0] = Float8E5M2Bits(d.Float(i))
 		case I64:
 			binary.LittleEndian.PutUint64(b, uint64(d.Int(i)))
-		case I32:
+		case I32, U32:
 			binary.LittleEndian.PutUint32(b, uint32(d.Int(i)))
-		case I8, Bool:
+		case I16, U16:
+			binary.LittleEndian.PutUint16(b, uint16(d.Int(i)))
+		case I8, U8, Bool:
 			b[0] = byte(d.Int(i))
 		}
 	}
@@ -381,6 +383,14 @@ func DenseFromRaw(t Type, raw []byte) (*Dense, error) {
 			d.Ints[i] = int64(int32(binary.LittleEndian.Uint32(b)))
 		case I8:
 			d.Ints[i] = int64(int8(b[0]))
+		case U32:
+			d.Ints[i] = int64(binary.LittleEndian.Uint32(b))
+		case I16:
+			d.Ints[i] = int64(int16(binary.LittleEndian.Uint16(b)))
+		case U16:
+			d.Ints[i] = int64(binary.LittleEndian.Uint16(b))
+		case U8:
+			d.Ints[i] = int64(b[0])
 		case Bool:
 			if b[0] != 0 {
 				d.Ints[i] = 1

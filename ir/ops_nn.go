@@ -113,6 +113,9 @@ func init() {
 		Register(&OpDef{
 			Name: name, Summary: "2-D pooling over x[N,C,H,W]", MinOperands: 1, MaxOperands: 1, Attrs: poolAttrs,
 			Infer: func(in []Type, a AttrValues) ([]Type, error) {
+				if err := floatOperand(in[0]); err != nil {
+					return nil, err
+				}
 				p, err := PoolGeometryOf(in[0].Shape, a)
 				if err != nil {
 					return nil, err

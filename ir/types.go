@@ -24,15 +24,25 @@ const (
 	I32
 	I8
 	Bool
+	// Integer types that ONNX graph inputs and buffers have (a uint8
+	// mask, int16 audio). Every backend computes integers in 64 bits and
+	// narrows to the storage type when it stores (WrapInt), which is
+	// exact for these: their values are int64 values.
+	U8
+	I16
+	U16
+	U32
 )
 
 var dtypeNames = [...]string{
 	Invalid: "invalid", F64: "f64", F32: "f32", F16: "f16", BF16: "bf16",
 	F8E4M3: "f8e4m3", F8E5M2: "f8e5m2", I64: "i64", I32: "i32", I8: "i8", Bool: "bool",
+	U8: "u8", I16: "i16", U16: "u16", U32: "u32",
 }
 
 var dtypeSizes = [...]int64{
 	Invalid: 0, F64: 8, F32: 4, F16: 2, BF16: 2, F8E4M3: 1, F8E5M2: 1, I64: 8, I32: 4, I8: 1, Bool: 1,
+	U8: 1, I16: 2, U16: 2, U32: 4,
 }
 
 // String returns the text-format spelling of d.
@@ -54,8 +64,37 @@ func (d DType) Size() int64 {
 // IsFloat reports whether d is a floating-point type.
 func (d DType) IsFloat() bool { return d >= F64 && d <= F8E5M2 }
 
-// IsInt reports whether d is a signed integer type.
-func (d DType) IsInt() bool { return d >= I64 && d <= I8 }
+// IsInt reports whether d is an integer type (not bool).
+func (d DType) IsInt() bool { return d >= I64 && d <= I8 || d >= U8 && d <= U32 }
+
+// IsUnsigned reports whether d is an unsigned integer type.
+func (d DType) IsUnsigned() bool { return d == U8 || d == U16 || d == U32 }
+
+// WrapInt is v stored in d: the low bits of v, read as d reads them
+// (two's complement for signed types), as a C cast does; bool is 0 or 1.
+// Other dtypes return v.
+func (d DType) WrapInt(v int64) int64 {
+	switch d {
+	case I32:
+		return int64(int32(v))
+	case I16:
+		return int64(int16(v))
+	case I8:
+		return int64(int8(v))
+	case U32:
+		return int64(uint32(v))
+	case U16:
+		return int64(uint16(v))
+	case U8:
+		return int64(uint8(v))
+	case Bool:
+		if v != 0 {
+			return 1
+		}
+		return 0
+	}
+	return v
+}
 
 // ParseDType parses a dtype name such as "f32".
 func ParseDType(s string) (DType, bool) {

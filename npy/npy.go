@@ -39,6 +39,14 @@ func Descr(d ir.DType) (string, error) {
 		return "<i4", nil
 	case ir.I8:
 		return "|i1", nil
+	case ir.U8:
+		return "|u1", nil
+	case ir.I16:
+		return "<i2", nil
+	case ir.U16:
+		return "<u2", nil
+	case ir.U32:
+		return "<u4", nil
 	case ir.Bool:
 		return "|b1", nil
 	}
@@ -86,11 +94,12 @@ func Write(w io.Writer, t *interp.Tensor) error {
 }
 
 // Read decodes a .npy file. The dtype comes from the file: <f8 f64, <f4
-// f32, <f2 f16, <u2 bf16 bits, <i8 i64, <i4 i32, |i1 i8, |b1 bool.
+// f32, <f2 f16, <i8 i64, <i4 i32, <i2 i16, |i1 i8, <u4 u32, <u2 u16, |u1
+// u8, |b1 bool.
 func Read(r io.Reader) (*interp.Tensor, error) { return ReadAs(r, ir.Invalid) }
 
-// ReadAs is Read for a tensor expected to have dtype want: |u1 holds raw
-// fp8 bits, which only the fp8 dtype wanted says how to read.
+// ReadAs is Read for a tensor expected to have dtype want: |u1 also holds
+// raw fp8 bits and <u2 bf16 bits, which only the dtype wanted tells apart.
 func ReadAs(r io.Reader, want ir.DType) (*interp.Tensor, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
@@ -128,7 +137,14 @@ func ReadAs(r io.Reader, want ir.DType) (*interp.Tensor, error) {
 	case "<f2":
 		dt = ir.F16
 	case "<u2":
-		dt = ir.BF16
+		dt = ir.U16
+		if want == ir.BF16 {
+			dt = ir.BF16 // bf16 bits: numpy has no bf16
+		}
+	case "<i2":
+		dt = ir.I16
+	case "<u4":
+		dt = ir.U32
 	case "<i8":
 		dt = ir.I64
 	case "<i4":
@@ -138,12 +154,12 @@ func ReadAs(r io.Reader, want ir.DType) (*interp.Tensor, error) {
 	case "|b1", "<b1":
 		dt = ir.Bool
 	case "|u1", "<u1":
-		if want != ir.F8E4M3 && want != ir.F8E5M2 {
-			return nil, fmt.Errorf(".npy dtype %q holds raw fp8 bits: it reads into an f8e4m3 or f8e5m2 tensor", h.descr)
+		dt = ir.U8
+		if want == ir.F8E4M3 || want == ir.F8E5M2 {
+			dt = want // fp8 bits: numpy has no fp8
 		}
-		dt = want
 	default:
-		return nil, fmt.Errorf(".npy dtype %q is not supported (want <f8, <f4, <f2, <u2 for bf16, <i8, <i4, |i1, |b1, or |u1 for fp8)", h.descr)
+		return nil, fmt.Errorf(".npy dtype %q is not supported (want <f8, <f4, <f2, <i8, <i4, <i2, |i1, <u4, <u2 (also bf16 bits), |u1 (also fp8 bits) or |b1)", h.descr)
 	}
 	if h.fortran {
 		return nil, fmt.Errorf("Fortran-order .npy files are not supported")

@@ -12,20 +12,22 @@ import (
 )
 
 func TestRoundTripEveryDType(t *testing.T) {
-	for _, d := range []ir.DType{ir.F64, ir.F32, ir.F16, ir.BF16, ir.I64, ir.I32, ir.I8, ir.Bool} {
+	for _, d := range []ir.DType{ir.F64, ir.F32, ir.F16, ir.BF16, ir.I64, ir.I32, ir.I16, ir.I8, ir.U32, ir.U16, ir.U8, ir.Bool} {
 		ty := ir.TensorOf(d, 2, 3)
 		var x *interp.Tensor
 		if d.IsFloat() {
 			x = interp.FromFloats(ty, []float64{0.5, -1.25, 3, 1e-3, 65504 / 2, -0.0})
 		} else if d == ir.Bool {
 			x = interp.FromInts(ty, []int64{1, 0, 1, 1, 0, 0})
+		} else if d.IsUnsigned() {
+			x = interp.FromInts(ty, []int64{1, 255, 3, 100, 200, 0})
 		} else {
 			x = interp.FromInts(ty, []int64{1, -2, 3, 100, -100, 0})
 		}
 		var b bytes.Buffer
 		require.NoError(t, Write(&b, x), d.String())
 		require.Zero(t, (b.Len()-len(x.ToDense().RawBytes()))%64, "header padded to 64 bytes")
-		y, err := Read(bytes.NewReader(b.Bytes()))
+		y, err := ReadAs(bytes.NewReader(b.Bytes()), d) // <u2 holds u16 or bf16 bits
 		require.NoError(t, err, d.String())
 		require.Equal(t, x.Type, y.Type, d.String())
 		require.Equal(t, x.F, y.F, d.String())
@@ -80,7 +82,9 @@ func TestHeaderIsAPythonLiteral(t *testing.T) {
 }
 
 // TestFP8RoundTrip: fp8 tensors are written as |u1 raw bits and read back
-// into an fp8 tensor (they could not be read before).
+// into an fp8 tensor (they could not be read before); read without a
+// wanted dtype, the file is numpy's uint8 array of those bits. So is bf16
+// with <u2.
 func TestFP8RoundTrip(t *testing.T) {
 	for _, d := range []ir.DType{ir.F8E4M3, ir.F8E5M2} {
 		x := interp.FromFloats(ir.TensorOf(d, 4), []float64{1, -2, 0.5, 448})
@@ -89,9 +93,23 @@ func TestFP8RoundTrip(t *testing.T) {
 		y, err := ReadAs(bytes.NewReader(b.Bytes()), d)
 		require.NoError(t, err)
 		require.Equal(t, x.F, y.F)
-		_, err = Read(bytes.NewReader(b.Bytes()))
-		require.ErrorContains(t, err, "raw fp8 bits")
+		raw, err := Read(bytes.NewReader(b.Bytes()))
+		require.NoError(t, err)
+		require.Equal(t, ir.U8, raw.Type.DType)
+		for i := range x.F {
+			bits := ir.Float8E4M3Bits(x.F[i])
+			if d == ir.F8E5M2 {
+				bits = ir.Float8E5M2Bits(x.F[i])
+			}
+			require.Equal(t, int64(bits), raw.I[i])
+		}
 	}
+	x := interp.FromFloats(ir.TensorOf(ir.BF16, 2), []float64{1, -2.5})
+	var b bytes.Buffer
+	require.NoError(t, Write(&b, x))
+	raw, err := Read(bytes.NewReader(b.Bytes()))
+	require.NoError(t, err)
+	require.Equal(t, []int64{int64(ir.BFloat16Bits(1)), int64(ir.BFloat16Bits(-2.5))}, raw.I)
 }
 
 // FuzzRead: no file makes Read panic or allocate more than the file

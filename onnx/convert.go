@@ -386,7 +386,7 @@ func init() {
 	converters["Cast"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		to, ok := dtypeOf(attrInt(n, "to", 0))
 		if !ok {
-			return nil, im.errorf("cast to ONNX data type %d is not supported", attrInt(n, "to", 0))
+			return nil, im.errorf("cast to %s: %s", onnxTypeName(attrInt(n, "to", 0)), unreadableType(attrInt(n, "to", 0)))
 		}
 		return im.emit("cast", in, ir.Attrs{"to": ir.TypeAttr(to)})
 	}

@@ -285,8 +285,16 @@ func dtypeOf(t int64) (ir.DType, bool) {
 	switch t {
 	case 1:
 		return ir.F32, true
+	case 2:
+		return ir.U8, true
 	case 3:
 		return ir.I8, true
+	case 4:
+		return ir.U16, true
+	case 5:
+		return ir.I16, true
+	case 12:
+		return ir.U32, true
 	case 6:
 		return ir.I32, true
 	case 7:
@@ -372,7 +380,7 @@ func (im *importer) externalData(name string, ext map[string]string, size int64)
 func (im *importer) decodeTensor(t *tensor) (*interp.Tensor, error) {
 	dt, ok := dtypeOf(t.DataType)
 	if !ok {
-		return nil, fmt.Errorf("tensor %q has unsupported ONNX data type %d", t.Name, t.DataType)
+		return nil, fmt.Errorf("tensor %q is %s: %s", t.Name, onnxTypeName(t.DataType), unreadableType(t.DataType))
 	}
 	for _, d := range t.Dims {
 		if d < 0 {
@@ -404,9 +412,13 @@ func (im *importer) decodeTensor(t *tensor) (*interp.Tensor, error) {
 			d.Floats = t.DoubleData
 		case ir.I64:
 			d.Ints = t.Int64Data
-		case ir.I32, ir.I8, ir.Bool:
+		case ir.I32, ir.I16, ir.I8, ir.U16, ir.U8, ir.Bool:
 			for _, v := range t.Int32Data {
-				d.Ints = append(d.Ints, int64(v))
+				d.Ints = append(d.Ints, dt.WrapInt(int64(v)))
+			}
+		case ir.U32:
+			for _, v := range t.Uint64Data {
+				d.Ints = append(d.Ints, dt.WrapInt(int64(v)))
 			}
 		case ir.F16, ir.BF16, ir.F8E4M3, ir.F8E5M2:
 			bits := make([]byte, 0, len(t.Int32Data)*2)
@@ -491,7 +503,7 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 	for _, vi := range inputs {
 		dt, ok := dtypeOf(vi.ElemType)
 		if !ok {
-			return nil, fmt.Errorf("%s: input %q has unsupported ONNX data type %d", im.opt.Name, vi.Name, vi.ElemType)
+			return nil, fmt.Errorf("%s: input %q is %s: %s", im.opt.Name, vi.Name, onnxTypeName(vi.ElemType), unreadableType(vi.ElemType))
 		}
 		shape := ir.Shape{}
 		for i, d := range vi.Dims {
@@ -950,4 +962,35 @@ func quoteAll(names []string) string {
 		q[i] = strconv.Quote(n)
 	}
 	return strings.Join(q, ", ")
+}
+
+// onnxTypeNames are TensorProto.DataType's names.
+var onnxTypeNames = map[int64]string{0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64",
+	8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 14: "COMPLEX64", 15: "COMPLEX128",
+	16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4",
+	23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2"}
+
+func onnxTypeName(t int64) string {
+	if n, ok := onnxTypeNames[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("ONNX data type %d", t)
+}
+
+// unreadableType says why Kiln does not read an ONNX element type.
+func unreadableType(t int64) string {
+	switch t {
+	case 0:
+		return "no element type (an optional or sequence value, or a malformed model); Kiln reads tensors of numbers"
+	case 8:
+		return "Kiln computes on numbers, not strings"
+	case 13:
+		return "Kiln computes integers in int64, which cannot hold a uint64 above 2^63 (cast it to int64 in the model)"
+	case 14, 15:
+		return "Kiln has no complex numbers"
+	}
+	if _, ok := onnxTypeNames[t]; ok {
+		return "Kiln does not read this element type (it reads FLOAT, DOUBLE, FLOAT16, BFLOAT16, FLOAT8E4M3FN, FLOAT8E5M2, INT64, INT32, INT16, INT8, UINT32, UINT16, UINT8 and BOOL)"
+	}
+	return "not an element type ONNX defines"
 }

@@ -117,6 +117,9 @@ func runNodeTest(dir string) (err error) {
 		values := map[string]*interp.Tensor{}
 		for i, n := range names {
 			values[n] = inputs[i]
+			if inputs[i].Type.DType == ir.U16 && declaresBF16(pm.Graph, n) {
+				values[n] = bf16FromBits(inputs[i])
+			}
 		}
 		m, err := Import(data, Options{Name: "model.onnx", Dir: dir, Value: valuesOf(values)})
 		if err != nil {
@@ -155,6 +158,14 @@ func runNodeTest(dir string) (err error) {
 			continue
 		}
 		for i := range want {
+			if got[i].Type.DType == ir.BF16 && want[i].Type.DType == ir.U16 {
+				want[i] = bf16FromBits(want[i])
+				if filepath.Base(dir) == "test_cast_FLOAT_to_BFLOAT16" {
+					if want[i], err = roundedNotTruncated(inputs[0], want[i]); err != nil {
+						return wrongResult{err}
+					}
+				}
+			}
 			if got[i].Type.DType != want[i].Type.DType {
 				return wrongResult{fmt.Errorf("%s, output %d: dtype %s, the reference has %s", filepath.Base(set), i, got[i].Type.DType, want[i].Type.DType)}
 			}
@@ -226,4 +237,41 @@ func dropoutDraw(in, got, want []*interp.Tensor) error {
 		return fmt.Errorf("%d of %d elements kept at ratio %g (expected %.0f ± %.1f)", kept, n, ratio, mean, sd)
 	}
 	return nil
+}
+
+// bf16FromBits reads a uint16 tensor as bfloat16 bits: ONNX 1.12's test
+// data stores bfloat16 tensors so, numpy having no bfloat16.
+func bf16FromBits(x *interp.Tensor) *interp.Tensor {
+	y := interp.New(ir.Type{DType: ir.BF16, Shape: x.Type.Shape})
+	for i, b := range x.I {
+		y.F[i] = ir.BFloat16FromBits(uint16(b))
+	}
+	return y
+}
+
+func declaresBF16(g *graph, input string) bool {
+	for _, vi := range g.Inputs {
+		if vi.Name == input {
+			return vi.ElemType == 16
+		}
+	}
+	return false
+}
+
+// roundedNotTruncated checks that ONNX 1.12's reference for a float to
+// bfloat16 Cast is x truncated to bfloat16 (its generator dropped the low
+// bits), and returns x rounded to nearest even instead: what ONNX's Cast
+// specifies (onnx/onnx#3876, #5004; the reference implementation of later
+// releases) and what Kiln and onnxruntime compute.
+func roundedNotTruncated(x, ref *interp.Tensor) (*interp.Tensor, error) {
+	out := interp.New(ref.Type)
+	for i := range ref.F {
+		v := x.At(i)
+		trunc := ir.BFloat16FromBits(uint16(math.Float32bits(float32(v)) >> 16))
+		if !(trunc == ref.F[i] || math.IsNaN(trunc) && math.IsNaN(ref.F[i])) {
+			return nil, fmt.Errorf("element %d: the reference %g is not %g truncated to bfloat16 (%g)", i, ref.F[i], v, trunc)
+		}
+		out.F[i] = ir.RoundTo(ir.BF16, v)
+	}
+	return out, nil
 }

@@ -102,6 +102,23 @@ func init() {
 				return nil, im.errorf("storage_order=1 is not supported")
 			}
 			x := in[0]
+			if d := x.typ().DType; !d.IsFloat() {
+				// MaxPool takes 8-bit integers (opset 12): pooled in f64,
+				// which holds every integer of up to 32 bits exactly.
+				if kind != "max_pool2d" || d == ir.I64 || d == ir.Bool {
+					return nil, im.errorf("pooling of %s: Kiln pools floating-point values, and integers of up to 32 bits with MaxPool", x.typ())
+				}
+				wide, err := im.one("cast", ir.Attrs{"to": ir.TypeAttr(ir.F64)}, x)
+				if err != nil {
+					return nil, err
+				}
+				outs, err := converters[onnxName](im, n, []entry{wide})
+				if err != nil {
+					return nil, err
+				}
+				y, err := im.one("cast", ir.Attrs{"to": ir.TypeAttr(d)}, outs[0])
+				return []entry{y}, err
+			}
 			spatial := x.typ().Rank() - 2
 			if spatial < 1 || spatial > 3 {
 				return nil, im.errorf("pooling of %s: Kiln reads 1-, 2- and 3-D pooling", x.typ())

@@ -113,7 +113,15 @@ func storageType(d ir.DType) (string, error) {
 		return "long long", nil
 	case ir.I32:
 		return "int", nil
-	case ir.I8, ir.Bool:
+	case ir.U32:
+		return "unsigned int", nil
+	case ir.I16:
+		return "short", nil
+	case ir.U16:
+		return "unsigned short", nil
+	case ir.I8:
+		return "signed char", nil
+	case ir.U8, ir.Bool:
 		return "unsigned char", nil
 	}
 	return "", fmt.Errorf("the CUDA backend does not store %s yet", d)
@@ -455,7 +463,7 @@ func fromStorage(raw string, d ir.DType) string {
 		return "kiln_f16_to_f32(" + raw + ")"
 	case ir.BF16:
 		return "kiln_bf16_to_f32(" + raw + ")"
-	case ir.I32, ir.I8:
+	case ir.I32, ir.I16, ir.I8, ir.U32, ir.U16, ir.U8:
 		return "(long long)" + raw
 	case ir.Bool:
 		return raw + " != 0"
@@ -472,7 +480,15 @@ func toStorage(v string, d ir.DType) string {
 		return "kiln_f32_to_bf16(" + v + ")"
 	case ir.I32:
 		return "(int)" + v
-	case ir.I8, ir.Bool:
+	case ir.U32:
+		return "(unsigned int)" + v
+	case ir.I16:
+		return "(short)" + v
+	case ir.U16:
+		return "(unsigned short)" + v
+	case ir.I8:
+		return "(signed char)" + v
+	case ir.U8, ir.Bool:
 		return "(unsigned char)" + v
 	}
 	return v

@@ -167,7 +167,11 @@ func storageType(d kir.DType) (types.Type, error) {
 		return types.I64, nil
 	case kir.I32:
 		return types.I32, nil
-	case kir.I8, kir.Bool:
+	case kir.U32:
+		return types.I32, nil
+	case kir.I16, kir.U16:
+		return types.I16, nil
+	case kir.I8, kir.U8, kir.Bool:
 		return types.I8, nil
 	}
 	return nil, fmt.Errorf("the LLVM backend does not store %s yet", d)
@@ -425,8 +429,10 @@ func (e *fn) fromStorage(v value.Value, d kir.DType) value.Value {
 		return c.NewFPExt(v, types.Float)
 	case kir.BF16:
 		return c.NewBitCast(c.NewShl(c.NewZExt(v, types.I32), constant.NewInt(types.I32, 16)), types.Float)
-	case kir.I32, kir.I8:
+	case kir.I32, kir.I16, kir.I8:
 		return c.NewSExt(v, types.I64)
+	case kir.U32, kir.U16, kir.U8:
+		return c.NewZExt(v, types.I64)
 	case kir.Bool:
 		return c.NewICmp(enum.IPredNE, v, constant.NewInt(types.I8, 0))
 	}
@@ -445,9 +451,11 @@ func (e *fn) toStorage(v value.Value, d kir.DType) value.Value {
 		lsb := c.NewAnd(c.NewLShr(bits, constant.NewInt(types.I32, 16)), constant.NewInt(types.I32, 1))
 		r := c.NewAdd(c.NewAdd(bits, constant.NewInt(types.I32, 0x7FFF)), lsb)
 		return c.NewTrunc(c.NewLShr(r, constant.NewInt(types.I32, 16)), types.I16)
-	case kir.I32:
+	case kir.I32, kir.U32:
 		return c.NewTrunc(v, types.I32)
-	case kir.I8:
+	case kir.I16, kir.U16:
+		return c.NewTrunc(v, types.I16)
+	case kir.I8, kir.U8:
 		return c.NewTrunc(v, types.I8)
 	case kir.Bool:
 		return c.NewZExt(v, types.I8)

@@ -418,3 +418,49 @@ func TestHostInputsCompiled(t *testing.T) {
 	pipelineOn(t, m, pipeline)
 	require.Contains(t, m.String(), "%x: f32[1024] {host = true}", "the input went to host memory")
 }
+
+// TestNarrowIntegersCompiled: u8, i16, u16 and u32 load with the right
+// extension (zero for unsigned), compute in 64 bits and wrap when they
+// are stored, in the interpreter and compiled alike: 250 + 10 is 4 in
+// u8, 65535 > 1 holds in u16 (a sign-extending load would read -1), a
+// u32 of 4e9 divides and converts to f32 as 4e9, and -3 in i16 stays -3.
+func TestNarrowIntegersCompiled(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("in.kir", `func @f(%a: u8[3], %b: i16[3], %c: u16[3], %d: u32[3]) -> (u8[3], i16[3], bool[3], u32[3], f32[3], u8[3]) {
+  %k = constant() {value = dense<u8[3]: 10>} : u8[3]
+  %s = add(%a, %k) : u8[3]
+  %n = neg(%b) : i16[3]
+  %one = constant() {value = dense<u16[3]: 1>} : u16[3]
+  %g = gt(%c, %one) : bool[3]
+  %two = constant() {value = dense<u32[3]: 2>} : u32[3]
+  %h = div(%d, %two) : u32[3]
+  %f = cast(%d) {to = f32} : f32[3]
+  %w = cast(%b) {to = u8} : u8[3]
+  return %s, %n, %g, %h, %f, %w
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "fuse,assign")
+	f := m.Funcs[0]
+	args := []*interp.Tensor{
+		interp.FromInts(ir.TensorOf(ir.U8, 3), []int64{250, 0, 7}),
+		interp.FromInts(ir.TensorOf(ir.I16, 3), []int64{-3, 32767, -32768}),
+		interp.FromInts(ir.TensorOf(ir.U16, 3), []int64{65535, 1, 0}),
+		interp.FromInts(ir.TensorOf(ir.U32, 3), []int64{4000000000, 7, 1}),
+	}
+	wantInts := [][]int64{{4, 10, 17}, {3, -32767, -32768}, {1, 0, 0}, {2000000000, 3, 0}, nil, {253, 255, 0}}
+	interpreted, err := interp.Run(f, args, interp.Options{})
+	require.NoError(t, err)
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	compiled, _, err := llvm.Run(p, args)
+	require.NoError(t, err)
+	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
+		for i, w := range wantInts {
+			if w != nil {
+				require.Equal(t, w, got[i].I, "%s: result %d", name, i)
+			}
+		}
+		require.Equal(t, []float64{4e9, 7, 1}, got[4].F, "%s: u32 to f32", name)
+	}
+}
