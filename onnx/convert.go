@@ -510,9 +510,17 @@ func init() {
 			}
 			count = int64(c)
 		}
+		// Element i is start + i·delta, each operation rounded to the
+		// type it computes in: T, or f32 for f16 and bf16 from opset 27
+		// with stash_type 1 (the default), whose result is then cast.
+		work := t.DType
+		if (work == ir.F16 || work == ir.BF16) && im.opset >= 27 && attrInt(n, "stash_type", 1) == 1 {
+			work = ir.F32
+		}
 		vals := make([]float64, count)
 		for i := range vals {
-			vals[i] = start + float64(i)*delta
+			step := ir.RoundTo(work, ir.RoundTo(work, float64(i))*delta)
+			vals[i] = ir.RoundTo(t.DType, ir.RoundTo(work, start+step))
 		}
 		t.Shape[0] = count
 		return []entry{{k: interp.FromFloats(t, vals)}}, nil

@@ -1,6 +1,7 @@
 package onnx
 
 import (
+	"github.com/kiln-compiler/kiln/ir"
 	"math"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -165,4 +166,16 @@ func encModel(g tGraph) []byte {
 	}
 	m = appendMsg(m, 7, gb)
 	return m
+}
+
+// encTensorRaw is a TensorProto of ONNX data type dt holding the raw
+// little-endian bytes of d.
+func encTensorRaw(name string, dt int64, d *ir.Dense) []byte {
+	var b []byte
+	for _, n := range d.Type.Shape {
+		b = appendVarint(b, 1, n)
+	}
+	b = appendVarint(b, 2, dt)
+	b = appendString(b, 8, name)
+	return appendMsg(b, 9, d.RawBytes())
 }

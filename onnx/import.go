@@ -19,7 +19,7 @@ import (
 // semantics of the model's opset (see opsetOf in convert.go).
 const (
 	minOpset = 6
-	maxOpset = 21
+	maxOpset = 28
 )
 
 // Options control an import.

@@ -87,9 +87,9 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 	_, err := Import(data, Options{Name: "m.onnx"})
 	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: BitShift (1), Frobnicate (2)")
 	_, err = Import(encModel(tGraph{opset: 5, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 21)")
-	_, err = Import(encModel(tGraph{opset: 22, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: default-domain opset 22 is not supported (Kiln reads opsets 6 to 21)")
+	require.EqualError(t, err, "m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 28)")
+	_, err = Import(encModel(tGraph{opset: 29, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, "m.onnx: default-domain opset 29 is not supported (Kiln reads opsets 6 to 28)")
 	data = encModel(tGraph{
 		nodes:   []tNode{{op: "NonZero", name: "/nz", inputs: []string{"x"}, outputs: []string{"d"}}},
 		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
@@ -663,4 +663,29 @@ func TestOperandsAsGraphInputs(t *testing.T) {
 
 func valuesOf(m map[string]*interp.Tensor) func(string) (*interp.Tensor, error) {
 	return func(name string) (*interp.Tensor, error) { return m[name], nil }
+}
+
+// TestRange27: from opset 27 Range takes f16 and bf16 and computes them in
+// f32 (stash_type 1, the default) before the cast; with stash_type 0 in
+// the type itself. From 2 by 0.71484375 (exact in bf16), element 3 is
+// 4.14453125 in f32, 4.15625 in bf16; in bf16 arithmetic 3·0.71484375 =
+// 2.14453125 rounds to 2.140625 first, and 2 + 2.140625 = 4.140625 to
+// 4.125 (ties to even).
+func TestRange27(t *testing.T) {
+	scalar := func(name string, v float64) tNode {
+		return tNode{op: "Constant", name: name, outputs: []string{name}, tensor: encTensorRaw(name, 16, &ir.Dense{Type: ir.TensorOf(ir.BF16), Floats: []float64{v}})}
+	}
+	for _, c := range []struct {
+		stash int64
+		last  float64
+	}{{1, 4.15625}, {0, 4.125}} {
+		m, err := Import(encModel(tGraph{opset: 27,
+			nodes: []tNode{scalar("s", 2), scalar("l", 4.5), scalar("d", 0.71484375),
+				{op: "Range", name: "/r", inputs: []string{"s", "l", "d"}, outputs: []string{"y"}, ints: map[string][]int64{"stash_type": {c.stash}}}},
+			outputs: [][]byte{encValueInfo("y", 16, []int64{4})}}), Options{Name: "m.onnx"})
+		require.NoError(t, err)
+		got, err := interp.Run(m.Funcs[0], nil, interp.Options{})
+		require.NoError(t, err)
+		require.Equal(t, []float64{2, 2.71875, 3.4375, c.last}, got[0].F, "stash_type %d", c.stash)
+	}
 }
