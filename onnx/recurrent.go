@@ -16,6 +16,10 @@ import (
 func init() {
 	arity["LSTM"] = [2]int{3, 8}
 	arity["GRU"] = [2]int{3, 6}
+	arity["RNN"] = [2]int{3, 6}
+	converters["RNN"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.recurrent(n, in, 1)
+	}
 	converters["LSTM"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		return im.recurrent(n, in, 4)
 	}
@@ -24,18 +28,78 @@ func init() {
 	}
 }
 
-// recurrent unrolls an LSTM (gates = 4) or GRU (gates = 3) node.
+// rnnActivations are the activations an RNN node may name (nn.RNN's
+// nonlinearity is tanh or relu), as Kiln ops.
+var rnnActivations = map[string]string{"Tanh": "tanh", "Relu": "relu", "Sigmoid": "sigmoid"}
+
+// recurrent unrolls an LSTM (gates = 4), GRU (gates = 3) or RNN (gates
+// = 1) node.
 func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error) {
 	for i, what := range map[int]string{4: "sequence_lens", 7: "peepholes"} {
 		if i < len(in) && !in[i].missing() {
 			return nil, im.errorf("%s are not supported", what)
 		}
 	}
-	if attr(n, "activations") != nil || attr(n, "clip") != nil || attrInt(n, "input_forget", 0) != 0 {
-		return nil, im.errorf("activations, clip and input_forget other than the defaults are not supported")
+	// act is each direction's activation of an RNN (default Tanh).
+	act := []string{"tanh", "tanh"}
+	if a := attr(n, "activations"); a != nil && gates == 1 {
+		for i, s := range a.Strings {
+			k, ok := rnnActivations[string(s)]
+			if !ok || i > 1 {
+				return nil, im.errorf("activation %q is not supported (Tanh, Relu or Sigmoid, one per direction)", s)
+			}
+			act[i] = k
+		}
+		if len(a.Strings) == 1 {
+			act[1] = act[0]
+		}
+	} else if a != nil {
+		return nil, im.errorf("activations other than the defaults are not supported")
 	}
-	if attrInt(n, "layout", 0) != 0 {
-		return nil, im.errorf("layout=1 is not supported")
+	if attr(n, "clip") != nil || attrInt(n, "input_forget", 0) != 0 {
+		return nil, im.errorf("clip and input_forget other than the defaults are not supported")
+	}
+	switch attrInt(n, "layout", 0) {
+	case 0:
+	case 1:
+		// Batch first: X [batch, seq, input] and the states [batch,
+		// dirs, hidden], read as layout 0 and transposed back.
+		swap := func(e entry) (entry, error) {
+			perm := []int64{1, 0, 2, 3}[:e.typ().Rank()]
+			return im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(perm...)}, e)
+		}
+		in = append([]entry(nil), in...)
+		for _, i := range []int{0, 5, 6} {
+			if i < len(in) && !in[i].missing() {
+				var err error
+				if in[i], err = swap(in[i]); err != nil {
+					return nil, err
+				}
+			}
+		}
+		n0 := *n
+		n0.Attrs = nil
+		for _, a := range n.Attrs {
+			if a.Name != "layout" {
+				n0.Attrs = append(n0.Attrs, a)
+			}
+		}
+		out, err := im.recurrent(&n0, in, gates)
+		if err != nil {
+			return nil, err
+		}
+		// Y [seq, dirs, batch, hidden] becomes [batch, seq, dirs, hidden].
+		if out[0], err = im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(2, 0, 1, 3)}, out[0]); err != nil {
+			return nil, err
+		}
+		for i := 1; i < len(out); i++ {
+			if out[i], err = swap(out[i]); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	default:
+		return nil, im.errorf("layout=%d is not one ONNX defines (0 or 1)", attrInt(n, "layout", 0))
 	}
 	x, w, rw := in[0], in[1], in[2]
 	xs := x.typ().Shape
@@ -125,10 +189,13 @@ func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error)
 			if err != nil {
 				return nil, err
 			}
-			if gates == 4 {
+			switch gates {
+			case 4:
 				h, c, err = im.lstmStep(xt, h, c, rt, rb, hidden)
-			} else {
+			case 3:
 				h, err = im.gruStep(xt, h, rt, rb, hidden, linearBeforeReset)
+			default:
+				h, err = im.rnnStep(xt, h, rt, rb, act[d])
 			}
 			if err != nil {
 				return nil, err
@@ -312,4 +379,15 @@ func (im *importer) gruStep(xt, h, rt, rb entry, hidden int64, linearBeforeReset
 		return entry{}, err
 	}
 	return im.one("add", nil, cand, zd)
+}
+
+// rnnStep is one step of a simple RNN: h' = act(x W^T + Wb + h R^T + Rb).
+func (im *importer) rnnStep(xt, h, rt, rb entry, act string) (entry, error) {
+	c := &chain{im: im}
+	pre := c.op("add", nil, xt, c.op("add", nil, c.op("matmul", nil, h, rt), rb))
+	out, err := c.done(c.op(act, nil, pre))
+	if err != nil {
+		return entry{}, err
+	}
+	return out[0], nil
 }
