@@ -436,6 +436,48 @@ class LlamaBlock(nn.Module):
         return self.head(x)
 
 
+class RNNSpeech(nn.Module):
+    """A speech model on nn.RNN: two batch-first tanh layers, one bidirectional ReLU layer, a classifier
+    per frame."""
+    def __init__(self, feats=8, hidden=12, classes=5):
+        super().__init__()
+        self.rnn = nn.RNN(feats, hidden, num_layers=2, batch_first=True)
+        self.relu_rnn = nn.RNN(hidden, hidden, nonlinearity="relu", bidirectional=True)
+        self.out = nn.Linear(2 * hidden, classes)
+
+    def forward(self, x):
+        h, _ = self.rnn(x)
+        h, _ = self.relu_rnn(h.transpose(0, 1))
+        return self.out(h.transpose(0, 1))
+
+
+class GPTByteMask(HFDecoder):
+    """HFDecoder whose causal-mask buffer is uint8, as GPT-2 ports keep it (torch.tril of a byte
+    tensor), compared with == 0 for masked_fill."""
+    def __init__(self, vocab=40, d=32, heads=4, seq=8):
+        super().__init__(vocab, d, heads, seq)
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.uint8)).view(1, 1, seq, seq))
+
+
+class Video2Plus1D(nn.Module):
+    """(2+1)-D convolutions (R(2+1)D): a spatial 1x3x3 then a temporal 3x1x1 convolution per block,
+    batch norm and ReLU, 3-D average pooling, a classifier."""
+    def __init__(self, c=3, mid=8, out=12, classes=4):
+        super().__init__()
+        def block(i, m, o, stride=1):
+            return nn.Sequential(
+                nn.Conv3d(i, m, (1, 3, 3), stride=(1, stride, stride), padding=(0, 1, 1), bias=False),
+                nn.BatchNorm3d(m), nn.ReLU(),
+                nn.Conv3d(m, o, (3, 1, 1), stride=(stride, 1, 1), padding=(1, 0, 0), bias=False),
+                nn.BatchNorm3d(o), nn.ReLU())
+        self.b1, self.b2 = block(c, mid, out), block(out, mid, out, stride=2)
+        self.fc = nn.Linear(out, classes)
+
+    def forward(self, x):
+        h = self.b2(self.b1(x))
+        return self.fc(h.mean(dim=(2, 3, 4)))
+
+
 def image(c=3, s=16):
     return lambda: torch.randn(2, c, s, s)
 
@@ -479,6 +521,9 @@ BREADTH = {
     "superres": (SuperRes, image(1, 8), 13),
     "encoder": (Encoder, tokens(25, 6), 13),
     "gru_lm": (lambda: RecurrentLM(nn.GRU), tokens(30, 5), 13),
+    "rnn_speech": (RNNSpeech, lambda: torch.randn(2, 7, 8), 14),
+    "gpt_byte_mask": (GPTByteMask, tokens(40), 14),
+    "video_2plus1d": (Video2Plus1D, lambda: torch.randn(2, 3, 4, 8, 8), 13),
 }
 
 # Exported with a symbolic batch (dynamic_axes) at batch 2; the reference data is at batch 3, so that

@@ -5,7 +5,8 @@ default partition and with the min-cut partition. The step is forward, loss = su
 parameters, the input batch and the gradients count. Writes OUT/NAME/torch_memory.json with bytes:
 {"params", "input", "default", "mincut", "default_512", "mincut_512"}: the _512 peaks round every
 storage up to 512 bytes, as PyTorch's CUDA caching allocator does with each block (the others are
-exact byte sums, which no allocator reaches). Usage: torch_memory.py OUT_DIR [NAME...]"""
+exact byte sums, which no allocator reaches). Usage: torch_memory.py OUT_DIR [NAME...]
+The min-cut partition needs networkx (Debian: python3-networkx)."""
 import json, os, sys
 import torch
 from torch.fx import Interpreter
