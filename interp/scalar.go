@@ -324,6 +324,24 @@ func FloatUnary(p scalar.Prim) func(float64) float64 {
 		return math.RoundToEven
 	case scalar.Sin:
 		return math.Sin
+	case scalar.Tan:
+		return math.Tan
+	case scalar.Asin:
+		return math.Asin
+	case scalar.Acos:
+		return math.Acos
+	case scalar.Atan:
+		return math.Atan
+	case scalar.Sinh:
+		return math.Sinh
+	case scalar.Cosh:
+		return math.Cosh
+	case scalar.Asinh:
+		return math.Asinh
+	case scalar.Acosh:
+		return math.Acosh
+	case scalar.Atanh:
+		return math.Atanh
 	case scalar.Cos:
 		return math.Cos
 	}

@@ -43,6 +43,12 @@ func mishDeriv(x *scalar.Expr) *scalar.Expr {
 	return t.Add(x.Mul(scalar.Sigmoid(x)).Mul(num(1).Sub(t.Mul(t))))
 }
 
+// beyondOne is near(x) for |x| <= 1 and far(1/x) past it, for a
+// derivative whose form in x would overflow (x²) for large |x|.
+func beyondOne(x, near *scalar.Expr, far func(r *scalar.Expr) *scalar.Expr) *scalar.Expr {
+	return scalar.If(un(scalar.Abs, x).Gt(num(1)), far(num(1).Div(x)), near)
+}
+
 func geluTanhArg(x *scalar.Expr) *scalar.Expr {
 	return num(sqrt2OverPi).Mul(x.Add(num(geluCubic).Mul(x.Mul(x.Mul(x)))))
 }
@@ -83,6 +89,31 @@ func init() {
 		{name: "round", summary: "round half to even", onnx: "Round", f: un(scalar.Round, x0), grad: GradZero},
 		{name: "sin", summary: "sine", onnx: "Sin", f: un(scalar.Sin, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Cos, x0))}},
 		{name: "cos", summary: "cosine", onnx: "Cos", f: un(scalar.Cos, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Neg, un(scalar.Sin, x0)))}},
+		{name: "tan", summary: "tangent", onnx: "Tan", f: un(scalar.Tan, x0),
+			deriv: &Deriv{FromOutput: true, Expr: derivOf(num(1).Add(x0.Mul(x0)))}},
+		// The derivatives are written so that no intermediate overflows
+		// or cancels: (1 - x)(1 + x) for 1 - x², and 1/x in place of x
+		// past |x| = 1 where x² would overflow.
+		{name: "asin", summary: "arcsine", onnx: "Asin", f: un(scalar.Asin, x0),
+			deriv: &Deriv{Expr: derivOf(num(1).Div(un(scalar.Sqrt, num(1).Sub(x0).Mul(num(1).Add(x0)))))}},
+		{name: "acos", summary: "arccosine", onnx: "Acos", f: un(scalar.Acos, x0),
+			deriv: &Deriv{Expr: derivOf(num(-1).Div(un(scalar.Sqrt, num(1).Sub(x0).Mul(num(1).Add(x0)))))}},
+		{name: "atan", summary: "arctangent", onnx: "Atan", f: un(scalar.Atan, x0),
+			deriv: &Deriv{Expr: derivOf(beyondOne(x0, num(1).Div(num(1).Add(x0.Mul(x0))), func(r *scalar.Expr) *scalar.Expr {
+				return r.Mul(r).Div(r.Mul(r).Add(num(1)))
+			}))}},
+		{name: "sinh", summary: "hyperbolic sine", onnx: "Sinh", f: un(scalar.Sinh, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Cosh, x0))}},
+		{name: "cosh", summary: "hyperbolic cosine", onnx: "Cosh", f: un(scalar.Cosh, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Sinh, x0))}},
+		{name: "asinh", summary: "inverse hyperbolic sine", onnx: "Asinh", f: un(scalar.Asinh, x0),
+			deriv: &Deriv{Expr: derivOf(beyondOne(x0, num(1).Div(un(scalar.Sqrt, x0.Mul(x0).Add(num(1)))), func(r *scalar.Expr) *scalar.Expr {
+				return un(scalar.Abs, r).Div(un(scalar.Sqrt, r.Mul(r).Add(num(1))))
+			}))}},
+		{name: "acosh", summary: "inverse hyperbolic cosine", onnx: "Acosh", f: un(scalar.Acosh, x0),
+			deriv: &Deriv{Expr: derivOf(num(1).Div(un(scalar.Sqrt, x0.Sub(num(1))).Mul(un(scalar.Sqrt, x0.Add(num(1))))))}},
+		{name: "atanh", summary: "inverse hyperbolic tangent", onnx: "Atanh", f: un(scalar.Atanh, x0),
+			deriv: &Deriv{Expr: derivOf(beyondOne(x0, num(1).Div(num(1).Sub(x0).Mul(num(1).Add(x0))), func(r *scalar.Expr) *scalar.Expr {
+				return r.Mul(r).Div(r.Sub(num(1)).Mul(r.Add(num(1))))
+			}))}},
 		{name: "softsign", summary: "x / (1 + |x|)", onnx: "Softsign", f: x0.Div(num(1).Add(un(scalar.Abs, x0))),
 			deriv: &Deriv{Expr: derivOf(num(1).Div(num(1).Add(un(scalar.Abs, x0))).Mul(num(1).Div(num(1).Add(un(scalar.Abs, x0)))))}},
 		// mish is x * tanh(softplus(x)); tanh saturates, so no overflow.

@@ -204,6 +204,16 @@ func analyze(t *scalar.Typed, xs []float64, p precision) bound {
 	case scalar.Erf:
 		b.v = math.Erf(x.v)
 		b.e = 2/math.SqrtPi*x.e + p.libm*p.u*math.Abs(b.v)
+	case scalar.Tan:
+		// As sin and cos, tan is accurate to a few ulps of the scale 1
+		// of sin and cos, not of tan near its zeros (Go's and glibc's
+		// disagree by 30 ulps of tan(1e30)): through tan = sin/cos that is
+		// L·u·(1 + |tan|)/|cos|, 1/|cos| = sqrt(1 + tan²).
+		b.v = math.Tan(x.v)
+		b.e = slope(t.Prim, x.v, x.e)*x.e + p.libm*p.u*(1+math.Abs(b.v))*math.Sqrt(1+b.v*b.v)
+	case scalar.Asin, scalar.Acos, scalar.Atan, scalar.Sinh, scalar.Cosh, scalar.Asinh, scalar.Acosh, scalar.Atanh:
+		b.v = interp.FloatUnary(t.Prim)(x.v)
+		b.e = slope(t.Prim, x.v, x.e)*x.e + p.libm*p.u*math.Abs(b.v)
 	case scalar.Add, scalar.Sub:
 		y := args[1]
 		b.v = interp.FloatBinary(t.Prim)(x.v, y.v)
@@ -265,4 +275,36 @@ func first(d, e float64) float64 {
 		return 0
 	}
 	return d * e
+}
+
+// slope is sup |f'| over [x - e, x + e] for the trigonometric and
+// hyperbolic primitives (+Inf where the interval reaches a pole or the
+// edge of the domain, which leaves the element unbounded).
+func slope(p scalar.Prim, x, e float64) float64 {
+	far := math.Abs(x) + e // the end farthest from 0
+	near := math.Max(math.Abs(x)-e, 0)
+	inv := func(v float64) float64 {
+		if v <= 0 {
+			return math.Inf(1)
+		}
+		return 1 / v
+	}
+	switch p {
+	case scalar.Tan:
+		if math.Floor((x-e)/math.Pi+0.5) != math.Floor((x+e)/math.Pi+0.5) {
+			return math.Inf(1) // a pole at π/2 + kπ lies inside
+		}
+		return 1 + math.Max(math.Pow(math.Tan(x-e), 2), math.Pow(math.Tan(x+e), 2))
+	case scalar.Asin, scalar.Acos:
+		return inv(math.Sqrt(math.Max(1-far*far, 0)))
+	case scalar.Atan, scalar.Asinh:
+		return inv(math.Sqrt(1 + near*near))
+	case scalar.Sinh, scalar.Cosh:
+		return math.Cosh(far)
+	case scalar.Acosh:
+		return inv(math.Sqrt(math.Max(x-e, 0)*math.Max(x-e, 0) - 1))
+	case scalar.Atanh:
+		return inv(1 - far*far)
+	}
+	panic("slope of " + p.String())
 }

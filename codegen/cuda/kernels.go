@@ -333,7 +333,8 @@ func identity(op scalar.Prim, k loops.Kind) string {
 // exp, ...).
 var cudaUnary = map[scalar.Prim]string{scalar.Sqrt: "sqrt", scalar.Exp: "exp", scalar.Expm1: "expm1", scalar.Log: "log",
 	scalar.Log1p: "log1p", scalar.Tanh: "tanh", scalar.Erf: "erf", scalar.Floor: "floor", scalar.Ceil: "ceil",
-	scalar.Round: "rint", scalar.Sin: "sin", scalar.Cos: "cos", scalar.Abs: "fabs"}
+	scalar.Round: "rint", scalar.Sin: "sin", scalar.Cos: "cos", scalar.Abs: "fabs",
+	scalar.Tan: "tan", scalar.Asin: "asin", scalar.Acos: "acos", scalar.Atan: "atan", scalar.Sinh: "sinh", scalar.Cosh: "cosh", scalar.Asinh: "asinh", scalar.Acosh: "acosh", scalar.Atanh: "atanh"}
 
 func (w *cw) unary(p scalar.Prim, k loops.Kind, x string) string {
 	f := ""

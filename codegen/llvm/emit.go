@@ -660,7 +660,8 @@ func (e *fn) intrinsic(name string, k loops.Kind, x value.Value) value.Value {
 // exp, ...); llvmUnary those with an LLVM intrinsic.
 var (
 	libmUnary = map[scalar.Prim]string{scalar.Exp: "exp", scalar.Expm1: "expm1", scalar.Log: "log", scalar.Log1p: "log1p",
-		scalar.Tanh: "tanh", scalar.Erf: "erf", scalar.Sin: "sin", scalar.Cos: "cos"}
+		scalar.Tanh: "tanh", scalar.Erf: "erf", scalar.Sin: "sin", scalar.Cos: "cos",
+		scalar.Tan: "tan", scalar.Asin: "asin", scalar.Acos: "acos", scalar.Atan: "atan", scalar.Sinh: "sinh", scalar.Cosh: "cosh", scalar.Asinh: "asinh", scalar.Acosh: "acosh", scalar.Atanh: "atanh"}
 	llvmUnary = map[scalar.Prim]string{scalar.Sqrt: "sqrt", scalar.Abs: "fabs", scalar.Floor: "floor", scalar.Ceil: "ceil",
 		scalar.Round: "roundeven"}
 )

@@ -54,6 +54,15 @@ const (
 	Round                 // round half to even
 	Sin                   // sine
 	Cos                   // cosine
+	Tan                   // tangent
+	Asin                  // arcsine
+	Acos                  // arccosine
+	Atan                  // arctangent
+	Sinh                  // hyperbolic sine
+	Cosh                  // hyperbolic cosine
+	Asinh                 // inverse hyperbolic sine
+	Acosh                 // inverse hyperbolic cosine
+	Atanh                 // inverse hyperbolic tangent
 
 	Add // a + b
 	Sub // a - b
@@ -81,6 +90,7 @@ const (
 var primNames = [numPrims]string{
 	Neg: "neg", Abs: "abs", Exp: "exp", Log: "log", Log1p: "log1p", Sqrt: "sqrt", Tanh: "tanh", Erf: "erf",
 	Expm1: "expm1", Not: "not", Floor: "floor", Ceil: "ceil", Round: "round", Sin: "sin", Cos: "cos",
+	Tan: "tan", Asin: "asin", Acos: "acos", Atan: "atan", Sinh: "sinh", Cosh: "cosh", Asinh: "asinh", Acosh: "acosh", Atanh: "atanh",
 	Add: "add", Sub: "sub", Mul: "mul", Div: "div", Rem: "rem", Pow: "pow", Max: "max", Min: "min",
 	And: "and", Or: "or", Xor: "xor", Shr: "shr",
 	Eq: "eq", Ne: "ne", Lt: "lt", Le: "le", Gt: "gt", Ge: "ge",
