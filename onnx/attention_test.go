@@ -168,8 +168,8 @@ func TestAttention23(t *testing.T) {
 		q, k, v := randDense(rng, 2, 1, 2, 4), randDense(rng, 2, 1, 5, 4), randDense(rng, 2, 1, 5, 4)
 		lens := []int64{3, 5}
 		out := runInits(t, tGraph{opset: 24,
-			nodes: []tNode{{op: "Attention", name: "/att", inputs: []string{"q", "k", "v", "", "", "", "lens"}, outputs: []string{"y"}}},
-			inits: [][]byte{encTensorRaw("q", 1, q), encTensorRaw("k", 1, k), encTensorRaw("v", 1, v), encTensorI64("lens", []int64{2}, lens)},
+			nodes:   []tNode{{op: "Attention", name: "/att", inputs: []string{"q", "k", "v", "", "", "", "lens"}, outputs: []string{"y"}}},
+			inits:   [][]byte{encTensorRaw("q", 1, q), encTensorRaw("k", 1, k), encTensorRaw("v", 1, v), encTensorI64("lens", []int64{2}, lens)},
 			outputs: [][]byte{encValueInfo("y", 1, []int64{2, 1, 2, 4})}})
 		want := attentionRef(q, k, v, 0.5, 0, func(b, h, i, j int64) float64 {
 			if j >= lens[b] {
