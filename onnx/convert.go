@@ -62,6 +62,9 @@ func init() {
 		}
 		arity[d.ONNX] = [2]int{d.MinOperands, d.MaxOperands}
 		converters[d.ONNX] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			if d.ONNX == "Pow" && in[0].typ().DType != in[1].typ().DType {
+				return im.powMixed(in)
+			}
 			attrs := ir.Attrs{}
 			for _, spec := range d.Attrs {
 				a := attr(n, spec.Name)

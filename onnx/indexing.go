@@ -145,9 +145,7 @@ func init() {
 		}
 		depth := depths[0]
 		idx := in[0]
-		if idx.typ().DType.IsFloat() {
-			return nil, im.errorf("Kiln reads integer indices, not %s", idx.typ())
-		}
+		// Non-integer indices are cast to int64 (the specification).
 		if idx.typ().DType != ir.I64 {
 			if idx, err = im.one("cast", ir.Attrs{"to": ir.TypeAttr(ir.I64)}, idx); err != nil {
 				return nil, err

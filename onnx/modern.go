@@ -72,16 +72,101 @@ func (im *importer) stashType(n *node) (ir.DType, error) {
 }
 
 func init() {
-	for op, a := range map[string][2]int{"CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
+	for op, a := range map[string][2]int{"HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
 		"EyeLike": {1, 1}, "Hardmax": {1, 1}, "LpNormalization": {1, 1}, "MeanVarianceNormalization": {1, 1},
 		"RMSNormalization": {2, 2}, "Swish": {1, 1}} {
 		arity[op] = a
 	}
-	for op, v := range map[string]int64{"CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
+	for op, v := range map[string]int64{"HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
 		"MeanVarianceNormalization": 9, "RMSNormalization": 23, "Swish": 24} {
 		introduced[op] = v
 	}
 
+	// The window functions (opset 17): constants of the given size,
+	// w[i] over N = size (periodic, the default) or size - 1.
+	for name, w := range map[string]func(i, n float64) float64{
+		"HannWindow":    func(i, n float64) float64 { return math.Pow(math.Sin(math.Pi*i/n), 2) },
+		"HammingWindow": func(i, n float64) float64 { return 25.0/46 - (1-25.0/46)*math.Cos(2*math.Pi*i/n) },
+		"BlackmanWindow": func(i, n float64) float64 {
+			return 0.42 - 0.5*math.Cos(2*math.Pi*i/n) + 0.08*math.Cos(4*math.Pi*i/n)
+		},
+	} {
+		converters[name] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			size, err := im.constInts(in, 0, "the window size")
+			if err != nil {
+				return nil, err
+			}
+			if len(size) != 1 || size[0] < 0 || size[0] > foldLimit {
+				return nil, im.errorf("the size must be one integer from 0 to %d", foldLimit)
+			}
+			dt, ok := dtypeOf(attrInt(n, "output_datatype", 1))
+			if !ok {
+				return nil, im.errorf("output_datatype %s: %s", onnxTypeName(attrInt(n, "output_datatype", 1)), unreadableType(attrInt(n, "output_datatype", 1)))
+			}
+			span := float64(size[0])
+			if attrInt(n, "periodic", 1) == 0 {
+				span--
+			}
+			vals := make([]float64, size[0])
+			for i := range vals {
+				vals[i] = ir.RoundTo(dt, w(float64(i), span))
+			}
+			t := ir.Type{DType: dt, Shape: ir.Shape{size[0]}}
+			if !dt.IsFloat() {
+				ints := make([]int64, len(vals))
+				for i, v := range vals {
+					ints[i] = int64(v)
+				}
+				return []entry{{k: interp.FromInts(t, ints)}}, nil
+			}
+			return []entry{{k: interp.FromFloats(t, vals)}}, nil
+		}
+	}
+	// BitShift on unsigned integers: x · 2^y (LEFT) or x / 2^y (RIGHT),
+	// exact on the non-negative values; the result wraps to the type.
+	converters["BitShift"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x, y := in[0], in[1]
+		if !x.typ().DType.IsUnsigned() {
+			return nil, im.errorf("BitShift of %s: Kiln shifts unsigned integers of up to 32 bits (uint64 has no int64 form)", x.typ())
+		}
+		c := &chain{im: im}
+		p := c.op("pow", nil, num(x, 2), y)
+		switch dir := attrString(n, "direction", ""); dir {
+		case "LEFT":
+			return c.done(c.op("mul", nil, x, p))
+		case "RIGHT":
+			return c.done(c.op("div", nil, x, p))
+		default:
+			return nil, im.errorf("direction %q is neither LEFT nor RIGHT", dir)
+		}
+	}
+	// LpPool: (Σ |x|^p over the window)^(1/p), padding counted as 0: an
+	// average pool of |x|^p that counts the padding, times the window
+	// size. 2-D windows.
+	converters["LpPool"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		if x.typ().Rank() != 4 || !x.typ().DType.IsFloat() {
+			return nil, im.errorf("LpPool of %s: Kiln reads 2-D pooling of floating-point values", x.typ())
+		}
+		w, err := im.readWindow(n, 2, nil, x.typ().Shape[2:])
+		if err != nil {
+			return nil, err
+		}
+		if attrInt(n, "ceil_mode", 0) != 0 {
+			return nil, im.errorf("ceil_mode=1 is not supported for LpPool")
+		}
+		p := float64(attrInt(n, "p", 2))
+		if p < 1 {
+			return nil, im.errorf("p=%g: LpPool needs p >= 1", p)
+		}
+		a := w.attrs2d(0, 1)
+		a["kernel"] = ir.IntsAttr(w.kernel...)
+		a["count_include_pad"] = ir.BoolAttr(true)
+		c := &chain{im: im}
+		xp := c.op("pow", nil, c.op("abs", nil, x), num(x, p))
+		sum := c.op("mul", nil, c.op("avg_pool2d", a, xp), num(x, float64(w.kernel[0]*w.kernel[1])))
+		return c.done(c.op("pow", nil, sum, num(x, 1/p)))
+	}
 	// CastLike(x, like) is Cast to like's element type.
 	converters["CastLike"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		c := &chain{im: im}
@@ -263,6 +348,20 @@ func init() {
 		}
 		return c.done(c.op("mul", nil, x, c.op("sigmoid", nil, c.op("mul", nil, x, num(x, alpha)))))
 	}
+}
+
+// powMixed is Pow of a base and an exponent of different types (opset
+// 12 on): the result has the base's type. A float base takes the
+// exponent cast to it; an integer base is raised in f64 and the result
+// truncated to the base's type, as ONNX's reference computes it.
+func (im *importer) powMixed(in []entry) ([]entry, error) {
+	c := &chain{im: im}
+	base, exp := in[0], in[1]
+	if d := base.typ().DType; d.IsFloat() {
+		return c.done(c.op("pow", nil, base, c.cast(exp, d)))
+	}
+	p := c.op("pow", nil, c.cast(base, ir.F64), c.cast(exp, ir.F64))
+	return c.done(c.cast(p, base.typ().DType))
 }
 
 // onesBut is a rank-r shape of ones with d at axis ax.

@@ -21,7 +21,11 @@ type window struct {
 
 // readWindow reads kernel_shape (or kernel, the weight's spatial dims),
 // strides, dilations and pads with ONNX's defaults.
-func (im *importer) readWindow(n *node, spatial int, kernel []int64) (window, error) {
+// readWindow reads a convolution's or pooling's window attributes. x is
+// the input's spatial shape, from which auto_pad SAME_UPPER and
+// SAME_LOWER derive the pads (nil for ConvTranspose, whose auto_pad
+// means something else and is refused).
+func (im *importer) readWindow(n *node, spatial int, kernel []int64, x ir.Shape) (window, error) {
 	w := window{kernel: kernel}
 	if k := attrInts(n, "kernel_shape"); k != nil {
 		w.kernel = k
@@ -40,7 +44,23 @@ func (im *importer) readWindow(n *node, spatial int, kernel []int64) (window, er
 	if len(w.kernel) != spatial || len(w.strides) != spatial || len(w.dilations) != spatial || len(w.pads) != 2*spatial {
 		return w, im.errorf("kernel_shape, strides, dilations and pads must have %d, %d, %d and %d entries for %d spatial axes", spatial, spatial, spatial, 2*spatial, spatial)
 	}
-	if ap := attrString(n, "auto_pad", "NOTSET"); ap != "NOTSET" && ap != "" {
+	switch ap := attrString(n, "auto_pad", "NOTSET"); {
+	case ap == "NOTSET" || ap == "":
+	case ap == "VALID" && x != nil:
+		w.pads = make([]int64, 2*spatial)
+	case (ap == "SAME_UPPER" || ap == "SAME_LOWER") && x != nil:
+		// The output is ceil(x / stride); the pads that make it so are
+		// split evenly, the odd one at the end (UPPER) or the start.
+		for i := 0; i < spatial; i++ {
+			out := (x[i] + w.strides[i] - 1) / w.strides[i]
+			total := max(0, (out-1)*w.strides[i]+(w.kernel[i]-1)*w.dilations[i]+1-x[i])
+			lo := total / 2
+			if ap == "SAME_LOWER" {
+				lo = total - total/2
+			}
+			w.pads[i], w.pads[spatial+i] = lo, total-lo
+		}
+	default:
 		return w, im.errorf("auto_pad=%s is not supported; export with explicit pads", ap)
 	}
 	for i, k := range kernel {
@@ -76,7 +96,7 @@ func init() {
 		if spatial < 1 || spatial > 3 || wt.typ().Rank() != spatial+2 {
 			return nil, im.errorf("convolution of %s with weight %s: Kiln reads 1-, 2- and 3-D convolutions", x.typ(), wt.typ())
 		}
-		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]))
+		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]), x.typ().Shape[2:])
 		if err != nil {
 			return nil, err
 		}
@@ -123,7 +143,7 @@ func init() {
 			if spatial < 1 || spatial > 3 {
 				return nil, im.errorf("pooling of %s: Kiln reads 1-, 2- and 3-D pooling", x.typ())
 			}
-			w, err := im.readWindow(n, spatial, nil)
+			w, err := im.readWindow(n, spatial, nil, x.typ().Shape[2:])
 			if err != nil {
 				return nil, err
 			}
@@ -164,7 +184,7 @@ func init() {
 		if attr(n, "output_shape") != nil {
 			return nil, im.errorf("output_shape is not supported; export with explicit pads")
 		}
-		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]))
+		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]), nil)
 		if err != nil {
 			return nil, err
 		}
