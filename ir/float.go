@@ -148,3 +148,22 @@ func RoundTo(d DType, x float64) float64 {
 	}
 	return math.Trunc(x)
 }
+
+// MaxFinite is the largest finite value of a floating-point dtype.
+func MaxFinite(d DType) float64 {
+	switch d {
+	case F64:
+		return math.MaxFloat64
+	case F32:
+		return math.MaxFloat32
+	case F16:
+		return fmtF16.decode(fmtF16.maxFinite())
+	case BF16:
+		return fmtBF16.decode(fmtBF16.maxFinite())
+	case F8E4M3:
+		return fmtF8E4M3.decode(fmtF8E4M3.maxFinite())
+	case F8E5M2:
+		return fmtF8E5M2.decode(fmtF8E5M2.maxFinite())
+	}
+	return math.NaN()
+}

@@ -337,9 +337,9 @@ func init() {
 		},
 	})
 	Register(&OpDef{
-		Name: "cast", Summary: "convert to another dtype: floats to integers truncate and saturate (NaN: 0), integers to narrower ones wrap, to bool: not zero",
+		Name: "cast", Summary: "convert to another dtype: floats to integers truncate and saturate (NaN: 0), integers to narrower ones wrap, to bool: not zero; floats to fp8 saturate at the largest finite value, or with saturate = false become NaN (e4m3) or infinite (e5m2) past it, as ONNX's Cast",
 		MinOperands: 1, MaxOperands: 1,
-		Attrs: []AttrSpec{{Name: "to", Kind: AttrType, Required: true}},
+		Attrs: []AttrSpec{{Name: "to", Kind: AttrType, Required: true}, {Name: "saturate", Kind: AttrBool, Default: BoolAttr(true)}},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			return []Type{{DType: a.DType("to"), Shape: in[0].Shape}}, nil
 		},
@@ -352,16 +352,32 @@ func init() {
 // castScalar converts an element to the cast's result dtype. Storing an
 // integer into a narrower integer dtype keeps its low bits, so only
 // floats need care: they saturate at the target's range.
-func castScalar(_ AttrValues, in []Type, out Type) *scalar.Expr {
+func castScalar(a AttrValues, in []Type, out Type) *scalar.Expr {
 	from, to := in[0].DType, out.DType
 	switch {
 	case to == Bool:
 		return x0.Ne(num(0))
+	case (to == F8E4M3 || to == F8E5M2) && from.IsFloat():
+		// ONNX's Cast: with saturate, a value past the largest finite
+		// one (infinities too) becomes it; without, e4m3 (which has no
+		// infinity) gives NaN where rounding would pass 448, that is from
+		// 464, and e5m2 overflows to infinity as rounding does.
+		top := MaxFinite(to)
+		switch {
+		case a.Bool("saturate"):
+			return scalar.To(scalar.Float, scalar.Clamp(x0, num(-top), num(top)))
+		case to == F8E4M3:
+			return scalar.If(un(scalar.Abs, x0).Ge(num(464)), num(math.NaN()), x0)
+		}
+		return scalar.To(scalar.Float, x0)
 	case to.IsFloat() || !from.IsFloat():
 		return scalar.To(KindOf(to), x0)
 	}
 	bits := 8 * to.Size()
 	lo, hi := -math.Ldexp(1, int(bits)-1), math.Ldexp(1, int(bits)-1)-1
+	if to.IsUnsigned() {
+		lo, hi = 0, math.Ldexp(1, int(bits))-1
+	}
 	return scalar.Clamp(scalar.To(scalar.Int, x0), num(lo), num(hi))
 }
 

@@ -391,7 +391,11 @@ func init() {
 		if !ok {
 			return nil, im.errorf("cast to %s: %s", onnxTypeName(attrInt(n, "to", 0)), unreadableType(attrInt(n, "to", 0)))
 		}
-		return im.emit("cast", in, ir.Attrs{"to": ir.TypeAttr(to)})
+		a := ir.Attrs{"to": ir.TypeAttr(to)}
+		if im.opset >= 19 && attrInt(n, "saturate", 1) == 0 && (to == ir.F8E4M3 || to == ir.F8E5M2) {
+			a["saturate"] = ir.BoolAttr(false)
+		}
+		return im.emit("cast", in, a)
 	}
 
 	// Constants and shape arithmetic, evaluated at import.

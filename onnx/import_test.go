@@ -689,3 +689,25 @@ func TestRange27(t *testing.T) {
 		require.Equal(t, []float64{2, 2.71875, 3.4375, c.last}, got[0].F, "stash_type %d", c.stash)
 	}
 }
+
+// TestCastSaturate: Cast to a float8 type reads saturate (opset 19 on,
+// default 1): saturate = 0 becomes the cast's saturate = false; values
+// follow ONNX's table (e5m2 saturates at 57344, or overflows to inf).
+func TestCastSaturate(t *testing.T) {
+	for _, c := range []struct {
+		sat  int64
+		want []float64
+	}{{1, []float64{57344, -57344, 1024}}, {0, []float64{math.Inf(1), math.Inf(-1), 1024}}} {
+		m, err := Import(encModel(tGraph{opset: 19,
+			nodes: []tNode{{op: "Cast", name: "/c", inputs: []string{"x"}, outputs: []string{"y"}, ints: map[string][]int64{"to": {19}, "saturate": {c.sat}}},
+				{op: "Cast", name: "/back", inputs: []string{"y"}, outputs: []string{"z"}, ints: map[string][]int64{"to": {1}}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{3})},
+			outputs: [][]byte{encValueInfo("z", 1, []int64{3})}}), Options{Name: "m.onnx"})
+		require.NoError(t, err)
+		require.Equal(t, c.sat == 0, strings.Contains(m.String(), "saturate = false"))
+		x := interp.FromFloats(ir.TensorOf(ir.F32, 3), []float64{math.Inf(1), -70000, 1000})
+		got, err := interp.Run(m.Funcs[0], []*interp.Tensor{x}, interp.Options{})
+		require.NoError(t, err)
+		require.Equal(t, c.want, got[0].F, "saturate %d", c.sat)
+	}
+}

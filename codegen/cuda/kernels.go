@@ -121,7 +121,7 @@ func storageType(d ir.DType) (string, error) {
 		return "unsigned short", nil
 	case ir.I8:
 		return "signed char", nil
-	case ir.U8, ir.Bool:
+	case ir.U8, ir.Bool, ir.F8E4M3, ir.F8E5M2:
 		return "unsigned char", nil
 	}
 	return "", fmt.Errorf("the CUDA backend does not store %s yet", d)
@@ -464,6 +464,8 @@ func fromStorage(raw string, d ir.DType) string {
 		return "kiln_f16_to_f32(" + raw + ")"
 	case ir.BF16:
 		return "kiln_bf16_to_f32(" + raw + ")"
+	case ir.F8E4M3, ir.F8E5M2:
+		return "kiln_" + d.String() + "_to_f32(" + raw + ")"
 	case ir.I32, ir.I16, ir.I8, ir.U32, ir.U16, ir.U8:
 		return "(long long)" + raw
 	case ir.Bool:
@@ -479,6 +481,8 @@ func toStorage(v string, d ir.DType) string {
 		return "kiln_f32_to_f16(" + v + ")"
 	case ir.BF16:
 		return "kiln_f32_to_bf16(" + v + ")"
+	case ir.F8E4M3, ir.F8E5M2:
+		return "kiln_f32_to_" + d.String() + "(" + v + ")"
 	case ir.I32:
 		return "(int)" + v
 	case ir.U32:

@@ -171,7 +171,7 @@ func storageType(d kir.DType) (types.Type, error) {
 		return types.I32, nil
 	case kir.I16, kir.U16:
 		return types.I16, nil
-	case kir.I8, kir.U8, kir.Bool:
+	case kir.I8, kir.U8, kir.Bool, kir.F8E4M3, kir.F8E5M2:
 		return types.I8, nil
 	}
 	return nil, fmt.Errorf("the LLVM backend does not store %s yet", d)
@@ -429,6 +429,9 @@ func (e *fn) fromStorage(v value.Value, d kir.DType) value.Value {
 		return c.NewFPExt(v, types.Float)
 	case kir.BF16:
 		return c.NewBitCast(c.NewShl(c.NewZExt(v, types.I32), constant.NewInt(types.I32, 16)), types.Float)
+	case kir.F8E4M3, kir.F8E5M2:
+		// Converted by the runtime (runtime.c), as the interpreter does.
+		return c.NewCall(e.md.declare("kiln_"+d.String()+"_to_f32", types.Float, types.I8), v)
 	case kir.I32, kir.I16, kir.I8:
 		return c.NewSExt(v, types.I64)
 	case kir.U32, kir.U16, kir.U8:
@@ -451,6 +454,8 @@ func (e *fn) toStorage(v value.Value, d kir.DType) value.Value {
 		lsb := c.NewAnd(c.NewLShr(bits, constant.NewInt(types.I32, 16)), constant.NewInt(types.I32, 1))
 		r := c.NewAdd(c.NewAdd(bits, constant.NewInt(types.I32, 0x7FFF)), lsb)
 		return c.NewTrunc(c.NewLShr(r, constant.NewInt(types.I32, 16)), types.I16)
+	case kir.F8E4M3, kir.F8E5M2:
+		return c.NewCall(e.md.declare("kiln_f32_to_"+d.String(), types.I8, types.Float), v)
 	case kir.I32, kir.U32:
 		return c.NewTrunc(v, types.I32)
 	case kir.I16, kir.U16:

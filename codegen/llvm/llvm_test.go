@@ -464,3 +464,91 @@ func TestNarrowIntegersCompiled(t *testing.T) {
 		require.Equal(t, []float64{4e9, 7, 1}, got[4].F, "%s: u32 to f32", name)
 	}
 }
+
+// TestFP8CastsCompiled: casts to fp8 follow ONNX's Cast in the
+// interpreter and in compiled code alike (compiled code failed with an
+// internal error): e4m3 saturates at ±448 and, with saturate = false,
+// gives NaN from 464 (where rounding would pass 448) and for infinities;
+// e5m2 saturates at ±57344 and, with saturate = false, overflows to ±inf
+// from 61440 (it rounds 59000 to 57344). NaN stays NaN; both round to
+// nearest even (0.3 is 0.3125 in e4m3 and e5m2), and read back exactly.
+func TestFP8CastsCompiled(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("in.kir", `func @f(%x: f32[8]) -> (f32[8], f32[8], f32[8], f32[8]) {
+  %a = cast(%x) {to = f8e4m3} : f8e4m3[8]
+  %b = cast(%x) {to = f8e4m3, saturate = false} : f8e4m3[8]
+  %c = cast(%x) {to = f8e5m2} : f8e5m2[8]
+  %d = cast(%x) {to = f8e5m2, saturate = false} : f8e5m2[8]
+  %a32 = cast(%a) {to = f32} : f32[8]
+  %b32 = cast(%b) {to = f32} : f32[8]
+  %c32 = cast(%c) {to = f32} : f32[8]
+  %d32 = cast(%d) {to = f32} : f32[8]
+  return %a32, %b32, %c32, %d32
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "fuse,assign")
+	f := m.Funcs[0]
+	inf, nan := math.Inf(1), math.NaN()
+	x := interp.FromFloats(ir.TensorOf(ir.F32, 8), []float64{1000, 460, 470, -inf, nan, 0.3, 59000, -70000})
+	want := [][]float64{
+		{448, 448, 448, -448, nan, 0.3125, 448, -448},
+		{nan, 448, nan, nan, nan, 0.3125, nan, nan},
+		{1024, 448, 448, -57344, nan, 0.3125, 57344, -57344},
+		{1024, 448, 448, -inf, nan, 0.3125, 57344, -inf},
+	}
+	interpreted, err := interp.Run(f, []*interp.Tensor{x}, interp.Options{})
+	require.NoError(t, err)
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	compiled, _, err := llvm.Run(p, []*interp.Tensor{x})
+	require.NoError(t, err)
+	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
+		for i, w := range want {
+			for j := range w {
+				if math.IsNaN(w[j]) {
+					require.True(t, math.IsNaN(got[i].F[j]), "%s: result %d element %d is %g, want NaN", name, i, j, got[i].F[j])
+				} else {
+					require.Equal(t, w[j], got[i].F[j], "%s: result %d element %d", name, i, j)
+				}
+			}
+		}
+	}
+	// Every f32 whose low 16 bits are 0, 0x8000 (ties of the narrower
+	// formats' roundings sit at such bits) or 0x7fff: the compiled
+	// conversions (runtime C) and the interpreter's (Go) agree bit for bit.
+	m, err = parser.Parse("in.kir", strings.ReplaceAll(`func @f(%x: f32[N]) -> (f32[N], f32[N], f32[N], f32[N]) {
+  %a = cast(%x) {to = f8e4m3} : f8e4m3[N]
+  %b = cast(%x) {to = f8e4m3, saturate = false} : f8e4m3[N]
+  %c = cast(%x) {to = f8e5m2} : f8e5m2[N]
+  %d = cast(%x) {to = f8e5m2, saturate = false} : f8e5m2[N]
+  %a32 = cast(%a) {to = f32} : f32[N]
+  %b32 = cast(%b) {to = f32} : f32[N]
+  %c32 = cast(%c) {to = f32} : f32[N]
+  %d32 = cast(%d) {to = f32} : f32[N]
+  return %a32, %b32, %c32, %d32
+}
+`, "N", "196608"))
+	require.NoError(t, err)
+	pipelineOn(t, m, "assign")
+	f = m.Funcs[0]
+	all := interp.New(ir.TensorOf(ir.F32, 196608))
+	for i := range 65536 {
+		for j, low := range []uint32{0, 0x8000, 0x7fff} {
+			all.F[3*i+j] = float64(math.Float32frombits(uint32(i)<<16 | low))
+		}
+	}
+	interpreted, err = interp.Run(f, []*interp.Tensor{all}, interp.Options{})
+	require.NoError(t, err)
+	p, err = loops.Lower(f)
+	require.NoError(t, err)
+	compiled, _, err = llvm.Run(p, []*interp.Tensor{all})
+	require.NoError(t, err)
+	for i := range interpreted {
+		for j, w := range interpreted[i].F {
+			if g := compiled[i].F[j]; !(g == w || math.IsNaN(g) && math.IsNaN(w)) || math.Signbit(g) != math.Signbit(w) && !math.IsNaN(w) {
+				t.Fatalf("result %d, x = %g (bits %#x): compiled %g, interpreter %g", i, all.F[j], math.Float32bits(float32(all.F[j])), g, w)
+			}
+		}
+	}
+}

@@ -22,7 +22,10 @@ var RuntimeHeader string
 // header through which they read a step's generated tables.
 var (
 	//go:embed csrc/runtime.c
-	runtimeSource string
+	runtimeC string
+	// runtimeSource is runtime.c with the fp8 conversions compiled code
+	// calls (loops.FP8C).
+	runtimeSource = runtimeC + "\n#define KILN_F8_FN\n" + loops.FP8C
 	//go:embed csrc/driver.c
 	driverSource string
 	//go:embed csrc/kiln_program.h

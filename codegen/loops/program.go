@@ -263,7 +263,9 @@ func lowerRegion(b *builder, r *ir.Region, in []Tensor, outs []*Buffer) error {
 
 // narrow reports whether d is a float dtype that computes in F32 and
 // stores fewer bits (Round rounds to it).
-func narrow(d ir.DType) bool { return d == ir.F16 || d == ir.BF16 }
+func narrow(d ir.DType) bool {
+	return d == ir.F16 || d == ir.BF16 || d == ir.F8E4M3 || d == ir.F8E5M2
+}
 
 // writeThrough finds the results of a region's stage ops (a matmul, a
 // convolution, a normalisation) read only by a chain of elementwise ops
