@@ -96,7 +96,15 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 			return nil, fmt.Errorf("%s: operator domain %q (version %d) is not supported; Kiln reads the default ONNX domain", opt.Name, o.Domain, o.Version)
 		}
 	}
-	if version < minOpset || version > maxOpset {
+	if version >= 1 && version < minOpset {
+		// Below opset 6, only graphs of operators whose definition did
+		// not change before opset 6: they read as at opset 6.
+		for _, n := range m.Graph.Nodes {
+			if !sameSinceOpset1[n.OpType] || n.Domain != "" && n.Domain != "ai.onnx" {
+				return nil, fmt.Errorf("%s: default-domain opset %d is not supported (Kiln reads opsets %d to %d, and below %d graphs of operators unchanged since opset 1; node %q is %s)", opt.Name, version, minOpset, maxOpset, minOpset, n.Name, n.OpType)
+			}
+		}
+	} else if version < minOpset || version > maxOpset {
 		return nil, fmt.Errorf("%s: default-domain opset %d is not supported (Kiln reads opsets %d to %d)", opt.Name, version, minOpset, maxOpset)
 	}
 	if err := checkSupported(m.Graph, opt.Name); err != nil {
@@ -151,6 +159,18 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 		return nil, err
 	}
 	return &ir.Module{Funcs: []*ir.Func{f}}, nil
+}
+
+// sameSinceOpset1 are the operators whose version 1 is their definition
+// through opset 6 (the operator changelog: no version 2 to 6), so that a
+// graph of them at opsets 1 to 5 reads as at opset 6.
+var sameSinceOpset1 = map[string]bool{
+	"GlobalAveragePool": true, "GlobalMaxPool": true, "Not": true, "Softplus": true, "Softsign": true,
+	"Identity": true, "Shape": true, "Size": true, "Transpose": true, "Softmax": true, "LogSoftmax": true,
+	"Hardmax": true, "Squeeze": true, "Unsqueeze": true, "Flatten": true, "LRN": true, "MatMul": true,
+	"ArgMax": true, "ArgMin": true, "ReduceSum": true, "ReduceMean": true, "ReduceMax": true, "ReduceMin": true,
+	"ReduceProd": true, "ReduceL1": true, "ReduceL2": true, "ReduceLogSum": true, "ReduceLogSumExp": true,
+	"ReduceSumSquare": true, "Gather": true, "Slice": true,
 }
 
 // introduced is the opset that added each operator Kiln reads after

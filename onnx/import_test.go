@@ -86,8 +86,13 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
 	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: DFT (1), Frobnicate (2)")
-	_, err = Import(encModel(tGraph{opset: 5, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 28)")
+	// Below opset 6 a graph of operators unchanged since opset 1 reads
+	// as at opset 6; Relu changed at opset 6 (consumed_inputs went).
+	relu := []tNode{{op: "Relu", name: "/r", inputs: []string{"x"}, outputs: []string{"y"}}}
+	_, err = Import(encModel(tGraph{opset: 5, nodes: relu, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}, outputs: [][]byte{encValueInfo("y", 1, []int64{2})}}), Options{Name: "m.onnx"})
+	require.EqualError(t, err, `m.onnx: default-domain opset 5 is not supported (Kiln reads opsets 6 to 28, and below 6 graphs of operators unchanged since opset 1; node "/r" is Relu)`)
+	_, err = Import(encModel(tGraph{opset: 1, nodes: []tNode{{op: "Softsign", name: "/s", inputs: []string{"x"}, outputs: []string{"y"}}}, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}, outputs: [][]byte{encValueInfo("y", 1, []int64{2})}}), Options{Name: "m.onnx"})
+	require.NoError(t, err)
 	_, err = Import(encModel(tGraph{opset: 29, inputs: [][]byte{encValueInfo("x", 1, []int64{2})}}), Options{Name: "m.onnx"})
 	require.EqualError(t, err, "m.onnx: default-domain opset 29 is not supported (Kiln reads opsets 6 to 28)")
 	data = encModel(tGraph{
