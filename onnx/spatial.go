@@ -181,22 +181,60 @@ func init() {
 		if spatial < 1 || spatial > 2 || wt.typ().Rank() != spatial+2 {
 			return nil, im.errorf("transposed convolution of %s with weight %s: Kiln reads 1- and 2-D ones", x.typ(), wt.typ())
 		}
-		if attr(n, "output_shape") != nil {
-			return nil, im.errorf("output_shape is not supported; export with explicit pads")
+		// auto_pad SAME_* and output_shape set the pads, from the output
+		// size (given, or input × stride): the window is read without them.
+		autoPad := attrString(n, "auto_pad", "NOTSET")
+		plain := *n
+		plain.Attrs = nil
+		for _, a := range n.Attrs {
+			if a.Name != "auto_pad" && a.Name != "output_shape" {
+				plain.Attrs = append(plain.Attrs, a)
+			}
 		}
-		w, err := im.readWindow(n, spatial, []int64(wt.typ().Shape[2:]), nil)
+		w, err := im.readWindow(&plain, spatial, []int64(wt.typ().Shape[2:]), nil)
 		if err != nil {
 			return nil, err
 		}
 		groups := attrInt(n, "group", 1)
-		outPad := attrInts(n, "output_padding")
-		if outPad == nil {
+		outPad := append([]int64(nil), attrInts(n, "output_padding")...) // a copy: output_shape may add to it
+		if len(outPad) == 0 {
 			outPad = make([]int64, spatial)
 		}
 		if len(outPad) != spatial {
 			return nil, im.errorf("output_padding needs %d entries", spatial)
 		}
 		xs := x.typ().Shape
+		want := attrInts(n, "output_shape")
+		switch {
+		case len(want) == spatial+2:
+			want = want[2:]
+		case want != nil && len(want) != spatial:
+			return nil, im.errorf("output_shape needs %d (or %d) entries, not %d", spatial, spatial+2, len(want))
+		case want == nil && (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER"):
+			for i := 0; i < spatial; i++ {
+				want = append(want, xs[2+i]*w.strides[i])
+			}
+		case want == nil && autoPad != "NOTSET" && autoPad != "VALID" && autoPad != "":
+			return nil, im.errorf("auto_pad=%s is not one ONNX defines", autoPad)
+		}
+		for i := range want {
+			total := w.strides[i]*(xs[2+i]-1) + outPad[i] + (w.kernel[i]-1)*w.dilations[i] + 1 - want[i]
+			if total < 0 {
+				// A larger output than the unpadded one: the spec's split
+				// (Python's floor division) puts the extra at the end
+				// without SAME_UPPER, which is output_padding.
+				if autoPad == "SAME_UPPER" {
+					return nil, im.errorf("output_shape %v with auto_pad=SAME_UPPER extends the output at its start, which Kiln does not read", want)
+				}
+				outPad[i] -= total
+				total = 0
+			}
+			lo := total - total/2
+			if autoPad == "SAME_UPPER" {
+				lo = total / 2
+			}
+			w.pads[i], w.pads[spatial+i] = lo, total-lo
+		}
 		out := ir.Shape{xs[0], wt.typ().Shape[1] * groups}
 		for i := 0; i < spatial; i++ {
 			d := w.strides[i]*(xs[2+i]-1) + outPad[i] + w.dilations[i]*(w.kernel[i]-1) + 1 - w.pads[i] - w.pads[spatial+i]
