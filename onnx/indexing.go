@@ -52,56 +52,12 @@ func init() {
 	// CumSum is a Hillis-Steele scan: log2(n) rounds of adding a copy
 	// shifted by 1, 2, 4, ... along the axis.
 	converters["CumSum"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		axes, err := im.constInts(in, 1, "the axis")
-		if err != nil {
-			return nil, err
-		}
-		x := in[0]
-		r := x.typ().Rank()
-		if len(axes) != 1 {
-			return nil, im.errorf("the axis must be one integer")
-		}
-		ax, err := ir.NormalizeAxis(axes[0], r)
-		if err != nil {
-			return nil, im.errorf("%v", err)
-		}
-		d := x.typ().Shape[ax]
-		if d == 0 {
-			return in[:1], nil
-		}
-		reverse := attrInt(n, "reverse", 0) == 1
-		shift := func(v entry, s int64) (entry, error) {
-			pads := make([]int64, 2*r)
-			var part entry
-			var err error
-			if reverse {
-				part, err = im.sliceAxis(v, ax, s, d, 1)
-				pads[ax+r] = s
-			} else {
-				part, err = im.sliceAxis(v, ax, 0, d-s, 1)
-				pads[ax] = s
-			}
-			if err != nil {
-				return entry{}, err
-			}
-			return im.one("pad", ir.Attrs{"pads": ir.IntsAttr(pads...)}, part)
-		}
-		y := x
-		if attrInt(n, "exclusive", 0) == 1 {
-			if y, err = shift(x, 1); err != nil || d <= 1 {
-				return []entry{y}, err
-			}
-		}
-		for s := int64(1); s < d; s *= 2 {
-			sh, err := shift(y, s)
-			if err != nil {
-				return nil, err
-			}
-			if y, err = im.one("add", nil, y, sh); err != nil {
-				return nil, err
-			}
-		}
-		return []entry{y}, nil
+		return im.scan(n, in, "add", 0)
+	}
+	arity["CumProd"] = [2]int{2, 2}
+	introduced["CumProd"] = 26
+	converters["CumProd"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		return im.scan(n, in, "mul", 1)
 	}
 	arity["Trilu"] = [2]int{1, 2}
 	converters["Trilu"] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -638,4 +594,65 @@ func init() {
 		y, err := im.one("where", nil, entry{k: hit}, spread, in[0])
 		return []entry{y}, err
 	}
+}
+
+// scan is CumSum (combine "add", identity 0) or CumProd ("mul", 1) along
+// the axis in[1]: log2(d) rounds of combining with the value shifted by
+// 1, 2, 4, ... along the axis (padded with the identity); exclusive
+// shifts by one first, reverse shifts the other way.
+func (im *importer) scan(n *node, in []entry, combine string, identity float64) ([]entry, error) {
+	axes, err := im.constInts(in, 1, "the axis")
+	if err != nil {
+		return nil, err
+	}
+	x := in[0]
+	r := x.typ().Rank()
+	if len(axes) != 1 {
+		return nil, im.errorf("the axis must be one integer")
+	}
+	ax, err := ir.NormalizeAxis(axes[0], r)
+	if err != nil {
+		return nil, im.errorf("%v", err)
+	}
+	d := x.typ().Shape[ax]
+	if d == 0 {
+		return in[:1], nil
+	}
+	reverse := attrInt(n, "reverse", 0) == 1
+	shift := func(v entry, s int64) (entry, error) {
+		pads := make([]int64, 2*r)
+		var part entry
+		var err error
+		if reverse {
+			part, err = im.sliceAxis(v, ax, s, d, 1)
+			pads[ax+r] = s
+		} else {
+			part, err = im.sliceAxis(v, ax, 0, d-s, 1)
+			pads[ax] = s
+		}
+		if err != nil {
+			return entry{}, err
+		}
+		a := ir.Attrs{"pads": ir.IntsAttr(pads...)}
+		if identity != 0 {
+			a["value"] = ir.FloatAttr(identity)
+		}
+		return im.one("pad", a, part)
+	}
+	y := x
+	if attrInt(n, "exclusive", 0) == 1 {
+		if y, err = shift(x, 1); err != nil || d <= 1 {
+			return []entry{y}, err
+		}
+	}
+	for s := int64(1); s < d; s *= 2 {
+		sh, err := shift(y, s)
+		if err != nil {
+			return nil, err
+		}
+		if y, err = im.one(combine, nil, y, sh); err != nil {
+			return nil, err
+		}
+	}
+	return []entry{y}, nil
 }

@@ -72,12 +72,12 @@ func (im *importer) stashType(n *node) (ir.DType, error) {
 }
 
 func init() {
-	for op, a := range map[string][2]int{"HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
+	for op, a := range map[string][2]int{"CenterCropPad": {2, 2}, "HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
 		"EyeLike": {1, 1}, "Hardmax": {1, 1}, "LpNormalization": {1, 1}, "MeanVarianceNormalization": {1, 1},
 		"RMSNormalization": {2, 2}, "Swish": {1, 1}} {
 		arity[op] = a
 	}
-	for op, v := range map[string]int64{"HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
+	for op, v := range map[string]int64{"CenterCropPad": 18, "HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
 		"MeanVarianceNormalization": 9, "RMSNormalization": 23, "Swish": 24} {
 		introduced[op] = v
 	}
@@ -166,6 +166,52 @@ func init() {
 		xp := c.op("pow", nil, c.op("abs", nil, x), num(x, p))
 		sum := c.op("mul", nil, c.op("avg_pool2d", a, xp), num(x, float64(w.kernel[0]*w.kernel[1])))
 		return c.done(c.op("pow", nil, sum, num(x, 1/p)))
+	}
+	// CenterCropPad (opset 18): each listed axis cropped to the target
+	// size around its centre, or padded with zeros on both sides (the
+	// odd element at the end, as the reference's integer halves put it).
+	converters["CenterCropPad"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		r := x.typ().Rank()
+		shape, err := im.constInts(in, 1, "the shape")
+		if err != nil {
+			return nil, err
+		}
+		axes := attrInts(n, "axes")
+		if axes == nil {
+			for a := 0; a < r; a++ {
+				axes = append(axes, int64(a))
+			}
+		}
+		if len(axes) != len(shape) {
+			return nil, im.errorf("shape has %d entries for %d axes", len(shape), len(axes))
+		}
+		pads := make([]int64, 2*r)
+		padded := false
+		for i, a := range axes {
+			ax, err := ir.NormalizeAxis(a, r)
+			if err != nil {
+				return nil, im.errorf("axes: %v", err)
+			}
+			dim, want := x.typ().Shape[ax], shape[i]
+			switch {
+			case want < 0:
+				return nil, im.errorf("shape %v has a negative size", shape)
+			case want < dim:
+				start := (dim - want) / 2
+				if x, err = im.sliceAxis(x, ax, start, start+want, 1); err != nil {
+					return nil, err
+				}
+			case want > dim:
+				pads[ax], pads[r+ax] = (want-dim)/2, want-dim-(want-dim)/2
+				padded = true
+			}
+		}
+		if !padded {
+			return []entry{x}, nil
+		}
+		c := &chain{im: im}
+		return c.done(c.op("pad", ir.Attrs{"pads": ir.IntsAttr(pads...)}, x))
 	}
 	// CastLike(x, like) is Cast to like's element type.
 	converters["CastLike"] = func(im *importer, n *node, in []entry) ([]entry, error) {

@@ -1,0 +1,76 @@
+package onnx
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// TestCumProd26: the specification's examples: [1, 2, 3] gives [1, 2, 6];
+// exclusive [1, 1, 2]; reverse [6, 6, 3]; both [6, 3, 1]; and along the
+// second axis of a 2x5 matrix (four scan rounds).
+func TestCumProd26(t *testing.T) {
+	x := &ir.Dense{Type: ir.TensorOf(ir.F32, 3), Floats: []float64{1, 2, 3}}
+	for _, c := range []struct {
+		exclusive, reverse int64
+		want               []float64
+	}{{0, 0, []float64{1, 2, 6}}, {1, 0, []float64{1, 1, 2}}, {0, 1, []float64{6, 6, 3}}, {1, 1, []float64{6, 3, 1}}} {
+		out := runInits(t, tGraph{opset: 26,
+			nodes: []tNode{{op: "CumProd", name: "/p", inputs: []string{"x", "a"}, outputs: []string{"y"},
+				ints: map[string][]int64{"exclusive": {c.exclusive}, "reverse": {c.reverse}}}},
+			inits:   [][]byte{encTensorRaw("x", 1, x), encTensorI64("a", nil, []int64{0})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{3})}})
+		require.Equal(t, c.want, out[0].F, "exclusive %d reverse %d", c.exclusive, c.reverse)
+	}
+	m := &ir.Dense{Type: ir.TensorOf(ir.F32, 2, 5), Floats: []float64{1, 2, 3, 4, 5, 2, 2, 2, 2, -1}}
+	out := runInits(t, tGraph{opset: 26,
+		nodes:   []tNode{{op: "CumProd", name: "/p", inputs: []string{"x", "a"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorRaw("x", 1, m), encTensorI64("a", nil, []int64{-1})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 5})}})
+	require.Equal(t, []float64{1, 2, 6, 24, 120, 2, 4, 8, 16, -16}, out[0].F)
+}
+
+// TestCenterCropPad18: a 5x4 input to 3x6: rows 1..3 kept (the centred
+// window), columns padded by 1 on each side.
+func TestCenterCropPad18(t *testing.T) {
+	x := &ir.Dense{Type: ir.TensorOf(ir.F32, 5, 4)}
+	for i := range 20 {
+		x.Floats = append(x.Floats, float64(i))
+	}
+	out := runInits(t, tGraph{opset: 18,
+		nodes:   []tNode{{op: "CenterCropPad", name: "/c", inputs: []string{"x", "s"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorRaw("x", 1, x), encTensorI64("s", []int64{2}, []int64{3, 6})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{3, 6})}})
+	require.Equal(t, []float64{0, 4, 5, 6, 7, 0, 0, 8, 9, 10, 11, 0, 0, 12, 13, 14, 15, 0}, out[0].F)
+}
+
+// TestRMSNormalizationAndSwish: RMSNormalization-23 over the last two
+// axes (axis = -2) against x / sqrt(mean(x²) + eps) · scale, and
+// Swish-24 with alpha 1.5 against x · sigmoid(1.5 x).
+func TestRMSNormalizationAndSwish(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	x, scale := randDense(rng, 2, 3, 4), randDense(rng, 3, 4)
+	out := runInits(t, tGraph{opset: 24,
+		nodes: []tNode{{op: "RMSNormalization", name: "/rms", inputs: []string{"x", "s"}, outputs: []string{"y"}, ints: map[string][]int64{"axis": {-2}}, floats: map[string]float32{"epsilon": 0.01}},
+			{op: "Swish", name: "/sw", inputs: []string{"x"}, outputs: []string{"z"}, floats: map[string]float32{"alpha": 1.5}}},
+		inits:   [][]byte{encTensorRaw("x", 1, x), encTensorRaw("s", 1, scale)},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{2, 3, 4}), encValueInfo("z", 1, []int64{2, 3, 4})}})
+	for b := range 2 {
+		ms := 0.0
+		for i := range 12 {
+			ms += x.Floats[b*12+i] * x.Floats[b*12+i] / 12
+		}
+		for i := range 12 {
+			want := x.Floats[b*12+i] / math.Sqrt(ms+float64(float32(0.01))) * scale.Floats[i]
+			require.InDelta(t, want, out[0].F[b*12+i], 1e-6*(1+math.Abs(want)))
+		}
+	}
+	for i, v := range x.Floats {
+		want := v / (1 + math.Exp(-1.5*v))
+		require.InDelta(t, want, out[1].F[i], 1e-6)
+	}
+}
