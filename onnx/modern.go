@@ -72,12 +72,12 @@ func (im *importer) stashType(n *node) (ir.DType, error) {
 }
 
 func init() {
-	for op, a := range map[string][2]int{"CenterCropPad": {2, 2}, "HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
+	for op, a := range map[string][2]int{"Col2Im": {3, 3}, "CenterCropPad": {2, 2}, "HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
 		"EyeLike": {1, 1}, "Hardmax": {1, 1}, "LpNormalization": {1, 1}, "MeanVarianceNormalization": {1, 1},
 		"RMSNormalization": {2, 2}, "Swish": {1, 1}} {
 		arity[op] = a
 	}
-	for op, v := range map[string]int64{"CenterCropPad": 18, "HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
+	for op, v := range map[string]int64{"Col2Im": 18, "CenterCropPad": 18, "HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
 		"MeanVarianceNormalization": 9, "RMSNormalization": 23, "Swish": 24} {
 		introduced[op] = v
 	}
@@ -212,6 +212,67 @@ func init() {
 		}
 		c := &chain{im: im}
 		return c.done(c.op("pad", ir.Attrs{"pads": ir.IntsAttr(pads...)}, x))
+	}
+	// Col2Im (opset 18): the adjoint of im2col, which is a transposed
+	// convolution of the columns [N, C·kh·kw, oh, ow] with a weight that
+	// sends column channel c·kh·kw + i·kw + j to channel c at tap (i, j)
+	// (C groups of kh·kw one-hot filters): overlapping taps add, as the
+	// operator specifies. 2-D images.
+	converters["Col2Im"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		img, err := im.constInts(in, 1, "image_shape")
+		if err != nil {
+			return nil, err
+		}
+		blk, err := im.constInts(in, 2, "block_shape")
+		if err != nil {
+			return nil, err
+		}
+		if len(img) != 2 || len(blk) != 2 || x.typ().Rank() != 3 {
+			return nil, im.errorf("Col2Im of %s into an image of %v by blocks of %v: Kiln reads 2-D images", x.typ(), img, blk)
+		}
+		xs := x.typ().Shape
+		k := blk[0] * blk[1]
+		if k <= 0 || xs[1]%k != 0 || !x.typ().DType.IsFloat() {
+			return nil, im.errorf("input %s does not hold columns of %v blocks", x.typ(), blk)
+		}
+		ch := xs[1] / k
+		w, err := im.readWindow(n, 2, blk, img)
+		if err != nil {
+			return nil, err
+		}
+		var oh, ow int64
+		for i, size := range img {
+			o := (size+w.pads[i]+w.pads[2+i]-(w.dilations[i]*(blk[i]-1)+1))/w.strides[i] + 1
+			if o < 1 {
+				return nil, im.errorf("the blocks %v do not fit the image %v", blk, img)
+			}
+			if i == 0 {
+				oh = o
+			} else {
+				ow = o
+			}
+		}
+		if oh*ow != xs[2] {
+			return nil, im.errorf("input %s has %d columns, the image %v gives %d", x.typ(), xs[2], img, oh*ow)
+		}
+		if ch*k*k > foldLimit {
+			return nil, im.errorf("Col2Im's %d-element scatter weight is too large to fold", ch*k*k)
+		}
+		wt := interp.New(ir.Type{DType: x.typ().DType, Shape: ir.Shape{ch * k, 1, blk[0], blk[1]}})
+		for c := int64(0); c < ch; c++ {
+			for t := int64(0); t < k; t++ {
+				wt.F[(c*k+t)*k+t] = 1
+			}
+		}
+		cols, err := im.reshapeTo(x, ir.Shape{xs[0], xs[1], oh, ow})
+		if err != nil {
+			return nil, err
+		}
+		a := w.attrs2d(0, 1)
+		a["groups"] = ir.IntAttr(ch)
+		a["input_shape"] = ir.IntsAttr(xs[0], ch, img[0], img[1])
+		return im.emit("conv2d_grad_input", []entry{cols, {k: wt}}, a)
 	}
 	// CastLike(x, like) is Cast to like's element type.
 	converters["CastLike"] = func(im *importer, n *node, in []entry) ([]entry, error) {

@@ -74,3 +74,47 @@ func TestRMSNormalizationAndSwish(t *testing.T) {
 		require.InDelta(t, want, out[1].F[i], 1e-6)
 	}
 }
+
+// TestCol2Im18: the specification's example (a 1x5x5 image from 5
+// columns of 1x5 blocks: the identity arrangement), and overlapping 2x2
+// blocks with stride 1 on a 3x3 image of 2 channels against im2col's
+// adjoint summed with loops.
+func TestCol2Im18(t *testing.T) {
+	x := &ir.Dense{Type: ir.TensorOf(ir.F32, 1, 5, 5)}
+	for i := range 25 {
+		x.Floats = append(x.Floats, float64(i+1))
+	}
+	out := runInits(t, tGraph{opset: 18,
+		nodes:   []tNode{{op: "Col2Im", name: "/c", inputs: []string{"x", "img", "blk"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorRaw("x", 1, x), encTensorI64("img", []int64{2}, []int64{5, 5}), encTensorI64("blk", []int64{2}, []int64{1, 5})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 5, 5})}})
+	want := make([]float64, 25) // y[0, 0, h, w] = x[0, w, h]
+	for h := range 5 {
+		for w := range 5 {
+			want[h*5+w] = x.Floats[w*5+h]
+		}
+	}
+	require.Equal(t, want, out[0].F)
+
+	rng := rand.New(rand.NewPCG(4, 2))
+	cols := randDense(rng, 1, 2*4, 4) // C = 2, 2x2 blocks, 2x2 positions
+	out = runInits(t, tGraph{opset: 18,
+		nodes:   []tNode{{op: "Col2Im", name: "/c", inputs: []string{"x", "img", "blk"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorRaw("x", 1, cols), encTensorI64("img", []int64{2}, []int64{3, 3}), encTensorI64("blk", []int64{2}, []int64{2, 2})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 2, 3, 3})}})
+	want = make([]float64, 18)
+	for c := range 2 {
+		for i := range 2 {
+			for j := range 2 {
+				for oh := range 2 {
+					for ow := range 2 {
+						want[c*9+(oh+i)*3+ow+j] += cols.Floats[(c*4+i*2+j)*4+oh*2+ow]
+					}
+				}
+			}
+		}
+	}
+	for i := range want {
+		require.InDelta(t, want[i], out[0].F[i], 1e-6)
+	}
+}
