@@ -176,10 +176,10 @@ func closeTo(got, want *interp.Tensor) error {
 }
 
 // TestResizeNodeTests runs the ONNX node tests of Resize (and Upsample),
-// their scales and sizes bound as constants: every linear and nearest
-// case imports (a nearest gather, or lerp_gather per axis) and matches
-// its reference outputs; cubic and tf_crop_and_resize, which Kiln does
-// not build, are errors, never wrong answers. It found align_corners
+// their scales and sizes bound as constants: every nearest, linear and
+// cubic case imports (a nearest gather, lerp_gather, or four gathers and
+// weights per axis) and matches its reference outputs; tf_crop_and_resize,
+// which Kiln does not build, is an error, never a wrong answer. It found align_corners
 // with scales using the rounded output length (ONNX uses length × scale).
 func TestResizeNodeTests(t *testing.T) {
 	dirs, _ := filepath.Glob(filepath.Join(backendData, "node", "test_resize_*"))
@@ -203,7 +203,7 @@ func TestResizeNodeTests(t *testing.T) {
 			}
 			continue
 		}
-		if strings.Contains(name, "cubic") || strings.Contains(name, "tf_crop_and_resize") {
+		if strings.Contains(name, "tf_crop_and_resize") {
 			t.Logf("%s: %v", name, err) // modes Kiln does not build
 			continue
 		}

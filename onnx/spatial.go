@@ -453,8 +453,8 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 	xs := x.typ().Shape
 	r := len(xs)
 	mode := attrString(n, "mode", "nearest")
-	if mode != "nearest" && mode != "linear" {
-		return nil, im.errorf("mode=%s is not supported (nearest or linear)", mode)
+	if mode != "nearest" && mode != "linear" && mode != "cubic" {
+		return nil, im.errorf("mode=%s is not one Resize defines (nearest, linear or cubic)", mode)
 	}
 	ctm := attrString(n, "coordinate_transformation_mode", "half_pixel")
 	if im.opset < 11 {
@@ -494,6 +494,11 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 		lo := make([]int64, out[a])
 		hi := make([]int64, out[a])
 		w := make([]float64, out[a])
+		var taps [4][]int64 // cubic: the four taps of each output and their weights
+		var tapW [4][]float64
+		for k := range taps {
+			taps[k], tapW[k] = make([]int64, out[a]), make([]float64, out[a])
+		}
 		for o := range lo {
 			var src float64
 			fo, in := float64(o), float64(xs[a])
@@ -518,6 +523,31 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 				return nil, im.errorf("coordinate_transformation_mode=%s is not supported", ctm)
 			}
 			clamp := func(i float64) int64 { return int64(max(0, min(i, in-1))) }
+			if mode == "cubic" {
+				// Keys' cubic convolution (cubic_coeff_a) over the taps
+				// floor(src) - 1 .. + 2, edge values past the ends; with
+				// exclude_outside those taps weigh 0 and the rest are
+				// renormalised.
+				ca := float64(f32(attrFloat(n, "cubic_coeff_a", -0.75)))
+				base := math.Floor(src)
+				t := src - base
+				outer := func(s float64) float64 { return ((ca*s-5*ca)*s+8*ca)*s - 4*ca }
+				inner := func(s float64) float64 { return ((ca+2)*s-(ca+3))*s*s + 1 }
+				ws := [4]float64{outer(t + 1), inner(t), inner(1 - t), outer(2 - t)}
+				sum := 0.0
+				for k := range 4 {
+					p := base - 1 + float64(k)
+					if attrInt(n, "exclude_outside", 0) != 0 && (p < 0 || p > in-1) {
+						ws[k] = 0
+					}
+					sum += ws[k]
+					taps[k][o] = clamp(p)
+				}
+				for k := range 4 {
+					tapW[k][o] = ws[k] / sum
+				}
+				continue
+			}
 			if mode == "nearest" {
 				var i float64
 				switch nearest {
@@ -549,6 +579,25 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 				return nil, err
 			}
 			y = g
+			continue
+		}
+		if mode == "cubic" {
+			// y = Σ_k w_k · y[tap_k] along axis a.
+			c := &chain{im: im}
+			var sum entry
+			for k := range 4 {
+				wk := entry{k: interp.FromFloats(ir.Type{DType: x.typ().DType, Shape: onesBut(r, a, out[a])}, tapW[k])}
+				term := c.op("mul", nil, c.op("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(taps[k])), wk)
+				if k == 0 {
+					sum = term
+				} else {
+					sum = c.op("add", nil, sum, term)
+				}
+			}
+			if c.err != nil {
+				return nil, c.err
+			}
+			y = sum
 			continue
 		}
 		// y = y[lo] + w * (y[hi] - y[lo]) along axis a.
