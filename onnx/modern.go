@@ -72,12 +72,12 @@ func (im *importer) stashType(n *node) (ir.DType, error) {
 }
 
 func init() {
-	for op, a := range map[string][2]int{"Col2Im": {3, 3}, "CenterCropPad": {2, 2}, "HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
+	for op, a := range map[string][2]int{"ReverseSequence": {2, 2}, "Col2Im": {3, 3}, "CenterCropPad": {2, 2}, "HannWindow": {1, 1}, "HammingWindow": {1, 1}, "BlackmanWindow": {1, 1}, "BitShift": {2, 2}, "LpPool": {1, 1}, "CastLike": {2, 2}, "ThresholdedRelu": {1, 1}, "IsNaN": {1, 1}, "IsInf": {1, 1},
 		"EyeLike": {1, 1}, "Hardmax": {1, 1}, "LpNormalization": {1, 1}, "MeanVarianceNormalization": {1, 1},
 		"RMSNormalization": {2, 2}, "Swish": {1, 1}} {
 		arity[op] = a
 	}
-	for op, v := range map[string]int64{"Col2Im": 18, "CenterCropPad": 18, "HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
+	for op, v := range map[string]int64{"ReverseSequence": 10, "Col2Im": 18, "CenterCropPad": 18, "HannWindow": 17, "HammingWindow": 17, "BlackmanWindow": 17, "BitShift": 11, "LpPool": 2, "CastLike": 15, "ThresholdedRelu": 10, "IsNaN": 9, "IsInf": 10, "EyeLike": 9,
 		"MeanVarianceNormalization": 9, "RMSNormalization": 23, "Swish": 24} {
 		introduced[op] = v
 	}
@@ -273,6 +273,34 @@ func init() {
 		a["groups"] = ir.IntAttr(ch)
 		a["input_shape"] = ir.IntsAttr(xs[0], ch, img[0], img[1])
 		return im.emit("conv2d_grad_input", []entry{cols, {k: wt}}, a)
+	}
+	// ReverseSequence (opset 10): along time_axis, the first
+	// sequence_lens[b] elements of batch b reversed, the rest kept: a
+	// gather_elements at t' = len - 1 - t where t < len, else t (the
+	// lengths are data, so the indices are computed).
+	converters["ReverseSequence"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x, lens := in[0], in[1]
+		xs := x.typ().Shape
+		tAx, bAx := attrInt(n, "time_axis", 0), attrInt(n, "batch_axis", 1)
+		if len(xs) < 2 || !(tAx == 0 && bAx == 1 || tAx == 1 && bAx == 0) {
+			return nil, im.errorf("time_axis %d and batch_axis %d of %s: ONNX allows 0 and 1, one each", tAx, bAx, x.typ())
+		}
+		if lens.typ().Rank() != 1 || lens.typ().Shape[0] != xs[bAx] {
+			return nil, im.errorf("sequence_lens %s does not match batch axis %d of %s", lens.typ(), bAx, x.typ())
+		}
+		c := &chain{im: im}
+		steps := interp.New(ir.Type{DType: ir.I64, Shape: onesBut(len(xs), int(tAx), xs[tAx])})
+		for i := range steps.I {
+			steps.I[i] = int64(i)
+		}
+		l, err := im.reshapeTo(c.cast(lens, ir.I64), onesBut(len(xs), int(bAx), xs[bAx]))
+		if err != nil || c.err != nil {
+			return nil, firstErr(err, c.err)
+		}
+		t := entry{k: steps}
+		from := c.op("where", nil, c.op("lt", nil, t, l), c.op("sub", nil, c.op("sub", nil, l, scalarConst(ir.I64, 1)), t), t)
+		from = c.op("expand", ir.Attrs{"shape": ir.IntsAttr(xs...)}, from)
+		return c.done(c.op("gather_elements", ir.Attrs{"axis": ir.IntAttr(tAx)}, x, from))
 	}
 	// CastLike(x, like) is Cast to like's element type.
 	converters["CastLike"] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -479,4 +507,14 @@ func onesBut(r, ax int, d int64) ir.Shape {
 	}
 	s[ax] = d
 	return s
+}
+
+// firstErr is the first non-nil error.
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
 }
