@@ -518,3 +518,133 @@ func firstErr(errs ...error) error {
 	}
 	return nil
 }
+
+func init() {
+	arity["DFT"] = [2]int{1, 3}
+	introduced["DFT"] = 17
+	converters["DFT"] = dft
+}
+
+// dft is DFT (opsets 17 and 20) as two matrix products with constant
+// cosine and sine matrices along the signal axis: X[k] = Σ x[n]·e^(∓2πikn/N)
+// (1/N and + when inverse), real or complex input ([..., 1] or [..., 2]),
+// dft_length zero-padding or truncating the signal, onesided keeping the
+// first N/2 + 1 frequencies.
+func dft(im *importer, n *node, in []entry) ([]entry, error) {
+	x := in[0]
+	xs := x.typ().Shape
+	r := len(xs)
+	if r < 3 || (xs[r-1] != 1 && xs[r-1] != 2) || !x.typ().DType.IsFloat() {
+		return nil, im.errorf("the input %s must be [batch, ..., signal, ..., 1 or 2]", x.typ())
+	}
+	axis := attrInt(n, "axis", 1)
+	if im.opset >= 20 {
+		axis = -2
+		if axes, err := im.constInts(in, 2, "the axis"); err != nil {
+			return nil, err
+		} else if len(axes) == 1 {
+			axis = axes[0]
+		}
+	}
+	ax, err := ir.NormalizeAxis(axis, r)
+	if err != nil || ax == 0 || ax == r-1 {
+		return nil, im.errorf("the signal axis %d must lie between the batch axis and the last (complex) axis of %s", axis, x.typ())
+	}
+	inverse, onesided := attrInt(n, "inverse", 0) != 0, attrInt(n, "onesided", 0) != 0
+	if inverse && onesided {
+		return nil, im.errorf("inverse with onesided is not supported")
+	}
+	size := xs[ax]
+	if lens, err := im.constInts(in, 1, "dft_length"); err != nil {
+		return nil, err
+	} else if len(lens) == 1 {
+		size = lens[0]
+	}
+	freqs := size
+	if onesided {
+		freqs = size/2 + 1
+	}
+	if size < 1 || size*freqs > foldLimit {
+		return nil, im.errorf("a DFT of %d points is out of range (1 to a %d-element matrix)", size, foldLimit)
+	}
+	c := &chain{im: im}
+	dt := x.typ().DType
+	// The real and imaginary parts, the signal axis last: [..., N].
+	part := func(i int64) entry {
+		if i >= xs[r-1] {
+			return entry{}
+		}
+		p := c.op("slice", ir.Attrs{"axes": ir.IntsAttr(int64(r - 1)), "starts": ir.IntsAttr(i), "ends": ir.IntsAttr(i + 1), "steps": ir.IntsAttr(1)}, x)
+		if c.err != nil {
+			return entry{}
+		}
+		p, c.err = im.reshapeTo(p, xs[:r-1])
+		perm := []int64{}
+		for a := 0; a < r-1; a++ {
+			if a != ax {
+				perm = append(perm, int64(a))
+			}
+		}
+		p = c.op("transpose", ir.Attrs{"perm": ir.IntsAttr(append(perm, int64(ax))...)}, p)
+		// dft_length pads with zeros or truncates the signal.
+		if have := xs[ax]; c.err == nil && have != size {
+			last := len(perm)
+			if have > size {
+				p, c.err = im.sliceAxis(p, last, 0, size, 1)
+			} else {
+				pads := make([]int64, 2*(last+1))
+				pads[2*last+1] = size - have
+				p = c.op("pad", ir.Attrs{"pads": ir.IntsAttr(pads...)}, p)
+			}
+		}
+		return p
+	}
+	re, imag := part(0), part(1)
+	cosM := interp.New(ir.Type{DType: dt, Shape: ir.Shape{size, freqs}})
+	sinM := interp.New(ir.Type{DType: dt, Shape: ir.Shape{size, freqs}})
+	sign, norm := -1.0, 1.0
+	if inverse {
+		sign, norm = 1, 1/float64(size)
+	}
+	for t := int64(0); t < size; t++ {
+		for k := int64(0); k < freqs; k++ {
+			// (t·k) mod size keeps the angle exact for long signals.
+			th := 2 * math.Pi * float64((t*k)%size) / float64(size)
+			cosM.F[t*freqs+k] = ir.RoundTo(dt, norm*math.Cos(th))
+			sinM.F[t*freqs+k] = ir.RoundTo(dt, sign*norm*math.Sin(th))
+		}
+	}
+	// (re + i·im)(cos + i·s) = re·cos - im·s + i(re·s + im·cos).
+	outR := c.op("matmul", nil, re, entry{k: cosM})
+	outI := c.op("matmul", nil, re, entry{k: sinM})
+	if !imag.missing() {
+		outR = c.op("sub", nil, outR, c.op("matmul", nil, imag, entry{k: sinM}))
+		outI = c.op("add", nil, outI, c.op("matmul", nil, imag, entry{k: cosM}))
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	// Back to [..., freqs at ax, ...] and the complex axis.
+	moved := outR.typ().Shape
+	back := make([]int64, r-1)
+	j := 0
+	for a := 0; a < r-1; a++ {
+		if a == ax {
+			back[a] = int64(len(moved) - 1)
+		} else {
+			back[a] = int64(j)
+			j++
+		}
+	}
+	full := append(append(ir.Shape(nil), xs[:r-1]...), 1)
+	full[ax] = freqs
+	finish := func(p entry) entry {
+		p = c.op("transpose", ir.Attrs{"perm": ir.IntsAttr(back...)}, p)
+		if c.err != nil {
+			return entry{}
+		}
+		p, c.err = im.reshapeTo(p, full)
+		return p
+	}
+	return c.done(c.op("concat", ir.Attrs{"axis": ir.IntAttr(int64(r - 1))}, finish(outR), finish(outI)))
+}
