@@ -560,6 +560,14 @@ func dft(im *importer, n *node, in []entry) ([]entry, error) {
 	} else if len(lens) == 1 {
 		size = lens[0]
 	}
+	return im.dftAlong(x, ax, size, inverse, onesided)
+}
+
+// dftAlong is the DFT of x [..., 1 or 2] along axis ax over size points
+// (the signal zero-padded or truncated to them).
+func (im *importer) dftAlong(x entry, ax int, size int64, inverse, onesided bool) ([]entry, error) {
+	xs := x.typ().Shape
+	r := len(xs)
 	freqs := size
 	if onesided {
 		freqs = size/2 + 1
@@ -647,4 +655,59 @@ func dft(im *importer, n *node, in []entry) ([]entry, error) {
 		return p
 	}
 	return c.done(c.op("concat", ir.Attrs{"axis": ir.IntAttr(int64(r - 1))}, finish(outR), finish(outI)))
+}
+
+func init() {
+	arity["STFT"] = [2]int{2, 4}
+	introduced["STFT"] = 17
+	// STFT: frames of frame_length samples every frame_step, times the
+	// window, each transformed (onesided by default).
+	converters["STFT"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		xs := x.typ().Shape
+		if len(xs) != 3 || (xs[2] != 1 && xs[2] != 2) || !x.typ().DType.IsFloat() {
+			return nil, im.errorf("the signal %s must be [batch, length, 1 or 2]", x.typ())
+		}
+		step, err := im.constInts(in, 1, "frame_step")
+		if err != nil {
+			return nil, err
+		}
+		window, hasWindow := optional(in, 2)
+		length := int64(-1)
+		if fl, err := im.constInts(in, 3, "frame_length"); err != nil {
+			return nil, err
+		} else if len(fl) == 1 {
+			length = fl[0]
+		}
+		if hasWindow {
+			if window.typ().Rank() != 1 || length >= 0 && window.typ().Shape[0] != length {
+				return nil, im.errorf("the window %s does not match frame_length %d", window.typ(), length)
+			}
+			length = window.typ().Shape[0]
+		}
+		if len(step) != 1 || step[0] < 1 || length < 1 || length > xs[1] {
+			return nil, im.errorf("frame_step %v and frame_length %d do not frame a signal of %d samples", step, length, xs[1])
+		}
+		frames := (xs[1]-length)/step[0] + 1
+		if frames*length > foldLimit {
+			return nil, im.errorf("%d frames of %d samples are too many to index", frames, length)
+		}
+		idx := interp.New(ir.Type{DType: ir.I64, Shape: ir.Shape{frames, length}})
+		for f := int64(0); f < frames; f++ {
+			for t := int64(0); t < length; t++ {
+				idx.I[f*length+t] = f*step[0] + t
+			}
+		}
+		c := &chain{im: im}
+		framed := c.op("gather", ir.Attrs{"axis": ir.IntAttr(1)}, x, entry{k: idx}) // [batch, frames, length, comps]
+		if hasWindow && c.err == nil {
+			var w entry
+			w, c.err = im.reshapeTo(c.cast(window, x.typ().DType), ir.Shape{1, 1, length, 1})
+			framed = c.op("mul", nil, framed, w)
+		}
+		if c.err != nil {
+			return nil, c.err
+		}
+		return im.dftAlong(framed, 2, length, false, attrInt(n, "onesided", 1) != 0)
+	}
 }
