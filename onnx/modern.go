@@ -711,3 +711,86 @@ func init() {
 		return im.dftAlong(framed, 2, length, false, attrInt(n, "onesided", 1) != 0)
 	}
 }
+
+// The random operators draw from random_uniform, Kiln's counter-based
+// generator (the same numbers in every backend; the training runtime
+// keeps its state), seeded by the node's seed or, as Dropout, by the
+// node's place in the graph. Normal draws are Box-Muller from two
+// uniform ones.
+func init() {
+	for op, a := range map[string][2]int{"RandomUniformLike": {1, 1}, "RandomNormalLike": {1, 1}, "RandomUniform": {0, 0}, "RandomNormal": {0, 0}, "Bernoulli": {1, 1}} {
+		arity[op] = a
+	}
+	introduced["Bernoulli"] = 15
+	for _, op := range []string{"RandomUniformLike", "RandomNormalLike", "RandomUniform", "RandomNormal"} {
+		converters[op] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			dt, shape := ir.F32, ir.Shape(attrInts(n, "shape"))
+			if len(in) == 1 {
+				dt, shape = in[0].typ().DType, in[0].typ().Shape
+			}
+			if a := attr(n, "dtype"); a != nil {
+				var ok bool
+				if dt, ok = dtypeOf(a.I); !ok {
+					return nil, im.errorf("dtype %s: %s", onnxTypeName(a.I), unreadableType(a.I))
+				}
+			}
+			if !dt.IsFloat() {
+				return nil, im.errorf("dtype %s: random numbers are floating-point", dt)
+			}
+			count, ok := shape.NumElements()
+			if !ok || count > 1<<40 {
+				return nil, im.errorf("shape %v is too large", shape)
+			}
+			c := &chain{im: im}
+			u := im.uniform(c, n, dt, shape, 0)
+			if op == "RandomUniformLike" || op == "RandomUniform" {
+				lo, hi := float64(attrFloat(n, "low", 0)), float64(attrFloat(n, "high", 1))
+				return c.done(c.op("add", nil, c.op("mul", nil, u, scalarConst(dt, hi-lo)), scalarConst(dt, lo)))
+			}
+			// Box-Muller: sqrt(-2 ln(1 - u1)) cos(2π u2), 1 - u1 in (0, 1].
+			u2 := im.uniform(c, n, dt, shape, count)
+			radius := c.op("sqrt", nil, c.op("mul", nil, c.op("log", nil, c.op("sub", nil, scalarConst(dt, 1), u)), scalarConst(dt, -2)))
+			z := c.op("mul", nil, radius, c.op("cos", nil, c.op("mul", nil, u2, scalarConst(dt, 2*math.Pi))))
+			mean, scale := float64(attrFloat(n, "mean", 0)), float64(attrFloat(n, "scale", 1))
+			return c.done(c.op("add", nil, c.op("mul", nil, z, scalarConst(dt, scale)), scalarConst(dt, mean)))
+		}
+	}
+	// Bernoulli: 1 where a uniform draw is below p, else 0, in dtype
+	// (default p's).
+	converters["Bernoulli"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		p := in[0]
+		dt := p.typ().DType
+		if a := attr(n, "dtype"); a != nil {
+			var ok bool
+			if dt, ok = dtypeOf(a.I); !ok {
+				return nil, im.errorf("dtype %s: %s", onnxTypeName(a.I), unreadableType(a.I))
+			}
+		}
+		if !p.typ().DType.IsFloat() {
+			return nil, im.errorf("the probabilities %s must be floating-point", p.typ())
+		}
+		c := &chain{im: im}
+		u := im.uniform(c, n, p.typ().DType, p.typ().Shape, 0)
+		return c.done(c.cast(c.op("lt", nil, u, p), dt))
+	}
+}
+
+// uniform is a random_uniform draw of shape, seeded by the node's seed
+// (a float attribute) or its place among the graph's random nodes,
+// starting at number offset of that stream.
+func (im *importer) uniform(c *chain, n *node, dt ir.DType, shape ir.Shape, offset int64) entry {
+	seed := int64(0)
+	if a := attr(n, "seed"); a != nil {
+		seed = int64(a.F)
+	} else {
+		if offset == 0 {
+			im.seeds++
+		}
+		seed = im.seeds
+	}
+	a := ir.Attrs{"shape": ir.IntsAttr(shape...), "dtype": ir.TypeAttr(dt), "seed": ir.IntAttr(seed)}
+	if offset != 0 {
+		a["offset"] = ir.IntAttr(offset)
+	}
+	return c.op("random_uniform", a)
+}

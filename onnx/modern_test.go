@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
@@ -117,4 +118,34 @@ func TestCol2Im18(t *testing.T) {
 	for i := range want {
 		require.InDelta(t, want[i], out[0].F[i], 1e-6)
 	}
+}
+
+// TestRandomOperators: RandomNormal(mean 2, scale 3) of 20000 numbers has
+// a sample mean within 5 standard errors of 2 and a sample variance
+// within 5 standard errors of 9 (the variance of a normal sample variance
+// is 2σ⁴/(n-1)); RandomUniformLike lies in [low, high); two nodes
+// without a seed draw different numbers.
+func TestRandomOperators(t *testing.T) {
+	const count = 20000
+	m, err := Import(encModel(tGraph{opset: 17,
+		nodes: []tNode{{op: "RandomNormal", name: "/n", outputs: []string{"z"}, ints: map[string][]int64{"shape": {count}}, floats: map[string]float32{"mean": 2, "scale": 3}},
+			{op: "RandomUniformLike", name: "/u", inputs: []string{"z"}, outputs: []string{"u"}, floats: map[string]float32{"low": -1, "high": 4}},
+			{op: "RandomUniformLike", name: "/v", inputs: []string{"z"}, outputs: []string{"v"}}},
+		outputs: [][]byte{encValueInfo("z", 1, []int64{count}), encValueInfo("u", 1, []int64{count}), encValueInfo("v", 1, []int64{count})}}), Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	out, err := interp.Run(m.Funcs[0], nil, interp.Options{})
+	require.NoError(t, err)
+	mean, sq := 0.0, 0.0
+	for _, v := range out[0].F {
+		mean += v / count
+	}
+	for _, v := range out[0].F {
+		sq += (v - mean) * (v - mean) / (count - 1)
+	}
+	require.InDelta(t, 2, mean, 5*3/math.Sqrt(count))
+	require.InDelta(t, 9, sq, 5*math.Sqrt(2*81.0/(count-1)))
+	for _, v := range out[1].F {
+		require.True(t, v >= -1 && v < 4, "%g outside [-1, 4)", v)
+	}
+	require.NotEqual(t, out[1].F[:10], out[2].F[:10], "unseeded nodes draw different numbers")
 }
