@@ -357,19 +357,21 @@ func castScalar(a AttrValues, in []Type, out Type) *scalar.Expr {
 	switch {
 	case to == Bool:
 		return x0.Ne(num(0))
-	case (to == F8E4M3 || to == F8E5M2) && from.IsFloat():
-		// ONNX's Cast: with saturate, a value past the largest finite
-		// one (infinities too) becomes it; without, e4m3 (which has no
-		// infinity) gives NaN where rounding would pass 448, that is from
-		// 464, and e5m2 overflows to infinity as rounding does.
+	case to == F8E4M3 || to == F8E5M2:
+		// ONNX's Cast, from any type: with saturate, a value past the
+		// largest finite one (infinities too) becomes it; without, e4m3
+		// (which has no infinity) gives NaN where rounding would pass
+		// 448, that is above 464 (464 itself rounds to even, 448), and
+		// e5m2 overflows to infinity as rounding does.
+		x := scalar.To(scalar.Float, x0)
 		top := MaxFinite(to)
 		switch {
 		case a.Bool("saturate"):
-			return scalar.To(scalar.Float, scalar.Clamp(x0, num(-top), num(top)))
+			return scalar.Clamp(x, num(-top), num(top))
 		case to == F8E4M3:
-			return scalar.If(un(scalar.Abs, x0).Ge(num(464)), num(math.NaN()), x0)
+			return scalar.If(un(scalar.Abs, x).Gt(num(464)), num(math.NaN()), x)
 		}
-		return scalar.To(scalar.Float, x0)
+		return x
 	case to.IsFloat() || !from.IsFloat():
 		return scalar.To(KindOf(to), x0)
 	}

@@ -62,6 +62,9 @@ func attention(im *importer, n *node, in []entry) ([]entry, error) {
 	}
 	past := int64(0)
 	if hasPK {
+		if pastK.typ().Rank() != 4 || pastV.typ().Rank() != 4 {
+			return nil, im.errorf("past_key %s and past_value %s must be [batch, heads, past, head size]", pastK.typ(), pastV.typ())
+		}
 		past = pastK.typ().Shape[2]
 		k = c.op("concat", ir.Attrs{"axis": ir.IntAttr(2)}, pastK, k)
 		v = c.op("concat", ir.Attrs{"axis": ir.IntAttr(2)}, pastV, v)
@@ -142,16 +145,22 @@ func attention(im *importer, n *node, in []entry) ([]entry, error) {
 		if _, ok := get(6); ok {
 			return nil, im.errorf("is_causal with nonpad_kv_seqlen (a causal band that depends on the data) is not supported")
 		}
-		// Query i attends key j <= i + past.
-		band := interp.New(ir.Type{DType: ir.Bool, Shape: ir.Shape{sq, total}})
-		for i := int64(0); i < sq; i++ {
-			for j := int64(0); j < total; j++ {
-				if j <= i+past {
-					band.I[i*total+j] = 1
-				}
-			}
+		// Query i attends key j <= i + past: compared at run time from
+		// the two position vectors (a folded [sq, total] band would grow
+		// with the square of the context).
+		if sq > foldLimit || total > foldLimit {
+			return nil, im.errorf("%d queries over %d keys are too many positions to index", sq, total)
 		}
-		scores = c.op("where", nil, entry{k: band}, scores, num(q, math.Inf(-1)))
+		qi := interp.New(ir.Type{DType: ir.I64, Shape: ir.Shape{sq, 1}})
+		for i := range qi.I {
+			qi.I[i] = int64(i) + past
+		}
+		kj := interp.New(ir.Type{DType: ir.I64, Shape: ir.Shape{1, total}})
+		for j := range kj.I {
+			kj.I[j] = int64(j)
+		}
+		band := c.op("le", nil, entry{k: kj}, entry{k: qi})
+		scores = c.op("where", nil, band, scores, num(q, math.Inf(-1)))
 	}
 	withMask := scores
 	work := dt

@@ -129,13 +129,18 @@ func init() {
 		if !x.typ().DType.IsUnsigned() {
 			return nil, im.errorf("BitShift of %s: Kiln shifts unsigned integers of up to 32 bits (uint64 has no int64 form)", x.typ())
 		}
+		// In i64, the shift clipped to the type's width (a wider one
+		// gives 0 both ways, as the width itself does: x < 2^bits).
 		c := &chain{im: im}
-		p := c.op("pow", nil, num(x, 2), y)
+		bits := 8 * x.typ().DType.Size()
+		y64 := c.op("max", nil, c.op("min", nil, c.cast(y, ir.I64), scalarConst(ir.I64, float64(bits))), scalarConst(ir.I64, 0))
+		p := c.op("pow", nil, scalarConst(ir.I64, 2), y64)
+		x64 := c.cast(x, ir.I64)
 		switch dir := attrString(n, "direction", ""); dir {
 		case "LEFT":
-			return c.done(c.op("mul", nil, x, p))
+			return c.done(c.cast(c.op("mul", nil, x64, p), x.typ().DType))
 		case "RIGHT":
-			return c.done(c.op("div", nil, x, p))
+			return c.done(c.cast(c.op("div", nil, x64, p), x.typ().DType))
 		default:
 			return nil, im.errorf("direction %q is neither LEFT nor RIGHT", dir)
 		}
@@ -256,8 +261,8 @@ func init() {
 		if oh*ow != xs[2] {
 			return nil, im.errorf("input %s has %d columns, the image %v gives %d", x.typ(), xs[2], img, oh*ow)
 		}
-		if ch*k*k > foldLimit {
-			return nil, im.errorf("Col2Im's %d-element scatter weight is too large to fold", ch*k*k)
+		if k > foldLimit || ch > foldLimit/(k*k) {
+			return nil, im.errorf("Col2Im's scatter weight of %d channels by %d taps is too large to fold", ch, k)
 		}
 		wt := interp.New(ir.Type{DType: x.typ().DType, Shape: ir.Shape{ch * k, 1, blk[0], blk[1]}})
 		for c := int64(0); c < ch; c++ {
@@ -304,8 +309,12 @@ func init() {
 	}
 	// CastLike(x, like) is Cast to like's element type.
 	converters["CastLike"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		c := &chain{im: im}
-		return c.done(c.cast(in[0], in[1].typ().DType))
+		to := in[1].typ().DType
+		a := ir.Attrs{"to": ir.TypeAttr(to)}
+		if im.opset >= 19 && attrInt(n, "saturate", 1) == 0 && (to == ir.F8E4M3 || to == ir.F8E5M2) {
+			a["saturate"] = ir.BoolAttr(false)
+		}
+		return im.emit("cast", in[:1], a)
 	}
 	// ThresholdedRelu: x where x > alpha, else 0.
 	converters["ThresholdedRelu"] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -353,8 +362,8 @@ func init() {
 			}
 		}
 		rows, cols, k := t.Shape[0], t.Shape[1], attrInt(n, "k", 0)
-		if rows*cols > foldLimit {
-			return nil, im.errorf("EyeLike of %d elements is too large to fold", rows*cols)
+		if cols > 0 && rows > foldLimit/cols {
+			return nil, im.errorf("EyeLike of %d by %d elements is too large to fold", rows, cols)
 		}
 		y := interp.New(ir.Type{DType: dt, Shape: ir.Shape{rows, cols}})
 		for i := int64(0); i < rows; i++ {

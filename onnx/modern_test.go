@@ -149,3 +149,99 @@ func TestRandomOperators(t *testing.T) {
 	}
 	require.NotEqual(t, out[1].F[:10], out[2].F[:10], "unseeded nodes draw different numbers")
 }
+
+// TestHostileNodesRefused: nodes that used to panic the importer or
+// allocate without bound are errors naming the node: a zero stride with
+// auto_pad, an EyeLike or Col2Im whose constant's size overflows int64, a
+// past_key that is not 4-D, a per-row zero point on a 1-D MatMulInteger
+// operand, a batch-first RNN of rank 5. A causal Attention over 4096
+// positions folds no [4096, 4096] band.
+func TestHostileNodesRefused(t *testing.T) {
+	vi := func(name string, elem int64, dims ...int64) []byte { return encValueInfo(name, elem, dims) }
+	for name, c := range map[string]struct {
+		g    tGraph
+		want string
+	}{
+		"stride 0": {tGraph{nodes: []tNode{{op: "MaxPool", name: "/p", inputs: []string{"x"}, outputs: []string{"y"}, ints: map[string][]int64{"kernel_shape": {2, 2}, "strides": {0, 0}}, strs: map[string]string{"auto_pad": "SAME_UPPER"}}},
+			inputs: [][]byte{vi("x", 1, 1, 1, 4, 4)}, outputs: [][]byte{vi("y", 1, 1, 1, 4, 4)}}, "must be at least 1"},
+		"eyelike 2^64": {tGraph{nodes: []tNode{{op: "EyeLike", name: "/e", inputs: []string{"x"}, outputs: []string{"y"}}},
+			inputs: [][]byte{vi("x", 1, 1<<32, 1<<32)}, outputs: [][]byte{vi("y", 1, 1<<32, 1<<32)}}, "too large"},
+		"past_key rank 1": {tGraph{opset: 23, nodes: []tNode{{op: "Attention", name: "/a", inputs: []string{"q", "k", "v", "", "pk", "pv"}, outputs: []string{"y"}}},
+			inputs: [][]byte{vi("q", 1, 1, 1, 2, 4), vi("k", 1, 1, 1, 2, 4), vi("v", 1, 1, 1, 2, 4), vi("pk", 1, 3), vi("pv", 1, 3)}, outputs: [][]byte{vi("y", 1, 1, 1, 2, 4)}}, "must be [batch, heads, past, head size]"},
+		"zero point of a vector": {tGraph{opset: 10, nodes: []tNode{{op: "MatMulInteger", name: "/m", inputs: []string{"a", "b", "za"}, outputs: []string{"y"}}},
+			inputs: [][]byte{vi("a", 2, 2), vi("b", 2, 2, 2), vi("za", 2, 2)}, outputs: [][]byte{vi("y", 6, 2)}}, "does not fit"},
+		"rnn rank 5": {tGraph{opset: 14, nodes: []tNode{{op: "RNN", name: "/r", inputs: []string{"x", "w", "r"}, outputs: []string{"y"}, ints: map[string][]int64{"layout": {1}, "hidden_size": {2}}}},
+			inputs: [][]byte{vi("x", 1, 1, 2, 3, 4, 5), vi("w", 1, 1, 2, 5), vi("r", 1, 1, 2, 2)}, outputs: [][]byte{vi("y", 1, 1)}}, "are 3-D"},
+	} {
+		_, err := Import(encModel(c.g), Options{Name: "m.onnx"})
+		require.ErrorContains(t, err, c.want, name)
+	}
+	const s = 4096
+	m, err := Import(encModel(tGraph{opset: 23,
+		nodes:   []tNode{{op: "Attention", name: "/a", inputs: []string{"q", "k", "v"}, outputs: []string{"y"}, ints: map[string][]int64{"is_causal": {1}}}},
+		inputs:  [][]byte{vi("q", 1, 1, 1, s, 2), vi("k", 1, 1, 1, s, 2), vi("v", 1, 1, 1, s, 2)},
+		outputs: [][]byte{vi("y", 1, 1, 1, s, 2)}}), Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	m.Funcs[0].Walk(func(op *ir.Op) {
+		if op.Kind == "constant" {
+			require.LessOrEqual(t, op.Attrs["value"].Dense.Type.NumElements(), int64(s), "a folded constant of %s", op.Attrs["value"].Dense.Type)
+		}
+	})
+}
+
+// TestQuantizedProductScales: QLinearMatMul's per-row a_scale scales rows
+// and its per-column b_scale columns (a_scale [1, 10] on [[1, 2], [3, 4]]
+// times the identity gives [[1, 2], [30, 40]]); BitShift by the type's
+// width or more gives 0 both ways, folded at import too; a Cast from
+// int32 to fp8 saturates (100000 to 57344) unless saturate = 0, where
+// e4m3 gives NaN.
+func TestQuantizedProductScales(t *testing.T) {
+	u8 := func(name string, dims []int64, v ...int64) []byte {
+		return encTensorRaw(name, 2, &ir.Dense{Type: ir.TensorOf(ir.U8, dims...), Ints: v})
+	}
+	f := func(name string, dims []int64, v ...float64) []byte {
+		return encTensorRaw(name, 1, &ir.Dense{Type: ir.TensorOf(ir.F32, dims...), Floats: v})
+	}
+	for _, c := range []struct {
+		as, bs []byte
+		want   []int64
+	}{
+		{f("as", []int64{2}, 1, 10), f("bs", nil, 1), []int64{1, 2, 30, 40}},
+		{f("as", nil, 1), f("bs", []int64{2}, 1, 10), []int64{1, 20, 3, 40}},
+	} {
+		got := runInits(t, tGraph{opset: 10,
+			nodes: []tNode{{op: "QLinearMatMul", name: "/q", inputs: []string{"a", "as", "az", "b", "bs", "bz", "ys", "yz"}, outputs: []string{"y"}}},
+			inits: [][]byte{u8("a", []int64{2, 2}, 1, 2, 3, 4), c.as, u8("az", nil, 0), u8("b", []int64{2, 2}, 1, 0, 0, 1), c.bs, u8("bz", nil, 0),
+				f("ys", nil, 1), u8("yz", nil, 0)},
+			outputs: [][]byte{encValueInfo("y", 2, []int64{2, 2})}})
+		require.Equal(t, c.want, got[0].I)
+	}
+	for dir, want := range map[string][]int64{"RIGHT": {0, 0, 50, 200}, "LEFT": {0, 0, 32, 200}} {
+		m, err := Import(encModel(tGraph{opset: 11,
+			nodes:   []tNode{{op: "BitShift", name: "/s", inputs: []string{"x", "y"}, outputs: []string{"z"}, strs: map[string]string{"direction": dir}}},
+			inits:   [][]byte{u8("x", []int64{4}, 200, 200, 200, 200), u8("y", []int64{4}, 8, 200, 2, 0)},
+			outputs: [][]byte{encValueInfo("z", 2, []int64{4})}}), Options{Name: "m.onnx"})
+		require.NoError(t, err, dir)
+		got, err := interp.Run(m.Funcs[0], nil, interp.Options{})
+		require.NoError(t, err)
+		require.Equal(t, want, got[0].I, dir)
+	}
+	for sat, want := range map[int64][]float64{1: {57344, -57344, 448}, 0: {math.Inf(1), math.Inf(-1), 448}} {
+		m, err := Import(encModel(tGraph{opset: 19,
+			nodes: []tNode{{op: "Cast", name: "/c", inputs: []string{"x"}, outputs: []string{"y"}, ints: map[string][]int64{"to": {19}, "saturate": {sat}}},
+				{op: "Cast", name: "/e", inputs: []string{"x"}, outputs: []string{"e"}, ints: map[string][]int64{"to": {17}, "saturate": {sat}}},
+				{op: "Cast", name: "/b", inputs: []string{"y"}, outputs: []string{"z"}, ints: map[string][]int64{"to": {1}}},
+				{op: "Cast", name: "/eb", inputs: []string{"e"}, outputs: []string{"ez"}, ints: map[string][]int64{"to": {1}}}},
+			inits:   [][]byte{encTensorRaw("x", 6, &ir.Dense{Type: ir.TensorOf(ir.I32, 3), Ints: []int64{100000, -100000, 448}})},
+			outputs: [][]byte{encValueInfo("z", 1, []int64{3}), encValueInfo("ez", 1, []int64{3})}}), Options{Name: "m.onnx"})
+		require.NoError(t, err)
+		got, err := interp.Run(m.Funcs[0], nil, interp.Options{})
+		require.NoError(t, err)
+		require.Equal(t, want, got[0].F, "e5m2, saturate %d", sat)
+		if sat == 0 {
+			require.True(t, math.IsNaN(got[1].F[0]) && math.IsNaN(got[1].F[1]), "e4m3 without saturation: %v", got[1].F)
+		} else {
+			require.Equal(t, []float64{448, -448, 448}, got[1].F)
+		}
+	}
+}

@@ -147,7 +147,9 @@ func init() {
 		c := &chain{im: im}
 		a := im.centred(c, []entry{in[0], in[3], in[2], in[5]}, 0, 2, -2)
 		b := im.centred(c, []entry{in[0], in[3], in[2], in[5]}, 1, 3, -1)
-		return im.requantize(c, n, c.op("matmul", nil, a, b), in[1], in[4], in[6], in[7])
+		// a_scale per row (axis -2 of the product), b_scale per column
+		// (axis -1).
+		return im.requantize(c, c.op("matmul", nil, a, b), in[1], -2, in[4], -1, in[6], in[7])
 	}
 	converters["QLinearConv"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		c := &chain{im: im}
@@ -164,7 +166,8 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		return im.requantize(c, n, y[0], in[1], in[4], in[6], in[7])
+		// x_scale per tensor, w_scale per output channel (axis 1).
+		return im.requantize(c, y[0], in[1], 1, in[4], 1, in[6], in[7])
 	}
 }
 
@@ -229,6 +232,10 @@ func (im *importer) centred(c *chain, in []entry, i, zp, axis int) entry {
 		if ax < 0 {
 			ax += r
 		}
+		if ax < 0 || ax >= r || in[i].typ().Shape[ax] != zt.Shape[0] {
+			c.err = im.errorf("a zero point of %s does not fit %s", zt, in[i].typ())
+			return entry{}
+		}
 		var err error
 		if z, err = im.reshapeTo(z, onesBut(r, ax, zt.Shape[0])); err != nil {
 			c.err = err
@@ -239,26 +246,38 @@ func (im *importer) centred(c *chain, in []entry, i, zp, axis int) entry {
 }
 
 // requantize is acc (an exact integer sum in f64) times a_scale·b_scale
-// / y_scale, rounded half to even, plus y_zp, saturated to y_zp's type.
-func (im *importer) requantize(c *chain, n *node, acc, as, bs, ys, yzp entry) ([]entry, error) {
+// / y_scale, rounded half to even, plus y_zp, saturated to y_zp's type; a
+// 1-D a_scale or b_scale lies along axis aAx or bAx of acc (negative:
+// from the end).
+func (im *importer) requantize(c *chain, acc, as entry, aAx int, bs entry, bAx int, ys, yzp entry) ([]entry, error) {
 	out := yzp.typ().DType
 	lo, hi, ok := intRange(out)
 	if !ok {
 		return nil, im.errorf("requantizing to %s is not supported", out)
 	}
-	toF32 := func(e entry) entry { return c.cast(e, ir.F32) }
-	scale := c.op("div", nil, c.op("mul", nil, toF32(as), toF32(bs)), toF32(ys))
-	var err error
-	for _, e := range []*entry{&scale} {
-		if e.typ().Rank() == 1 && e.typ().NumElements() > 1 {
-			// Per output channel (QLinearConv's w_scale): along axis 1.
-			if *e, err = im.reshapeTo(*e, onesBut(acc.typ().Rank(), 1, e.typ().Shape[0])); err != nil {
-				return nil, err
-			}
-		}
+	if c.err != nil {
+		return nil, c.err
 	}
-	y := c.op("round", nil, c.op("mul", nil, toF32(acc), scale))
-	y = c.op("add", nil, y, toF32(yzp))
+	r := acc.typ().Rank()
+	along := func(s entry, ax int) entry {
+		st := s.typ()
+		if st.Rank() == 0 || st.NumElements() == 1 || c.err != nil {
+			return c.cast(s, ir.F32)
+		}
+		if ax < 0 {
+			ax += r
+		}
+		if st.Rank() != 1 || ax < 0 || ax >= r || acc.typ().Shape[ax] != st.Shape[0] {
+			c.err = im.errorf("a scale of %s does not fit axis %d of the product %s", st, ax, acc.typ())
+			return entry{}
+		}
+		v, err := im.reshapeTo(c.cast(s, ir.F32), onesBut(r, ax, st.Shape[0]))
+		c.err = err
+		return v
+	}
+	scale := c.op("div", nil, c.op("mul", nil, along(as, aAx), along(bs, bAx)), c.cast(ys, ir.F32))
+	y := c.op("round", nil, c.op("mul", nil, c.cast(acc, ir.F32), scale))
+	y = c.op("add", nil, y, c.cast(yzp, ir.F32))
 	y = c.op("clip", ir.Attrs{"lo": ir.FloatAttr(lo), "hi": ir.FloatAttr(hi)}, y)
 	return c.done(c.cast(y, out))
 }

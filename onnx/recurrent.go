@@ -65,6 +65,9 @@ func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error)
 		// Batch first: X [batch, seq, input] and the states [batch,
 		// dirs, hidden], read as layout 0 and transposed back.
 		swap := func(e entry) (entry, error) {
+			if e.typ().Rank() != 3 && e.typ().Rank() != 4 {
+				return entry{}, im.errorf("batch-first %s: X and the states are 3-D", e.typ())
+			}
 			perm := []int64{1, 0, 2, 3}[:e.typ().Rank()]
 			return im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(perm...)}, e)
 		}

@@ -44,6 +44,11 @@ func (im *importer) readWindow(n *node, spatial int, kernel []int64, x ir.Shape)
 	if len(w.kernel) != spatial || len(w.strides) != spatial || len(w.dilations) != spatial || len(w.pads) != 2*spatial {
 		return w, im.errorf("kernel_shape, strides, dilations and pads must have %d, %d, %d and %d entries for %d spatial axes", spatial, spatial, spatial, 2*spatial, spatial)
 	}
+	for i := range spatial {
+		if w.strides[i] < 1 || w.dilations[i] < 1 {
+			return w, im.errorf("strides %v and dilations %v must be at least 1", w.strides, w.dilations)
+		}
+	}
 	switch ap := attrString(n, "auto_pad", "NOTSET"); {
 	case ap == "NOTSET" || ap == "":
 	case ap == "VALID" && x != nil:

@@ -514,8 +514,13 @@ func (c *constTable) name(d *ir.Dense) string {
 		switch {
 		case k.IsFloat():
 			s = toStorage(floatLit(d.Float(int64(i)), k), d.Type.DType)
-			if d.Type.DType == ir.F16 || d.Type.DType == ir.BF16 {
+			switch d.Type.DType {
+			case ir.F16, ir.BF16:
 				s = strconv.Itoa(int(f16Bits(d.Float(int64(i)), d.Type.DType)))
+			case ir.F8E4M3:
+				s = strconv.Itoa(int(ir.Float8E4M3Bits(d.Float(int64(i)))))
+			case ir.F8E5M2:
+				s = strconv.Itoa(int(ir.Float8E5M2Bits(d.Float(int64(i)))))
 			}
 		case k == loops.Bool:
 			s = strconv.FormatInt(d.Int(int64(i)), 10)

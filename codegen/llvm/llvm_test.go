@@ -468,7 +468,8 @@ func TestNarrowIntegersCompiled(t *testing.T) {
 // TestFP8CastsCompiled: casts to fp8 follow ONNX's Cast in the
 // interpreter and in compiled code alike (compiled code failed with an
 // internal error): e4m3 saturates at ±448 and, with saturate = false,
-// gives NaN from 464 (where rounding would pass 448) and for infinities;
+// gives NaN above 464 (where rounding would pass 448; 464 itself rounds to
+// even, 448) and for infinities;
 // e5m2 saturates at ±57344 and, with saturate = false, overflows to ±inf
 // from 61440 (it rounds 59000 to 57344). NaN stays NaN; both round to
 // nearest even (0.3 is 0.3125 in e4m3 and e5m2), and read back exactly.
@@ -490,7 +491,7 @@ func TestFP8CastsCompiled(t *testing.T) {
 	pipelineOn(t, m, "fuse,assign")
 	f := m.Funcs[0]
 	inf, nan := math.Inf(1), math.NaN()
-	x := interp.FromFloats(ir.TensorOf(ir.F32, 8), []float64{1000, 460, 470, -inf, nan, 0.3, 59000, -70000})
+	x := interp.FromFloats(ir.TensorOf(ir.F32, 8), []float64{1000, 464, 470, -inf, nan, 0.3, 59000, -70000})
 	want := [][]float64{
 		{448, 448, 448, -448, nan, 0.3125, 448, -448},
 		{nan, 448, nan, nan, nan, 0.3125, nan, nan},
