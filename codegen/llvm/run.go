@@ -18,7 +18,8 @@ import (
 
 // RunOptions tune Run.
 type RunOptions struct {
-	Repeat  int      // run the function this many times (default 1)
+	Repeat  int      // run the function this many times from the same state (default 1)
+	Steps   int      // run this many steps in a row, the state advancing (excludes Repeat)
 	Seconds *float64 // receives the mean time of one run
 	MaxRSS  *int64   // receives the program's peak resident bytes
 	Binary  *int64   // receives the executable's size in bytes
@@ -85,7 +86,9 @@ func (e *Executable) Run(args []*interp.Tensor, opt RunOptions) (results, final 
 		}
 		cmdArgs = append(cmdArgs, "--input", a.Name+"="+path)
 	}
-	if opt.Repeat > 1 || opt.Seconds != nil {
+	if opt.Steps > 0 {
+		cmdArgs = append(cmdArgs, "--steps", fmt.Sprint(opt.Steps))
+	} else if opt.Repeat > 1 || opt.Seconds != nil {
 		cmdArgs = append(cmdArgs, "--repeat", fmt.Sprint(max(opt.Repeat, 1)))
 	}
 	if opt.MaxRSS != nil {

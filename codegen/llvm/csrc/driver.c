@@ -1,12 +1,16 @@
 /* The executable of a compiled step: runs it on .npy files (the same
    source for every step, which it knows through kiln_program.h; built
    with KILN_MPI=1 for a step of several ranks).
-   usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--repeat N] [--report-memory] [--profile]
+   usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--steps N | --repeat N] [--report-memory] [--profile]
    An argument comes from --input NAME=FILE, else DIR/NAME.npy of --inputs
    (or the member NAME.npy of an .npz archive that numpy.savez wrote),
    else the init value the program embeds; --help lists them.
+   --steps N runs N steps in a row, each from the state the last left (a
+   training loop: arguments updated in place advance), and writes the
+   last step's results and the final state;
    --repeat N runs the function N times (arguments updated in place are
-   restored between runs) and reports the mean time of one run on stderr;
+   restored between runs, from a copy of each) and reports the mean time
+   of one run on stderr;
    --report-memory reports the peak resident bytes (VmHWM) on stderr;
    --profile the time of every kernel (the runtime's kiln_profile). */
 #include <errno.h>
@@ -488,7 +492,7 @@ static void print_profile(double total) {
 }
 
 static void usage(void) {
-	printf("usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--repeat N] [--report-memory] [--profile]\n");
+	printf("usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--steps N | --repeat N] [--report-memory] [--profile]\n");
 	printf("Runs %s. Each argument comes from --input NAME=FILE.npy, else DIR/NAME.npy of --inputs (or\n", kilnrt_program.entry);
 	printf("the member NAME.npy of an .npz archive that numpy.savez wrote),\n");
 	printf("else its embedded init value. Results go to DIR/NAME.npy, updated arguments to DIR/updated.NAME.npy.\n\n");
@@ -608,11 +612,15 @@ int main(int argc, char **argv) {
 	signal(SIGTERM, on_signal);
 	signal(SIGHUP, on_signal);
 	const char *dir = NULL, *in_dir = NULL;
-	int repeat = 1, timed = 0, report_memory = 0, profile = 0;
+	int repeat = 1, timed = 0, report_memory = 0, profile = 0, steps = 0;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--output-dir") == 0 && i + 1 < argc) dir = argv[++i];
 		else if (strncmp(argv[i], "--output-dir=", 13) == 0) dir = argv[i] + 13;
 		else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = atoi(argv[++i]), timed = 1;
+		else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+			steps = atoi(argv[++i]);
+			if (steps < 1) misuse("--steps needs a positive count%s%s", "", "");
+		}
 		else if (strcmp(argv[i], "--report-memory") == 0) report_memory = 1;
 		else if (strcmp(argv[i], "--profile") == 0) profile = 1;
 		else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { usage(); return 0; }
@@ -656,11 +664,13 @@ int main(int argc, char **argv) {
 		free(v);
 	}
 	if (repeat < 1) misuse("--repeat needs a positive count%s%s", "", "");
+	if (steps && timed) misuse("--steps and --repeat exclude each other%s%s", "", "");
+	if (steps) repeat = steps;
 	check_outputs(argc, argv, dir, in_dir);
 	void **saved = must_alloc(sizeof(void *) * ((size_t)NPARAMS + 1), "the saved arguments");
 	for (int i = 0; i < NPARAMS; i++) {
 		saved[i] = NULL;
-		if (params[i].inout && repeat > 1) {
+		if (params[i].inout && repeat > 1 && !steps) {
 			saved[i] = must_alloc((size_t)params[i].bytes, params[i].name);
 			memcpy(saved[i], kiln_data(s, i), params[i].bytes);
 		}
