@@ -117,16 +117,9 @@ func runBackendModel(dir string) error {
 			args = append(args, inputs[0])
 			inputs = inputs[1:]
 		}
-		got, err := interp.Run(f, args, interp.Options{})
+		got, want, err := runAgainstReference(f, args, set)
 		if err != nil {
 			return err
-		}
-		want, err := readPBs(set, "output")
-		if err != nil {
-			return err
-		}
-		if len(want) != len(got) {
-			return wrongResult{fmt.Errorf("%d results, the reference has %d", len(got), len(want))}
 		}
 		for i := range want {
 			if err := closeTo(got[i], want[i]); err != nil {
@@ -292,4 +285,19 @@ func runWithConstantInputs(t *testing.T, dir string) error {
 		}
 	}
 	return runBackendModel(tmp)
+}
+
+// runAgainstReference runs f on args and reads the test set's reference
+// outputs, which must be as many as f's results.
+func runAgainstReference(f *ir.Func, args []*interp.Tensor, set string) (got, want []*interp.Tensor, err error) {
+	if got, err = interp.Run(f, args, interp.Options{}); err != nil {
+		return nil, nil, err
+	}
+	if want, err = readPBs(set, "output"); err != nil {
+		return nil, nil, err
+	}
+	if len(want) != len(got) {
+		return nil, nil, wrongResult{fmt.Errorf("%d results, the reference has %d", len(got), len(want))}
+	}
+	return got, want, nil
 }

@@ -121,15 +121,7 @@ func init() {
 			if err != nil {
 				return nil, im.errorf("%v", err)
 			}
-			outer, inner := int64(1), int64(1)
-			for i, d := range s {
-				if i < ax {
-					outer *= d
-				} else {
-					inner *= d
-				}
-			}
-			x, err := im.reshapeTo(in[0], ir.Shape{outer, inner})
+			x, err := im.reshapeTo(in[0], coerced2D(s, ax))
 			if err != nil {
 				return nil, err
 			}
@@ -653,4 +645,18 @@ func present(in []entry) []entry {
 		in = in[:len(in)-1]
 	}
 	return in
+}
+
+// coerced2D is the 2-D shape that operators before opset 13 (Softmax,
+// Hardmax) view s as: [product of the axes before ax, product of the rest].
+func coerced2D(s ir.Shape, ax int) ir.Shape {
+	outer, inner := int64(1), int64(1)
+	for i, d := range s {
+		if i < ax {
+			outer *= d
+		} else {
+			inner *= d
+		}
+	}
+	return ir.Shape{outer, inner}
 }

@@ -392,15 +392,7 @@ func init() {
 		}
 		c := &chain{im: im}
 		if im.opset < 13 {
-			outer, inner := int64(1), int64(1)
-			for i, d := range s {
-				if i < ax {
-					outer *= d
-				} else {
-					inner *= d
-				}
-			}
-			x, c.err = im.reshapeTo(x, ir.Shape{outer, inner})
+			x, c.err = im.reshapeTo(x, coerced2D(s, ax))
 			ax = 1
 		}
 		if c.err != nil {

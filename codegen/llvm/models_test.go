@@ -429,14 +429,7 @@ func TestCIResNetStepF32(t *testing.T) {
 	require.NotEmpty(t, probes)
 	pipelineOn(t, m, o2)
 	f := m.Funcs[0]
-	args := scaledArgs(f, 11)
-	want, err := interp.Run(f, cloneAll(args), interp.Options{})
-	require.NoError(t, err)
-	p, err := loops.Lower(f)
-	require.NoError(t, err)
-	got, _, err := llvm.Run(p, args)
-	require.NoError(t, err)
-
+	want, got := interpretedAndCompiled(t, f, scaledArgs(f, 11))
 	excused := map[int]bool{}
 	flips, worstProbe := 0, 0.0
 	for _, pr := range probes {

@@ -74,12 +74,7 @@ func TestMixedPrecisionStepCompiled(t *testing.T) {
 
 func mixedStepCompiled(t *testing.T, dir, pipeline string) {
 	f, args := modelRun(t, dir, pipeline)
-	want, err := interp.Run(f, cloneAll(args), interp.Options{})
-	require.NoError(t, err)
-	p, err := loops.Lower(f)
-	require.NoError(t, err)
-	got, _, err := llvm.Run(p, args)
-	require.NoError(t, err)
+	want, got := interpretedAndCompiled(t, f, args)
 	for i := range want {
 		if i > 0 && maxAbs(loadNpy(t, filepath.Join(dir, f.ResultName(i)+".npy"))) < 1e-5 {
 			continue // zero in PyTorch (a conv bias before batch norm): noise
