@@ -302,6 +302,37 @@ func init() {
 			return []entry{y}, err
 		}
 	}
+	// ReduceMin and ReduceMax of integers and booleans: in int64 (exact
+	// for every integer type Kiln has; booleans as 0 and 1, where the
+	// minimum is all and the maximum any), the minimum as -1 - max(-1 - x)
+	// (bitwise not), which reverses the order without the overflow of
+	// -max(-x) at INT64_MIN or the wrap of negating an unsigned value.
+	for _, name := range []string{"ReduceMin", "ReduceMax"} {
+		float := converters[name]
+		converters[name] = func(im *importer, n *node, in []entry) ([]entry, error) {
+			d := in[0].typ().DType
+			if d.IsFloat() {
+				return float(im, n, in)
+			}
+			c := &chain{im: im}
+			x := c.cast(in[0], ir.I64)
+			if name == "ReduceMin" {
+				x = c.op("sub", nil, scalarConst(ir.I64, -1), x)
+			}
+			if c.err != nil {
+				return nil, c.err
+			}
+			out, err := im.reduce(n, "reduce_max", append([]entry{x}, in[1:]...), attrInt(n, "keepdims", 1) == 1)
+			if err != nil {
+				return nil, err
+			}
+			y := out[0]
+			if name == "ReduceMin" {
+				y = c.op("sub", nil, scalarConst(ir.I64, -1), y)
+			}
+			return c.done(c.cast(y, d))
+		}
+	}
 	// ReduceLogSumExp: m + log(sum(exp(x - m))), m the (kept) maximum, so
 	// that large inputs do not overflow.
 	converters["ReduceLogSumExp"] = func(im *importer, n *node, in []entry) ([]entry, error) {

@@ -76,7 +76,7 @@ func encNode(n tNode) []byte {
 	for name, ints := range n.ints {
 		var a []byte
 		a = appendString(a, 1, name)
-		if len(ints) == 1 && name != "perm" && name != "kernel_shape" && name != "pads" && name != "strides" && name != "shape" {
+		if len(ints) == 1 && name != "perm" && name != "kernel_shape" && name != "pads" && name != "strides" && name != "shape" && name != "axes" {
 			a = appendVarint(a, 3, ints[0])
 			a = appendVarint(a, 20, 2)
 		} else {

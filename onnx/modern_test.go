@@ -245,3 +245,27 @@ func TestQuantizedProductScales(t *testing.T) {
 		}
 	}
 }
+
+// TestReduceMinMaxIntegers: ReduceMin and ReduceMax of u8 (where -x
+// wraps), of i64 holding INT64_MIN (where -x overflows) and of bool (all,
+// any).
+func TestReduceMinMaxIntegers(t *testing.T) {
+	for _, c := range []struct {
+		dt  int64
+		d   *ir.Dense
+		min []int64
+		max []int64
+	}{
+		{2, &ir.Dense{Type: ir.TensorOf(ir.U8, 2, 3), Ints: []int64{200, 3, 255, 0, 9, 8}}, []int64{3, 0}, []int64{255, 9}},
+		{7, &ir.Dense{Type: ir.TensorOf(ir.I64, 2, 3), Ints: []int64{math.MinInt64, 5, -1, math.MaxInt64, 0, 2}}, []int64{math.MinInt64, 0}, []int64{5, math.MaxInt64}},
+		{9, &ir.Dense{Type: ir.TensorOf(ir.Bool, 2, 3), Ints: []int64{1, 1, 1, 0, 1, 0}}, []int64{1, 0}, []int64{1, 1}},
+	} {
+		for op, want := range map[string][]int64{"ReduceMin": c.min, "ReduceMax": c.max} {
+			out := runInits(t, tGraph{opset: 13,
+				nodes:   []tNode{{op: op, name: "/r", inputs: []string{"x"}, outputs: []string{"y"}, ints: map[string][]int64{"axes": {1}, "keepdims": {0}}}},
+				inits:   [][]byte{encTensorRaw("x", c.dt, c.d)},
+				outputs: [][]byte{encValueInfo("y", c.dt, []int64{2})}})
+			require.Equal(t, want, out[0].I, "%s of %s", op, c.d.Type)
+		}
+	}
+}
