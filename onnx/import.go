@@ -192,6 +192,9 @@ var unreadable = map[string]string{
 	"SequenceConstruct": "it works on sequences", "SequenceAt": "it works on sequences", "SequenceEmpty": "it works on sequences",
 	"SequenceInsert": "it works on sequences", "SequenceErase": "it works on sequences", "SequenceLength": "it works on sequences",
 	"SplitToSequence": "it works on sequences", "ConcatFromSequence": "it works on sequences",
+	"SequenceMap": "it works on sequences", "Optional": "it works on optional values",
+	"OptionalGetElement": "it works on optional values", "OptionalHasElement": "it works on optional values",
+	"Scan": "it runs a subgraph over a sequence axis (control flow), which Kiln does not unroll",
 	"Loop": "its trip count and results' shapes are known only at run time",
 }
 
