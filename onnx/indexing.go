@@ -530,11 +530,18 @@ func init() {
 	// GatherND (batch_dims 0): a gather along data's first m axes
 	// flattened into one.
 	converters["GatherND"] = func(im *importer, n *node, in []entry) ([]entry, error) {
-		if attrInt(n, "batch_dims", 0) != 0 {
-			return nil, im.errorf("batch_dims other than 0 is not supported")
+		idx := in[1]
+		if b := attrInt(n, "batch_dims", 0); b != 0 {
+			// The first b axes of data and indices are batch axes: each
+			// index tuple is prefixed with its batch coordinates, and the
+			// gather has no batch axes.
+			var err error
+			if idx, err = im.prefixBatch(in[0].typ().Shape, idx, b); err != nil {
+				return nil, err
+			}
 		}
 		data := in[0].typ().Shape
-		lin, m, err := im.ndIndex(data, in[1])
+		lin, m, err := im.ndIndex(data, idx)
 		if err != nil {
 			return nil, err
 		}
@@ -655,4 +662,41 @@ func (im *importer) scan(n *node, in []entry, combine string, identity float64) 
 		}
 	}
 	return []entry{y}, nil
+}
+
+// prefixBatch turns GatherND's indices [B1..Bb, ..., k] with batch_dims
+// b into indices [B1..Bb, ..., b + k] of batch_dims 0: each tuple prefixed
+// with the batch coordinates of its position.
+func (im *importer) prefixBatch(data ir.Shape, idx entry, b int64) (entry, error) {
+	is := idx.typ().Shape
+	r := int64(len(is))
+	if b < 0 || b >= r || b > int64(len(data)) {
+		return entry{}, im.errorf("batch_dims %d needs that many leading axes in data %v and indices %v", b, data, is)
+	}
+	for a := int64(0); a < b; a++ {
+		if data[a] != is[a] {
+			return entry{}, im.errorf("batch axis %d is %d in data and %d in the indices", a, data[a], is[a])
+		}
+	}
+	c := &chain{im: im}
+	pos := is[:r-1]
+	n, _ := pos.NumElements()
+	if n*b > foldLimit {
+		return entry{}, im.errorf("indices %v are too many to prefix with batch coordinates", is)
+	}
+	coords := interp.New(ir.Type{DType: ir.I64, Shape: append(pos.Clone(), b)})
+	strides := pos.Strides()
+	for i := int64(0); i < n; i++ {
+		for a := int64(0); a < b; a++ {
+			coords.I[i*b+a] = i / strides[a] % pos[a]
+		}
+	}
+	return firstEntry(c.done(c.op("concat", ir.Attrs{"axis": ir.IntAttr(r - 1)}, entry{k: coords}, c.cast(idx, ir.I64))))
+}
+
+func firstEntry(out []entry, err error) (entry, error) {
+	if err != nil {
+		return entry{}, err
+	}
+	return out[0], nil
 }

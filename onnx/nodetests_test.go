@@ -17,7 +17,7 @@ import (
 // nodeTestFloor is how many of Debian's ONNX node tests (932 in
 // libonnx-testdata 1.12) must pass. Raise it as import grows; never
 // lower it to make a change pass.
-const nodeTestFloor = 832
+const nodeTestFloor = 833
 
 // TestNodeTests runs the ONNX project's node tests (one operator each)
 // as ONNX's backend runner does: every test set's inputs are fed to the
