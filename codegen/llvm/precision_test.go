@@ -65,7 +65,11 @@ func TestMixedPrecisionStepCompiled(t *testing.T) {
 	if testing.Short() {
 		dirs = dirs[:1]
 	}
-	for _, c := range [][2]string{{"bf16", "none"}, {"bf16", "fp8"}, {"f32", "fp8"}} {
+	configs := [][2]string{{"bf16", "none"}, {"bf16", "fp8"}, {"f32", "fp8"}}
+	if testing.Short() {
+		configs = configs[:2]
+	}
+	for _, c := range configs {
 		for _, dir := range dirs {
 			mixedStepCompiled(t, dir, fmt.Sprintf("autodiff,precision{dtype=%s,saved=%s},%s", c[0], c[1], o2))
 		}
