@@ -152,7 +152,11 @@ func readPBs(set, prefix string) ([]*interp.Tensor, error) {
 	}
 }
 
-func closeTo(got, want *interp.Tensor) error {
+func closeTo(got, want *interp.Tensor) error { return within(got, want, 1e-5, false) }
+
+// within compares got with want elementwise: |g - w| <= atol + 1e-3·|w|
+// (integers exactly when exactInts), NaN equal to NaN, shapes equal.
+func within(got, want *interp.Tensor, atol float64, exactInts bool) error {
 	if !got.Type.Shape.Equal(want.Type.Shape) {
 		return fmt.Errorf("shape %v, the reference has %v", got.Type.Shape, want.Type.Shape)
 	}
@@ -161,7 +165,7 @@ func closeTo(got, want *interp.Tensor) error {
 		if math.IsNaN(w) && math.IsNaN(g) || g == w {
 			continue
 		}
-		if math.Abs(g-w) > 1e-5+1e-3*math.Abs(w) {
+		if exactInts && !want.Type.DType.IsFloat() || math.Abs(g-w) > atol+1e-3*math.Abs(w) {
 			return fmt.Errorf("element %d is %g, the reference has %g", i, g, w)
 		}
 	}

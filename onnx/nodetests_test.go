@@ -183,21 +183,7 @@ func runNodeTest(dir string) (err error) {
 
 // allClose is np.testing.assert_allclose(got, want, rtol=1e-3,
 // atol=1e-7) with NaN equal to NaN, as ONNX's backend runner calls it.
-func allClose(got, want *interp.Tensor) error {
-	if !got.Type.Shape.Equal(want.Type.Shape) {
-		return fmt.Errorf("shape %v, the reference has %v", got.Type.Shape, want.Type.Shape)
-	}
-	for i := 0; i < want.Len(); i++ {
-		g, w := got.At(i), want.At(i)
-		if math.IsNaN(w) && math.IsNaN(g) || g == w {
-			continue
-		}
-		if !want.Type.DType.IsFloat() || math.Abs(g-w) > 1e-7+1e-3*math.Abs(w) {
-			return fmt.Errorf("element %d is %g, the reference has %g", i, g, w)
-		}
-	}
-	return nil
-}
+func allClose(got, want *interp.Tensor) error { return within(got, want, 1e-7, true) }
 
 // isTrainingDropout reports a graph of one Dropout given a training_mode
 // input: its mask is a random draw, which the reference made with
