@@ -132,9 +132,6 @@ func (as Attrs) Keys() []string {
 
 // Clone returns a shallow copy (attribute values are immutable by convention).
 func (as Attrs) Clone() Attrs {
-	if as == nil {
-		return nil
-	}
 	out := make(Attrs, len(as))
 	for k, v := range as {
 		out[k] = v

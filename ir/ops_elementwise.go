@@ -409,18 +409,20 @@ func registerUnary(d *OpDef, ints bool) {
 
 func registerBinary(d *OpDef) {
 	d.MinOperands, d.MaxOperands = 2, 2
-	d.Infer = func(in []Type, _ AttrValues) ([]Type, error) {
-		if err := sameDType(in...); err != nil {
+	d.Attrs = append(d.Attrs, ResultDTypeAttr)
+	d.Infer = func(in []Type, a AttrValues) ([]Type, error) {
+		dt, err := ResultDTypeOf(a, in...)
+		if err != nil {
 			return nil, err
 		}
-		if in[0].DType == Bool {
+		if dt == Bool {
 			return nil, fmt.Errorf("%s needs numbers, got %s", d.Name, in[0])
 		}
 		s, err := BroadcastShapes(in[0].Shape, in[1].Shape)
 		if err != nil {
 			return nil, err
 		}
-		return []Type{{DType: in[0].DType, Shape: s}}, nil
+		return []Type{{DType: dt, Shape: s}}, nil
 	}
 	d.Fusion = Broadcast
 	d.InPlace = true

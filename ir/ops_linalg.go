@@ -7,12 +7,17 @@ import "fmt"
 func init() {
 	Register(&OpDef{
 		Name: "matmul", Summary: "NumPy matmul: batched, broadcasting", MinOperands: 2, MaxOperands: 2,
-		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
+		Attrs: []AttrSpec{ResultDTypeAttr},
+		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			d, err := ResultDTypeOf(a, in...)
+			if err != nil {
+				return nil, err
+			}
 			s, _, err := MatmulShape(in[0], in[1])
 			if err != nil {
 				return nil, err
 			}
-			return []Type{{DType: in[0].DType, Shape: s}}, nil
+			return []Type{{DType: d, Shape: s}}, nil
 		},
 		FLOPs: func(in, out []Type, _ AttrValues) int64 {
 			_, k, _ := MatmulShape(in[0], in[1])
@@ -26,13 +31,14 @@ func init() {
 	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
 		Register(&OpDef{
 			Name: name, Summary: "reduce over axes (all axes when absent)", MinOperands: 1, MaxOperands: 1,
-			Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}, {Name: "keepdims", Kind: AttrBool}},
+			Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}, {Name: "keepdims", Kind: AttrBool}, ResultDTypeAttr},
 			Infer: func(in []Type, a AttrValues) ([]Type, error) {
 				axes, err := ReduceAxes(a, in[0].Rank())
 				if err != nil {
 					return nil, err
 				}
-				return []Type{{DType: in[0].DType, Shape: ReducedShape(in[0].Shape, axes, a.Bool("keepdims"))}}, nil
+				d, err := ResultDTypeOf(a, in[0])
+				return []Type{{DType: d, Shape: ReducedShape(in[0].Shape, axes, a.Bool("keepdims"))}}, err
 			},
 			FLOPs:  inputFLOPs,
 			Fusion: Reduction,
@@ -109,9 +115,6 @@ func matmulAxes(in, out []Type, _ AttrValues) Axes {
 // MatmulShape returns the result shape of a NumPy matmul and its
 // contraction length.
 func MatmulShape(a, b Type) (Shape, int64, error) {
-	if a.DType != b.DType {
-		return nil, 0, fmt.Errorf("operand dtypes differ: %s and %s", a.DType, b.DType)
-	}
 	if a.Rank() == 0 || b.Rank() == 0 {
 		return nil, 0, fmt.Errorf("matmul operands must have rank >= 1, got %s and %s", a, b)
 	}
@@ -192,19 +195,23 @@ func init() {
 	Register(&OpDef{
 		Name: "gemm", Summary: "alpha * op(A) @ op(B) + beta * C, op transposing when trans_a/trans_b", MinOperands: 2, MaxOperands: 3,
 		Attrs: []AttrSpec{{Name: "alpha", Kind: AttrFloat, Default: FloatAttr(1)}, {Name: "beta", Kind: AttrFloat, Default: FloatAttr(1)},
-			{Name: "trans_a", Kind: AttrBool}, {Name: "trans_b", Kind: AttrBool}},
+			{Name: "trans_a", Kind: AttrBool}, {Name: "trans_b", Kind: AttrBool}, ResultDTypeAttr},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
+			d, err := ResultDTypeOf(a, in[0], in[1])
+			if err != nil {
+				return nil, err
+			}
 			m, n, _, err := GemmDims(in[0], in[1], a)
 			if err != nil {
 				return nil, err
 			}
 			out := Shape{m, n}
 			if len(in) == 3 {
-				if b, err := BroadcastShapes(in[2].Shape, out); err != nil || !b.Equal(out) || in[2].DType != in[0].DType {
-					return nil, fmt.Errorf("C %s does not broadcast to [%d,%d]", in[2], m, n)
+				if b, err := BroadcastShapes(in[2].Shape, out); err != nil || !b.Equal(out) || in[2].DType != d {
+					return nil, fmt.Errorf("C %s does not broadcast to %s", in[2], Type{DType: d, Shape: out})
 				}
 			}
-			return []Type{{DType: in[0].DType, Shape: out}}, nil
+			return []Type{{DType: d, Shape: out}}, nil
 		},
 		FLOPs: func(in, _ []Type, a AttrValues) int64 {
 			m, n, k, _ := GemmDims(in[0], in[1], a)
@@ -247,8 +254,8 @@ func init() {
 
 // GemmDims returns M, N and K of a gemm.
 func GemmDims(a, b Type, at AttrValues) (m, n, k int64, err error) {
-	if a.Rank() != 2 || b.Rank() != 2 || a.DType != b.DType {
-		return 0, 0, 0, fmt.Errorf("gemm needs two matrices of one dtype, got %s and %s", a, b)
+	if a.Rank() != 2 || b.Rank() != 2 {
+		return 0, 0, 0, fmt.Errorf("gemm needs two matrices, got %s and %s", a, b)
 	}
 	m, k = a.Shape[0], a.Shape[1]
 	if at.Bool("trans_a") {
@@ -262,4 +269,39 @@ func GemmDims(a, b Type, at AttrValues) (m, n, k int64, err error) {
 		return 0, 0, 0, fmt.Errorf("gemm contraction mismatch: %s and %s", a, b)
 	}
 	return m, n, k, nil
+}
+
+// ResultDTypeAttr is the optional attribute that sets the result dtype
+// of a contraction (matmul, gemm, a convolution and its gradients), a
+// reduction (reduce_*, sum_to), a loss (softmax_cross_entropy and its
+// gradient) or a binary arithmetic op (add, mul, ...). With it, the
+// operands are floats of any dtypes: each element is read into the
+// kernel's compute precision (f32 at least; f64 where an operand or the
+// result is f64) and each result is rounded once, to result_dtype. Mixed precision
+// makes a weight gradient in f32 from bf16 operands, and a first layer's
+// bf16 activation from its f32 input, without a full-size cast copy of
+// either. Without it, those operands share one dtype, which the result
+// has.
+var ResultDTypeAttr = AttrSpec{Name: "result_dtype", Kind: AttrType}
+
+// ResultDTypeOf is the result dtype of an op that takes result_dtype,
+// with operands in (those whose dtype the result follows: not a gemm's
+// C).
+func ResultDTypeOf(a AttrValues, in ...Type) (DType, error) {
+	if !a.Has("result_dtype") {
+		if err := sameDType(in...); err != nil {
+			return 0, err
+		}
+		return in[0].DType, nil
+	}
+	d := a.DType("result_dtype")
+	if !d.IsFloat() {
+		return 0, fmt.Errorf("result_dtype must be a float type, not %s", d)
+	}
+	for _, t := range in {
+		if !t.DType.IsFloat() {
+			return 0, fmt.Errorf("with result_dtype, operands must be floats, not %s", t.DType)
+		}
+	}
+	return d, nil
 }

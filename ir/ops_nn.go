@@ -7,7 +7,7 @@ import "fmt"
 
 func init() {
 	convAttrs := []AttrSpec{{Name: "strides", Kind: AttrList, Default: IntsAttr(1, 1)}, {Name: "pads", Kind: AttrList, Default: IntsAttr(0, 0, 0, 0)},
-		{Name: "dilations", Kind: AttrList, Default: IntsAttr(1, 1)}, {Name: "groups", Kind: AttrInt, Default: IntAttr(1)}}
+		{Name: "dilations", Kind: AttrList, Default: IntsAttr(1, 1)}, {Name: "groups", Kind: AttrInt, Default: IntAttr(1)}, ResultDTypeAttr}
 	Register(&OpDef{
 		Name: "conv2d", Summary: "2-D convolution of x[N,C,H,W] with w[M,C/groups,kH,kW] and optional bias[M]; pads = [top, left, bottom, right]",
 		MinOperands: 2, MaxOperands: 3, Attrs: convAttrs,
@@ -16,13 +16,14 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			if err := sameDType(in...); err != nil {
+			d, err := ResultDTypeOf(a, in...)
+			if err != nil {
 				return nil, err
 			}
 			if len(in) == 3 && (in[2].Rank() != 1 || in[2].Shape[0] != in[1].Shape[0]) {
 				return nil, fmt.Errorf("bias %s does not match %d output channels", in[2], in[1].Shape[0])
 			}
-			return []Type{{DType: in[0].DType, Shape: Shape{g.N, g.M, g.OH, g.OW}}}, nil
+			return []Type{{DType: d, Shape: Shape{g.N, g.M, g.OH, g.OW}}}, nil
 		},
 		FLOPs: func(in, out []Type, a AttrValues) int64 {
 			g, _ := ConvGeometryOf(in[0].Shape, in[1].Shape, a)
@@ -49,7 +50,11 @@ func init() {
 			if !in[0].Shape.Equal(Shape{g.N, g.M, g.OH, g.OW}) {
 				return nil, fmt.Errorf("dy %s does not match the convolution output [%d,%d,%d,%d]", in[0], g.N, g.M, g.OH, g.OW)
 			}
-			return []Type{{DType: in[0].DType, Shape: xs}}, nil
+			d, err := ResultDTypeOf(a, in...)
+			if err != nil {
+				return nil, err
+			}
+			return []Type{{DType: d, Shape: xs}}, nil
 		},
 		FLOPs: func(in, out []Type, a AttrValues) int64 {
 			g, _ := ConvGeometryOf(out[0].Shape, in[1].Shape, a)
@@ -83,7 +88,11 @@ func init() {
 			if !in[0].Shape.Equal(Shape{g.N, g.M, g.OH, g.OW}) {
 				return nil, fmt.Errorf("dy %s does not match the convolution output [%d,%d,%d,%d]", in[0], g.N, g.M, g.OH, g.OW)
 			}
-			return []Type{{DType: in[0].DType, Shape: ws}}, nil
+			d, err := ResultDTypeOf(a, in...)
+			if err != nil {
+				return nil, err
+			}
+			return []Type{{DType: d, Shape: ws}}, nil
 		},
 		FLOPs: func(in, out []Type, a AttrValues) int64 {
 			g, _ := ConvGeometryOf(in[1].Shape, out[0].Shape, a)
@@ -216,7 +225,7 @@ func init() {
 			return []Type{in[0], c, c, c, c}, nil
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[0].NumElements() },
-		Fusion: Reduction, KeepF32: true,
+		Fusion: Reduction, KeepF32: true, LowOperands: []int{0},
 		Axes:    func(in, out []Type, _ AttrValues) Axes { return channelAxes(in, out, Mixed) },
 		PerPart: func(in, out []Type, _ AttrValues) Axes { return channelAxes(in, out, Parallel) },
 	})
@@ -230,7 +239,7 @@ func init() {
 			return []Type{in[0]}, nil
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 2 * in[0].NumElements() },
-		Fusion: Broadcast, KeepF32: true,
+		Fusion: Broadcast, KeepF32: true, LowOperands: []int{0},
 		Axes: func(in, out []Type, _ AttrValues) Axes {
 			x := channelAxes(in, out, Parallel)
 			for d := 2; d < in[0].Rank(); d++ {
@@ -247,13 +256,13 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			if !in[0].Equal(in[1]) {
+			if !in[0].Shape.Equal(in[1].Shape) {
 				return nil, fmt.Errorf("dy %s and x %s differ", in[0], in[1])
 			}
-			return []Type{in[1], c, c}, nil
+			return []Type{{DType: in[0].DType, Shape: in[1].Shape}, c, c}, floatOperand(in[0])
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 6 * in[0].NumElements() },
-		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+		Fusion: Reduction, KeepF32: true, Grad: NoGrad, LowOperands: []int{0, 1},
 		Axes: func(in, out []Type, _ AttrValues) Axes { return channelAxes(in[1:], out, Mixed, in[0]) },
 		// Per part: dx is the part's own; dscale and dbias sum over the
 		// parts.
@@ -270,15 +279,16 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			for _, p := range in[1:] {
-				if !p.Shape.Equal(norm) || p.DType != in[0].DType {
-					return nil, fmt.Errorf("scale/bias %s must be %s%s", p, in[0].DType, norm)
+			p := in[1].DType // of the statistics too
+			for _, t := range in[1:] {
+				if !t.Shape.Equal(norm) || t.DType != p || !p.IsFloat() {
+					return nil, fmt.Errorf("scale/bias %s must be %s%s", t, p, norm)
 				}
 			}
-			return []Type{in[0], {DType: in[0].DType, Shape: stat}, {DType: in[0].DType, Shape: stat}}, nil
+			return []Type{in[0], {DType: p, Shape: stat}, {DType: p, Shape: stat}}, nil
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 5 * in[0].NumElements() },
-		Fusion: Reduction, KeepF32: true,
+		Fusion: Reduction, KeepF32: true, LowOperands: []int{0},
 		Axes: func(in, out []Type, a AttrValues) Axes {
 			ax, _ := NormalizeAxis(a.Int("axis"), in[0].Rank())
 			x := rowAxes(in[0].Shape, ax, Parallel)
@@ -298,13 +308,18 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			if !in[0].Equal(in[1]) || !in[2].Shape.Equal(norm) || !in[3].Shape.Equal(stat) || !in[4].Shape.Equal(stat) {
+			if !in[0].Shape.Equal(in[1].Shape) || !in[2].Shape.Equal(norm) || !in[3].Shape.Equal(stat) || !in[4].Shape.Equal(stat) {
 				return nil, fmt.Errorf("operand shapes do not fit layer_norm of %s", in[1])
 			}
-			return []Type{in[1], in[2], in[2]}, nil
+			for _, t := range in {
+				if err := floatOperand(t); err != nil {
+					return nil, err
+				}
+			}
+			return []Type{{DType: in[0].DType, Shape: in[1].Shape}, in[2], in[2]}, nil
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 8 * in[0].NumElements() },
-		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+		Fusion: Reduction, KeepF32: true, Grad: NoGrad, LowOperands: []int{0, 1},
 		// dscale and dbias sum over the rows; dx is each row's own.
 		Axes: func(in, out []Type, a AttrValues) Axes {
 			r := in[1].Rank()
@@ -408,15 +423,16 @@ func init() {
 
 	Register(&OpDef{
 		Name: "softmax_cross_entropy", Summary: "softmax cross-entropy of logits[N,K] (or [N,K,...]) with integer labels[N] (or [N,...]); reduction mean or sum",
-		MinOperands: 2, MaxOperands: 2, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}},
+		MinOperands: 2, MaxOperands: 2, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}, ResultDTypeAttr},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if err := crossEntropyShapes(in[0], in[1]); err != nil {
 				return nil, err
 			}
-			return []Type{{DType: in[0].DType, Shape: Shape{}}}, nil
+			d, err := ResultDTypeOf(a, in[0])
+			return []Type{{DType: d, Shape: Shape{}}}, err
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[0].NumElements() },
-		Fusion: Reduction, KeepF32: true,
+		Fusion: Reduction, KeepF32: true, LowOperands: []int{0},
 		// Summed (or averaged) over the samples and positions, each term
 		// a softmax over the classes.
 		Axes: func(in, _ []Type, a AttrValues) Axes {
@@ -431,15 +447,19 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "softmax_cross_entropy_grad", Summary: "gradient of softmax_cross_entropy: (dloss, logits, labels) -> dlogits",
-		MinOperands: 3, MaxOperands: 3, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}},
+		MinOperands: 3, MaxOperands: 3, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}, ResultDTypeAttr},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if in[0].Rank() != 0 {
 				return nil, fmt.Errorf("dloss must be a scalar, got %s", in[0])
 			}
-			return []Type{in[1]}, crossEntropyShapes(in[1], in[2])
+			d, err := ResultDTypeOf(a, in[1])
+			if err != nil {
+				return nil, err
+			}
+			return []Type{{DType: d, Shape: in[1].Shape}}, crossEntropyShapes(in[1], in[2])
 		},
 		FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 4 * in[1].NumElements() },
-		Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+		Fusion: Reduction, KeepF32: true, Grad: NoGrad, LowOperands: []int{1},
 		// Each sample's gradient is its own, but the mean divides by the
 		// number of samples: a part of them would divide by fewer.
 		Axes: func(in, _ []Type, a AttrValues) Axes {
@@ -495,11 +515,17 @@ func channelParams(in []Type) (Type, error) {
 	if in[0].Rank() < 2 {
 		return Type{}, fmt.Errorf("x must have rank >= 2, got %s", in[0])
 	}
-	c := Type{DType: in[0].DType, Shape: Shape{in[0].Shape[1]}}
+	// The per-channel operands share one float dtype, which the
+	// statistics have; x's may differ (a bf16 activation normalised with
+	// f32 parameters).
+	c := Type{DType: in[1].DType, Shape: Shape{in[0].Shape[1]}}
 	for _, p := range in[1:] {
 		if !p.Equal(c) {
 			return Type{}, fmt.Errorf("per-channel operand %s must be %s", p, c)
 		}
+	}
+	if err := floatOperand(c); err != nil {
+		return Type{}, err
 	}
 	return c, floatOperand(in[0])
 }

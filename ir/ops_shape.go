@@ -173,15 +173,16 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "sum_to", Summary: "sum a broadcast tensor back down to shape (the gradient of broadcasting)", MinOperands: 1, MaxOperands: 1,
-		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}},
+		Attrs: []AttrSpec{{Name: "shape", Kind: AttrList, Required: true}, ResultDTypeAttr},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			s := Shape(a.Ints("shape"))
 			if b, err := BroadcastShapes(s, in[0].Shape); err != nil || !b.Equal(in[0].Shape) {
 				return nil, fmt.Errorf("%s does not broadcast to %s", s, in[0].Shape)
 			}
-			return []Type{{DType: in[0].DType, Shape: s}}, nil
+			d, err := ResultDTypeOf(a, in[0])
+			return []Type{{DType: d, Shape: s}}, err
 		},
-		FLOPs: inputFLOPs, Fusion: Reduction, KeepF32: true,
+		FLOPs: inputFLOPs, Fusion: Reduction, KeepF32: true, LowOperands: []int{0},
 		Axes: func(in, out []Type, _ AttrValues) Axes {
 			// One loop per operand dimension: summed where the result has
 			// extent 1 (or no dimension) below a larger one.

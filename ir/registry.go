@@ -145,6 +145,13 @@ type OpDef struct {
 	// KeepF32: under mixed precision the op computes in f32 (statistics,
 	// losses, optimizer updates).
 	KeepF32 bool
+	// LowOperands: the operands of a KeepF32 op that mixed precision may
+	// hand in the low dtype as they are, with no cast-up copy: the kernels
+	// read every float into f32 at least, so the op computes what it would
+	// from exact f32 copies. The op's typing lets their dtype differ from
+	// its parameters' and statistics' (a bf16 activation normalised with
+	// f32 scale and bias, with f32 statistics).
+	LowOperands []int
 	// Contraction: the op sums products over a long axis (matrix
 	// products, a convolution's weight gradient); mixed precision
 	// produces a weight gradient it makes in f32.
@@ -349,10 +356,18 @@ func OpNames() []string {
 
 // commonAttrs may appear on any op.
 var commonAttrs = map[string]AttrKind{
-	"remat":      AttrString, // "never" or "always": recompute hints
-	"recomputed": AttrBool,   // set on ops cloned by remat
-	"role":       AttrString, // what the value is to later passes (RoleLossSeed)
+	"remat":         AttrString, // "never" or "always": recompute hints
+	"recomputed":    AttrBool,   // set on ops cloned by remat
+	"role":          AttrString, // what the value is to later passes (RoleLossSeed)
+	AttrAccumulator: AttrBool,
 }
+
+// AttrAccumulator (a common attribute) marks an op as a step of a
+// reduction or scan written out as elementwise and data-movement ops (the
+// ONNX importer's log-depth CumSum, CumProd and ReduceProd): its partial
+// results are an accumulator, which mixed precision keeps in f32 and
+// rounds once where the chain ends, as a reduction kernel would.
+const AttrAccumulator = "accumulator"
 
 // Op roles (the common attribute "role"): passes find these values by
 // role, never by name, and CSE and folding keep them apart.

@@ -271,6 +271,9 @@ type importer struct {
 	bound         map[string]*interp.Tensor // graph inputs specialised to their Options.Value
 	inputOf       map[*ir.Value]string      // the graph input each non-initializer argument is
 	unbiased      bool                      // training batch norm's running variance: unbiased (PyTorch) or population (ONNX)
+	// accumulating marks the ops emitted while it is set as steps of a
+	// reduction or scan written out as elementwise ops (ir.AttrAccumulator).
+	accumulating bool
 }
 
 // checkArity holds a node to its operator's input count, with its
@@ -799,6 +802,10 @@ func (im *importer) emit(kind string, in []entry, attrs ir.Attrs) ([]entry, erro
 	base := kind
 	if len(im.n.Outputs) > 0 && im.n.Outputs[0] != "" {
 		base = im.n.Outputs[0]
+	}
+	if im.accumulating {
+		attrs = attrs.Clone()
+		attrs[ir.AttrAccumulator] = ir.BoolAttr(true)
 	}
 	op, err := im.f.NewOp(kind, operands, attrs, im.loc(), base)
 	if err != nil {

@@ -145,6 +145,8 @@ func init() {
 	// ReduceProd multiplies halves pairwise, log2(n) rounds per axis (an
 	// odd length is padded with a 1).
 	converters["ReduceProd"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		im.accumulating = true
+		defer func() { im.accumulating = false }()
 		x := in[0]
 		r := x.typ().Rank()
 		axes := attrInts(n, "axes")
@@ -606,7 +608,8 @@ func init() {
 // scan is CumSum (combine "add", identity 0) or CumProd ("mul", 1) along
 // the axis in[1]: log2(d) rounds of combining with the value shifted by
 // 1, 2, 4, ... along the axis (padded with the identity); exclusive
-// shifts by one first, reverse shifts the other way.
+// shifts by one first, reverse shifts the other way. Its ops are marked
+// as an accumulator's, as ReduceProd's are.
 func (im *importer) scan(n *node, in []entry, combine string, identity float64) ([]entry, error) {
 	axes, err := im.constInts(in, 1, "the axis")
 	if err != nil {
@@ -626,6 +629,8 @@ func (im *importer) scan(n *node, in []entry, combine string, identity float64) 
 		return in[:1], nil
 	}
 	reverse := attrInt(n, "reverse", 0) == 1
+	im.accumulating = true
+	defer func() { im.accumulating = false }()
 	shift := func(v entry, s int64) (entry, error) {
 		pads := make([]int64, 2*r)
 		var part entry

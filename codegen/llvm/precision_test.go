@@ -2,6 +2,7 @@ package llvm_test
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"testing"
 
@@ -163,4 +164,74 @@ func interpretedAndCompiled(t *testing.T, f *ir.Func, args []*interp.Tensor) (wa
 	got, _, err = llvm.Run(p, args)
 	require.NoError(t, err)
 	return want, got
+}
+
+// TestMixedDTypeOpsCompiled: ops that read operands of different float
+// dtypes and round once to their result_dtype (as mixed precision emits
+// them) compute, compiled, what the interpreter computes.
+//
+// Error model: the interpreter sums exactly (in f64) and rounds once; the
+// compiled kernel sums K terms in f32, off by at most K·2^-24·Σ|terms|
+// (Σ|terms| ≤ K·max|a|·max|b| for products of operands bounded by those),
+// and then rounds once, which can step one unit of the result's last
+// place the other way. So each element agrees within one ulp of the
+// result's dtype at the result's magnitude plus K²·2^-24·max|a|·max|b|.
+func TestMixedDTypeOpsCompiled(t *testing.T) {
+	requireClang(t)
+	src := `func @mixed(%x: f32[2,4,6,6], %w: f32[8,4,3,3], %a: f32[16,32], %b: f32[32,8], %s: f32[8], %u: f32[6], %labels: i64[16]) -> (c: bf16[2,8,6,6], cw: f32[8,4,3,3], m: f32[16,8], g: f32[16,8], bn: bf16[2,8,6,6], mean: f32[8], st: f32[8,1,1], ad: bf16[2,8,6,6], rs: f32[8], ln: bf16[2,8,6,6], lstat: f32[2,8,6,1], ce: f32[]) {
+  %xb = cast(%x) {to = bf16} : bf16[2,4,6,6]
+  %c = conv2d(%x, %w) {pads = [1, 1, 1, 1], result_dtype = bf16} : bf16[2,8,6,6]
+  %cw = conv2d_grad_weight(%c, %xb) {pads = [1, 1, 1, 1], result_dtype = f32, weight_shape = [8, 4, 3, 3]} : f32[8,4,3,3]
+  %ab = cast(%a) {to = bf16} : bf16[16,32]
+  %m = matmul(%ab, %b) {result_dtype = f32} : f32[16,8]
+  %g = gemm(%ab, %b, %m) {result_dtype = f32} : f32[16,8]
+  %bn, %rm, %rv, %mean, %inv = batch_norm_train(%c, %s, %s, %s, %s) : bf16[2,8,6,6], f32[8], f32[8], f32[8], f32[8]
+  %st = sum_to(%c) {result_dtype = f32, shape = [8, 1, 1]} : f32[8,1,1]
+  %ad = add(%c, %u) {result_dtype = bf16} : bf16[2,8,6,6]
+  %rs = reduce_sum(%c) {axes = [0, 2, 3], result_dtype = f32} : f32[8]
+  %ln, %lmean, %linv = layer_norm(%c, %u, %u) : bf16[2,8,6,6], f32[2,8,6,1], f32[2,8,6,1]
+  %lb = cast(%g) {to = bf16} : bf16[16,8]
+  %ce = softmax_cross_entropy(%lb, %labels) {result_dtype = f32} : f32[]
+  return %c, %cw, %m, %g, %bn, %mean, %st, %ad, %rs, %ln, %linv, %ce
+}
+`
+	// K: the longest sum behind each result (conv: 4·3·3; its weight
+	// gradient: 2·6·6; matmul: 32, and gemm's C; batch norm and the sums
+	// over a channel: 2·6·6; layer norm: 6; cross-entropy: 8 classes and 16
+	// rows).
+	k := []float64{36, 72, 32, 33, 72, 72, 72, 1, 72, 6, 6, 128}
+	for _, pipeline := range []string{"assign", "fuse,assign"} {
+		m := passtest.Parse(t, src)
+		pipelineOn(t, m, pipeline)
+		f := m.Funcs[0]
+		args := interp.RandomArgs(f, 5)
+		amax := 1.0 // normalised values are of order 1
+		for i, a := range args {
+			if f.Args[i].Type.DType.IsFloat() {
+				amax = max(amax, maxAbs(a))
+			}
+		}
+		want, got := interpretedAndCompiled(t, f, args)
+		for i := range want {
+			require.Equal(t, want[i].Type, got[i].Type)
+			scale := maxAbs(want[i])
+			ulp := scale * math.Pow(2, 1-float64(mantissaBits(want[i].Type.DType)))
+			tol := ulp + k[i]*k[i]*math.Pow(2, -24)*amax*amax
+			require.LessOrEqual(t, maxAbsDiff(got[i], want[i]), tol, "%s: result %s", pipeline, f.ResultName(i))
+		}
+	}
+}
+
+// mantissaBits counts the significand bits of a float dtype (the hidden
+// one included).
+func mantissaBits(d ir.DType) int {
+	switch d {
+	case ir.BF16:
+		return 8
+	case ir.F16:
+		return 11
+	case ir.F64:
+		return 53
+	}
+	return 24
 }

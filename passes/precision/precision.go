@@ -187,7 +187,8 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	gradOps := gradientProducers(f)
 	for _, op := range f.Body {
 		want := low
-		if op.Def().KeepF32 || gradOps[op] || op.Kind == "cast" || ir.IsConstant(op) {
+		accumulator := op.Attrs.Bool(ir.AttrAccumulator, false)
+		if op.Def().KeepF32 || gradOps[op] || op.Kind == "cast" || ir.IsConstant(op) || accumulator {
 			want = ir.F32
 		}
 		if readsFloatData(op) {
@@ -198,6 +199,35 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			// gradient: 6.9e-2 from the f32 step with a bf16 copy, 0.9e-2
 			// without). Its result is stored low like any activation.
 			want = ir.F32
+		}
+		// An op that takes result_dtype (a contraction, a sum, a loss) and
+		// makes a returned gradient, computes in f32, or is a contraction
+		// reading an f32 data input, reads its operands as they are (a
+		// KeepF32 op: its LowOperands) and rounds its results once to
+		// result_dtype: f32 for a gradient or a small result, the low dtype
+		// for a large activation. An op that computes in f32 reads its
+		// LowOperands as they are too. No full-size cast copy of an operand
+		// is made, and the kernels compute what they would from exact f32
+		// copies.
+		def := op.Def()
+		mixed := low != ir.F32 && takesResultDType(def) && (gradOps[op] || def.KeepF32 || def.Contraction && readsFloatData(op) || def.Fusion == ir.Broadcast && readsParam(op))
+		attrs := op.Attrs
+		if mixed {
+			result := ir.F32
+			if !gradOps[op] && (storedLow(f, op, op.Results[0]) || want == low && !f.IsResult(op.Results[0])) {
+				result = low
+			}
+			attrs = attrs.Clone()
+			attrs["result_dtype"] = ir.TypeAttr(result)
+		}
+		asIs := func(i int) bool {
+			switch {
+			case low == ir.F32 || op.Kind == "cast":
+				return op.Kind == "cast"
+			case def.KeepF32:
+				return contains(def.LowOperands, i)
+			}
+			return mixed && !(def.InPlace && contains(def.InPlaceOperands, i))
 		}
 		operands := make([]*ir.Value, len(op.Operands))
 		for i, x := range op.Operands {
@@ -210,7 +240,11 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 				operands[i] = v // written in place: the argument itself
 				continue
 			}
-			if op.Kind != "cast" {
+			switch {
+			case asIs(i):
+			case mixed && def.InPlace && contains(def.InPlaceOperands, i):
+				v = r.as(v, attrs["result_dtype"].DType, op.Loc) // a gemm's C: of the result's dtype
+			default:
 				v = r.as(v, want, op.Loc)
 			}
 			operands[i] = v
@@ -223,7 +257,6 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			r.env[seed] = cp
 			continue
 		}
-		attrs := op.Attrs
 		if scale && seed != nil && op.Results[0] == seed {
 			attrs = ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: op.Results[0].Type, Floats: []float64{c.LossScale}}), "role": ir.StringAttr(ir.RoleLossSeed)}
 		}
@@ -241,10 +274,10 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		// A large activation computed in f32 (softmax, normalisations) is
 		// stored in the low dtype like every other one: readers that need
 		// f32 cast it back. Gradients and the step's results keep f32.
-		if want == ir.F32 && low != ir.F32 && !gradOps[op] && !op.Def().Impure {
+		if want == ir.F32 && low != ir.F32 && !gradOps[op] && !op.Def().Impure && !accumulator {
 			for i, res := range nop.Results {
 				old := op.Results[i]
-				if res.Type.DType == ir.F32 && res.Type.NumElements() >= 4096 && !f.IsResult(old) {
+				if res.Type.DType == ir.F32 && storedLow(f, op, old) {
 					r.env[old] = r.as(res, low, op.Loc)
 				}
 			}
@@ -276,6 +309,52 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		f.Body = r.body
 	}
 	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
+}
+
+// storedLow says whether result res of op, computed in f32, is an
+// activation that is stored in the low dtype: the result of a
+// contraction, or one shaped like a float activation operand of op (a
+// value the step computes, or a data input: a normalisation's y, the
+// gradient of logits), and not a scalar or a result of the step.
+// Statistics (shaped like the parameters, running statistics or reduced)
+// and gradients keep f32. The rule does not depend on sizes,
+// so that a model rounds the same values at every batch size.
+func storedLow(f *ir.Func, op *ir.Op, res *ir.Value) bool {
+	if res.Type.Rank() == 0 || f.IsResult(res) {
+		return false
+	}
+	if op.Def().Contraction {
+		return true
+	}
+	for _, x := range op.Operands {
+		if x.Type.DType.IsFloat() && x.Type.Shape.Equal(res.Type.Shape) && (x.Def != nil || x.Arg.Kind == ir.ArgData) {
+			return true
+		}
+	}
+	return false
+}
+
+// readsParam says whether op reads a float parameter (an f32 master
+// weight) directly. An elementwise op that does (a bias or positional
+// embedding added, a scale multiplied) reads it as it is, with no low
+// copy: the parameter is not rounded, only the result is, once.
+func readsParam(op *ir.Op) bool {
+	for _, x := range op.Operands {
+		if x.Arg != nil && x.Arg.Kind == ir.ArgParam && x.Type.DType.IsFloat() {
+			return true
+		}
+	}
+	return false
+}
+
+// takesResultDType says whether ops of this kind take result_dtype.
+func takesResultDType(d *ir.OpDef) bool {
+	for _, a := range d.Attrs {
+		if a.Name == ir.ResultDTypeAttr.Name {
+			return true
+		}
+	}
+	return false
 }
 
 // readsFloatData says whether op reads a data argument stored in f32 (or
@@ -339,7 +418,7 @@ func dropUnusedBroadcasts(f *ir.Func, body []*ir.Op) []*ir.Op {
 // convolution). They compute in f32 from low-precision operands, so
 // gradients are produced in f32, not rounded to the low dtype first.
 func gradientProducers(f *ir.Func) map[*ir.Op]bool {
-	through := map[string]bool{"add": true, "sum_to": true, "reshape": true, "transpose": true, "squeeze": true, "unsqueeze": true, "flatten": true}
+
 	out := map[*ir.Op]bool{}
 	var visit func(v *ir.Value)
 	visit = func(v *ir.Value) {
@@ -348,13 +427,13 @@ func gradientProducers(f *ir.Func) map[*ir.Op]bool {
 			return
 		}
 		switch {
-		case through[op.Kind]:
+		case op.Kind == "add" || op.Def().Fusion == ir.Injective:
 			out[op] = true
 			for _, x := range op.Operands {
 				visit(x)
 			}
-		case op.Def().Contraction:
-			out[op] = true
+		case op.Def().Contraction || takesResultDType(op.Def()):
+			out[op] = true // a product or sum over the activations
 		}
 	}
 	for _, r := range f.Results {
