@@ -31,6 +31,7 @@ type optLevels struct {
 	optimizerOptions string
 	microbatches     int
 	parallel         string
+	precision        string
 }
 
 // trainFlag is --train[=sum|mean]: "" when absent, the loss otherwise.
@@ -66,6 +67,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(planner.Optimizers, ", "))
 	fs.StringVar(&l.optimizerOptions, "optimizer-options", "", "the optimizer pass's options (kiln passes lists them): lr=0.01,momentum=0.9,weight-decay=0,...")
 	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (the whole batch's statistics kept in phases unless --allow per-slice-bn)")
+	fs.StringVar(&l.precision, "precision", "", "with --train: mixed precision after autodiff, precision{dtype=D[,OPTIONS]}: bf16 or f16 activations and products, f32 master weights, statistics and gradients (f16 with dynamic loss scaling); bf16,saved=fp8 also stores the saved values in fp8 (with --allow fp8-saved)")
 	fs.StringVar(&l.parallel, "parallel", "", "with --train: partition the step over ranks, parallel{SPEC} after autodiff and the optimizer (dp=N: data parallelism); devices=N[,device-memory=M] searches for the fastest plan that fits")
 }
 
@@ -83,7 +85,7 @@ func (l *optLevels) request() (planner.Request, error) {
 	}
 	req.Budget, req.DeviceBudget = l.budget, l.deviceBudget
 	req.Train, req.Optimizer, req.OptimizerOptions = string(l.train), l.optimizer, l.optimizerOptions
-	req.Microbatches, req.Parallel = l.microbatches, l.parallel
+	req.Microbatches, req.Parallel, req.Precision = l.microbatches, l.parallel, l.precision
 	return req, nil
 }
 

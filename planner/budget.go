@@ -447,11 +447,15 @@ func (p *planner) offloadTries(orig *ir.Module, pipe passes.Pipeline) ([]offload
 		note += fmt.Sprintf("then swap kept the bytes live on the device under %s, by swapping, recomputing and moving parameters, optimizer state and gradients to host memory", diag.Bytes(b))
 		tries = append(tries, offloadTry{pipe: out, note: note, base: -1})
 	}
-	grad := -1
+	grad := -1 // the split goes after autodiff, and after precision right behind it
 	for i, s := range before {
 		switch s.Pass.Name {
 		case "autodiff":
 			grad = i
+		case "precision":
+			if grad == i-1 {
+				grad = i
+			}
 		case "microbatch", "parallel":
 			grad = -1
 		}

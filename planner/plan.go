@@ -113,6 +113,9 @@ func (p *planner) pipeline() (passes.Pipeline, error) {
 	if r.Train != "" {
 		steps = append(steps, "autodiff{loss="+r.Train+"}")
 	}
+	if r.Precision != "" {
+		steps = append(steps, r.precisionStep())
+	}
 	if r.Microbatches > 1 && r.Parallel == "" {
 		steps = append(steps, p.microbatchStep(r.Microbatches))
 	}
@@ -207,9 +210,15 @@ func (p *planner) trial(m *ir.Module, pipe passes.Pipeline) (*ir.Module, *passes
 	return c, mg, mg.Run(c, pipe)
 }
 
-// execute runs the plan's pipeline on m; when the budget's remat cannot
-// reach it, the toolbox's other tools take over (offload).
+// execute runs the plan's pipeline on m, choosing narrower saved values
+// where the request allows them (executeNarrowing).
 func (p *planner) execute(m *ir.Module, pipe passes.Pipeline) error {
+	return p.executeNarrowing(m, pipe)
+}
+
+// executeOnce runs pipe on m; when the budget's remat cannot reach it,
+// the toolbox's other tools take over (offload).
+func (p *planner) executeOnce(m *ir.Module, pipe passes.Pipeline) error {
 	var orig *ir.Module
 	note := ""
 	if p.remat >= 0 {

@@ -30,6 +30,13 @@ type Request struct {
 	// OptimizerOptions are the optimizer pass's options besides its kind
 	// ("lr=0.01,weight-decay=0"), as the pass takes them.
 	OptimizerOptions string
+	// Precision is the dtype of the step's activations and products,
+	// then the precision pass's other options ("bf16", "f16",
+	// "bf16,saved=fp8", "f32,saved=bf16"; "": f32, no pass):
+	// precision{dtype=...} runs right after autodiff. With a budget,
+	// narrower saved values (bf16, fp8) are among the toolbox's mechanisms
+	// when Allow names them (bf16-saved, fp8-saved).
+	Precision string
 	// Microbatches > 1 splits the step into that many slices of its batch
 	// (gradient accumulation): exactly, statistics of the whole batch kept
 	// in phases where the step has them, unless per-slice statistics are
@@ -87,6 +94,12 @@ func (r Request) Check() error {
 		return &RequestError{fmt.Sprintf("--optimizer-options takes key=value pairs separated by commas, not %q", r.OptimizerOptions)}
 	case r.Optimizer != "" && !slices.Contains(Optimizers, r.Optimizer):
 		return &RequestError{fmt.Sprintf("--optimizer must be one of %s, not %q%s", strings.Join(Optimizers, ", "), r.Optimizer, diag.DidYouMean(r.Optimizer, Optimizers))}
+	case r.Precision != "" && !slices.Contains([]string{"bf16", "f16", "f32"}, r.precisionDType()):
+		return &RequestError{fmt.Sprintf("--precision starts with the dtype, bf16, f16 or f32 (then the precision pass's options: bf16,saved=fp8), not %q%s", r.Precision, diag.DidYouMean(r.precisionDType(), []string{"bf16", "f16", "f32"}))}
+	case r.narrowsSaved() != "" && !r.allows(r.narrowsSaved()):
+		return &RequestError{fmt.Sprintf("--precision %s stores the saved values narrower than the step computes them, an approximation: allow it by name (--allow %s)", r.Precision, r.narrowsSaved())}
+	case r.Precision != "" && r.Train == "":
+		return &RequestError{"--precision sets the dtypes of a training step: it needs --train"}
 	case r.Microbatches < 0 || r.Microbatches > 0 && r.Train == "":
 		return &RequestError{fmt.Sprintf("--microbatches takes a count of at least 1 and needs --train (got %d)", r.Microbatches)}
 	case r.Parallel != "" && r.Train == "":
@@ -126,6 +139,32 @@ func (r Request) Check() error {
 
 // allows reports whether the request allows the approximation name.
 func (r Request) allows(name string) bool { return slices.Contains(r.Allow, name) }
+
+// precisionDType is the dtype Precision names first.
+func (r Request) precisionDType() string {
+	d, _, _ := strings.Cut(r.Precision, ",")
+	return d
+}
+
+// narrowsSaved is the approximation Precision's saved= makes, or "".
+func (r Request) narrowsSaved() string {
+	d, rest, _ := strings.Cut(r.Precision, ",")
+	for _, kv := range strings.Split(rest, ",") {
+		if v, ok := strings.CutPrefix(kv, "saved="); ok && v != "none" && v != d {
+			return v + "-saved"
+		}
+	}
+	return ""
+}
+
+// precisionStep is the precision pass Precision asks for.
+func (r Request) precisionStep() string {
+	d, rest, _ := strings.Cut(r.Precision, ",")
+	if rest != "" {
+		rest = "," + rest
+	}
+	return "precision{dtype=" + d + rest + "}"
+}
 
 // Result is the plan made: the pipeline that ran (as the planner chose its
 // steps), what each pass did, and why the planner chose as it did.

@@ -29,11 +29,29 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/kiln-compiler/kiln/diag"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
 )
 
+// The approximations of narrower saved values: the values the backward
+// pass reads, stored between the passes in a dtype narrower than the
+// step computes them in. The precision pass makes one only when it is
+// allowed (--allow NAME), and the budget planner chooses them beside
+// recomputation, microbatches and offloading only then.
+const (
+	BF16Saved = "bf16-saved"
+	F16Saved  = "f16-saved"
+	FP8Saved  = "fp8-saved"
+)
+
+// savedApproximation is the approximation saved=dtype makes.
+var savedApproximation = map[string]string{"bf16": BF16Saved, "f16": F16Saved, "fp8": FP8Saved}
+
 func init() {
+	passes.RegisterApproximation(BF16Saved, "the values the backward pass reads are stored in bf16 between the forward and backward passes (precision{saved=bf16})")
+	passes.RegisterApproximation(F16Saved, "the values the backward pass reads are stored in f16 between the forward and backward passes (precision{saved=f16})")
+	passes.RegisterApproximation(FP8Saved, "the values the backward pass reads are stored in fp8 e4m3 with a per-tensor scale between the forward and backward passes (precision{saved=fp8})")
 	passes.MustRegister(passes.Define(passes.Pass{
 		Name:        "precision",
 		Summary:     "rewrite a training step to mixed precision (low-precision activations, f32 master weights, gradients and statistics)",
@@ -63,6 +81,13 @@ func init() {
 			c.Saved = ir.F8E4M3
 		}
 		auto := o.LossScale == "auto" && c.DType == ir.F16
+		approx := ""
+		if c.Saved != 0 && c.Saved != c.DType {
+			approx = savedApproximation[o.Saved]
+			if !ctx.Allows(approx) {
+				return fmt.Errorf("saved=%s stores the values the backward pass reads in %s, an approximation: allow it by name (--allow %s)", o.Saved, o.Saved, approx)
+			}
+		}
 		for _, f := range m.Funcs {
 			fc := c
 			fc.Dynamic = c.Dynamic || auto && lossSeed(f) != nil
@@ -72,6 +97,12 @@ func init() {
 			}
 			ctx.AddStat("casts", int64(st.Casts))
 			ctx.AddStat("saved-narrowed", int64(st.Saved))
+			if approx != "" && st.Saved > 0 {
+				ctx.Approximate(approx, fmt.Sprintf("the backward pass of @%s reads %d saved value(s) stored in %s: %s where the step computes %s", f.Name, st.Saved, o.Saved, diag.Bytes(st.StoredBytes), diag.Bytes(st.SavedBytes)))
+			}
+			if c.DType != ir.F32 {
+				ctx.Note(fmt.Sprintf("@%s keeps in f32 by design: %s of parameters (the master weights), %s of f32 data inputs, %s of results (the gradients and the loss); the rest computes in %s", f.Name, diag.Bytes(st.ParamBytes), diag.Bytes(st.DataBytes), diag.Bytes(st.ResultBytes), c.DType))
+			}
 		}
 		return nil
 	}))
@@ -110,8 +141,15 @@ type Config struct {
 	GrowthInterval int64
 }
 
-// Stats counts what the pass did.
-type Stats struct{ Casts, Saved int }
+// Stats counts what the pass did: the casts it inserted, the saved values
+// it narrowed and their bytes (as the step computes them, and as they are
+// stored), and the bytes it keeps in f32 by design: parameters, f32 data
+// inputs and results.
+type Stats struct {
+	Casts, Saved                       int
+	SavedBytes, StoredBytes            int64
+	ParamBytes, DataBytes, ResultBytes int64
+}
 
 // An op computes in f32 where its record says KeepF32: reductions whose
 // accuracy rests on statistics, losses and updates of arguments in place.
@@ -307,6 +345,19 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	if c.Saved != 0 && c.Saved != low {
 		narrowSaved(r, c.Saved)
 		f.Body = r.body
+	}
+	for _, a := range f.Args {
+		switch {
+		case a.Arg.Kind == ir.ArgParam && a.Type.DType == ir.F32:
+			r.st.ParamBytes += a.Type.SizeBytes()
+		case a.Arg.Kind == ir.ArgData && a.Type.DType.IsFloat() && a.Type.DType.Size() >= 4:
+			r.st.DataBytes += a.Type.SizeBytes()
+		}
+	}
+	for _, res := range f.Results {
+		if res.Value.Type.DType == ir.F32 {
+			r.st.ResultBytes += res.Value.Type.SizeBytes()
+		}
 	}
 	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
 }
@@ -519,6 +570,8 @@ func narrowSaved(r *rewriter, d ir.DType) {
 		restoreOps[v] = r.body
 		restored[v] = up
 		r.st.Saved++
+		r.st.SavedBytes += v.Type.SizeBytes()
+		r.st.StoredBytes += v.Type.NumElements() * int64(d.Size())
 	}
 	var out []*ir.Op
 	placed := map[*ir.Value]bool{}

@@ -107,10 +107,12 @@ def _export(model, example_inputs, tmp, training):
     return kir, names, example_inputs
 
 
-def _plan_args(budget, optimizer, allow, microbatches, device):
+def _plan_args(budget, optimizer, allow, microbatches, device, precision=None):
     """The flags of a training-step request, as `kiln mem` and `kiln compile` take them: the same
     request gives the same plan from Python and from the command line."""
     args = ["--train", "-O2"]
+    if precision is not None:
+        args += ["--precision", str(precision)]
     if optimizer is not None:
         args += ["--optimizer", optimizer]
     if budget is not None:
@@ -126,15 +128,18 @@ def _plan_args(budget, optimizer, allow, microbatches, device):
     return args
 
 
-def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microbatches=None, device=None):
+def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microbatches=None, device=None,
+           precision=None):
     """Plan the memory of one training step of model on example_inputs (a tensor or a tuple of them)
     and return a MemoryReport: the plan `kiln mem --train -O2` makes with the same arguments.
     budget: bound the peak (a fraction of the step's peak after autodiff alone, such as 0.5, or bytes
     such as "2GiB"), by recomputation, microbatches, swapping and offloading in turn; optimizer: add its
     update step ("sgd", "momentum", "adam" or "adamw"); microbatches: split the step into that many
     slices of the batch; device: the device the plan models ("h100", or rates); allow: the names of the
-    approximations the plan may make ("per-slice-bn", "per-rank-dropout"; none unless named)."""
-    args = _plan_args(budget, optimizer, allow, microbatches, device)
+    approximations the plan may make ("per-slice-bn", "per-rank-dropout", "bf16-saved", "fp8-saved"; none
+    unless named); precision: "bf16" or "f16" mixed precision (f32 master weights), optionally with the
+    precision pass's options ("bf16,saved=fp8", which needs allow=("fp8-saved",))."""
+    args = _plan_args(budget, optimizer, allow, microbatches, device, precision)
     with tempfile.TemporaryDirectory(prefix="kiln-") as tmp:
         kir, _, _ = _export(model, example_inputs, tmp, training=True)
         out, err = _run_both(["mem", kir, *args, "--json", "--print-pipeline"])
@@ -359,7 +364,7 @@ def _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay):
 
 
 def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1e-3, momentum=0.0, betas=(0.9, 0.999),
-            eps=1e-8, weight_decay=None, budget=None, microbatches=None, allow=(), device=None):
+            eps=1e-8, weight_decay=None, budget=None, microbatches=None, allow=(), device=None, precision=None):
     """Compile module for example_inputs (a tensor or a tuple; their shapes and dtypes are fixed) into a
     Step run in this process. train=True: module(*inputs) returns the loss (a scalar as it is, a tensor
     reduced by loss, "sum" or "mean"); with optimizer None the step returns {"loss", "grad.NAME"...} and
@@ -367,9 +372,10 @@ def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1
     given), "adam" or "adamw" it runs forward, backward and the update in place (torch.optim's formulas
     and defaults; weight_decay None: torch's default) and returns {"loss"}. train=False compiles the
     forward (eval mode) and returns its outputs. budget, microbatches and allow are the planner's
-    request, as --budget, --microbatches and --allow; device is kiln.memory's."""
-    if not train and (optimizer is not None or microbatches is not None):
-        raise ValueError("an optimizer or microbatches need train=True")
+    request, as --budget, --microbatches and --allow; device and precision are kiln.memory's (precision:
+    "bf16" trains in bf16 with f32 master weights, as --precision)."""
+    if not train and (optimizer is not None or microbatches is not None or precision is not None):
+        raise ValueError("an optimizer, microbatches or precision need train=True")
     if loss not in ("sum", "mean"):
         raise ValueError(f"loss must be 'sum' or 'mean', not {loss!r}")
     tmp = tempfile.mkdtemp(prefix="kiln-compile-")
@@ -380,7 +386,7 @@ def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1
                 "state_names": list(module.state_dict().keys()),
                 "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")}}
         if train:
-            args += _plan_args(budget, None, allow, microbatches, device)
+            args += _plan_args(budget, None, allow, microbatches, device, precision)
             args[args.index("--train")] = f"--train={loss}"
             if optimizer is not None:
                 kind, opts = _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay)
