@@ -64,7 +64,7 @@ func init() {
 	}{
 		// relu propagates NaN, as PyTorch's does.
 		{name: "relu", summary: "max(x, 0); NaN stays NaN", onnx: "Relu", f: scalar.If(x0.Lt(num(0)), num(0), x0),
-			deriv: &Deriv{FromOutput: true, Expr: derivOf(scalar.If(x0.Gt(num(0)), num(1), num(0)))}},
+			deriv: &Deriv{FromOutput: true, SignOnly: true, Expr: derivOf(scalar.If(x0.Gt(num(0)), num(1), num(0)))}},
 		{name: "neg", summary: "-x", onnx: "Neg", ints: true, f: un(scalar.Neg, x0)},
 		{name: "abs", summary: "|x|", onnx: "Abs", ints: true, f: un(scalar.Abs, x0)},
 		{name: "exp", summary: "e^x", onnx: "Exp", f: un(scalar.Exp, x0)},

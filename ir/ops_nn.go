@@ -157,9 +157,12 @@ func init() {
 			if !in[0].Shape.Equal(Shape{p.N, p.C, p.OH, p.OW}) {
 				return nil, fmt.Errorf("dy %s does not match the pooling output", in[0])
 			}
-			return []Type{in[1]}, nil
+			if err := floatOperand(in[1]); err != nil {
+				return nil, err
+			}
+			return []Type{{DType: in[0].DType, Shape: in[1].Shape}}, nil
 		},
-		Fusion: Opaque, Grad: NoGrad,
+		Fusion: Opaque, Grad: NoGrad, ScaleFree: []int{1},
 		// Loops over dx (x's shape); dy is read through the windows.
 		Axes: func(in, out []Type, _ AttrValues) Axes {
 			return Axes{Loops: poolLoops(out[0].Shape), Operands: [][]Index{windowed(), identity(0, 4)}, Results: [][]Index{identity(0, 4)}}

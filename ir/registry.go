@@ -76,6 +76,9 @@ const (
 type Deriv struct {
 	FromOutput bool
 	Expr       func(a AttrValues) *scalar.Expr
+	// SignOnly: f'(s) depends on s only through its sign (relu), so
+	// NAME_grad's operand s is ScaleFree.
+	SignOnly bool
 }
 
 // OpDef is the one record of an op kind: its signature, attributes,
@@ -152,6 +155,11 @@ type OpDef struct {
 	// its parameters' and statistics' (a bf16 activation normalised with
 	// f32 scale and bias, with f32 statistics).
 	LowOperands []int
+	// ScaleFree: the operands the op reads only through comparisons that a
+	// positive scale keeps (a ReLU's sign, a max-pool's argmax). A value
+	// stored with a per-tensor scale (fp8) can be read there as stored;
+	// their dtype may differ from the op's other operands'.
+	ScaleFree []int
 	// Contraction: the op sums products over a long axis (matrix
 	// products, a convolution's weight gradient); mixed precision
 	// produces a weight gradient it makes in f32.
@@ -308,11 +316,19 @@ func registerDerivative(d *OpDef) {
 	if d.Deriv.FromOutput {
 		saved = "output"
 	}
+	var scaleFree []int
+	if d.Deriv.SignOnly {
+		scaleFree = []int{1}
+	}
 	Register(&OpDef{
-		Name: d.Name + "_grad", Summary: "dy * f'(s) of " + d.Name + ", from dy and its saved " + saved + " s",
+		Name: d.Name + "_grad", Summary: "dy * f'(s) of " + d.Name + ", from dy and its saved " + saved + " s", ScaleFree: scaleFree,
 		MinOperands: 2, MaxOperands: 2, Attrs: d.Attrs,
 		Infer: func(in []Type, _ AttrValues) ([]Type, error) {
-			if !in[0].Equal(in[1]) {
+			same := in[0].Equal(in[1])
+			if d.Deriv.SignOnly {
+				same = in[0].Shape.Equal(in[1].Shape) && in[1].DType.IsFloat()
+			}
+			if !same {
 				return nil, fmt.Errorf("dy %s and saved value %s differ", in[0], in[1])
 			}
 			return []Type{in[0]}, floatOperand(in[0])

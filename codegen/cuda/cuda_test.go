@@ -42,7 +42,7 @@ func compile(t *testing.T, model, pipeline string) (string, *cuda.Output, *ir.Mo
 		m, err = onnx.ImportFile(model, onnx.Options{})
 	}
 	require.NoError(t, err)
-	passtest.Run(t, m, pipeline)
+	passtest.RunAllowing(t, m, pipeline, "fp8-saved") // pipelines that name precision{saved=fp8} ask for it
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
@@ -81,9 +81,12 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true},
 		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=f16,loss-scale=1024},optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.75},assign", true},
 		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", true},
+		// bf16 with fp8 saved values: products read f32 and bf16 operands
+		// (result_dtype), the restore reads fp8 bytes and a bf16 scale.
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 3, 5}, k) {
-			continue // -short: one plan without host functions, bf16 and f16 with them
+		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6}, k) {
+			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values
 		}
 		dir, _, _ := compile(t, c.model, c.pipeline)
 		src, err := os.ReadFile(filepath.Join(dir, "kernels.cu"))

@@ -544,6 +544,7 @@ func narrowSaved(r *rewriter, d ir.DType) {
 	}
 	after := map[int][]*ir.Op{}
 	restored := map[*ir.Value]*ir.Value{}
+	stored, scales := map[*ir.Value]*ir.Value{}, map[*ir.Value]*ir.Value{} // fp8: the stored value and its scale
 	var restoreOps = map[*ir.Value][]*ir.Op{}
 	for _, v := range saved {
 		at, ok := lastForward[v]
@@ -563,12 +564,19 @@ func narrowSaved(r *rewriter, d ir.DType) {
 		}
 		after[at] = append(after[at], r.body...)
 		r.body = nil
-		up := r.emit("cast", []*ir.Value{down}, ir.Attrs{"to": ir.TypeAttr(v.Type.DType)}, v.Def.Loc, v.Name+".restored")
+		var up *ir.Value
 		if scale != nil {
-			up = r.emit("mul", []*ir.Value{up, scale}, nil, v.Def.Loc, v.Name+".unscaled")
+			// One op reads the fp8 value and its scale and rounds once:
+			// no full-size restored copy besides the unscaled one.
+			up = r.emit("mul", []*ir.Value{down, scale}, ir.Attrs{"result_dtype": ir.TypeAttr(v.Type.DType)}, v.Def.Loc, v.Name+".restored")
+		} else {
+			up = r.emit("cast", []*ir.Value{down}, ir.Attrs{"to": ir.TypeAttr(v.Type.DType)}, v.Def.Loc, v.Name+".restored")
 		}
 		restoreOps[v] = r.body
 		restored[v] = up
+		if scale != nil {
+			stored[v], scales[v] = down, scale
+		}
 		r.st.Saved++
 		r.st.SavedBytes += v.Type.SizeBytes()
 		r.st.StoredBytes += v.Type.NumElements() * int64(d.Size())
@@ -576,8 +584,24 @@ func narrowSaved(r *rewriter, d ir.DType) {
 	var out []*ir.Op
 	placed := map[*ir.Value]bool{}
 	for i, op := range body {
+		var unscale *ir.Op
 		if i >= start {
 			for j, x := range op.Operands {
+				if down := stored[x]; down != nil {
+					switch {
+					case contains(op.Def().ScaleFree, j):
+						// It decides by comparisons a positive scale
+						// keeps: it reads the stored value as it is.
+						op.Operands[j] = down
+						continue
+					case unscale == nil && linearAlone(op, j) && takesResultDType(op.Def()):
+						// Linear in x alone: it reads the stored value and
+						// its result is scaled once.
+						op.Operands[j] = down
+						unscale = readScaled(r, op, scales[x])
+						continue
+					}
+				}
 				if up, ok := restored[x]; ok {
 					if !placed[x] {
 						out = append(out, restoreOps[x]...)
@@ -588,7 +612,45 @@ func narrowSaved(r *rewriter, d ir.DType) {
 			}
 		}
 		out = append(out, op)
+		if unscale != nil {
+			out = append(out, unscale)
+		}
 		out = append(out, after[i]...)
 	}
 	r.body = out
+}
+
+// linearAlone says whether op is linear in operand i by itself (not
+// jointly with another operand, as a gemm's A with its C).
+func linearAlone(op *ir.Op, i int) bool {
+	d := op.Def()
+	if d.Linear == nil {
+		return false
+	}
+	for _, g := range d.Linear(op.Attr(), len(op.Operands)) {
+		if len(g) == 1 && g[0] == i {
+			return true
+		}
+	}
+	return false
+}
+
+// readScaled makes op, which now reads a stored fp8 value in place of the
+// value divided by scale, keep its result: op computes into a new value
+// of its result's dtype (result_dtype), and the returned mul, which the
+// caller places right after op, multiplies it by scale into op's old
+// result, which every reader keeps.
+func readScaled(r *rewriter, op *ir.Op, scale *ir.Value) *ir.Op {
+	res := op.Results[0]
+	op.Attrs = op.Attrs.Clone()
+	op.Attrs["result_dtype"] = ir.TypeAttr(res.Type.DType)
+	raw := &ir.Value{Name: r.f.UniqueName(res.Name + ".fp8"), Type: res.Type, Def: op, Offset: ir.NoOffset}
+	op.Results[0] = raw
+	mul, err := r.f.NewOp("mul", []*ir.Value{raw, scale}, ir.Attrs{"result_dtype": ir.TypeAttr(res.Type.DType)}, op.Loc, res.Name)
+	if err != nil {
+		panic(fmt.Sprintf("precision: %v", err)) // a float times a scalar
+	}
+	mul.Results[0] = res
+	res.Def = mul
+	return mul
 }
