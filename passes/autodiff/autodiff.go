@@ -244,8 +244,8 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 	b.loc = ir.Location{}
 	results := []ir.Result{{Name: "loss", Value: loss, Attrs: ir.Attrs{"role": ir.StringAttr(ir.RoleLoss)}}}
 	for _, a := range f.Args {
-		if a.Arg.Kind != ir.ArgParam {
-			continue
+		if a.Arg.Kind != ir.ArgParam || !a.Type.DType.IsFloat() {
+			continue // an integer parameter (an index buffer) has no gradient
 		}
 		g := grads[a]
 		if g == nil {
