@@ -11,9 +11,25 @@ import (
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passes"
 )
+
+// LoadNpy reads the .npy file at path; any error fails the test.
+func LoadNpy(t testing.TB, path string) *interp.Tensor {
+	t.Helper()
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	x, err := npy.Read(fh)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return x
+}
 
 // RelErr is the relative error ‖a − b‖ / ‖b‖ over whole tensors (the
 // design notes' definition); two all-zero tensors have error 0.

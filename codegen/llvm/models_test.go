@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
-	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -27,14 +25,7 @@ import (
 // o2 is the -O2 pipeline of kiln compile.
 const o2 = "canonicalize,dce,cse,fuse,reorder,assign"
 
-func loadNpy(t *testing.T, path string) *interp.Tensor {
-	fh, err := os.Open(path)
-	require.NoError(t, err)
-	defer fh.Close()
-	x, err := npy.Read(fh)
-	require.NoError(t, err)
-	return x
-}
+func loadNpy(t *testing.T, path string) *interp.Tensor { return passtest.LoadNpy(t, path) }
 
 func maxAbs(x *interp.Tensor) float64 {
 	m := 0.0

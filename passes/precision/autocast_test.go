@@ -12,7 +12,6 @@ import (
 
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
-	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -231,7 +230,7 @@ func decides(op *ir.Op) bool {
 // script's loss reads it), runs p and returns the function and its
 // arguments.
 func weightedStep(t *testing.T, dir, input, p string) (*ir.Func, []*interp.Tensor) {
-	x := readNpy(t, filepath.Join(dir, input))
+	x := passtest.LoadNpy(t, filepath.Join(dir, input))
 	m, err := onnx.ImportFile(filepath.Join(dir, "model.onnx"), onnx.Options{Batch: x.Type.Shape[0]})
 	require.NoError(t, err)
 	f := m.Funcs[0]
@@ -241,7 +240,7 @@ func weightedStep(t *testing.T, dir, input, p string) (*ir.Func, []*interp.Tenso
 	var wArg *ir.Value
 	if _, err := os.Stat(filepath.Join(dir, "weight.npy")); err == nil {
 		// The loss weights are data, as the script's f32 loss reads them.
-		w = readNpy(t, filepath.Join(dir, "weight.npy"))
+		w = passtest.LoadNpy(t, filepath.Join(dir, "weight.npy"))
 		wArg = &ir.Value{Name: f.UniqueName("loss_weight"), Type: w.Type, Index: len(f.Args), Arg: &ir.ArgInfo{Kind: ir.ArgData}, Offset: ir.NoOffset}
 		f.Args = append(f.Args, wArg)
 		mul, err := f.NewOp("mul", []*ir.Value{f.Results[0].Value, wArg}, nil, ir.Location{}, "weighted")
@@ -262,13 +261,4 @@ func weightedStep(t *testing.T, dir, input, p string) (*ir.Func, []*interp.Tenso
 		}
 	}
 	return f, args
-}
-
-func readNpy(t *testing.T, path string) *interp.Tensor {
-	fh, err := os.Open(path)
-	require.NoError(t, err)
-	defer fh.Close()
-	x, err := npy.Read(fh)
-	require.NoError(t, err)
-	return x
 }
