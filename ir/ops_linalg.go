@@ -276,8 +276,9 @@ func GemmDims(a, b Type, at AttrValues) (m, n, k int64, err error) {
 // reduction (reduce_*, sum_to), a loss (softmax_cross_entropy and its
 // gradient) or a binary arithmetic op (add, mul, ...). With it, the
 // operands are floats of any dtypes: each element is read into the
-// kernel's compute precision (f32 at least; f64 where an operand or the
-// result is f64) and each result is rounded once, to result_dtype. Mixed precision
+// kernel's compute precision (f32 at least; f64 for a result in f64, and
+// for an elementwise op also where an operand is f64) and each result is
+// rounded once, to result_dtype. Mixed precision
 // makes a weight gradient in f32 from bf16 operands, and a first layer's
 // bf16 activation from its f32 input, without a full-size cast copy of
 // either. Without it, those operands share one dtype, which the result

@@ -126,7 +126,7 @@ func (p *planner) executeNarrowing(m *ir.Module, pipe passes.Pipeline) error {
 			continue
 		}
 		if c.out.err != nil {
-			note += fmt.Sprintf("; %s did not reach the budget", c.name)
+			note += fmt.Sprintf("; %s failed (%s)", c.name, firstLine(c.out.err))
 		} else {
 			note += fmt.Sprintf("; %s: %.1f µs, %s", c.name, c.out.seconds*1e6, diag.Bytes(c.out.bytes))
 		}

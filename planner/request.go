@@ -150,7 +150,10 @@ func (r Request) precisionDType() string {
 func (r Request) narrowsSaved() string {
 	d, rest, _ := strings.Cut(r.Precision, ",")
 	for _, kv := range strings.Split(rest, ",") {
-		if v, ok := strings.CutPrefix(kv, "saved="); ok && v != "none" && v != d {
+		v, ok := strings.CutPrefix(kv, "saved=")
+		// saved= no narrower than the dtype narrows nothing; an unknown
+		// value is the pass option parser's to refuse.
+		if ok && (v == "fp8" || (v == "bf16" || v == "f16") && d == "f32") {
 			return v + "-saved"
 		}
 	}

@@ -8,15 +8,19 @@ input with f32 weights; they run here in f32, as CUDA autocast runs them. Mish, 
 the CPU, runs in f32 too (CUDA autocast would run it in bf16: the yardstick is a little stricter there), and
 so does hardtanh (ReLU6), whose backward 1.13 lacks in bf16 (exactly: a clamp of a bf16 value is one).
 
-Each parameter's gradient is compared with the committed f32 gradient (grad.NAME.npy, which the f32 step
-here must reproduce). A gradient that f32 itself computes only to 2^-16 relative error of the same step in
-f64 is so ill-conditioned that any bf16 step gets noise there (zero or nearly zero in exact arithmetic: a
-bias or scale just before a normalisation); it is marked "noise" and no step can be judged on it. Writes MODEL_DIR/autocast_bf16.json:
+Each parameter's gradient is compared with the f32 gradient of the same step (the committed
+grad.NAME.npy for the committed input, which the f32 step here must reproduce; PyTorch's f32 step for
+the others). A gradient that f32 itself computes only to 2^-16 relative error of the same step in f64 is
+so ill-conditioned that any bf16 step gets noise there (zero or nearly zero in exact arithmetic: a bias
+or scale just before a normalisation); it is marked "noise" and no step can be judged on it. Writes
+MODEL_DIR/autocast_input.K.npy (K = 1..15, drawn as the committed input was, with seeds 1001...) and
+MODEL_DIR/autocast_bf16.json:
 
-    {"torch": "1.13.1", "params": {"NAME": {"rel_err": ||g - g32|| / ||g32||, "cosine": cos(g, g32),
-                                            "noise": f32's own error is above 2^-16}}}
+    {"torch": "1.13.1", "samples": [{"input": "input.npy" | "autocast_input.K.npy",
+        "params": {"NAME": {"rel_err": ||g - g32|| / ||g32||, "cosine": cos(g, g32),
+                            "noise": f32's own error is above 2^-16}}} or {"input": ..., "error": "..."}]}
 
-or {"error": "..."} where the f32 step does not reproduce the reference. precision_test.go's
+or {"error": "..."} where the f32 step does not reproduce the reference. autocast_test.go's
 TestBF16AgainstAutocast reads these files and holds Kiln's bf16 step to them. Usage (Debian's Python,
 from scripts/):
     /usr/bin/python3 precision_vs_autocast.py ../testdata/models [NAME...]
@@ -130,8 +134,8 @@ def measure(d, model, x, w, make_input):
     for k in range(1, SAMPLES + 1):
         torch.manual_seed(1000 + k)
         xk = make_input()
-        if xk.shape != x.shape:  # a model exported at batch 2 and checked at batch 3
-            xk = torch.cat([xk, xk[:1]], 0)
+        if xk.shape != x.shape:  # a model exported at batch 2 and checked at batch 3, as its reference
+            xk = torch.cat([xk, xk[:x.shape[0] - xk.shape[0]]], 0)
         name = f"autocast_input.{k}.npy"
         np.save(os.path.join(d, name), xk.numpy())
         model.load_state_dict(state)
@@ -161,8 +165,11 @@ def main():
         if "error" in res:
             print(f"{d}: {res['error']}")
             continue
-        worsts = [max(p["rel_err"] for p in smp["params"].values() if not p["noise"]) for smp in res["samples"]]
-        print(f"{d}: worst gradient per sample " + " ".join(f"{e:.2e}" for e in worsts) + f", mean {np.mean(worsts):.3e}")
+        worsts = [max([p["rel_err"] for p in smp["params"].values() if not p["noise"]], default=float("nan"))
+                  for smp in res["samples"] if "params" in smp]
+        failed = [smp["error"] for smp in res["samples"] if "error" in smp]
+        print(f"{d}: worst gradient per sample " + " ".join(f"{e:.2e}" for e in worsts) + f", mean {np.mean(worsts):.3e}"
+              + (f"; {len(failed)} samples failed: {failed[0]}" if failed else ""))
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ func shareBatch(path string) int64 {
 // fp8 saved values at most 0.35. Model-scale: the full suite runs it.
 func TestPrecisionShare(t *testing.T) {
 	if testing.Short() {
-		t.Skip("model-scale: plans 14 full-size steps four times (about 2 minutes)")
+		t.Skip("model-scale: plans 14 full-size steps six times (about 2 minutes)")
 	}
 	for _, path := range shareModels(t) {
 		for _, c := range precisionTargets {

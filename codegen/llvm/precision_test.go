@@ -205,13 +205,18 @@ func TestMixedDTypeOpsCompiled(t *testing.T) {
 		pipelineOn(t, m, pipeline)
 		f := m.Funcs[0]
 		args := interp.RandomArgs(f, 5)
-		amax := 1.0 // normalised values are of order 1
+		want, got := interpretedAndCompiled(t, f, args)
+		// Every operand is an argument or a result (c and g feed the later
+		// ops): amax bounds them all (at least 1: normalised values).
+		amax := 1.0
 		for i, a := range args {
 			if f.Args[i].Type.DType.IsFloat() {
 				amax = max(amax, maxAbs(a))
 			}
 		}
-		want, got := interpretedAndCompiled(t, f, args)
+		for _, w := range want {
+			amax = max(amax, maxAbs(w))
+		}
 		for i := range want {
 			require.Equal(t, want[i].Type, got[i].Type)
 			scale := maxAbs(want[i])

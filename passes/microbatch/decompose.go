@@ -98,6 +98,15 @@ func (e *emitter) layout(x *ir.Value) (axes, bshape []int64, count float64) {
 	return axes, bshape, count
 }
 
+// as is v in dtype d: v itself, or a cast (a batch norm of a bf16 x
+// computes in its f32 parameters' dtype, as the fused op does).
+func (e *emitter) as(v *ir.Value, d ir.DType, name string) *ir.Value {
+	if v.Type.DType == d {
+		return v
+	}
+	return e.op("cast", ir.Attrs{"to": ir.TypeAttr(d)}, name+"."+d.String(), v)
+}
+
 // sum is the per-channel sum of v over the batch and positions.
 func (e *emitter) sum(v *ir.Value, axes []int64, name string) *ir.Value {
 	return e.op("reduce_sum", ir.Attrs{"axes": ir.IntsAttr(axes...), "keepdims": ir.BoolAttr(true)}, name, v)
@@ -109,7 +118,8 @@ func (e *emitter) sum(v *ir.Value, axes []int64, name string) *ir.Value {
 func (e *emitter) forward(op *ir.Op) []*ir.Value {
 	x, scale, bias, rm, rv := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
 	name := op.Results[0].Name
-	d := x.Type.DType
+	d := scale.Type.DType // the statistics' dtype (a bf16 x is read into it)
+	x = e.as(x, d, name+".x")
 	axes, bshape, count := e.layout(x)
 	a := op.Attr()
 	eps, mom := a.Float("epsilon"), a.Float("momentum")
@@ -125,6 +135,7 @@ func (e *emitter) forward(op *ir.Op) []*ir.Value {
 	y := e.op("add", nil, name, e.op("mul", nil, name+".scaled",
 		e.op("mul", nil, name+".xhat", centred, invstd), e.op("reshape", bcast, name+".scale", scale)),
 		e.op("reshape", bcast, name+".bias", bias))
+	y = e.as(y, op.Results[0].Type.DType, name+".y")
 	unbiased := variance
 	if count > 1 && a.Bool("unbiased") {
 		unbiased = e.op("mul", nil, name+".unbiased", q, e.scalar(d, 1/(count-1), name+".inv_count_1"))
@@ -142,7 +153,8 @@ func (e *emitter) forward(op *ir.Op) []*ir.Value {
 func (e *emitter) backward(op *ir.Op) []*ir.Value {
 	dy, x, scale, mean, invstd := op.Operands[0], op.Operands[1], op.Operands[2], op.Operands[3], op.Operands[4]
 	name := op.Results[0].Name
-	d := x.Type.DType
+	d := scale.Type.DType // the statistics' dtype (bf16 dy and x are read into it)
+	dy, x = e.as(dy, d, name+".dy"), e.as(x, d, name+".x")
 	axes, bshape, count := e.layout(x)
 	bcast := ir.Attrs{"shape": ir.IntsAttr(bshape...)}
 	perChannel := ir.Attrs{"shape": ir.IntsAttr(scale.Type.Shape...)}
@@ -154,6 +166,6 @@ func (e *emitter) backward(op *ir.Op) []*ir.Value {
 	c := e.scalar(d, 1/count, name+".inv_count")
 	inner := e.op("sub", nil, name+".d1", e.op("sub", nil, name+".d0", dy, e.op("mul", nil, name+".mdy", sdy, c)),
 		e.op("mul", nil, name+".d2", xhat, e.op("mul", nil, name+".mdyx", sdyx, c)))
-	dx := e.op("mul", nil, name, k, inner)
+	dx := e.as(e.op("mul", nil, name, k, inner), op.Results[0].Type.DType, name+".dx")
 	return []*ir.Value{dx, e.op("reshape", perChannel, op.Results[1].Name, sdyx), e.op("reshape", perChannel, op.Results[2].Name, sdy)}
 }

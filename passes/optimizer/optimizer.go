@@ -120,8 +120,8 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	step := f.AddState("optimizer.step", &ir.Dense{Type: f32Scalar, Floats: []float64{float64(c.Step)}}, true)
 	step.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleStep)}
 	for _, p := range f.Args {
-		if p.Arg.Kind != ir.ArgParam {
-			continue
+		if p.Arg.Kind != ir.ArgParam || !p.Type.DType.IsFloat() {
+			continue // an integer parameter (an index buffer) has no gradient and no update
 		}
 		ri := f.GradResult(p)
 		if ri < 0 {

@@ -42,11 +42,11 @@ type autocastParam struct {
 // scripts/precision_vs_autocast.py measured autocast with Debian's
 // PyTorch (committed as autocast_bf16.json beside each model). The error
 // of a step on an input is its worst parameter's relative error; the
-// comparison is of its mean over five inputs (the committed one and four
+// comparison is of its mean over 16 inputs (the committed one and 15
 // drawn alike, autocast_input.K.npy), since on one input of a model this
 // small the worst parameter's error is a draw: vit_tiny's Kiln/autocast
 // ratio was 0.79 at batch 2 and 1.30 at batch 3 before this test averaged,
-// and autocast's own error spread 1.1e-2 to 2.0e-2 over the five inputs.
+// and autocast's own error spreads 1.1e-2 to 2.1e-2 over the inputs.
 // Where autocast's mean is above 1, both are noise and the ratio says
 // nothing: each parameter's cosine similarity must then be within 0.01 of
 // autocast's. Gradients that f32 itself computes only to 2^-16 on an input

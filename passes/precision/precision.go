@@ -21,7 +21,9 @@
 // saved=bf16|f16|fp8 also narrows the values the backward pass reads from
 // the forward pass: each is cast down after its last forward use and
 // back up before its first backward use (fp8: e4m3 with a per-tensor
-// scale, max|x|/448).
+// scale, max|x|/448, which readers deciding by sign or argmax, and
+// products linear in the value, read as stored). Narrowing is an
+// approximation the pass makes only when allowed by name.
 package precision
 
 import (
@@ -223,9 +225,15 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		}
 	}
 	gradOps := gradientProducers(f)
+	forward := true
 	for _, op := range f.Body {
+		if ir.IsConstant(op) && op.Attrs.String("role", "") == ir.RoleLossSeed {
+			forward = false
+		}
 		want := low
-		accumulator := op.Attrs.Bool(ir.AttrAccumulator, false)
+		// An accumulator chain of the forward pass (autodiff copies the
+		// attribute onto the backward ops it derives, which need not).
+		accumulator := forward && op.Attrs.Bool(ir.AttrAccumulator, false)
 		if op.Def().KeepF32 || gradOps[op] || op.Kind == "cast" || ir.IsConstant(op) || accumulator {
 			want = ir.F32
 		}
@@ -238,12 +246,13 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			// without). Its result is stored low like any activation.
 			want = ir.F32
 		}
-		// An op that takes result_dtype (a contraction, a sum, a loss) and
-		// makes a returned gradient, computes in f32, or is a contraction
-		// reading an f32 data input, reads its operands as they are (a
-		// KeepF32 op: its LowOperands) and rounds its results once to
-		// result_dtype: f32 for a gradient or a small result, the low dtype
-		// for a large activation. An op that computes in f32 reads its
+		// An op that takes result_dtype (a contraction, a sum, a loss,
+		// binary arithmetic) and makes a returned gradient, computes in
+		// f32, is a contraction reading an f32 data input, or is
+		// elementwise reading an f32 parameter, reads its operands as they
+		// are (a KeepF32 op: its LowOperands) and rounds its results once
+		// to result_dtype: f32 for a gradient, an accumulator or a
+		// statistic, the low dtype for an activation. An op that computes in f32 reads its
 		// LowOperands as they are too. No full-size cast copy of an operand
 		// is made, and the kernels compute what they would from exact f32
 		// copies.
@@ -252,7 +261,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		attrs := op.Attrs
 		if mixed {
 			result := ir.F32
-			if !gradOps[op] && (storedLow(f, op, op.Results[0]) || want == low && !f.IsResult(op.Results[0])) {
+			if !gradOps[op] && !accumulator && (storedLow(f, op, op.Results[0]) || want == low && !f.IsResult(op.Results[0])) {
 				result = low
 			}
 			attrs = attrs.Clone()
@@ -506,8 +515,10 @@ func contains(xs []int, i int) bool {
 
 // narrowSaved casts each forward value the backward pass reads down to d
 // after its last forward use, and back up before its first backward use.
-// The backward pass starts at the loss-gradient seed (or after the op
-// defining the result named loss).
+// With fp8 (a per-tensor scale), a backward reader of a ScaleFree operand
+// reads the stored bytes, and one product linear in the value alone reads
+// them and has its result scaled (readScaled); only the others read the
+// restored value. The backward pass starts at the loss-gradient seed.
 func narrowSaved(r *rewriter, d ir.DType) {
 	body := r.body
 	start := -1
@@ -554,11 +565,17 @@ func narrowSaved(r *rewriter, d ir.DType) {
 		r.body = nil
 		var down, scale *ir.Value
 		if d == ir.F8E4M3 {
-			mx := r.emit("reduce_max", []*ir.Value{r.emit("abs", []*ir.Value{v}, nil, v.Def.Loc, v.Name+".abs")}, nil, v.Def.Loc, v.Name+".amax")
+			// The scale is computed in f32: in f16, 1e-30 is 0 and amax/448
+			// underflows below 2.7e-5.
+			var inF32, asV ir.Attrs
+			if v.Type.DType != ir.F32 {
+				inF32, asV = ir.Attrs{"result_dtype": ir.TypeAttr(ir.F32)}, ir.Attrs{"result_dtype": ir.TypeAttr(v.Type.DType)}
+			}
+			mx := r.emit("reduce_max", []*ir.Value{r.emit("abs", []*ir.Value{v}, nil, v.Def.Loc, v.Name+".abs")}, inF32, v.Def.Loc, v.Name+".amax")
 			tiny := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mx.Type, Floats: []float64{1e-30}})}, v.Def.Loc, v.Name+".tiny")
 			fp8max := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mx.Type, Floats: []float64{448}})}, v.Def.Loc, v.Name+".fp8max")
 			scale = r.emit("div", []*ir.Value{r.emit("max", []*ir.Value{mx, tiny}, nil, v.Def.Loc, v.Name+".amax1"), fp8max}, nil, v.Def.Loc, v.Name+".scale")
-			down = r.emit("cast", []*ir.Value{r.emit("div", []*ir.Value{v, scale}, nil, v.Def.Loc, v.Name+".scaled")}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
+			down = r.emit("cast", []*ir.Value{r.emit("div", []*ir.Value{v, scale}, asV, v.Def.Loc, v.Name+".scaled")}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
 		} else {
 			down = r.emit("cast", []*ir.Value{v}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
 		}
@@ -636,17 +653,23 @@ func linearAlone(op *ir.Op, i int) bool {
 }
 
 // readScaled makes op, which now reads a stored fp8 value in place of the
-// value divided by scale, keep its result: op computes into a new value
-// of its result's dtype (result_dtype), and the returned mul, which the
-// caller places right after op, multiplies it by scale into op's old
+// value divided by scale, keep its result: op computes into a new f32
+// value (result_dtype), and the returned mul, which the caller places
+// right after op, multiplies it by scale and rounds once into op's old
 // result, which every reader keeps.
 func readScaled(r *rewriter, op *ir.Op, scale *ir.Value) *ir.Op {
 	res := op.Results[0]
 	op.Attrs = op.Attrs.Clone()
-	op.Attrs["result_dtype"] = ir.TypeAttr(res.Type.DType)
-	raw := &ir.Value{Name: r.f.UniqueName(res.Name + ".fp8"), Type: res.Type, Def: op, Offset: ir.NoOffset}
+	op.Attrs["result_dtype"] = ir.TypeAttr(ir.F32) // x/scale is up to 448/max|x| times x: f16 would overflow
+	raw32 := res.Type
+	raw32.DType = ir.F32
+	raw := &ir.Value{Name: r.f.UniqueName(res.Name + ".fp8"), Type: raw32, Def: op, Offset: ir.NoOffset}
 	op.Results[0] = raw
-	mul, err := r.f.NewOp("mul", []*ir.Value{raw, scale}, ir.Attrs{"result_dtype": ir.TypeAttr(res.Type.DType)}, op.Loc, res.Name)
+	var attrs ir.Attrs
+	if res.Type.DType != ir.F32 {
+		attrs = ir.Attrs{"result_dtype": ir.TypeAttr(res.Type.DType)}
+	}
+	mul, err := r.f.NewOp("mul", []*ir.Value{raw, scale}, attrs, op.Loc, res.Name)
 	if err != nil {
 		panic(fmt.Sprintf("precision: %v", err)) // a float times a scalar
 	}
