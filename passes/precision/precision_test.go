@@ -303,3 +303,47 @@ func TestBF16ThenExactMicrobatch(t *testing.T) {
 		require.LessOrEqual(t, passtest.RelErr(got[i], want[i]), 2e-2, "%s", whole.ResultName(i))
 	}
 }
+
+// TestFP8ScaleOfZeroValueInF16: a saved value that is all zero has the
+// smallest scale, not 0: in f16 the scale is computed in f32 (1e-30 and
+// amax/448 underflow in f16), so the weight gradient read through it is 0,
+// not NaN.
+func TestFP8ScaleOfZeroValueInF16(t *testing.T) {
+	m := passtest.Parse(t, `func @f(%x: f32[8,4], %w: f32[4,4] {param}) -> (f32[8,4]) {
+  %zero = constant() {value = dense<f32[]: 0.0>} : f32[]
+  %z = mul(%x, %zero) : f32[8,4]
+  %h = tanh(%z) : f32[8,4]
+  %y = matmul(%h, %w) : f32[8,4]
+  return %y
+}`)
+	pipeline(t, m, "autodiff,precision{dtype=f16,saved=fp8,loss-scale=1}")
+	f := m.Funcs[0]
+	res, err := interp.Run(f, interp.RandomArgs(f, 3), interp.Options{})
+	require.NoError(t, err)
+	for i, r := range res {
+		for k := 0; k < r.Len(); k++ {
+			require.False(t, math.IsNaN(r.At(k)) || math.IsInf(r.At(k), 0), "%s[%d] = %v", f.ResultName(i), k, r.At(k))
+		}
+	}
+	require.Equal(t, 0.0, maxAbs(res[1]), "grad.w of an all-zero activation")
+}
+
+// TestAccumulatorStaysF32: a step of an accumulator chain (an imported
+// CumSum) stays f32 under bf16, also where it reads a parameter as it is.
+func TestAccumulatorStaysF32(t *testing.T) {
+	m := passtest.Parse(t, `func @f(%x: f32[4,8], %p: f32[4,8] {param}) -> (f32[4,8]) {
+  %s = slice(%p) {axes = [1], starts = [0], ends = [7]} : f32[4,7]
+  %sh = pad(%s) {pads = [0, 1, 0, 0], accumulator = true} : f32[4,8]
+  %c = add(%p, %sh) {accumulator = true} : f32[4,8]
+  %y = mul(%c, %x) : f32[4,8]
+  return %y
+}`)
+	pipeline(t, m, "autodiff,precision{dtype=bf16}")
+	for _, op := range m.Funcs[0].Body {
+		if op.Results[0].Name == "c" {
+			require.Equal(t, ir.F32, op.Results[0].Type.DType, "%s", op.Results[0].Name)
+			return
+		}
+	}
+	t.Fatal("no value named c")
+}
