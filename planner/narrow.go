@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -52,7 +53,7 @@ func (p *planner) narrowings(pipe passes.Pipeline) []narrowing {
 		n := narrowing{pipe: slices.Clone(pipe), saved: c.saved, approx: c.approx, remat: p.remat}
 		if prec >= 0 {
 			st := n.pipe[prec]
-			st.Args = maps(st.Args)
+			st.Args = maps.Clone(st.Args)
 			st.Args["saved"] = c.saved
 			n.pipe[prec] = st
 		} else {
@@ -61,15 +62,6 @@ func (p *planner) narrowings(pipe passes.Pipeline) []narrowing {
 			n.remat++
 		}
 		out = append(out, n)
-	}
-	return out
-}
-
-// maps copies a step's options.
-func maps(m map[string]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
 	}
 	return out
 }
