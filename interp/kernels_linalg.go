@@ -73,6 +73,9 @@ func reduceTo(x *Tensor, keep ir.Shape, kind string) *Tensor {
 		}
 		for i := range y.I {
 			y.I[i] = math.MinInt64
+			if x.Type.DType == ir.U64 {
+				y.I[i] = 0
+			}
 		}
 	}
 	o := newOdometer(x.Type.Shape, broadcastStrides(keep, x.Type.Shape))
@@ -88,7 +91,9 @@ func reduceTo(x *Tensor, keep ir.Shape, kind string) *Tensor {
 				y.F[j] += v
 			}
 		} else {
-			if kind == "reduce_max" {
+			if kind == "reduce_max" && x.Type.DType == ir.U64 {
+				y.I[j] = int64(max(uint64(y.I[j]), uint64(x.I[i])))
+			} else if kind == "reduce_max" {
 				y.I[j] = max(y.I[j], x.I[i])
 			} else {
 				y.I[j] += x.I[i]

@@ -52,14 +52,14 @@ func elementwise(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor,
 		if y.F != nil {
 			copy(y.F[lo:hi], v.asFloat(t.Kind, int(hi-lo)))
 		} else {
-			copy(y.I[lo:hi], v.asInt(t.Kind, int(hi-lo)))
+			copy(y.I[lo:hi], v.asInt(t.Kind, ir.KindOf(out[0].DType), int(hi-lo)))
 		}
 	}
 	return []*Tensor{y}, nil
 }
 
-// column is a block of scalar values: f for Float, i for Int and Bool
-// (0 or 1). A constant has one element, repeated.
+// column is a block of scalar values: f for Float, i for Int, Uint (its
+// bits) and Bool (0 or 1). A constant has one element, repeated.
 type column struct {
 	f     []float64
 	i     []int64
@@ -129,19 +129,29 @@ func (c column) asFloat(k scalar.Kind, n int) []float64 {
 	}
 	out := make([]float64, n)
 	for j := range out {
-		out[j] = float64(c.iAt(j))
+		if k == scalar.Uint {
+			out[j] = float64(uint64(c.iAt(j)))
+		} else {
+			out[j] = float64(c.iAt(j))
+		}
 	}
 	return out
 }
 
-// asInt returns c's values as integers (c has kind k).
-func (c column) asInt(k scalar.Kind, n int) []int64 {
+// asInt returns c's values (of kind k) as the int64 elements of kind to
+// (Int, Uint or Bool): floats saturate at to's range, integers keep
+// their bits.
+func (c column) asInt(k, to scalar.Kind, n int) []int64 {
 	if k != scalar.Float {
 		return expand(c.i, c.splat, n)
 	}
 	out := make([]int64, n)
 	for j := range out {
-		out[j] = SaturatingInt(c.fAt(j))
+		if to == scalar.Uint {
+			out[j] = SaturatingUint(c.fAt(j))
+		} else {
+			out[j] = SaturatingInt(c.fAt(j))
+		}
 	}
 	return out
 }
@@ -171,6 +181,19 @@ func SaturatingInt(v float64) int64 {
 	return int64(v)
 }
 
+// SaturatingUint converts a float to uint64 (returned as its bits in an
+// int64) as scalar.Convert defines it: truncation toward zero,
+// saturating at 0 and 2^64-1, NaN to 0.
+func SaturatingUint(v float64) int64 {
+	switch {
+	case !(v > 0):
+		return 0
+	case v >= 0x1p64:
+		return -1
+	}
+	return int64(uint64(v))
+}
+
 // convertColumn converts c from kind from to kind to.
 func convertColumn(c column, from, to scalar.Kind, n int) column {
 	if from == to {
@@ -179,11 +202,11 @@ func convertColumn(c column, from, to scalar.Kind, n int) column {
 	switch to {
 	case scalar.Float:
 		return column{f: c.asFloat(from, n)}
-	case scalar.Int:
-		if from == scalar.Bool {
+	case scalar.Int, scalar.Uint:
+		if from != scalar.Float {
 			return c
 		}
-		return column{i: c.asInt(from, n)}
+		return column{i: c.asInt(from, to, n)}
 	}
 	out := make([]int64, n)
 	for j := range out {
@@ -213,6 +236,9 @@ func evalScalar(t *scalar.Typed, ops []column, n int) column {
 				b = 1
 			}
 			return column{i: []int64{b}, splat: true}
+		}
+		if t.Kind == scalar.Uint {
+			return column{i: []int64{SaturatingUint(t.Value)}, splat: true}
 		}
 		return column{i: []int64{SaturatingInt(t.Value)}, splat: true}
 	case scalar.Convert:
@@ -245,10 +271,13 @@ func evalScalar(t *scalar.Typed, ops []column, n int) column {
 	for i, a := range t.Args {
 		args[i] = convertColumn(evalScalar(a, ops, n), a.Kind, t.ArgKind, n)
 	}
-	if t.ArgKind == scalar.Float {
+	switch t.ArgKind {
+	case scalar.Float:
 		return applyFloat(t.Prim, args, n)
+	case scalar.Uint:
+		return applyInt(t.Prim, args, n, true)
 	}
-	return applyInt(t.Prim, args, n)
+	return applyInt(t.Prim, args, n, false)
 }
 
 func applyFloat(p scalar.Prim, args []column, n int) column {
@@ -279,16 +308,23 @@ func applyFloat(p scalar.Prim, args []column, n int) column {
 	return column{f: out}
 }
 
-func applyInt(p scalar.Prim, args []column, n int) column {
+// applyInt applies p to Int columns, or Uint ones when unsigned.
+func applyInt(p scalar.Prim, args []column, n int, unsigned bool) column {
 	out := make([]int64, n)
 	if p.Arity() == 1 {
 		f := IntUnary(p)
+		if unsigned && p == scalar.Abs {
+			f = func(x int64) int64 { return x }
+		}
 		for j := range out {
 			out[j] = f(args[0].iAt(j))
 		}
 		return column{i: out}
 	}
 	f := IntBinary(p)
+	if unsigned {
+		f = UintBinary(p)
+	}
 	for j := range out {
 		out[j] = f(args[0].iAt(j), args[1].iAt(j))
 	}
@@ -500,4 +536,60 @@ func IntPow(a, b int64) int64 {
 		a *= a
 	}
 	return r
+}
+
+// UintBinary is the uint64 meaning of a binary primitive on the bits of
+// its operands (comparisons give 0 or 1): where it differs from
+// IntBinary (division, remainder, ordering, max and min, a power's
+// exponent) it reads them unsigned.
+func UintBinary(p scalar.Prim) func(a, b int64) int64 {
+	b2i := func(c bool) int64 {
+		if c {
+			return 1
+		}
+		return 0
+	}
+	u := func(f func(a, b uint64) uint64) func(a, b int64) int64 {
+		return func(a, b int64) int64 { return int64(f(uint64(a), uint64(b))) }
+	}
+	switch p {
+	case scalar.Div:
+		return u(func(a, b uint64) uint64 {
+			if b == 0 {
+				return 0
+			}
+			return a / b
+		})
+	case scalar.Rem:
+		return u(func(a, b uint64) uint64 {
+			if b == 0 {
+				return 0
+			}
+			return a % b
+		})
+	case scalar.Pow:
+		return u(func(a, b uint64) uint64 {
+			r := uint64(1)
+			for ; b > 0; b >>= 1 {
+				if b&1 != 0 {
+					r *= a
+				}
+				a *= a
+			}
+			return r
+		})
+	case scalar.Max:
+		return u(func(a, b uint64) uint64 { return max(a, b) })
+	case scalar.Min:
+		return u(func(a, b uint64) uint64 { return min(a, b) })
+	case scalar.Lt:
+		return func(a, b int64) int64 { return b2i(uint64(a) < uint64(b)) }
+	case scalar.Le:
+		return func(a, b int64) int64 { return b2i(uint64(a) <= uint64(b)) }
+	case scalar.Gt:
+		return func(a, b int64) int64 { return b2i(uint64(a) > uint64(b)) }
+	case scalar.Ge:
+		return func(a, b int64) int64 { return b2i(uint64(a) >= uint64(b)) }
+	}
+	return IntBinary(p)
 }

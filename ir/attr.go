@@ -228,8 +228,11 @@ func (d *Dense) Float(i int64) float64 {
 	if d.IsSplat() {
 		i = 0
 	}
-	if d.Type.DType.IsFloat() {
+	switch {
+	case d.Type.DType.IsFloat():
 		return d.Floats[i]
+	case d.Type.DType == U64:
+		return float64(uint64(d.Ints[i]))
 	}
 	return float64(d.Ints[i])
 }
@@ -332,7 +335,7 @@ func (d *Dense) rawBytes(n int64) []byte {
 			b[0] = Float8E4M3Bits(d.Float(i))
 		case F8E5M2:
 			b[0] = Float8E5M2Bits(d.Float(i))
-		case I64:
+		case I64, U64:
 			binary.LittleEndian.PutUint64(b, uint64(d.Int(i)))
 		case I32, U32:
 			binary.LittleEndian.PutUint32(b, uint32(d.Int(i)))
@@ -374,7 +377,7 @@ func DenseFromRaw(t Type, raw []byte) (*Dense, error) {
 			d.Floats[i] = Float8E4M3FromBits(b[0])
 		case F8E5M2:
 			d.Floats[i] = Float8E5M2FromBits(b[0])
-		case I64:
+		case I64, U64:
 			d.Ints[i] = int64(binary.LittleEndian.Uint64(b))
 		case I32:
 			d.Ints[i] = int64(int32(binary.LittleEndian.Uint32(b)))

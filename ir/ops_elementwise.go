@@ -372,7 +372,8 @@ func castScalar(a AttrValues, in []Type, out Type) *scalar.Expr {
 			return scalar.If(un(scalar.Abs, x).Gt(num(464)), num(math.NaN()), x)
 		}
 		return x
-	case to.IsFloat() || !from.IsFloat():
+	case to.IsFloat() || !from.IsFloat() || to == U64:
+		// Conversion to u64 saturates at its own range.
 		return scalar.To(KindOf(to), x0)
 	}
 	bits := 8 * to.Size()
@@ -390,6 +391,8 @@ func KindOf(d DType) scalar.Kind {
 		return scalar.Float
 	case d == Bool:
 		return scalar.Bool
+	case d == U64:
+		return scalar.Uint
 	}
 	return scalar.Int
 }

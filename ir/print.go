@@ -275,6 +275,8 @@ func denseElem(d *Dense, i int) string {
 		return FormatFloat(d.Floats[i])
 	case d.Type.DType == Bool:
 		return strconv.FormatBool(d.Ints[i] != 0)
+	case d.Type.DType == U64:
+		return strconv.FormatUint(uint64(d.Ints[i]), 10)
 	}
 	return strconv.FormatInt(d.Ints[i], 10)
 }

@@ -32,17 +32,22 @@ const (
 	I16
 	U16
 	U32
+	// U64 keeps its 64 bits in the same storage as I64; every operation
+	// whose meaning differs for unsigned values (division, remainder,
+	// comparison, max and min, conversion to and from floats) computes
+	// unsigned (scalar.Uint).
+	U64
 )
 
 var dtypeNames = [...]string{
 	Invalid: "invalid", F64: "f64", F32: "f32", F16: "f16", BF16: "bf16",
 	F8E4M3: "f8e4m3", F8E5M2: "f8e5m2", I64: "i64", I32: "i32", I8: "i8", Bool: "bool",
-	U8: "u8", I16: "i16", U16: "u16", U32: "u32",
+	U8: "u8", I16: "i16", U16: "u16", U32: "u32", U64: "u64",
 }
 
 var dtypeSizes = [...]int64{
 	Invalid: 0, F64: 8, F32: 4, F16: 2, BF16: 2, F8E4M3: 1, F8E5M2: 1, I64: 8, I32: 4, I8: 1, Bool: 1,
-	U8: 1, I16: 2, U16: 2, U32: 4,
+	U8: 1, I16: 2, U16: 2, U32: 4, U64: 8,
 }
 
 // String returns the text-format spelling of d.
@@ -65,14 +70,14 @@ func (d DType) Size() int64 {
 func (d DType) IsFloat() bool { return d >= F64 && d <= F8E5M2 }
 
 // IsInt reports whether d is an integer type (not bool).
-func (d DType) IsInt() bool { return d >= I64 && d <= I8 || d >= U8 && d <= U32 }
+func (d DType) IsInt() bool { return d >= I64 && d <= I8 || d >= U8 && d <= U64 }
 
 // IsUnsigned reports whether d is an unsigned integer type.
-func (d DType) IsUnsigned() bool { return d == U8 || d == U16 || d == U32 }
+func (d DType) IsUnsigned() bool { return d == U8 || d == U16 || d == U32 || d == U64 }
 
 // WrapInt is v stored in d: the low bits of v, read as d reads them
 // (two's complement for signed types), as a C cast does; bool is 0 or 1.
-// Other dtypes return v.
+// Other dtypes return v (a u64 keeps v's 64 bits: its value is uint64(v)).
 func (d DType) WrapInt(v int64) int64 {
 	switch d {
 	case I32:

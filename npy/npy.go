@@ -47,6 +47,8 @@ func Descr(d ir.DType) (string, error) {
 		return "<u2", nil
 	case ir.U32:
 		return "<u4", nil
+	case ir.U64:
+		return "<u8", nil
 	case ir.Bool:
 		return "|b1", nil
 	}
@@ -145,6 +147,8 @@ func ReadAs(r io.Reader, want ir.DType) (*interp.Tensor, error) {
 		dt = ir.I16
 	case "<u4":
 		dt = ir.U32
+	case "<u8":
+		dt = ir.U64
 	case "<i8":
 		dt = ir.I64
 	case "<i4":
@@ -159,7 +163,7 @@ func ReadAs(r io.Reader, want ir.DType) (*interp.Tensor, error) {
 			dt = want // fp8 bits: numpy has no fp8
 		}
 	default:
-		return nil, fmt.Errorf(".npy dtype %q is not supported (want <f8, <f4, <f2, <i8, <i4, <i2, |i1, <u4, <u2 (also bf16 bits), |u1 (also fp8 bits) or |b1)", h.descr)
+		return nil, fmt.Errorf(".npy dtype %q is not supported (want <f8, <f4, <f2, <i8, <i4, <i2, |i1, <u8, <u4, <u2 (also bf16 bits), |u1 (also fp8 bits) or |b1)", h.descr)
 	}
 	if h.fortran {
 		return nil, fmt.Errorf("Fortran-order .npy files are not supported")

@@ -303,10 +303,11 @@ func init() {
 		}
 	}
 	// ReduceMin and ReduceMax of integers and booleans: in int64 (exact
-	// for every integer type Kiln has; booleans as 0 and 1, where the
-	// minimum is all and the maximum any), the minimum as -1 - max(-1 - x)
-	// (bitwise not), which reverses the order without the overflow of
-	// -max(-x) at INT64_MIN or the wrap of negating an unsigned value.
+	// for every integer type but uint64, which reduces in u64; booleans
+	// as 0 and 1, where the minimum is all and the maximum any), the
+	// minimum as -1 - max(-1 - x) (bitwise not, in either), which reverses
+	// the order without the overflow of -max(-x) at INT64_MIN or the wrap
+	// of negating an unsigned value.
 	for _, name := range []string{"ReduceMin", "ReduceMax"} {
 		float := converters[name]
 		converters[name] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -314,10 +315,14 @@ func init() {
 			if d.IsFloat() {
 				return float(im, n, in)
 			}
+			wide := ir.I64
+			if d == ir.U64 {
+				wide = ir.U64
+			}
 			c := &chain{im: im}
-			x := c.cast(in[0], ir.I64)
+			x := c.cast(in[0], wide)
 			if name == "ReduceMin" {
-				x = c.op("sub", nil, scalarConst(ir.I64, -1), x)
+				x = c.op("sub", nil, scalarConst(wide, -1), x)
 			}
 			if c.err != nil {
 				return nil, c.err
@@ -328,7 +333,7 @@ func init() {
 			}
 			y := out[0]
 			if name == "ReduceMin" {
-				y = c.op("sub", nil, scalarConst(ir.I64, -1), y)
+				y = c.op("sub", nil, scalarConst(wide, -1), y)
 			}
 			return c.done(c.cast(y, d))
 		}

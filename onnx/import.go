@@ -321,6 +321,8 @@ func dtypeOf(t int64) (ir.DType, bool) {
 		return ir.I16, true
 	case 12:
 		return ir.U32, true
+	case 13:
+		return ir.U64, true
 	case 6:
 		return ir.I32, true
 	case 7:
@@ -442,7 +444,7 @@ func (im *importer) decodeTensor(t *tensor) (*interp.Tensor, error) {
 			for _, v := range t.Int32Data {
 				d.Ints = append(d.Ints, dt.WrapInt(int64(v)))
 			}
-		case ir.U32:
+		case ir.U32, ir.U64:
 			for _, v := range t.Uint64Data {
 				d.Ints = append(d.Ints, dt.WrapInt(int64(v)))
 			}
@@ -1014,13 +1016,11 @@ func unreadableType(t int64) string {
 		return "no element type (an optional or sequence value, or a malformed model); Kiln reads tensors of numbers"
 	case 8:
 		return "Kiln computes on numbers, not strings"
-	case 13:
-		return "Kiln computes integers in int64, which cannot hold a uint64 above 2^63 (cast it to int64 in the model)"
 	case 14, 15:
 		return "Kiln has no complex numbers"
 	}
 	if _, ok := onnxTypeNames[t]; ok {
-		return "Kiln does not read this element type (it reads FLOAT, DOUBLE, FLOAT16, BFLOAT16, FLOAT8E4M3FN, FLOAT8E5M2, INT64, INT32, INT16, INT8, UINT32, UINT16, UINT8 and BOOL)"
+		return "Kiln does not read this element type (it reads FLOAT, DOUBLE, FLOAT16, BFLOAT16, FLOAT8E4M3FN, FLOAT8E5M2, INT64, INT32, INT16, INT8, UINT64, UINT32, UINT16, UINT8 and BOOL)"
 	}
 	return "not an element type ONNX defines"
 }

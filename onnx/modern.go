@@ -127,15 +127,21 @@ func init() {
 	converters["BitShift"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		x, y := in[0], in[1]
 		if !x.typ().DType.IsUnsigned() {
-			return nil, im.errorf("BitShift of %s: Kiln shifts unsigned integers of up to 32 bits (uint64 has no int64 form)", x.typ())
+			return nil, im.errorf("BitShift of %s: the operator shifts unsigned integers", x.typ())
 		}
-		// In i64, the shift clipped to the type's width (a wider one
-		// gives 0 both ways, as the width itself does: x < 2^bits).
+		// In 64 bits (u64 for a uint64, where 2^64 wraps to 0, and
+		// x · 0 and x / 0 are both 0), the shift clipped to the type's
+		// width (a wider one gives 0 both ways, as the width itself
+		// does: x < 2^bits).
+		wide := ir.I64
+		if x.typ().DType == ir.U64 {
+			wide = ir.U64
+		}
 		c := &chain{im: im}
 		bits := 8 * x.typ().DType.Size()
-		y64 := c.op("max", nil, c.op("min", nil, c.cast(y, ir.I64), scalarConst(ir.I64, float64(bits))), scalarConst(ir.I64, 0))
-		p := c.op("pow", nil, scalarConst(ir.I64, 2), y64)
-		x64 := c.cast(x, ir.I64)
+		y64 := c.op("max", nil, c.op("min", nil, c.cast(y, wide), scalarConst(wide, float64(bits))), scalarConst(wide, 0))
+		p := c.op("pow", nil, scalarConst(wide, 2), y64)
+		x64 := c.cast(x, wide)
 		switch dir := attrString(n, "direction", ""); dir {
 		case "LEFT":
 			return c.done(c.cast(c.op("mul", nil, x64, p), x.typ().DType))

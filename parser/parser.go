@@ -507,6 +507,15 @@ func (l *lowerer) lowerDense(da *denseAST, p lexer.Position) *ir.Dense {
 	}
 	d := &ir.Dense{Type: t}
 	for _, e := range elems {
+		if t.DType == ir.U64 && e.Int != nil {
+			// A u64 element may pass the int64 range.
+			u, err := strconv.ParseUint(*e.Int, 10, 64)
+			if err != nil {
+				l.errorf(e.Pos, "integer %s is out of the range of u64", *e.Int)
+			}
+			d.Ints = append(d.Ints, int64(u))
+			continue
+		}
 		a := l.lowerValue(e)
 		var f float64
 		switch a.Kind {

@@ -84,8 +84,10 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 		// bf16 with fp8 saved values: products read f32 and bf16 operands
 		// (result_dtype), the restore reads fp8 bytes and a bf16 scale.
 		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false},
+		// u64: unsigned division, comparison, conversion and reduction.
+		{"testdata/uint64.kir", "fuse,assign", false},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6}, k) {
+		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7}, k) {
 			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values
 		}
 		dir, _, _ := compile(t, c.model, c.pipeline)

@@ -97,7 +97,7 @@ func (w *cw) tmp() string {
 
 // cType is the C type an expression kind computes in.
 func cType(k loops.Kind) string {
-	return [...]string{"float", "double", "long long", "bool"}[k]
+	return [...]string{"float", "double", "long long", "bool", "unsigned long long"}[k]
 }
 
 // storageType is the C type a dtype is stored as.
@@ -111,6 +111,8 @@ func storageType(d ir.DType) (string, error) {
 		return "unsigned short", nil
 	case ir.I64:
 		return "long long", nil
+	case ir.U64:
+		return "unsigned long long", nil
 	case ir.I32:
 		return "int", nil
 	case ir.U32:
@@ -304,6 +306,8 @@ func floatOrInt(v float64, k loops.Kind) string {
 	switch k {
 	case loops.I64:
 		return strconv.FormatInt(int64(v), 10) + "LL"
+	case loops.U64:
+		return strconv.FormatUint(uint64(max(v, 0)), 10) + "ull"
 	case loops.Bool:
 		return strconv.FormatBool(v != 0)
 	}
@@ -320,10 +324,14 @@ func identity(op scalar.Prim, k loops.Kind) string {
 		}
 		return floatLit(0, k)
 	}
-	switch op {
-	case scalar.Max:
+	switch {
+	case k == loops.U64 && op == scalar.Min:
+		return "18446744073709551615ull"
+	case k == loops.U64:
+		return "0ull"
+	case op == scalar.Max:
 		return "(-9223372036854775807LL - 1)"
-	case scalar.Min:
+	case op == scalar.Min:
 		return "9223372036854775807LL"
 	}
 	return "0LL"
@@ -346,6 +354,8 @@ func (w *cw) unary(p scalar.Prim, k loops.Kind, x string) string {
 		return "-" + x
 	case p == scalar.Not:
 		return "!" + x
+	case p == scalar.Abs && k == loops.U64:
+		return x
 	case p == scalar.Abs && !k.IsFloat():
 		return "(" + x + " < 0 ? -" + x + " : " + x + ")"
 	case k.IsFloat() && cudaUnary[p] != "":
@@ -389,8 +399,11 @@ func (w *cw) binary(op scalar.Prim, k loops.Kind, a, b string) string {
 		}
 		switch op {
 		case scalar.Shr:
-			return "(long long)((unsigned long long)" + a + " >> (" + b + " & 63))"
+			return "(" + cType(k) + ")((unsigned long long)" + a + " >> (" + b + " & 63))"
 		case scalar.Pow:
+			if k == loops.U64 {
+				return "kiln_upow(" + a + ", " + b + ")"
+			}
 			return "kiln_ipow(" + a + ", " + b + ")"
 		case scalar.Max:
 			return fmt.Sprintf("%s > %s ? %s : %s", a, b, a, b)
@@ -412,6 +425,8 @@ func convert(x string, from, to loops.Kind) string {
 		// Saturating, NaN to 0 (scalar.Convert): a plain C cast is
 		// undefined out of range.
 		return "kiln_f2ll(" + x + ")"
+	case from.IsFloat() && to == loops.U64:
+		return "kiln_f2ull(" + x + ")"
 	}
 	return "(" + cType(to) + ")" + x
 }
@@ -631,7 +646,7 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		w.line("%s[%s] = %s;", out, at, toStorage(w.binary(scalar.Add, outKind, old, value), d))
 	case d == ir.F32 || d == ir.F64:
 		w.line("atomicAdd(&%s[%s], %s);", out, at, value)
-	case d == ir.I64:
+	case d == ir.I64 || d == ir.U64:
 		w.line("atomicAdd((unsigned long long *)&%s[%s], (unsigned long long)%s);", out, at, value)
 	case d == ir.I32:
 		w.line("atomicAdd(&%s[%s], (int)%s);", out, at, value)

@@ -156,6 +156,23 @@ __host__ __device__ static inline long long kiln_f2ll(double x) {
   return (long long)x;
 }
 
+// Float to uint64 likewise: saturating at 0 and 2^64-1, NaN to 0.
+__host__ __device__ static inline unsigned long long kiln_f2ull(double x) {
+  if (!(x > 0)) return 0;
+  if (x >= 18446744073709551616.0) return 18446744073709551615ull;
+  return (unsigned long long)x;
+}
+
+// Unsigned a^b: by squaring, wrapping.
+__host__ __device__ static inline unsigned long long kiln_upow(unsigned long long a, unsigned long long b) {
+  unsigned long long r = 1;
+  for (; b; b >>= 1) {
+    if (b & 1) r *= a;
+    a *= a;
+  }
+  return r;
+}
+
 // Integer a^b as Kiln's Pow defines it: by squaring, wrapping; for b < 0
 // the truncated 1/a^-b.
 __host__ __device__ static inline long long kiln_ipow(long long a, long long b) {

@@ -61,8 +61,8 @@ type module struct {
 	opt      Options
 	decls    map[string]*ir.Func
 	consts   map[*kir.Dense]*ir.Global
-	parallel *ir.Func // kiln_parallel_for, emitted on first use
-	ipow     *ir.Func // kiln_ipow, emitted on first use
+	parallel *ir.Func            // kiln_parallel_for, emitted on first use
+	ipow     map[string]*ir.Func // kiln_ipow and kiln_upow, emitted on first use
 	host     *ir.Global
 	status   *ir.Global // kiln_status, emitted on first use
 	rank     *ir.Global // kiln_world_rank (defined by the MPI driver), declared on first use
@@ -163,7 +163,7 @@ func storageType(d kir.DType) (types.Type, error) {
 		return types.Half, nil
 	case kir.BF16:
 		return types.I16, nil
-	case kir.I64:
+	case kir.I64, kir.U64:
 		return types.I64, nil
 	case kir.I32:
 		return types.I32, nil
@@ -526,8 +526,7 @@ func (e *fn) emit(x loops.Expr) value.Value {
 			pred := map[scalar.Prim]enum.FPred{scalar.Eq: enum.FPredOEQ, scalar.Ne: enum.FPredUNE, scalar.Lt: enum.FPredOLT, scalar.Le: enum.FPredOLE, scalar.Gt: enum.FPredOGT, scalar.Ge: enum.FPredOGE}[x.Pred]
 			return c.NewFCmp(pred, a, b)
 		}
-		pred := map[scalar.Prim]enum.IPred{scalar.Eq: enum.IPredEQ, scalar.Ne: enum.IPredNE, scalar.Lt: enum.IPredSLT, scalar.Le: enum.IPredSLE, scalar.Gt: enum.IPredSGT, scalar.Ge: enum.IPredSGE}[x.Pred]
-		return c.NewICmp(pred, a, b)
+		return c.NewICmp(intPred(x.Pred, x.A.Kind()), a, b)
 	case *loops.Select:
 		cond, a, b := e.expr(x.C), e.expr(x.A), e.expr(x.B)
 		return e.cur.NewSelect(cond, a, b)
@@ -680,6 +679,8 @@ func (e *fn) unary(p scalar.Prim, k loops.Kind, x value.Value) value.Value {
 		return c.NewFNeg(x)
 	case p == scalar.Neg:
 		return c.NewSub(i64(0), x)
+	case p == scalar.Abs && k == loops.U64:
+		return x
 	case p == scalar.Abs && !k.IsFloat():
 		return c.NewSelect(c.NewICmp(enum.IPredSLT, x, i64(0)), c.NewSub(i64(0), x), x)
 	case !k.IsFloat():
@@ -725,8 +726,14 @@ func (e *fn) arith(op scalar.Prim, k loops.Kind, a, b value.Value) value.Value {
 		case scalar.Mul:
 			return c.NewMul(a, b)
 		case scalar.Div:
+			if k == loops.U64 {
+				return c.NewUDiv(a, b)
+			}
 			return c.NewSDiv(a, b)
 		case scalar.Rem:
+			if k == loops.U64 {
+				return c.NewURem(a, b)
+			}
 			return c.NewSRem(a, b)
 		case scalar.And:
 			return c.NewAnd(a, b)
@@ -737,11 +744,11 @@ func (e *fn) arith(op scalar.Prim, k loops.Kind, a, b value.Value) value.Value {
 		case scalar.Shr:
 			return c.NewLShr(a, c.NewAnd(b, i64(63)))
 		case scalar.Max:
-			return c.NewSelect(c.NewICmp(enum.IPredSGT, a, b), a, b)
+			return c.NewSelect(c.NewICmp(intPred(scalar.Gt, k), a, b), a, b)
 		case scalar.Min:
-			return c.NewSelect(c.NewICmp(enum.IPredSLT, a, b), a, b)
+			return c.NewSelect(c.NewICmp(intPred(scalar.Lt, k), a, b), a, b)
 		case scalar.Pow:
-			return c.NewCall(e.md.intPow(), a, b)
+			return c.NewCall(e.md.intPow(k == loops.U64), a, b)
 		}
 	}
 	e.fail(fmt.Errorf("no %s on %s", op, k))
@@ -758,21 +765,26 @@ func (e *fn) convert(v value.Value, from, to loops.Kind) value.Value {
 			return c.NewFPExt(v, types.Double)
 		}
 		return c.NewFPTrunc(v, types.Float)
-	case from.IsFloat() && to == loops.I64:
-		// Saturating, NaN to 0 (scalar.Convert); plain fptosi is poison
-		// out of range.
-		name := "llvm.fptosi.sat.i64.f64"
-		if from == loops.F32 {
-			name = "llvm.fptosi.sat.i64.f32"
+	case from.IsInteger() && to.IsInteger():
+		return v // the same bits
+	case from.IsFloat() && to.IsInteger():
+		// Saturating, NaN to 0 (scalar.Convert); plain fptosi and fptoui
+		// are poison out of range.
+		name := "llvm.fptosi.sat.i64."
+		if to == loops.U64 {
+			name = "llvm.fptoui.sat.i64."
 		}
+		name += map[loops.Kind]string{loops.F32: "f32", loops.F64: "f64"}[from]
 		return c.NewCall(e.md.declare(name, types.I64, kindType(from)), v)
 	case from.IsFloat() && to == loops.Bool:
 		return c.NewFCmp(enum.FPredUNE, v, constant.NewFloat(kindType(from).(*types.FloatType), 0))
 	case from == loops.I64 && to.IsFloat():
 		return c.NewSIToFP(v, kindType(to))
-	case from == loops.I64 && to == loops.Bool:
+	case from == loops.U64 && to.IsFloat():
+		return c.NewUIToFP(v, kindType(to))
+	case from.IsInteger() && to == loops.Bool:
 		return c.NewICmp(enum.IPredNE, v, i64(0))
-	case from == loops.Bool && to == loops.I64:
+	case from == loops.Bool && to.IsInteger():
 		return c.NewZExt(v, types.I64)
 	case from == loops.Bool && to.IsFloat():
 		return c.NewUIToFP(v, kindType(to))
@@ -783,15 +795,24 @@ func (e *fn) convert(v value.Value, from, to loops.Kind) value.Value {
 
 // intPow returns kiln_ipow(a, b), integer a^b as scalar.Pow defines it
 // (interp.IntPow): by squaring, wrapping; for b < 0 the truncated 1/a^-b.
-func (md *module) intPow() *ir.Func {
-	if md.ipow != nil {
-		return md.ipow
+// Unsigned, kiln_upow reads b unsigned (no negative exponent).
+func (md *module) intPow(unsigned bool) *ir.Func {
+	name := "kiln_ipow"
+	if unsigned {
+		name = "kiln_upow"
+	}
+	if f := md.ipow[name]; f != nil {
+		return f
 	}
 	a, b := ir.NewParam("a", types.I64), ir.NewParam("b", types.I64)
-	f := md.m.NewFunc("kiln_ipow", types.I64, a, b)
+	f := md.m.NewFunc(name, types.I64, a, b)
 	f.Linkage = enum.LinkageInternal
 	entry, negative, head, body, done := f.NewBlock(""), f.NewBlock(""), f.NewBlock(""), f.NewBlock(""), f.NewBlock("")
-	entry.NewCondBr(entry.NewICmp(enum.IPredSLT, b, i64(0)), negative, head)
+	var isNegative value.Value = constant.False
+	if !unsigned {
+		isNegative = entry.NewICmp(enum.IPredSLT, b, i64(0))
+	}
+	entry.NewCondBr(isNegative, negative, head)
 	// b < 0: 1 for a = 1, ±1 for a = -1 (by b's parity), 0 otherwise.
 	odd := negative.NewICmp(enum.IPredNE, negative.NewAnd(b, i64(1)), i64(0))
 	minusOne := negative.NewSelect(odd, i64(-1), i64(1))
@@ -811,8 +832,20 @@ func (md *module) intPow() *ir.Func {
 	x.Incs = append(x.Incs, ir.NewIncoming(x2, body))
 	n.Incs = append(n.Incs, ir.NewIncoming(n2, body))
 	done.NewRet(r)
-	md.ipow = f
+	if md.ipow == nil {
+		md.ipow = map[string]*ir.Func{}
+	}
+	md.ipow[name] = f
 	return f
+}
+
+// intPred is the icmp predicate of a comparison of integers of kind k
+// (signed for I64, unsigned for U64).
+func intPred(p scalar.Prim, k loops.Kind) enum.IPred {
+	if k == loops.U64 {
+		return map[scalar.Prim]enum.IPred{scalar.Eq: enum.IPredEQ, scalar.Ne: enum.IPredNE, scalar.Lt: enum.IPredULT, scalar.Le: enum.IPredULE, scalar.Gt: enum.IPredUGT, scalar.Ge: enum.IPredUGE}[p]
+	}
+	return map[scalar.Prim]enum.IPred{scalar.Eq: enum.IPredEQ, scalar.Ne: enum.IPredNE, scalar.Lt: enum.IPredSLT, scalar.Le: enum.IPredSLE, scalar.Gt: enum.IPredSGT, scalar.Ge: enum.IPredSGE}[p]
 }
 
 // identity is the value a reduction by op starts from.
@@ -827,10 +860,14 @@ func identity(op scalar.Prim, k loops.Kind) value.Value {
 		}
 		return constant.NewFloat(kindType(k).(*types.FloatType), v)
 	}
-	switch op {
-	case scalar.Max:
+	switch {
+	case op == scalar.Max && k == loops.U64:
+		return i64(0)
+	case op == scalar.Min && k == loops.U64:
+		return i64(-1)
+	case op == scalar.Max:
 		return i64(math.MinInt64)
-	case scalar.Min:
+	case op == scalar.Min:
 		return i64(math.MaxInt64)
 	}
 	return i64(0)

@@ -465,6 +465,67 @@ func TestNarrowIntegersCompiled(t *testing.T) {
 	}
 }
 
+// TestUint64Compiled: u64 keeps its 64 bits and reads them unsigned
+// wherever that differs from i64, in the interpreter and compiled alike:
+// with a = 2^64-2 (which i64 reads as -2), a / 3, a % 3, a > 1, max(a,
+// 1), the maximum over a row, the conversion to f64 (2^64-2 rounds to
+// 2^64) and a^2 (wrapping to 4); from f32, -5 saturates to 0 and 3e19 to
+// 2^64-1; a u64 constant above 2^63 round-trips the text format.
+func TestUint64Compiled(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("in.kir", `func @f(%a: u64[3], %x: f32[3]) -> (u64[3], u64[3], bool[3], u64[3], u64[1], f64[3], u64[3], u64[3], u64[3]) {
+  %three = constant() {value = dense<u64[3]: 3>} : u64[3]
+  %big = constant() {value = dense<u64[3]: 18446744073709551615>} : u64[3]
+  %q = div(%a, %three) : u64[3]
+  %r = mod(%a, %three) : u64[3]
+  %one = constant() {value = dense<u64[3]: 1>} : u64[3]
+  %g = gt(%a, %one) : bool[3]
+  %mx = max(%a, %one) : u64[3]
+  %rm = reduce_max(%a) {axes = [0], keepdims = true} : u64[1]
+  %f = cast(%a) {to = f64} : f64[3]
+  %two = constant() {value = dense<u64[3]: 2>} : u64[3]
+  %p = pow(%a, %two) : u64[3]
+  %c = cast(%x) {to = u64} : u64[3]
+  %m = min(%a, %big) : u64[3]
+  return %q, %r, %g, %mx, %rm, %f, %p, %c, %m
+}
+`)
+	require.NoError(t, err)
+	require.Contains(t, m.String(), "dense<u64[3]: 18446744073709551615>")
+	pipelineOn(t, m, "fuse,assign")
+	f := m.Funcs[0]
+	const top = -1 // 2^64-1 as int64 bits
+	args := []*interp.Tensor{
+		interp.FromInts(ir.TensorOf(ir.U64, 3), []int64{top - 1, 7, 0}),
+		interp.FromFloats(ir.TensorOf(ir.F32, 3), []float64{-5, 3e19, 12.7}),
+	}
+	wantInts := [][]int64{
+		{int64(uint64(1<<64-2) / 3), 2, 0},
+		{int64(uint64(1<<64-2) % 3), 1, 0},
+		{1, 1, 0},
+		{top - 1, 7, 1},
+		{top - 1},
+		nil,
+		{4, 49, 0},
+		{0, top, 12},
+		{top - 1, 7, 0},
+	}
+	interpreted, err := interp.Run(f, args, interp.Options{})
+	require.NoError(t, err)
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	compiled, _, err := llvm.Run(p, args)
+	require.NoError(t, err)
+	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
+		for i, w := range wantInts {
+			if w != nil {
+				require.Equal(t, w, got[i].I, "%s: result %d", name, i)
+			}
+		}
+		require.Equal(t, []float64{0x1p64, 7, 0}, got[5].F, "%s: u64 to f64", name)
+	}
+}
+
 // TestFP8CastsCompiled: casts to fp8 follow ONNX's Cast in the
 // interpreter and in compiled code alike (compiled code failed with an
 // internal error): e4m3 saturates at ±448 and, with saturate = false,

@@ -63,6 +63,8 @@ func kindIn(k scalar.Kind, fk Kind) Kind {
 	switch k {
 	case scalar.Int:
 		return I64
+	case scalar.Uint:
+		return U64
 	case scalar.Bool:
 		return Bool
 	}
@@ -80,6 +82,8 @@ func lowerScalar(t *scalar.Typed, ops []Expr, fk Kind) Expr {
 		switch k {
 		case I64:
 			return Int{saturatingInt(t.Value)}
+		case U64:
+			return &Convert{To: U64, X: Int{saturatingUint(t.Value)}}
 		case Bool:
 			return BoolConst{t.Value != 0}
 		}
@@ -102,6 +106,10 @@ func lowerScalar(t *scalar.Typed, ops []Expr, fk Kind) Expr {
 		return cmp(p, args[0], args[1])
 	case ak == I64:
 		return intBinary(p, args[0], args[1])
+	case ak == U64 && (p == scalar.Div || p == scalar.Rem):
+		// Unsigned: only a zero divisor needs care.
+		zero := cmp(scalar.Eq, args[1], conv(Int{0}, U64))
+		return sel(zero, conv(Int{0}, U64), bin(p, args[0], sel(zero, conv(Int{1}, U64), args[1])))
 	}
 	return bin(p, args[0], args[1])
 }
@@ -133,6 +141,17 @@ func saturatingInt(v float64) int64 {
 		return math.MinInt64
 	}
 	return int64(v)
+}
+
+// saturatingUint converts a constant to u64 bits as scalar.Convert does.
+func saturatingUint(v float64) int64 {
+	switch {
+	case !(v > 0):
+		return 0
+	case v >= 0x1p64:
+		return -1
+	}
+	return int64(uint64(v))
 }
 
 func init() {

@@ -21,11 +21,15 @@ type Kind uint8
 const (
 	F32  Kind = iota // float (also the compute type of f16, bf16 and fp8)
 	F64              // double
-	I64              // every integer dtype computes in 64 bits
+	I64              // every integer dtype but u64 computes in 64 bits
 	Bool             // i1: comparisons and masks
+	U64              // u64: i64's bits, computed unsigned (scalar.Uint)
 )
 
-func (k Kind) String() string { return [...]string{"f32", "f64", "i64", "bool"}[k] }
+func (k Kind) String() string { return [...]string{"f32", "f64", "i64", "bool", "u64"}[k] }
+
+// IsInteger reports whether k is I64 or U64.
+func (k Kind) IsInteger() bool { return k == I64 || k == U64 }
 
 // IsFloat reports whether k is F32 or F64.
 func (k Kind) IsFloat() bool { return k == F32 || k == F64 }
@@ -39,6 +43,8 @@ func ComputeKind(d ir.DType) Kind {
 		return F32
 	case d == ir.Bool:
 		return Bool
+	case d == ir.U64:
+		return U64
 	}
 	return I64
 }
@@ -84,7 +90,7 @@ type Binary struct {
 }
 
 // Compare applies a comparison primitive; NaN compares false except
-// under Ne. Integers compare signed.
+// under Ne. I64 compares signed, U64 unsigned.
 type Compare struct {
 	Pred scalar.Prim
 	A, B Expr
@@ -94,8 +100,9 @@ type Compare struct {
 type Select struct{ C, A, B Expr }
 
 // Convert changes kind as scalar.Convert does: floats truncate toward
-// zero into integers, saturating (NaN: 0), bools become 0 or 1, and a
-// number becomes a bool when it is not zero.
+// zero into integers, saturating (NaN: 0), bools become 0 or 1, a
+// number becomes a bool when it is not zero, and I64 and U64 keep their
+// bits (a U64 constant is an Int converted so).
 type Convert struct {
 	To Kind
 	X  Expr

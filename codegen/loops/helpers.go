@@ -68,6 +68,8 @@ func like(x Expr, v float64) Expr {
 	switch x.Kind() {
 	case I64:
 		return Int{int64(v)}
+	case U64:
+		return conv(Int{saturatingUint(v)}, U64)
 	case Bool:
 		return BoolConst{v != 0}
 	}
@@ -95,6 +97,8 @@ func wider(a, b Kind) Kind {
 		return F64
 	case a == F32 || b == F32:
 		return F32
+	case a == U64 || b == U64:
+		return U64
 	case a == I64 || b == I64:
 		return I64
 	}

@@ -5,9 +5,12 @@
 // run, a constant fold and compiled code all follow one definition. Its
 // primitives (Prim) are also the typed operations of the loop language.
 //
-// Values have one of three kinds: Float (computed in the precision the
+// Values have one of four kinds: Float (computed in the precision the
 // evaluator chooses: f64 in the interpreter, the storage type's compute
-// type in compiled code), Int (64-bit two's complement) and Bool.
+// type in compiled code), Int (64-bit two's complement), Uint (64-bit
+// unsigned: the same bits and the same wrapping addition, subtraction and
+// multiplication, with unsigned division, remainder, comparison and
+// conversion) and Bool.
 // Constants have no kind of their own: they take the kind of the operand
 // they meet, or the kind the result is stored in.
 package scalar
@@ -27,11 +30,15 @@ const (
 	Float
 	Int
 	Bool
+	Uint
 )
 
 func (k Kind) String() string {
-	return [...]string{"untyped", "float", "int", "bool"}[k]
+	return [...]string{"untyped", "float", "int", "bool", "uint"}[k]
 }
+
+// IsInteger reports whether k is Int or Uint.
+func (k Kind) IsInteger() bool { return k == Int || k == Uint }
 
 // Prim is a primitive operation.
 type Prim uint8
@@ -142,8 +149,10 @@ type Expr struct {
 	Index int     // Operand
 	Value float64 // Const
 	Prim  Prim    // Apply
-	// Convert: to Float; to Int, truncating toward zero and saturating at
-	// the int64 range (NaN gives 0); to Bool, true where not zero (NaN too).
+	// Convert: to Float; to Int (Uint), truncating toward zero and
+	// saturating at the int64 (uint64) range, NaN giving 0, and keeping
+	// the 64 bits between Int and Uint; to Bool, true where not zero (NaN
+	// too).
 	To   Kind
 	Args []*Expr
 }
@@ -319,7 +328,7 @@ func resolve(e *Expr, operands []Kind) (*Typed, error) {
 			if k == Bool {
 				return nil, fmt.Errorf("%s of bool", p)
 			}
-			if k == Int && p.floatOnly() {
+			if k.IsInteger() && p.floatOnly() {
 				return nil, fmt.Errorf("%s of int", p)
 			}
 			t.Kind, t.ArgKind = k, k
@@ -340,7 +349,8 @@ func (p Prim) floatOnly() bool {
 	return false
 }
 
-// meet is the kind two operands compute in.
+// meet is the kind two operands compute in: Float over the integers,
+// Uint over Int (as C's usual conversions of 64-bit operands do).
 func meet(a, b Kind) Kind {
 	switch {
 	case a == Untyped:
@@ -349,6 +359,8 @@ func meet(a, b Kind) Kind {
 		return a
 	case a == Float || b == Float:
 		return Float
+	case a == Uint || b == Uint:
+		return Uint
 	case a == Int || b == Int:
 		return Int
 	}

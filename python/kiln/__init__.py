@@ -153,7 +153,8 @@ def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microba
 
 
 _NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "i64": "int64", "i32": "int32", "i16": "int16",
-              "i8": "int8", "u8": "uint8", "u16": "uint16", "u32": "uint32", "bool": "bool"}
+              "i8": "int8", "u8": "uint8", "u16": "uint16", "u32": "uint32",
+              "u64": "uint64", "bool": "bool"}
 
 
 def _runtime(lib_path):
