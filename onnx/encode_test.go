@@ -33,6 +33,7 @@ type tNode struct {
 	floats  map[string]float32
 	tensor  []byte // a "value" tensor attribute
 	strs    map[string]string
+	domain  string
 }
 
 func encTensorF32(name string, dims []int64, vals []float32) []byte {
@@ -73,6 +74,9 @@ func encNode(n tNode) []byte {
 	}
 	b = appendString(b, 3, n.name)
 	b = appendString(b, 4, n.op)
+	if n.domain != "" {
+		b = appendString(b, 7, n.domain)
+	}
 	for name, ints := range n.ints {
 		var a []byte
 		a = appendString(a, 1, name)

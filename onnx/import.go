@@ -89,12 +89,21 @@ func Import(data []byte, opt Options) (*ir.Module, error) {
 		switch o.Domain {
 		case "", "ai.onnx":
 			version = o.Version
-		case "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft":
+		case previewTraining:
+			if o.Version != 1 {
+				return nil, fmt.Errorf("%s: operator domain %q version %d is not supported (Kiln reads version 1)", opt.Name, o.Domain, o.Version)
+			}
+		case "ai.onnx.ml", "ai.onnx.training", "com.microsoft":
 			// Imported domains a model may declare without using; a node
 			// in one is reported by checkSupported.
 		default:
 			return nil, fmt.Errorf("%s: operator domain %q (version %d) is not supported; Kiln reads the default ONNX domain", opt.Name, o.Domain, o.Version)
 		}
+	}
+	if version == -1 && !usesDefaultDomain(m.Graph) {
+		// A graph of training-domain operators alone needs no default
+		// opset; read it as at the newest.
+		version = maxOpset
 	}
 	if version >= 1 && version < minOpset {
 		// Below opset 6, only graphs of operators whose definition did
@@ -209,12 +218,8 @@ func checkSupported(g *graph, name string) error {
 			}
 			return fmt.Errorf("%s: node %q (%s): %s; Kiln plans static shapes and tensors of numbers", name, nm, n.OpType, why)
 		}
-		key := n.OpType
-		if n.Domain != "" && n.Domain != "ai.onnx" {
-			key = n.Domain + "." + n.OpType
-		} else if converters[n.OpType] == nil {
-			key = n.OpType
-		} else {
+		key := opKey(n)
+		if converters[key] != nil {
 			continue
 		}
 		bad[key]++
@@ -279,7 +284,7 @@ type importer struct {
 // checkArity holds a node to its operator's input count, with its
 // required inputs present.
 func (im *importer) checkArity(in []entry) error {
-	a, ok := arity[im.n.OpType]
+	a, ok := arity[opKey(im.n)]
 	if l, old := legacyArity[im.n.OpType]; old && im.opset < l.before {
 		a = l.arity
 	}
@@ -673,7 +678,8 @@ func (im *importer) runNodes(nodes []*node) error {
 		if n.Name == "" {
 			n.Name = fmt.Sprintf("%s_%d", n.OpType, i)
 		}
-		if converters[n.OpType] == nil || n.Domain != "" && n.Domain != "ai.onnx" {
+		convert := converters[opKey(n)]
+		if convert == nil {
 			return im.errorf("unsupported ONNX op (domain %q)", n.Domain) // inside a subgraph
 		}
 		in := make([]entry, len(n.Inputs))
@@ -690,7 +696,7 @@ func (im *importer) runNodes(nodes []*node) error {
 		if err := im.checkArity(in); err != nil {
 			return err
 		}
-		outs, err := converters[n.OpType](im, n, in)
+		outs, err := convert(im, n, in)
 		if err != nil {
 			return err
 		}
@@ -1023,4 +1029,33 @@ func unreadableType(t int64) string {
 		return "Kiln does not read this element type (it reads FLOAT, DOUBLE, FLOAT16, BFLOAT16, FLOAT8E4M3FN, FLOAT8E5M2, INT64, INT32, INT16, INT8, UINT64, UINT32, UINT16, UINT8 and BOOL)"
 	}
 	return "not an element type ONNX defines"
+}
+
+// previewTraining is the ONNX domain of the optimizer operators (Adam,
+// Adagrad, Momentum), version 1.
+const previewTraining = "ai.onnx.preview.training"
+
+// opKey is the key of n's operator in converters and arity: its type in
+// the default domain, "domain.type" in another.
+func opKey(n *node) string {
+	if n.Domain == "" || n.Domain == "ai.onnx" {
+		return n.OpType
+	}
+	return n.Domain + "." + n.OpType
+}
+
+// usesDefaultDomain reports whether a node of g (subgraphs included) is
+// an operator of the default domain.
+func usesDefaultDomain(g *graph) bool {
+	for _, n := range g.Nodes {
+		if n.Domain == "" || n.Domain == "ai.onnx" {
+			return true
+		}
+		for _, a := range n.Attrs {
+			if a.G != nil && usesDefaultDomain(a.G) {
+				return true
+			}
+		}
+	}
+	return false
 }
