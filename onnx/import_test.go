@@ -717,3 +717,44 @@ func TestCastSaturate(t *testing.T) {
 		require.Equal(t, c.want, got[0].F, "saturate %d", c.sat)
 	}
 }
+
+// TestScatterReductionsWithDuplicates: ScatterElements and ScatterND
+// with reduction mul, max and min combine every update of an element in
+// index order, duplicates included (opset 18): x = [1, 2, 3] with
+// updates 4, 5, -6 at elements 0, 0, 2.
+func TestScatterReductionsWithDuplicates(t *testing.T) {
+	for _, c := range []struct {
+		op, reduction string
+		want          []float64
+	}{
+		{"ScatterElements", "mul", []float64{20, 2, -18}},
+		{"ScatterElements", "max", []float64{5, 2, 3}},
+		{"ScatterElements", "min", []float64{1, 2, -6}},
+		{"ScatterND", "mul", []float64{20, 2, -18}},
+		{"ScatterND", "max", []float64{5, 2, 3}},
+		{"ScatterND", "min", []float64{1, 2, -6}},
+	} {
+		idxDims := []int64{3}
+		if c.op == "ScatterND" {
+			idxDims = []int64{3, 1}
+		}
+		data := encModel(tGraph{
+			nodes:   []tNode{{op: c.op, name: "/s", inputs: []string{"x", "i", "u"}, outputs: []string{"y"}, strs: map[string]string{"reduction": c.reduction}}},
+			inits:   [][]byte{encTensorI64("i", idxDims, []int64{0, 0, 2})},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{3}), encValueInfo("i", 7, idxDims), encValueInfo("u", 1, []int64{3})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{3})},
+			opset:   18,
+		})
+		m, err := Import(data, Options{Name: "m.onnx"})
+		require.NoError(t, err, "%s %s", c.op, c.reduction)
+		f := m.Funcs[0]
+		vals := map[string][]float64{"x": {1, 2, 3}, "u": {4, 5, -6}}
+		var args []*interp.Tensor
+		for _, a := range f.Args {
+			args = append(args, interp.FromFloats(a.Type, vals[a.Name]))
+		}
+		res, err := interp.Run(f, args, interp.Options{})
+		require.NoError(t, err)
+		require.Equal(t, c.want, res[0].F, "%s %s", c.op, c.reduction)
+	}
+}

@@ -284,10 +284,8 @@ func init() {
 		return im.emit("gather_elements", in, ir.Attrs{"axis": ir.IntAttr(attrInt(n, "axis", 0))})
 	}
 	// ScatterElements: with reduction "add", data plus the scatter-add of
-	// the updates (gather_elements' gradient); with "none", the scattered
-	// updates where an index points and data elsewhere, which needs
-	// indices known at import and free of duplicates (ONNX leaves their
-	// order undefined).
+	// the updates (gather_elements' gradient); otherwise (scatterReduce)
+	// indices known at import.
 	scatter := func(im *importer, n *node, in []entry) ([]entry, error) {
 		data, idx, upd := in[0], in[1], in[2]
 		axis := attrInt(n, "axis", 0)
@@ -295,23 +293,24 @@ func init() {
 			return nil, im.errorf("updates %s must have the indices' shape %s", upd.typ(), idx.typ())
 		}
 		a := ir.Attrs{"axis": ir.IntAttr(axis), "data_shape": ir.IntsAttr(data.typ().Shape...)}
-		spread, err := im.one("gather_elements_grad", a, upd, idx)
-		if err != nil {
-			return nil, err
-		}
-		switch r := attrString(n, "reduction", "none"); r {
-		case "add":
-			y, err := im.one("add", nil, data, spread)
+		spread := func(u entry) (entry, error) { return im.one("gather_elements_grad", a, u, idx) }
+		reduction := attrString(n, "reduction", "none")
+		if reduction == "add" {
+			s, err := spread(upd)
+			if err != nil {
+				return nil, err
+			}
+			y, err := im.one("add", nil, data, s)
 			return []entry{y}, err
-		case "none":
-		default:
-			return nil, im.errorf("reduction=%s is not supported (none or add)", r)
 		}
 		if idx.k == nil {
-			return nil, im.needConstant(idx, "without a reduction, the indices (to rule out duplicates)")
+			return nil, im.needConstant(idx, "with reduction "+reduction+", the indices (to order the updates of one element)")
 		}
-		ax, _ := ir.NormalizeAxis(axis, data.typ().Rank())
-		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data.typ().Shape})
+		ax, err := ir.NormalizeAxis(axis, data.typ().Rank())
+		if err != nil {
+			return nil, im.errorf("%v", err)
+		}
+		targets := make([]int64, len(idx.k.I))
 		ds := data.typ().Shape.Strides()
 		is := idx.typ().Shape
 		for i := range idx.k.I {
@@ -330,12 +329,9 @@ func init() {
 				}
 				pos += c * ds[d]
 			}
-			if hit.I[pos] != 0 {
-				return nil, im.errorf("the indices hit one element twice; without a reduction ONNX leaves the result undefined")
-			}
-			hit.I[pos] = 1
+			targets[i] = pos
 		}
-		y, err := im.one("where", nil, entry{k: hit}, spread, data)
+		y, err := im.scatterReduce(reduction, data, upd, targets, spread)
 		return []entry{y}, err
 	}
 	arity["ScatterElements"] = [2]int{3, 3}
@@ -572,37 +568,98 @@ func init() {
 		if !upd.typ().Shape.Equal(want) {
 			return nil, im.errorf("updates %s must have shape %v", upd.typ(), want)
 		}
-		spread, err := im.one("gather_grad", ir.Attrs{"axis": ir.IntAttr(0), "data_shape": ir.IntsAttr(fs...)}, upd, lin)
-		if err != nil {
-			return nil, err
+		spread := func(u entry) (entry, error) {
+			s, err := im.one("gather_grad", ir.Attrs{"axis": ir.IntAttr(0), "data_shape": ir.IntsAttr(fs...)}, u, lin)
+			if err != nil {
+				return entry{}, err
+			}
+			return im.reshapeTo(s, data)
 		}
-		if spread, err = im.reshapeTo(spread, data); err != nil {
-			return nil, err
-		}
-		switch r := attrString(n, "reduction", "none"); r {
-		case "add":
-			y, err := im.one("add", nil, in[0], spread)
+		reduction := attrString(n, "reduction", "none")
+		if reduction == "add" {
+			s, err := spread(upd)
+			if err != nil {
+				return nil, err
+			}
+			y, err := im.one("add", nil, in[0], s)
 			return []entry{y}, err
-		case "none":
-		default:
-			return nil, im.errorf("reduction=%s is not supported (none or add)", r)
 		}
 		if lin.k == nil {
-			return nil, im.needConstant(lin, "without a reduction, the indices (to rule out duplicates)")
+			return nil, im.needConstant(lin, "with reduction "+reduction+", the indices (to order the updates of one element)")
 		}
 		inner, _ := data[m:].NumElements()
-		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data})
+		targets := make([]int64, 0, int64(len(lin.k.I))*inner)
 		for _, j := range lin.k.I {
 			for e := int64(0); e < inner; e++ {
-				if hit.I[j*inner+e] != 0 {
-					return nil, im.errorf("the indices hit one element twice; without a reduction ONNX leaves the result undefined")
-				}
-				hit.I[j*inner+e] = 1
+				targets = append(targets, j*inner+e)
 			}
 		}
-		y, err := im.one("where", nil, entry{k: hit}, spread, in[0])
+		y, err := im.scatterReduce(reduction, in[0], upd, targets, spread)
 		return []entry{y}, err
 	}
+}
+
+// scatterReduce combines data with updates whose element i goes to
+// data's flat position targets[i], known at import: "none" replaces
+// (duplicate targets are an error: ONNX leaves their order undefined);
+// "mul", "max" and "min" combine each element with its updates in index
+// order. spread scatter-adds an updates-shaped value into data's shape.
+// Updates are taken in rounds: round r holds each target's r-th update,
+// so no round has a duplicate, and each round is one scatter-add of the
+// updates it holds (the others zeroed) and one combine where it hits.
+func (im *importer) scatterReduce(reduction string, data, upd entry, targets []int64, spread func(entry) (entry, error)) (entry, error) {
+	switch reduction {
+	case "none", "mul", "max", "min":
+	default:
+		return entry{}, im.errorf("reduction=%s is not one of none, add, mul, max and min", reduction)
+	}
+	seen := map[int64]int{}
+	round := make([]int, len(targets))
+	rounds := 0
+	for i, t := range targets {
+		round[i] = seen[t]
+		seen[t]++
+		rounds = max(rounds, seen[t])
+	}
+	if reduction == "none" && rounds > 1 {
+		return entry{}, im.errorf("the indices hit one element twice; without a reduction ONNX leaves the result undefined")
+	}
+	dt := data.typ().DType
+	y := data
+	c := &chain{im: im}
+	for r := 0; r < rounds; r++ {
+		mask := interp.New(ir.Type{DType: ir.Bool, Shape: upd.typ().Shape})
+		hit := interp.New(ir.Type{DType: ir.Bool, Shape: data.typ().Shape})
+		for i, t := range targets {
+			if round[i] == r {
+				mask.I[i], hit.I[t] = 1, 1
+			}
+		}
+		u := upd
+		if rounds > 1 {
+			u = c.op("where", nil, entry{k: mask}, upd, scalarConst(dt, 0))
+		}
+		if c.err != nil {
+			return entry{}, c.err
+		}
+		s, err := spread(u)
+		if err != nil {
+			return entry{}, err
+		}
+		h := entry{k: hit}
+		switch reduction {
+		case "none":
+			y = c.op("where", nil, h, s, y)
+		case "mul":
+			y = c.op("mul", nil, y, c.op("where", nil, h, s, scalarConst(dt, 1)))
+		case "max", "min":
+			y = c.op("where", nil, h, c.op(reduction, nil, y, s), y)
+		}
+	}
+	if c.err != nil {
+		return entry{}, c.err
+	}
+	return y, nil
 }
 
 // scan is CumSum (combine "add", identity 0) or CumProd ("mul", 1) along
