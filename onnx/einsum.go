@@ -4,14 +4,15 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
 
 // Einsum with one or two operands (and "..." for leading axes) becomes
 // sums over the indices only one operand has, then, for two operands, a
 // batched matmul: each operand transposed to [batch, free, contracted]
-// and reshaped to three axes. Repeated indices within an operand
-// (diagonals) are errors.
+// and reshaped to three axes. An index repeated within an operand takes
+// its diagonal first (diagonals).
 
 func init() {
 	arity["Einsum"] = [2]int{1, many}
@@ -81,15 +82,17 @@ func init() {
 		} else if strings.Contains(out, "...") {
 			out = strings.Replace(out, "...", ellLetters[:ell], 1)
 		}
+		ops := append([]entry{}, in...)
+		for i := range terms {
+			var err error
+			if ops[i], terms[i], err = im.diagonals(ops[i], terms[i]); err != nil {
+				return nil, err
+			}
+		}
 		dims := map[rune]int64{}
 		for i, t := range terms {
-			seen := map[rune]bool{}
 			for j, c := range t {
-				if seen[c] {
-					return nil, im.errorf("equation %q repeats index %c in one operand (a diagonal), which Kiln does not read", eq, c)
-				}
-				seen[c] = true
-				d := in[i].typ().Shape[j]
+				d := ops[i].typ().Shape[j]
 				if old, ok := dims[c]; ok && old != d {
 					return nil, im.errorf("index %c is %d in one place and %d in another", c, old, d)
 				}
@@ -103,7 +106,6 @@ func init() {
 		}
 		// Sum out the indices that only one operand has and the output
 		// lacks.
-		ops := append([]entry{}, in...)
 		for i := range terms {
 			var axes []int64
 			keep := ""
@@ -202,4 +204,56 @@ func (im *importer) permuteTo(x entry, from, to string) (entry, error) {
 		perm[i] = int64(j)
 	}
 	return im.one("transpose", ir.Attrs{"perm": ir.IntsAttr(perm...)}, x)
+}
+
+// diagonals takes, for each index that term repeats, the diagonal of x
+// along its axes: the two axes moved last and merged, then a gather of
+// the elements 0, n+1, 2(n+1), ..., which leaves the index once, last.
+// It returns x and its term without repeats.
+func (im *importer) diagonals(x entry, term string) (entry, string, error) {
+	for {
+		p, q := -1, -1
+		for j := 0; j < len(term) && q < 0; j++ {
+			if k := strings.IndexByte(term[j+1:], term[j]); k >= 0 {
+				p, q = j, j+1+k
+			}
+		}
+		if q < 0 {
+			return x, term, nil
+		}
+		s := x.typ().Shape
+		n := s[p]
+		if s[q] != n {
+			return entry{}, "", im.errorf("index %c is %d in one place and %d in another", term[p], n, s[q])
+		}
+		var perm []int64
+		rest, shape := "", ir.Shape{}
+		for j := range term {
+			if j != p && j != q {
+				perm = append(perm, int64(j))
+				rest += term[j : j+1]
+				shape = append(shape, s[j])
+			}
+		}
+		perm = append(perm, int64(p), int64(q))
+		c := &chain{im: im}
+		y := c.op("transpose", ir.Attrs{"perm": ir.IntsAttr(perm...)}, x)
+		if c.err != nil {
+			return entry{}, "", c.err
+		}
+		y, err := im.reshapeTo(y, append(shape.Clone(), n*n))
+		if err != nil {
+			return entry{}, "", err
+		}
+		at := make([]int64, n)
+		for k := range at {
+			at[k] = int64(k) * (n + 1)
+		}
+		idx := entry{k: interp.FromInts(ir.TensorOf(ir.I64, n), at)}
+		x = c.op("gather", ir.Attrs{"axis": ir.IntAttr(int64(len(shape)))}, y, idx)
+		if c.err != nil {
+			return entry{}, "", c.err
+		}
+		term = rest + term[p:p+1]
+	}
 }

@@ -474,8 +474,8 @@ func TestIfNeedsAnImportTimeCondition(t *testing.T) {
 }
 
 // TestEinsumForms: explicit and implicit outputs, one operand (transpose,
-// sums), two (matmul, outer product, batched contraction) and "...",
-// checked against direct sums.
+// sums), two (matmul, outer product, batched contraction), "..." and
+// diagonals, checked against direct sums.
 func TestEinsumForms(t *testing.T) {
 	a := []float32{1, 2, 3, 4, 5, 6}     // [2,3]
 	b := []float32{1, -1, 2, 0.5, 3, -2} // [3,2]
@@ -528,13 +528,44 @@ func TestEinsumForms(t *testing.T) {
 			require.InDelta(t, w, res[0].At(i), 1e-6, "%s element %d", c.eq, i)
 		}
 	}
-	data := encModel(tGraph{
-		nodes:   []tNode{{op: "Einsum", name: "/d", inputs: []string{"x"}, outputs: []string{"y"}, strs: map[string]string{"equation": "ii->i"}}},
-		inputs:  [][]byte{encValueInfo("x", 1, []int64{3, 3})},
-		outputs: [][]byte{encValueInfo("y", 1, []int64{3})},
-	})
-	_, err := Import(data, Options{Name: "m.onnx"})
-	require.EqualError(t, err, `m.onnx: node "/d" (Einsum): equation "ii->i" repeats index i in one operand (a diagonal), which Kiln does not read`)
+	// Diagonals: x = [[1,2,3],[4,5,6],[7,8,9]] (one operand, or the
+	// second with a = [[1,2,3],[4,5,6]] first).
+	x := []float32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	for _, c := range []struct {
+		eq   string
+		two  bool
+		want []float64
+		out  []int64
+	}{
+		{"ii->i", false, []float64{1, 5, 9}, []int64{3}},
+		{"ii", false, []float64{15}, []int64{}},
+		{"ii->", false, []float64{15}, []int64{}},
+		{"ij,jj->i", true, []float64{1*1 + 2*5 + 3*9, 4*1 + 5*5 + 6*9}, []int64{2}},
+		{"ij,jj->ij", true, []float64{1, 10, 27, 4, 25, 54}, []int64{2, 3}},
+	} {
+		names, inputs, inits := []string{"x"}, [][]byte{encValueInfo("x", 1, []int64{3, 3})}, [][]byte{encTensorF32("x", []int64{3, 3}, x)}
+		if c.two {
+			names = []string{"a", "x"}
+			inputs = append([][]byte{encValueInfo("a", 1, []int64{2, 3})}, inputs...)
+			inits = append([][]byte{encTensorF32("a", []int64{2, 3}, a)}, inits...)
+		}
+		data := encModel(tGraph{
+			nodes:   []tNode{{op: "Einsum", name: "/d", inputs: names, outputs: []string{"y"}, strs: map[string]string{"equation": c.eq}}},
+			inits:   inits,
+			inputs:  inputs,
+			outputs: [][]byte{encValueInfo("y", 1, c.out)},
+		})
+		m, err := Import(data, Options{Name: "m.onnx"})
+		require.NoError(t, err, c.eq)
+		f := m.Funcs[0]
+		args := make([]*interp.Tensor, len(f.Args))
+		for i, arg := range f.Args {
+			args[i] = interp.FromDense(arg.Arg.Init)
+		}
+		res, err := interp.Run(f, args, interp.Options{})
+		require.NoError(t, err, c.eq)
+		require.Equal(t, c.want, res[0].F, c.eq)
+	}
 }
 
 // TestReviewedEdgeCases: inputs a review found mishandled. A 1-D
