@@ -34,6 +34,8 @@ type tNode struct {
 	tensor  []byte // a "value" tensor attribute
 	strs    map[string]string
 	domain  string
+	// floatLists are FLOATS attributes.
+	floatLists map[string][]float32
 }
 
 func encTensorF32(name string, dims []int64, vals []float32) []byte {
@@ -97,6 +99,16 @@ func encNode(n tNode) []byte {
 		a = protowire.AppendTag(a, 2, protowire.Fixed32Type)
 		a = protowire.AppendFixed32(a, math.Float32bits(f))
 		a = appendVarint(a, 20, 1)
+		b = appendMsg(b, 5, a)
+	}
+	for name, fs := range n.floatLists {
+		var a []byte
+		a = appendString(a, 1, name)
+		for _, f := range fs {
+			a = protowire.AppendTag(a, 7, protowire.Fixed32Type)
+			a = protowire.AppendFixed32(a, math.Float32bits(f))
+		}
+		a = appendVarint(a, 20, 6)
 		b = appendMsg(b, 5, a)
 	}
 	for name, v := range n.strs {

@@ -789,3 +789,42 @@ func TestScatterReductionsWithDuplicates(t *testing.T) {
 		require.Equal(t, c.want, res[0].F, "%s %s", c.op, c.reduction)
 	}
 }
+
+// TestTfIdfVectorizerModes: unigrams 1 and 3 and the bigram (1, 2) with
+// one skip allowed, in rows [1 2 1 3], [3 3 0 1] and [1 5 2 0] (whose
+// bigram is found two apart): TF counts, IDF gives the weight where a
+// count is positive, TFIDF the count times the weight.
+func TestTfIdfVectorizerModes(t *testing.T) {
+	x := []int64{1, 2, 1, 3, 3, 3, 0, 1, 1, 5, 2, 0}
+	tf := []float64{2, 1, 1, 1, 2, 0, 1, 0, 1}
+	w := []float64{0.5, 2, 4}
+	for _, mode := range []string{"TF", "IDF", "TFIDF"} {
+		data := encModel(tGraph{
+			nodes: []tNode{{op: "TfIdfVectorizer", name: "/v", inputs: []string{"x"}, outputs: []string{"y"},
+				strs: map[string]string{"mode": mode},
+				ints: map[string][]int64{"min_gram_length": {1}, "max_gram_length": {2}, "max_skip_count": {1},
+					"ngram_counts": {0, 2}, "ngram_indexes": {0, 1, 2}, "pool_int64s": {1, 3, 1, 2}},
+				floatLists: map[string][]float32{"weights": {0.5, 2, 4}}}},
+			inputs:  [][]byte{encValueInfo("x", 7, []int64{3, 4})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{3, 3})},
+		})
+		m, err := Import(data, Options{Name: "m.onnx"})
+		require.NoError(t, err, mode)
+		res, err := interp.Run(m.Funcs[0], []*interp.Tensor{interp.FromInts(ir.TensorOf(ir.I64, 3, 4), x)}, interp.Options{})
+		require.NoError(t, err, mode)
+		want := make([]float64, len(tf))
+		for i, c := range tf {
+			switch mode {
+			case "TF":
+				want[i] = c
+			case "IDF":
+				if c > 0 {
+					want[i] = w[i%3]
+				}
+			case "TFIDF":
+				want[i] = c * w[i%3]
+			}
+		}
+		require.Equal(t, want, res[0].F, mode)
+	}
+}
