@@ -828,3 +828,35 @@ func TestTfIdfVectorizerModes(t *testing.T) {
 		require.Equal(t, want, res[0].F, mode)
 	}
 }
+
+// TestMaxPoolIndicesAndUnpool: with overlapping windows (kernel 2,
+// stride 1) on [[1 9 2] [3 4 5] [6 7 8]], MaxPool's indices are those of
+// the first maximum of each window, 9's twice ([1 1 7 8]; storage_order
+// 1 counts columns first: [3 3 5 8]), and MaxUnpool of the pooled values
+// puts each back once, 9 included, with zeros elsewhere.
+func TestMaxPoolIndicesAndUnpool(t *testing.T) {
+	for _, c := range []struct {
+		order int64
+		idx   []int64
+	}{{0, []int64{1, 1, 7, 8}}, {1, []int64{3, 3, 5, 8}}} {
+		window := map[string][]int64{"kernel_shape": {2, 2}, "strides": {1, 1}}
+		pool := map[string][]int64{"kernel_shape": {2, 2}, "strides": {1, 1}, "storage_order": {c.order}}
+		nodes := []tNode{{op: "MaxPool", name: "/p", inputs: []string{"x"}, outputs: []string{"y", "i"}, ints: pool}}
+		outputs := [][]byte{encValueInfo("y", 1, []int64{1, 1, 2, 2}), encValueInfo("i", 7, []int64{1, 1, 2, 2})}
+		if c.order == 0 {
+			nodes = append(nodes, tNode{op: "MaxUnpool", name: "/u", inputs: []string{"y", "i"}, outputs: []string{"z"}, ints: window})
+			outputs = append(outputs, encValueInfo("z", 1, []int64{1, 1, 3, 3}))
+		}
+		data := encModel(tGraph{nodes: nodes, inputs: [][]byte{encValueInfo("x", 1, []int64{1, 1, 3, 3})}, outputs: outputs})
+		m, err := Import(data, Options{Name: "m.onnx"})
+		require.NoError(t, err)
+		x := interp.FromFloats(ir.TensorOf(ir.F32, 1, 1, 3, 3), []float64{1, 9, 2, 3, 4, 5, 6, 7, 8})
+		res, err := interp.Run(m.Funcs[0], []*interp.Tensor{x}, interp.Options{})
+		require.NoError(t, err)
+		require.Equal(t, []float64{9, 9, 7, 8}, res[0].F)
+		require.Equal(t, c.idx, res[1].I, "storage_order %d", c.order)
+		if c.order == 0 {
+			require.Equal(t, []float64{0, 9, 0, 0, 0, 0, 0, 7, 8}, res[2].F)
+		}
+	}
+}

@@ -120,13 +120,10 @@ func init() {
 	}
 	for onnxName, kind := range map[string]string{"MaxPool": "max_pool2d", "AveragePool": "avg_pool2d"} {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
-			if len(n.Outputs) > 1 && n.Outputs[1] != "" {
-				return nil, im.errorf("the indices output of MaxPool is not supported")
-			}
-			if attrInt(n, "storage_order", 0) != 0 {
-				return nil, im.errorf("storage_order=1 is not supported")
-			}
 			x := in[0]
+			if len(n.Outputs) > 1 && n.Outputs[1] != "" {
+				return im.maxPoolWithIndices(n, x)
+			}
 			if d := x.typ().DType; !d.IsFloat() {
 				// MaxPool takes 8-bit integers (opset 12): pooled in f64,
 				// which holds every integer of up to 32 bits exactly.
