@@ -860,3 +860,39 @@ func TestMaxPoolIndicesAndUnpool(t *testing.T) {
 		}
 	}
 }
+
+// TestDetWithPivotingAndGradient: Det needs row swaps ([[0 1] [1 0]]
+// is -1), is 0 for a singular matrix, and 20 for a 3×3 one whose
+// gradient (after autodiff) is its cofactor matrix.
+func TestDetWithPivotingAndGradient(t *testing.T) {
+	for _, c := range []struct {
+		n    int64
+		a    []float32
+		det  float64
+		grad []float64
+	}{
+		{2, []float32{0, 1, 1, 0}, -1, []float64{0, -1, -1, 0}},
+		{2, []float32{1, 2, 2, 4}, 0, []float64{4, -2, -2, 1}},
+		{3, []float32{2, 1, 3, 4, 1, 6, 8, 5, 2}, 20, []float64{-28, 40, 12, 13, -20, -2, 3, 0, -2}},
+	} {
+		data := encModel(tGraph{
+			nodes:   []tNode{{op: "Det", name: "/d", inputs: []string{"a"}, outputs: []string{"y"}}},
+			inits:   [][]byte{encTensorF32("a", []int64{c.n, c.n}, c.a)},
+			inputs:  [][]byte{encValueInfo("a", 1, []int64{c.n, c.n})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{})},
+		})
+		m, err := Import(data, Options{Name: "m.onnx"})
+		require.NoError(t, err)
+		pipe, err := passes.ParsePipeline("autodiff", nil)
+		require.NoError(t, err)
+		require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+		f := m.Funcs[0]
+		res, err := interp.Run(f, []*interp.Tensor{interp.FromDense(f.Args[0].Arg.Init)}, interp.Options{})
+		require.NoError(t, err)
+		require.InDelta(t, c.det, res[0].F[0], 1e-5, "det of %v", c.a)
+		require.Equal(t, "grad.a", f.ResultName(1))
+		for i, g := range c.grad {
+			require.InDelta(t, g, res[1].F[i], 1e-4, "gradient of det %v, element %d", c.a, i)
+		}
+	}
+}
