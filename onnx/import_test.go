@@ -78,14 +78,14 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 		nodes: []tNode{
 			{op: "Frobnicate", inputs: []string{"x"}, outputs: []string{"a"}},
 			{op: "Frobnicate", inputs: []string{"a"}, outputs: []string{"b"}},
-			{op: "Det", inputs: []string{"b"}, outputs: []string{"c"}},
+			{op: "RoiAlign", inputs: []string{"b"}, outputs: []string{"c"}},
 			{op: "Relu", inputs: []string{"c"}, outputs: []string{"d"}},
 		},
 		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
 		outputs: [][]byte{encValueInfo("d", 1, []int64{2})},
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Det (1), Frobnicate (2)")
+	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Frobnicate (2), RoiAlign (1)")
 	// Below opset 6 a graph of operators unchanged since opset 1 reads
 	// as at opset 6; Relu changed at opset 6 (consumed_inputs went).
 	relu := []tNode{{op: "Relu", name: "/r", inputs: []string{"x"}, outputs: []string{"y"}}}
