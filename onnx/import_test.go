@@ -896,3 +896,81 @@ func TestDetWithPivotingAndGradient(t *testing.T) {
 		}
 	}
 }
+
+// TestRecurrentSequenceLengths: with sequence_lens [3, 1], the first
+// batch element runs as without them, and the second stops after one
+// step: its outputs from step 1 on are zero and its final state is its
+// first step's (forward), or, reversed, it runs step 0 alone, as a
+// forward run of that one step does. LSTM, GRU and RNN alike.
+func TestRecurrentSequenceLengths(t *testing.T) {
+	const seq, batch, in, hidden = 3, 2, 2, 2
+	for _, c := range []struct {
+		op    string
+		gates int64
+	}{{"LSTM", 4}, {"GRU", 3}, {"RNN", 1}} {
+		g := c.gates * hidden
+		vals := func(n int64, seed float32) []float32 {
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(math.Sin(float64(seed) + float64(i)*0.7))
+			}
+			return v
+		}
+		run := func(direction string, lens []int64, x []float32, steps int64) []*interp.Tensor {
+			names := []string{"x", "w", "r", "", ""}
+			inits := [][]byte{encTensorF32("w", []int64{1, g, in}, vals(g*in, 1)), encTensorF32("r", []int64{1, g, hidden}, vals(g*hidden, 2))}
+			inputs := [][]byte{encValueInfo("x", 1, []int64{steps, batch, in}), encValueInfo("w", 1, []int64{1, g, in}), encValueInfo("r", 1, []int64{1, g, hidden})}
+			if lens != nil {
+				names[4] = "l"
+				inits = append(inits, encTensorI64("l", []int64{batch}, lens))
+				inputs = append(inputs, encValueInfo("l", 7, []int64{batch}))
+			} else {
+				names = names[:3]
+			}
+			data := encModel(tGraph{
+				nodes:   []tNode{{op: c.op, name: "/r", inputs: names, outputs: []string{"y", "h"}, ints: map[string][]int64{"hidden_size": {hidden}}, strs: map[string]string{"direction": direction}}},
+				inits:   inits,
+				inputs:  inputs,
+				outputs: [][]byte{encValueInfo("y", 1, []int64{steps, 1, batch, hidden}), encValueInfo("h", 1, []int64{1, batch, hidden})},
+			})
+			m, err := Import(data, Options{Name: "m.onnx"})
+			require.NoError(t, err, c.op)
+			f := m.Funcs[0]
+			var args []*interp.Tensor
+			for _, a := range f.Args {
+				if a.Arg.Init != nil {
+					args = append(args, interp.FromDense(a.Arg.Init))
+				} else {
+					xs := make([]float64, len(x))
+					for i, v := range x {
+						xs[i] = float64(v)
+					}
+					args = append(args, interp.FromFloats(a.Type, xs))
+				}
+			}
+			res, err := interp.Run(f, args, interp.Options{})
+			require.NoError(t, err, c.op)
+			return res
+		}
+		x := vals(seq*batch*in, 3)
+		full := run("forward", nil, x, seq)
+		cut := run("forward", []int64{3, 1}, x, seq)
+		for tt := 0; tt < seq; tt++ {
+			for j := 0; j < hidden; j++ {
+				require.InDelta(t, full[0].F[(tt*batch+0)*hidden+j], cut[0].F[(tt*batch+0)*hidden+j], 1e-6, "%s: element 0 runs whole", c.op)
+				if tt > 0 {
+					require.Zero(t, cut[0].F[(tt*batch+1)*hidden+j], "%s: element 1 outputs zero after its length", c.op)
+				}
+			}
+		}
+		for j := 0; j < hidden; j++ {
+			require.InDelta(t, cut[0].F[1*hidden+j], cut[1].F[1*hidden+j], 1e-6, "%s: element 1's final state is its first step's", c.op)
+		}
+		rev := run("reverse", []int64{3, 1}, x, seq)
+		one := run("forward", nil, x[:batch*in], 1)
+		for j := 0; j < hidden; j++ {
+			require.InDelta(t, one[1].F[1*hidden+j], rev[1].F[1*hidden+j], 1e-6, "%s reversed: element 1 runs step 0 alone", c.op)
+			require.InDelta(t, one[0].F[1*hidden+j], rev[0].F[1*hidden+j], 1e-6, "%s reversed: element 1's output at step 0", c.op)
+		}
+	}
+}

@@ -35,11 +35,6 @@ var rnnActivations = map[string]string{"Tanh": "tanh", "Relu": "relu", "Sigmoid"
 // recurrent unrolls an LSTM (gates = 4), GRU (gates = 3) or RNN (gates
 // = 1) node.
 func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error) {
-	for i, what := range map[int]string{4: "sequence_lens", 7: "peepholes"} {
-		if i < len(in) && !in[i].missing() {
-			return nil, im.errorf("%s are not supported", what)
-		}
-	}
 	// act is each direction's activation of an RNN (default Tanh).
 	act := []string{"tanh", "tanh"}
 	if a := attr(n, "activations"); a != nil && gates == 1 {
@@ -130,6 +125,35 @@ func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error)
 		return im.reshapeTo(s, shape)
 	}
 	linearBeforeReset := attrInt(n, "linear_before_reset", 0) == 1
+	// With sequence_lens, a batch element's steps from its length on
+	// keep its state and output zeros: keep[t] is [batch, 1], t < len.
+	var keep []entry
+	if len(in) > 4 && !in[4].missing() {
+		lens := in[4]
+		if !lens.typ().Shape.Equal(ir.Shape{batch}) || lens.typ().DType.IsFloat() {
+			return nil, im.errorf("sequence_lens %s must be integers of shape [%d]", lens.typ(), batch)
+		}
+		ch := &chain{im: im}
+		lens64 := ch.cast(lens, ir.I64)
+		if ch.err != nil {
+			return nil, ch.err
+		}
+		col, err := im.reshapeTo(lens64, ir.Shape{batch, 1})
+		if err != nil {
+			return nil, err
+		}
+		for t := int64(0); t < seq; t++ {
+			k, err := im.one("lt", nil, scalarConst(ir.I64, float64(t)), col)
+			if err != nil {
+				return nil, err
+			}
+			keep = append(keep, k)
+		}
+	}
+	hasPeepholes := len(in) > 7 && !in[7].missing()
+	if hasPeepholes && (gates != 4 || !in[7].typ().Shape.Equal(ir.Shape{dirs, 3 * hidden})) {
+		return nil, im.errorf("peepholes P %s must be an LSTM's [%d, %d]", in[7].typ(), dirs, 3*hidden)
+	}
 	var ys, hs, cs []entry
 	for d := int64(0); d < dirs; d++ {
 		wd, err := dirSlice(w, d, gates*hidden, xs[2])
@@ -182,6 +206,21 @@ func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error)
 				}
 			}
 		}
+		// peep: the input, output and forget peepholes of this direction.
+		var peep []entry
+		if hasPeepholes {
+			p, err := dirSlice(in[7], d, 3*hidden)
+			if err != nil {
+				return nil, err
+			}
+			for g := int64(0); g < 3; g++ {
+				pg, err := im.sliceAxis(p, 0, g*hidden, (g+1)*hidden, 1)
+				if err != nil {
+					return nil, err
+				}
+				peep = append(peep, pg)
+			}
+		}
 		steps := make([]entry, seq)
 		for k := int64(0); k < seq; k++ {
 			t := k
@@ -192,9 +231,10 @@ func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error)
 			if err != nil {
 				return nil, err
 			}
+			hPrev, cPrev := h, c
 			switch gates {
 			case 4:
-				h, c, err = im.lstmStep(xt, h, c, rt, rb, hidden)
+				h, c, err = im.lstmStep(xt, h, c, rt, rb, hidden, peep)
 			case 3:
 				h, err = im.gruStep(xt, h, rt, rb, hidden, linearBeforeReset)
 			default:
@@ -203,7 +243,19 @@ func (im *importer) recurrent(n *node, in []entry, gates int64) ([]entry, error)
 			if err != nil {
 				return nil, err
 			}
-			if steps[t], err = im.reshapeTo(h, ir.Shape{1, 1, batch, hidden}); err != nil {
+			yt := h
+			if keep != nil {
+				ch := &chain{im: im}
+				yt = ch.op("where", nil, keep[t], h, scalarConst(dt, 0))
+				h = ch.op("where", nil, keep[t], h, hPrev)
+				if gates == 4 {
+					c = ch.op("where", nil, keep[t], c, cPrev)
+				}
+				if ch.err != nil {
+					return nil, ch.err
+				}
+			}
+			if steps[t], err = im.reshapeTo(yt, ir.Shape{1, 1, batch, hidden}); err != nil {
 				return nil, err
 			}
 		}
@@ -258,8 +310,10 @@ func (im *importer) gateSplit(g entry, k, hidden int64) ([]entry, error) {
 }
 
 // lstmStep is one LSTM step (gates in ONNX's order i, o, f, c):
-// c' = f*c + i*tanh(g_c), h' = o*tanh(c').
-func (im *importer) lstmStep(xt, h, c, rt, rb entry, hidden int64) (entry, entry, error) {
+// c' = f*c + i*tanh(g_c), h' = o*tanh(c'). With peepholes (peep: P_i,
+// P_o, P_f), the input and forget gates add P ⊙ c and the output gate
+// P_o ⊙ c'.
+func (im *importer) lstmStep(xt, h, c, rt, rb entry, hidden int64, peep []entry) (entry, entry, error) {
 	hr, err := im.one("matmul", nil, h, rt)
 	if err != nil {
 		return entry{}, entry{}, err
@@ -275,13 +329,28 @@ func (im *importer) lstmStep(xt, h, c, rt, rb entry, hidden int64) (entry, entry
 	if err != nil {
 		return entry{}, entry{}, err
 	}
+	if peep != nil {
+		// The input (0) and forget (2) gates see c.
+		for _, i := range []int{0, 2} {
+			pc, err := im.one("mul", nil, peep[i], c)
+			if err != nil {
+				return entry{}, entry{}, err
+			}
+			if parts[i], err = im.one("add", nil, parts[i], pc); err != nil {
+				return entry{}, entry{}, err
+			}
+		}
+	}
 	act := make([]entry, 4)
-	for i, kind := range []string{"sigmoid", "sigmoid", "sigmoid", "tanh"} {
+	for i, kind := range []string{"sigmoid", "", "sigmoid", "tanh"} {
+		if kind == "" {
+			continue // the output gate, after c'
+		}
 		if act[i], err = im.one(kind, nil, parts[i]); err != nil {
 			return entry{}, entry{}, err
 		}
 	}
-	iGate, oGate, fGate, cand := act[0], act[1], act[2], act[3]
+	iGate, fGate, cand := act[0], act[2], act[3]
 	fc, err := im.one("mul", nil, fGate, c)
 	if err != nil {
 		return entry{}, entry{}, err
@@ -295,6 +364,20 @@ func (im *importer) lstmStep(xt, h, c, rt, rb entry, hidden int64) (entry, entry
 		return entry{}, entry{}, err
 	}
 	tc, err := im.one("tanh", nil, c2)
+	if err != nil {
+		return entry{}, entry{}, err
+	}
+	oPre := parts[1]
+	if peep != nil {
+		pc, err := im.one("mul", nil, peep[1], c2)
+		if err != nil {
+			return entry{}, entry{}, err
+		}
+		if oPre, err = im.one("add", nil, oPre, pc); err != nil {
+			return entry{}, entry{}, err
+		}
+	}
+	oGate, err := im.one("sigmoid", nil, oPre)
 	if err != nil {
 		return entry{}, entry{}, err
 	}
