@@ -180,8 +180,8 @@ func init() {
 		in = present(in)
 		x, wt := in[0], in[1]
 		spatial := x.typ().Rank() - 2
-		if spatial < 1 || spatial > 2 || wt.typ().Rank() != spatial+2 {
-			return nil, im.errorf("transposed convolution of %s with weight %s: Kiln reads 1- and 2-D ones", x.typ(), wt.typ())
+		if spatial < 1 || spatial > 3 || wt.typ().Rank() != spatial+2 {
+			return nil, im.errorf("transposed convolution of %s with weight %s: Kiln reads 1-, 2- and 3-D ones", x.typ(), wt.typ())
 		}
 		// auto_pad SAME_* and output_shape set the pads, from the output
 		// size (given, or input × stride): the window is read without them.
@@ -246,19 +246,25 @@ func init() {
 			out = append(out, d)
 		}
 		var a ir.Attrs
-		if spatial == 1 {
+		switch spatial {
+		case 1:
 			a = w.attrs2d(-1, 0)
 			out = ir.Shape{out[0], out[1], 1, out[2]}
-		} else {
+		case 2:
 			a = w.attrs2d(0, 1)
+		case 3:
+			a = w.attrs2d(1, 2)
 		}
 		a["groups"] = ir.IntAttr(groups)
 		a["input_shape"] = ir.IntsAttr(out...)
 		var y []entry
-		if spatial == 1 {
+		switch spatial {
+		case 1:
 			y, err = im.as2d(in[:2], []int{0, 1}, "conv2d_grad_input", a)
-		} else {
+		case 2:
 			y, err = im.emit("conv2d_grad_input", in[:2], a)
+		case 3:
+			y, err = im.transposed3d(x, wt, w, outPad[0], out, a)
 		}
 		if err != nil || len(in) < 3 {
 			return y, err
@@ -611,4 +617,80 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 		y = l
 	}
 	return []entry{y}, nil
+}
+
+// transposed3d is a 3-D transposed convolution as 2-D ones, one per
+// kernel depth kd: the input's depth slices folded into the batch go
+// through the 2-D transposed convolution (a, over height and width) with
+// the weight's depth slice kd; each result depth d lands at output depth
+// d·stride + kd·dilation, so it is spread by the stride (zeros between)
+// and shifted by kd·dilation; the shifted results are summed over the
+// whole uncropped depth, (D - 1)·stride + (K - 1)·dilation + 1 +
+// output_padding, and the depth pads are cropped. out is the output
+// shape.
+func (im *importer) transposed3d(x, wt entry, w window, outPadDepth int64, out ir.Shape, a ir.Attrs) ([]entry, error) {
+	xs, ws := x.typ().Shape, wt.typ().Shape
+	n, depth := xs[0], xs[2]
+	kd, sd, dd := w.kernel[0], w.strides[0], w.dilations[0]
+	full := (depth-1)*sd + (kd-1)*dd + 1 + outPadDepth
+	c := &chain{im: im}
+	// [N, C, D, H, W] → [N·D, C, H, W]
+	xt := c.op("transpose", ir.Attrs{"perm": ir.IntsAttr(0, 2, 1, 3, 4)}, x)
+	if c.err != nil {
+		return nil, c.err
+	}
+	flat, err := im.reshapeTo(xt, ir.Shape{n * depth, xs[1], xs[3], xs[4]})
+	if err != nil {
+		return nil, err
+	}
+	plane := ir.Shape{n * depth, out[1], out[3], out[4]}
+	a["input_shape"] = ir.IntsAttr(plane...)
+	var acc entry
+	for k := int64(0); k < kd; k++ {
+		wk, err := im.sliceAxis(wt, 2, k, k+1, 1)
+		if err != nil {
+			return nil, err
+		}
+		if wk, err = im.reshapeTo(wk, ir.Shape{ws[0], ws[1], ws[3], ws[4]}); err != nil {
+			return nil, err
+		}
+		z := c.op("conv2d_grad_input", a, flat, wk)
+		if c.err != nil {
+			return nil, c.err
+		}
+		// [N·D, Co, OH, OW] → [N, D, 1, Co, OH, OW], spread by the stride.
+		if z, err = im.reshapeTo(z, ir.Shape{n, depth, 1, out[1], out[3], out[4]}); err != nil {
+			return nil, err
+		}
+		if sd > 1 {
+			z = c.op("pad", ir.Attrs{"pads": ir.IntsAttr(0, 0, 0, 0, 0, 0, 0, 0, sd-1, 0, 0, 0)}, z)
+		}
+		if c.err != nil {
+			return nil, c.err
+		}
+		if z, err = im.reshapeTo(z, ir.Shape{n, depth * sd, out[1], out[3], out[4]}); err != nil {
+			return nil, err
+		}
+		span := (depth-1)*sd + 1
+		if sd > 1 {
+			if z, err = im.sliceAxis(z, 1, 0, span, 1); err != nil {
+				return nil, err
+			}
+		}
+		z = c.op("pad", ir.Attrs{"pads": ir.IntsAttr(0, k*dd, 0, 0, 0, 0, full-k*dd-span, 0, 0, 0)}, z)
+		if k == 0 {
+			acc = z
+		} else {
+			acc = c.op("add", nil, acc, z)
+		}
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	y, err := im.sliceAxis(acc, 1, w.pads[0], w.pads[0]+out[2], 1)
+	if err != nil {
+		return nil, err
+	}
+	y = c.op("transpose", ir.Attrs{"perm": ir.IntsAttr(0, 2, 1, 3, 4)}, y)
+	return c.done(y)
 }
