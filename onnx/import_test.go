@@ -78,14 +78,14 @@ func TestUnsupportedOpsAreListed(t *testing.T) {
 		nodes: []tNode{
 			{op: "Frobnicate", inputs: []string{"x"}, outputs: []string{"a"}},
 			{op: "Frobnicate", inputs: []string{"a"}, outputs: []string{"b"}},
-			{op: "RoiAlign", inputs: []string{"b"}, outputs: []string{"c"}},
+			{op: "Blorp", inputs: []string{"b"}, outputs: []string{"c"}},
 			{op: "Relu", inputs: []string{"c"}, outputs: []string{"d"}},
 		},
 		inputs:  [][]byte{encValueInfo("x", 1, []int64{2})},
 		outputs: [][]byte{encValueInfo("d", 1, []int64{2})},
 	})
 	_, err := Import(data, Options{Name: "m.onnx"})
-	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Frobnicate (2), RoiAlign (1)")
+	require.EqualError(t, err, "m.onnx: unsupported ONNX ops: Blorp (1), Frobnicate (2)")
 	// Below opset 6 a graph of operators unchanged since opset 1 reads
 	// as at opset 6; Relu changed at opset 6 (consumed_inputs went).
 	relu := []tNode{{op: "Relu", name: "/r", inputs: []string{"x"}, outputs: []string{"y"}}}
@@ -1008,7 +1008,7 @@ func TestOperatorsMatchPyTorch(t *testing.T) {
 			require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
 			res, err := interp.Run(f, args, interp.Options{})
 			require.NoError(t, err)
-			require.Greater(t, len(f.Results), 2, "gradients of the input and a parameter")
+			require.Greater(t, len(f.Results), 1, "the gradient of the input")
 			for i := 1; i < len(f.Results); i++ {
 				name := f.ResultName(i)
 				require.LessOrEqual(t, passtest.RelErr(res[i], loadNpy(t, filepath.Join(dir, name+".npy"))), 1e-4, name)

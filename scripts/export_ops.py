@@ -1,6 +1,7 @@
 """Single operators (or short chains) in the forms their converters decompose, with weights, PyTorch's
 outputs and the gradients of sum(output) with respect to the input and every parameter: the references of
-onnx.TestOperatorsMatchPyTorch. Writes OUT/NAME/{model.onnx,input.npy,output.npy,grad.input.npy,
+onnx.TestOperatorsMatchPyTorch. Modules PyTorch exports; operators it cannot export (torchvision's
+roi_align) are built with onnx.helper, their reference computed by the PyTorch function they match. Writes OUT/NAME/{model.onnx,input.npy,output.npy,grad.input.npy,
 grad.<param>.npy}. Usage: export_ops.py OUT_DIR [NAME...]"""
 import os, sys, numpy as np, torch
 
@@ -18,8 +19,54 @@ class Deconv3d(torch.nn.Module):
 
 
 OPS = {
+
     "conv_transpose3d": (Deconv3d, lambda: torch.randn(2, 4, 3, 4, 3), 17),
 }
+
+# Fixed rois of two images, some reaching past the border (torchvision's layout: batch index first).
+ROIS = [[0, 0.5, 1.0, 6.0, 5.5], [1, 2.0, 0.0, 9.5, 3.0], [1, -1.0, 4.0, 3.0, 10.5], [0, 3.3, 3.3, 3.9, 4.1]]
+
+
+def roi_align(ratio):
+    """An ONNX RoiAlign node (opset 16, half-pixel) built with onnx.helper, as PyTorch 1.13 cannot export
+    torchvision's op; its reference is torchvision.ops.roi_align(aligned=True). sampling_ratio 0 (-1 in
+    torchvision) sizes each roi's sample grid by the roi."""
+    from onnx import TensorProto, helper, numpy_helper
+    import torchvision
+    rois = np.array([r[1:] for r in ROIS], dtype=np.float32)
+    idx = np.array([r[0] for r in ROIS], dtype=np.int64)
+    # The rois are Constant nodes, not initializers (which would be trainable parameters).
+    consts = [helper.make_node("Constant", [], [name], name="/" + name, value=numpy_helper.from_array(v, name))
+              for name, v in (("rois", rois), ("idx", idx))]
+    node = helper.make_node("RoiAlign", ["input", "rois", "idx"], ["output"], name="/roi", output_height=3,
+                            output_width=2, sampling_ratio=ratio, spatial_scale=0.9,
+                            coordinate_transformation_mode="half_pixel")
+    g = helper.make_graph(consts + [node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 3, 8, 9])],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [4, 3, 3, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)])
+    m.ir_version = 8
+
+    def forward(x):
+        return torchvision.ops.roi_align(x, torch.tensor(ROIS), (3, 2), spatial_scale=0.9,
+                                         sampling_ratio=ratio if ratio > 0 else -1, aligned=True)
+    return m.SerializeToString(), forward
+
+
+# name: (ONNX model bytes and the PyTorch function it computes, input)
+BUILT = {
+    "roi_align": (lambda: roi_align(2), lambda: torch.randn(2, 3, 8, 9)),
+    "roi_align_adaptive": (lambda: roi_align(0), lambda: torch.randn(2, 3, 8, 9)),
+}
+
+
+def save(d, x, y, params=()):
+    y.sum().backward()
+    np.save(os.path.join(d, "input.npy"), x.detach().numpy())
+    np.save(os.path.join(d, "output.npy"), y.detach().numpy())
+    np.save(os.path.join(d, "grad.input.npy"), x.grad.numpy())
+    for pname, p in params:
+        np.save(os.path.join(d, f"grad.{pname}.npy"), p.grad.numpy())
+
 
 if __name__ == "__main__":
     out = sys.argv[1]
@@ -35,11 +82,17 @@ if __name__ == "__main__":
         torch.onnx.export(model, x, os.path.join(d, "model.onnx"), export_params=True, opset_version=opset,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=["input"], output_names=["output"])
-        y = model(x)
-        y.sum().backward()
-        np.save(os.path.join(d, "input.npy"), x.detach().numpy())
-        np.save(os.path.join(d, "output.npy"), y.detach().numpy())
-        np.save(os.path.join(d, "grad.input.npy"), x.grad.numpy())
-        for pname, p in model.named_parameters():
-            np.save(os.path.join(d, f"grad.{pname}.npy"), p.grad.numpy())
+        save(d, x, model(x), model.named_parameters())
         print(name, "exported")
+    for name, (build, make_input) in BUILT.items():
+        if only and name not in only:
+            continue
+        torch.manual_seed(0)
+        data, forward = build()
+        x = make_input().requires_grad_(True)
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "model.onnx"), "wb") as fh:
+            fh.write(data)
+        save(d, x, forward(x))
+        print(name, "built")
