@@ -175,9 +175,9 @@ func within(got, want *interp.Tensor, atol float64, exactInts bool) error {
 // TestResizeNodeTests runs the ONNX node tests of Resize (and Upsample),
 // their scales and sizes bound as constants: every nearest, linear and
 // cubic case imports (a nearest gather, lerp_gather, or four gathers and
-// weights per axis) and matches its reference outputs; tf_crop_and_resize,
-// which Kiln does not build, is an error, never a wrong answer. It found align_corners
-// with scales using the rounded output length (ONNX uses length × scale).
+// weights per axis) and matches its reference outputs, tf_crop_and_resize
+// (its roi bound as well) included. It found align_corners with scales
+// using the rounded output length (ONNX uses length × scale).
 func TestResizeNodeTests(t *testing.T) {
 	dirs, _ := filepath.Glob(filepath.Join(backendData, "node", "test_resize_*"))
 	up, _ := filepath.Glob(filepath.Join(backendData, "node", "test_upsample_*"))
@@ -198,10 +198,6 @@ func TestResizeNodeTests(t *testing.T) {
 			if strings.Contains(name, "linear") {
 				linear++
 			}
-			continue
-		}
-		if strings.Contains(name, "tf_crop_and_resize") {
-			t.Logf("%s: %v", name, err) // modes Kiln does not build
 			continue
 		}
 		t.Errorf("%s: %v", name, err)

@@ -418,7 +418,16 @@ func init() {
 				return nil, err
 			}
 		}
-		return im.resize(n, in[0], scales, sizes)
+		var roi []float64
+		if im.opset >= 11 && attrString(n, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize" {
+			if roi, err = im.constFloats(in, 1, "the roi (of tf_crop_and_resize)"); err != nil {
+				return nil, err
+			}
+			if len(roi) != 2*in[0].typ().Rank() {
+				return nil, im.errorf("tf_crop_and_resize needs a roi of %d values (starts, then ends), not %d", 2*in[0].typ().Rank(), len(roi))
+			}
+		}
+		return im.resize(n, in[0], scales, sizes, roi)
 	}
 	converters["Upsample"] = func(im *importer, n *node, in []entry) ([]entry, error) {
 		var scales []float64
@@ -432,7 +441,7 @@ func init() {
 				return nil, err
 			}
 		}
-		return im.resize(n, in[0], scales, nil)
+		return im.resize(n, in[0], scales, nil, nil)
 	}
 	arity["Resize"] = [2]int{1, 4}
 	arity["Upsample"] = [2]int{1, 2}
@@ -457,7 +466,7 @@ func (im *importer) constFloats(in []entry, i int, what string) ([]float64, erro
 // source elements (nearest) or a linear interpolation between two of
 // them (lerp_gather, whose gradient scatters both parts at once): exact,
 // and differentiable.
-func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([]entry, error) {
+func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64, roi []float64) ([]entry, error) {
 	xs := x.typ().Shape
 	r := len(xs)
 	mode := attrString(n, "mode", "nearest")
@@ -493,9 +502,13 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 	}
 	y := x
 	for a := 0; a < r; a++ {
-		if out[a] == xs[a] && scale[a] == 1 {
+		crop := ctm == "tf_crop_and_resize"
+		if out[a] == xs[a] && scale[a] == 1 && (!crop || roi[a] == 0 && roi[r+a] == 1) {
 			continue
 		}
+		// tf_crop_and_resize: outputs whose source is outside the input
+		// take extrapolation_value.
+		var outside []int64
 		if out[a] < 1 || xs[a] < 1 || out[a] > foldLimit {
 			return nil, im.errorf("resizing axis %d from %d to %d elements", a, xs[a], out[a])
 		}
@@ -527,6 +540,16 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 				src = fo / scale[a]
 			case "tf_half_pixel_for_nn":
 				src = (fo + 0.5) / scale[a]
+			case "tf_crop_and_resize":
+				start, end := roi[a], roi[r+a]
+				if out[a] > 1 {
+					src = start*(in-1) + fo*(end-start)*(in-1)/float64(out[a]-1)
+				} else {
+					src = 0.5 * (start + end) * (in - 1)
+				}
+				if src < 0 || src > in-1 {
+					outside = append(outside, int64(o))
+				}
 			default:
 				return nil, im.errorf("coordinate_transformation_mode=%s is not supported", ctm)
 			}
@@ -581,15 +604,13 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 		idx := func(v []int64) entry {
 			return entry{k: interp.FromInts(ir.TensorOf(ir.I64, int64(len(v))), v)}
 		}
-		if mode == "nearest" {
-			g, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo))
-			if err != nil {
+		var err error
+		switch mode {
+		case "nearest":
+			if y, err = im.one("gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo)); err != nil {
 				return nil, err
 			}
-			y = g
-			continue
-		}
-		if mode == "cubic" {
+		case "cubic":
 			// y = Σ_k w_k · y[tap_k] along axis a.
 			c := &chain{im: im}
 			var sum entry
@@ -606,15 +627,22 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64) ([
 				return nil, c.err
 			}
 			y = sum
-			continue
+		default:
+			// y = y[lo] + w * (y[hi] - y[lo]) along axis a.
+			wk := entry{k: interp.FromFloats(ir.Type{DType: x.typ().DType, Shape: ir.Shape{out[a]}}, w)}
+			if y, err = im.one("lerp_gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo), idx(hi), wk); err != nil {
+				return nil, err
+			}
 		}
-		// y = y[lo] + w * (y[hi] - y[lo]) along axis a.
-		wk := entry{k: interp.FromFloats(ir.Type{DType: x.typ().DType, Shape: ir.Shape{out[a]}}, w)}
-		l, err := im.one("lerp_gather", ir.Attrs{"axis": ir.IntAttr(int64(a))}, y, idx(lo), idx(hi), wk)
-		if err != nil {
-			return nil, err
+		if len(outside) > 0 {
+			mask := interp.New(ir.Type{DType: ir.Bool, Shape: onesBut(r, a, out[a])})
+			for _, o := range outside {
+				mask.I[o] = 1
+			}
+			if y, err = im.one("where", nil, entry{k: mask}, scalarConst(x.typ().DType, attrFloat(n, "extrapolation_value", 0)), y); err != nil {
+				return nil, err
+			}
 		}
-		y = l
 	}
 	return []entry{y}, nil
 }
