@@ -195,7 +195,7 @@ var introduced = map[string]int64{
 // unreadable names the operators whose results Kiln cannot represent.
 var unreadable = map[string]string{
 	"NonZero": "its result's shape depends on the data", "Unique": "its result's shape depends on the data",
-	"Compress": "its result's shape depends on the data", "NonMaxSuppression": "its result's shape depends on the data",
+	"NonMaxSuppression": "its result's shape depends on the data",
 	"StringNormalizer": "it works on strings", "RegexFullMatch": "it works on strings", "StringConcat": "it works on strings",
 	"StringSplit":       "it works on strings",
 	"SequenceConstruct": "it works on sequences", "SequenceAt": "it works on sequences", "SequenceEmpty": "it works on sequences",

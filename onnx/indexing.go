@@ -762,3 +762,46 @@ func firstEntry(out []entry, err error) (entry, error) {
 	}
 	return out[0], nil
 }
+
+// Compress keeps the slices along axis (or, without one, the elements of
+// the flattened input) where the condition holds: its result's shape
+// depends on the condition, which must be known at import (a constant,
+// or a graph input given with --input); then it is a gather of those
+// positions.
+func init() {
+	arity["Compress"] = [2]int{2, 2}
+	introduced["Compress"] = 9
+	converters["Compress"] = func(im *importer, n *node, in []entry) ([]entry, error) {
+		x := in[0]
+		cond, err := im.constInts(in, 1, "the condition (its result's shape depends on it)")
+		if err != nil {
+			return nil, err
+		}
+		c := &chain{im: im}
+		axis := int64(0)
+		if a := attr(n, "axis"); a != nil {
+			ax, err := ir.NormalizeAxis(a.I, x.typ().Rank())
+			if err != nil {
+				return nil, im.errorf("%v", err)
+			}
+			axis = int64(ax)
+		} else {
+			x = c.op("reshape", ir.Attrs{"shape": ir.IntsAttr(x.typ().NumElements())}, x)
+			if c.err != nil {
+				return nil, c.err
+			}
+		}
+		d := x.typ().Shape[axis]
+		if int64(len(cond)) > d {
+			return nil, im.errorf("the condition has %d entries for an axis of %d", len(cond), d)
+		}
+		var keep []int64
+		for i, v := range cond {
+			if v != 0 {
+				keep = append(keep, int64(i))
+			}
+		}
+		idx := entry{k: interp.FromInts(ir.TensorOf(ir.I64, int64(len(keep))), keep)}
+		return c.done(c.op("gather", ir.Attrs{"axis": ir.IntAttr(axis)}, x, idx))
+	}
+}
