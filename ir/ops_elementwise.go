@@ -86,7 +86,6 @@ func init() {
 			f: scalar.If(x0.Gt(num(0)), num(1), scalar.If(x0.Lt(num(0)), num(-1), x0)), grad: GradZero},
 		{name: "floor", summary: "round toward -inf", onnx: "Floor", f: un(scalar.Floor, x0), grad: GradZero},
 		{name: "ceil", summary: "round toward +inf", onnx: "Ceil", f: un(scalar.Ceil, x0), grad: GradZero},
-		{name: "round", summary: "round half to even", onnx: "Round", f: un(scalar.Round, x0), grad: GradZero},
 		{name: "sin", summary: "sine", onnx: "Sin", f: un(scalar.Sin, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Cos, x0))}},
 		{name: "cos", summary: "cosine", onnx: "Cos", f: un(scalar.Cos, x0), deriv: &Deriv{Expr: derivOf(un(scalar.Neg, un(scalar.Sin, x0)))}},
 		{name: "tan", summary: "tangent", onnx: "Tan", f: un(scalar.Tan, x0),
@@ -127,6 +126,16 @@ func init() {
 	} {
 		registerUnary(&OpDef{Name: u.name, Summary: u.summary, ONNX: u.onnx, Scalar: same(u.f), Deriv: u.deriv, Grad: u.grad}, u.ints)
 	}
+	// round's derivative is 0 wherever it has one. A fake quantiser's
+	// round (straight_through, set by the ONNX importer) passes the
+	// gradient through unchanged instead when the user allows the
+	// straight-through estimate (autodiff's ste approximation), as
+	// PyTorch's fake quantisation trains.
+	registerUnary(&OpDef{
+		Name: "round", Summary: "round half to even", ONNX: "Round",
+		Attrs:  []AttrSpec{{Name: AttrStraightThrough, Kind: AttrBool}},
+		Scalar: same(un(scalar.Round, x0)), Grad: GradZero,
+	}, false)
 	registerUnary(&OpDef{
 		Name: "gelu", Summary: "x * Phi(x): approximate = \"none\" (erf) or \"tanh\"", ONNX: "Gelu",
 		Attrs: []AttrSpec{{Name: "approximate", Kind: AttrString, Default: StringAttr("none"), Enum: []string{"none", "tanh"}}},

@@ -621,3 +621,9 @@ func RandomKey(op *Op) *Value {
 	}
 	return nil
 }
+
+// AttrStraightThrough (an attribute of round) marks the round of a fake
+// quantiser: with the ste approximation allowed, autodiff passes its
+// gradient through unchanged (the straight-through estimate); otherwise
+// its gradient is 0, round's derivative.
+const AttrStraightThrough = "straight_through"

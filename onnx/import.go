@@ -279,6 +279,11 @@ type importer struct {
 	// accumulating marks the ops emitted while it is set as steps of a
 	// reduction or scan written out as elementwise ops (ir.AttrAccumulator).
 	accumulating bool
+	// quantized maps the integer output of a QuantizeLinear (8 or 16
+	// bits) to the same values as floats, which a DequantizeLinear of it
+	// reads instead: the fake quantiser stays a float chain that the
+	// gradient can pass through (autodiff's ste approximation).
+	quantized map[string]entry
 }
 
 // checkArity holds a node to its operator's input count, with its

@@ -978,7 +978,8 @@ func TestRecurrentSequenceLengths(t *testing.T) {
 // TestOperatorsMatchPyTorch runs the single-operator references that
 // scripts/export_ops.py exported (testdata/ops/NAME) and compares the
 // output and the gradients of sum(output), with respect to the input and
-// every parameter, with PyTorch's. Error model: f32 sums of at most a
+// every parameter, with PyTorch's (autodiff allowed the approximations
+// NAME/allow lists, as PyTorch's gradients make them). Error model: f32 sums of at most a
 // few hundred products, each relative error at most K·2⁻²⁴ with K ≤ 512
 // (3e-5), bounded here by 1e-4 relative to the largest element.
 func TestOperatorsMatchPyTorch(t *testing.T) {
@@ -1003,9 +1004,15 @@ func TestOperatorsMatchPyTorch(t *testing.T) {
 			out, err := interp.Run(f, args, interp.Options{})
 			require.NoError(t, err)
 			require.LessOrEqual(t, passtest.RelErr(out[0], loadNpy(t, filepath.Join(dir, "output.npy"))), 1e-4, "output")
+			// The approximations the reference's gradients make (allow:
+			// one name a line), which autodiff must be allowed to make.
+			var allow []string
+			if b, err := os.ReadFile(filepath.Join(dir, "allow")); err == nil {
+				allow = strings.Fields(string(b))
+			}
 			pipe, err := passes.ParsePipeline("autodiff", nil)
 			require.NoError(t, err)
-			require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}}).Run(m, pipe))
+			require.NoError(t, (&passes.Manager{Inst: passes.Instrumentation{VerifyEach: true}, Allow: allow}).Run(m, pipe))
 			res, err := interp.Run(f, args, interp.Options{})
 			require.NoError(t, err)
 			require.Greater(t, len(f.Results), 1, "the gradient of the input")
@@ -1014,5 +1021,53 @@ func TestOperatorsMatchPyTorch(t *testing.T) {
 				require.LessOrEqual(t, passtest.RelErr(res[i], loadNpy(t, filepath.Join(dir, name+".npy"))), 1e-4, name)
 			}
 		})
+	}
+}
+
+// TestFakeQuantGradientWithoutSTE: without --allow ste, the gradient
+// through a fake quantiser is round's derivative, 0: the first layer
+// before it and the quantised weight get none, the autodiff pass says so
+// in a note and makes no approximation; with it, it records the
+// approximation for each round.
+func TestFakeQuantGradientWithoutSTE(t *testing.T) {
+	dir := "../testdata/ops/fake_quant"
+	for _, allow := range [][]string{nil, {"ste"}} {
+		m, err := ImportFile(filepath.Join(dir, "model.onnx"), Options{})
+		require.NoError(t, err)
+		f := m.Funcs[0]
+		args := make([]*interp.Tensor, len(f.Args))
+		for i, a := range f.Args {
+			if a.Arg.Kind == ir.ArgData {
+				args[i] = loadNpy(t, filepath.Join(dir, "input.npy"))
+			} else {
+				args[i] = interp.FromDense(a.Arg.Init)
+			}
+		}
+		pipe, err := passes.ParsePipeline("autodiff", nil)
+		require.NoError(t, err)
+		mg := &passes.Manager{Allow: allow}
+		require.NoError(t, mg.Run(m, pipe))
+		res, err := interp.Run(f, args, interp.Options{})
+		require.NoError(t, err)
+		run := mg.Runs[0]
+		nonzero := map[string]bool{}
+		for i := 1; i < len(f.Results); i++ {
+			for j := 0; j < res[i].Len(); j++ {
+				if res[i].At(j) != 0 {
+					nonzero[f.ResultName(i)] = true
+				}
+			}
+		}
+		if allow == nil {
+			require.False(t, nonzero["grad.a.weight"], "no gradient passes round")
+			require.False(t, nonzero["grad.b.weight"], "no gradient passes round")
+			require.True(t, nonzero["grad.b.bias"])
+			require.Empty(t, run.Approximations)
+			require.Len(t, run.Notes, 1)
+			require.Contains(t, run.Notes[0], "2 fake-quantisation round(s) is 0")
+		} else {
+			require.True(t, nonzero["grad.a.weight"] && nonzero["grad.b.weight"])
+			require.Equal(t, []passes.Approximation{{Name: "ste", What: "the gradient passes straight through 2 fake-quantisation round(s)"}}, run.Approximations)
+		}
 	}
 }

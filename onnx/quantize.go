@@ -14,9 +14,16 @@ import (
 // MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, whose
 // integer sums are exact in f64 (8- and 16-bit products over fewer than
 // 2^21 terms). Scales and zero points are per tensor or per axis; blocked
-// quantization (block_size) is refused. Through round, autodiff gives the
-// derivative of the formula, 0: PyTorch's fake-quantisation trains with a
-// straight-through estimate instead, which these operators do not say.
+// quantization (block_size) is refused.
+//
+// A DequantizeLinear of a QuantizeLinear to 8 or 16 bits (a fake
+// quantiser, as PyTorch exports fake_quantize) reads the quantized values
+// as floats, the same numbers, so that the chain x → y stays float. Its
+// round is marked straight-through and its saturation is a where that
+// keeps values at the bounds: autodiff's gradient through it is 0
+// (round's derivative) unless the ste approximation is allowed, and then
+// it is PyTorch's fake-quantisation gradient, dy where round(x/s) + z is
+// within [lo, hi] (bounds included) and 0 outside.
 
 func init() {
 	for op, a := range map[string][2]int{"QuantizeLinear": {2, 3}, "DequantizeLinear": {2, 3}, "DynamicQuantizeLinear": {1, 1},
@@ -61,7 +68,7 @@ func init() {
 		if !ok {
 			return nil, im.errorf("quantizing to %s is not supported (8-, 16- and 32-bit integers, float8)", out)
 		}
-		q = c.op("round", nil, q)
+		q = c.op("round", ir.Attrs{ir.AttrStraightThrough: ir.BoolAttr(true)}, q)
 		if hasZP {
 			z, err := im.perAxis(n, zp, in[0])
 			if err != nil {
@@ -69,7 +76,15 @@ func init() {
 			}
 			q = c.op("add", nil, q, c.cast(z, work))
 		}
-		q = c.op("clip", ir.Attrs{"lo": ir.FloatAttr(lo), "hi": ir.FloatAttr(hi)}, q)
+		// clip(q), written so that its derivative is 1 at the bounds too.
+		inside := c.op("and", nil, c.op("ge", nil, q, num(q, lo)), c.op("le", nil, q, num(q, hi)))
+		q = c.op("where", nil, inside, q, c.op("clip", ir.Attrs{"lo": ir.FloatAttr(lo), "hi": ir.FloatAttr(hi)}, q))
+		if c.err == nil && out.Size() <= 2 && len(n.Outputs) > 0 {
+			if im.quantized == nil {
+				im.quantized = map[string]entry{}
+			}
+			im.quantized[n.Outputs[0]] = q // integers below 2^16: exact in f32
+		}
 		return c.done(c.cast(q, out))
 	}
 	converters["DequantizeLinear"] = func(im *importer, n *node, in []entry) ([]entry, error) {
@@ -90,7 +105,19 @@ func init() {
 			return nil, err
 		}
 		var v entry
-		if x.typ().DType.IsFloat() {
+		work := workType(in[1], in[1])
+		if q, ok := im.quantized[n.Inputs[0]]; ok {
+			// A fake quantiser: the quantized values as floats, less the
+			// zero point (both integers below 2^16, exact).
+			v = c.cast(q, work)
+			if zp, ok := optional(in, 2); ok {
+				z, err := im.perAxis(n, zp, x)
+				if err != nil {
+					return nil, err
+				}
+				v = c.op("sub", nil, v, c.cast(z, work))
+			}
+		} else if x.typ().DType.IsFloat() {
 			v = c.cast(x, ir.F32) // float8
 		} else {
 			// x - zero_point exactly, in int64.
@@ -103,7 +130,6 @@ func init() {
 				v = c.op("sub", nil, v, c.cast(z, ir.I64))
 			}
 		}
-		work := workType(in[1], in[1])
 		return c.done(c.cast(c.op("mul", nil, c.cast(v, work), c.cast(scale, work)), out))
 	}
 	converters["DynamicQuantizeLinear"] = func(im *importer, n *node, in []entry) ([]entry, error) {

@@ -18,7 +18,25 @@ class Deconv3d(torch.nn.Module):
         return self.up(x)
 
 
+class FakeQuant(torch.nn.Module):
+    """Quantisation-aware training's fake quantisers (exported as QuantizeLinear then DequantizeLinear):
+    per tensor on an activation (int8, zero point 3) and per output channel on a weight (uint8), with a
+    range narrow enough that some values saturate. Its gradients are PyTorch's straight-through ones,
+    which Kiln gives with --allow ste (the file allow lists the approximations the test allows)."""
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 8)
+        self.b = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.fake_quantize_per_tensor_affine(self.a(x), 0.02, 3, -128, 127)
+        scale = torch.linspace(0.004, 0.01, 4)
+        w = torch.fake_quantize_per_channel_affine(self.b.weight, scale, torch.full((4,), 100, dtype=torch.int32), 0, 0, 255)
+        return torch.nn.functional.linear(h, w, self.b.bias)
+
+
 OPS = {
+    "fake_quant": (FakeQuant, lambda: torch.randn(5, 6) * 2, 13),
 
     "conv_transpose3d": (Deconv3d, lambda: torch.randn(2, 4, 3, 4, 3), 17),
 }
@@ -83,6 +101,9 @@ if __name__ == "__main__":
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=["input"], output_names=["output"])
         save(d, x, model(x), model.named_parameters())
+        if name == "fake_quant":
+            with open(os.path.join(d, "allow"), "w") as fh:
+                fh.write("ste\n")
         print(name, "exported")
     for name, (build, make_input) in BUILT.items():
         if only and name not in only:

@@ -61,4 +61,31 @@ case(out, "int64-slice", "PyTorch writes x[:, 1:] as ends = INT64_MAX; it stays 
      ["kiln import slice.onnx"],
      {"slice.onnx": model([helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"], name="/slice")],
                           [vi("x", [2, 6])], [vi("y", [2, 5])], inits=[starts, ends, axes])})
+case(out, "uint64", "UINT64 is u64: BitShift and Div compute on its 64 bits, read unsigned; ReduceMin reduces in u64.",
+     ["kiln import u64.onnx"],
+     {"u64.onnx": model([helper.make_node("BitShift", ["x", "s"], ["a"], name="/shift", direction="RIGHT"),
+                         helper.make_node("Div", ["a", "x"], ["b"], name="/div"),
+                         helper.make_node("ReduceMin", ["b"], ["y"], name="/min", keepdims=0)],
+                        [vi("x", [3], TensorProto.UINT64), vi("s", [3], TensorProto.UINT64)], [vi("y", [], TensorProto.UINT64)])})
+zp = numpy_helper.from_array(np.array(3, dtype=np.int8), "zp")
+sc = numpy_helper.from_array(np.array(0.02, dtype=np.float32), "sc")
+case(out, "fake-quant", "A DequantizeLinear of a QuantizeLinear (a fake quantiser) stays a float chain: its round is straight_through (autodiff's ste approximation passes the gradient through it) and its saturation keeps the bounds' gradient.",
+     ["kiln import fq.onnx"],
+     {"fq.onnx": model([helper.make_node("QuantizeLinear", ["x", "sc", "zp"], ["q"], name="/q"),
+                        helper.make_node("DequantizeLinear", ["q", "sc", "zp"], ["y"], name="/dq")],
+                       [vi("x", [4])], [vi("y", [4])], opset=13, inits=[zp, sc])})
+case(out, "preview-training", "The optimizer operators of ai.onnx.preview.training: Adam of two tensors, with the learning rate and the step count read at run time; no default-domain opset is needed.",
+     ["kiln import adam.onnx"],
+     {"adam.onnx": model([helper.make_node("Adam", ["R", "T", "X1", "X2", "G1", "G2", "V1", "V2", "H1", "H2"],
+                                           ["X1n", "X2n", "V1n", "V2n", "H1n", "H2n"], name="/adam", domain="ai.onnx.preview.training",
+                                           alpha=0.9, beta=0.999, epsilon=1e-8, norm_coefficient=0.01)],
+                         [vi("R", []), vi("T", [], TensorProto.INT64)] + [vi(n, [2 if n.endswith("2") else 1]) for n in ["X1", "X2", "G1", "G2", "V1", "V2", "H1", "H2"]],
+                         [vi(n, [2 if "2" in n else 1]) for n in ["X1n", "X2n", "V1n", "V2n", "H1n", "H2n"]],
+                         domains=[("ai.onnx.preview.training", 1)])})
+cond = np.array([True, False, True])
+case(out, "compress", "Compress's result shape depends on its condition: given with --input, it is a gather of the kept positions; otherwise an error naming the input.",
+     ["kiln import compress.onnx", "kiln import compress.onnx --input c=c.npy"],
+     {"compress.onnx": model([helper.make_node("Compress", ["x", "c"], ["y"], name="/compress", axis=1)],
+                             [vi("x", [2, 3]), vi("c", [3], TensorProto.BOOL)], [vi("y", [2, 2])]),
+      "c.npy": (lambda b: (np.save(b, cond), b.getvalue())[1])(__import__("io").BytesIO())})
 print("written")

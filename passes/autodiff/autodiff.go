@@ -20,15 +20,33 @@ func init() {
 		Establishes: []passes.Property{passes.TrainingStep},
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
+		ste := ctx.Allows(STE)
+		through, zero := 0, 0
 		for _, f := range m.Funcs {
-			n, err := Differentiate(f, o.Loss, o.KeepOutputs)
+			r, err := differentiate(f, o.Loss, o.KeepOutputs, ste)
 			if err != nil {
 				return err
 			}
-			ctx.AddStat("backward-ops", int64(n))
+			ctx.AddStat("backward-ops", int64(r.ops))
+			through += r.throughRounds
+			zero += r.zeroRounds
+		}
+		if through > 0 {
+			ctx.Approximate(STE, fmt.Sprintf("the gradient passes straight through %d fake-quantisation round(s)", through))
+		}
+		if zero > 0 {
+			ctx.Note(fmt.Sprintf("the gradient through %d fake-quantisation round(s) is 0, round's derivative: --allow %s passes it straight through, as PyTorch's fake quantisation trains", zero, STE))
 		}
 		return nil
 	}))
+}
+
+// STE is the approximation that passes the gradient of a fake
+// quantiser's round (ir.AttrStraightThrough) through unchanged.
+const STE = "ste"
+
+func init() {
+	passes.RegisterApproximation(STE, "the gradient passes unchanged through the round of a fake quantiser (ONNX QuantizeLinear feeding DequantizeLinear), the straight-through estimate PyTorch's fake quantisation trains with, where round's derivative is 0")
 }
 
 type options struct {
@@ -42,6 +60,11 @@ type builder struct {
 	loc ir.Location
 	err error
 	n   int
+	// straightThrough: fake quantisers' rounds pass the gradient
+	// through (the ste approximation); the counts say how many rounds
+	// did and how many gave 0 instead.
+	straightThrough           bool
+	throughRounds, zeroRounds int
 }
 
 // emit appends an op and returns its results; the first error sticks and
@@ -99,15 +122,27 @@ func (b *builder) sumTo(g *ir.Value, s ir.Shape, base string) *ir.Value {
 // Differentiate rewrites f into its training step and returns the number
 // of backward ops it added.
 func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
+	r, err := differentiate(f, lossMode, keepOutputs, false)
+	return r.ops, err
+}
+
+// differentiation is what differentiate built: the backward ops, and
+// the fake quantisers' rounds the gradient passed straight through or
+// stopped at.
+type differentiation struct{ ops, throughRounds, zeroRounds int }
+
+// differentiate is Differentiate; with straightThrough, the rounds of
+// fake quantisers pass the gradient through unchanged.
+func differentiate(f *ir.Func, lossMode string, keepOutputs, straightThrough bool) (differentiation, error) {
 	if len(f.Results) == 0 {
-		return 0, fmt.Errorf("@%s has no result to differentiate", f.Name)
+		return differentiation{}, fmt.Errorf("@%s has no result to differentiate", f.Name)
 	}
 	forward := append([]*ir.Op(nil), f.Body...)
 	outputs := append([]ir.Result(nil), f.Results...)
-	b := &builder{f: f}
+	b := &builder{f: f, straightThrough: straightThrough}
 	out := f.Results[0].Value
 	if !out.Type.DType.IsFloat() {
-		return 0, fmt.Errorf("@%s: the first result %s is %s; a loss must be floating-point", f.Name, out.Ref(), out.Type)
+		return differentiation{}, fmt.Errorf("@%s: the first result %s is %s; a loss must be floating-point", f.Name, out.Ref(), out.Type)
 	}
 	loss := out
 	if out.Type.NumElements() != 1 {
@@ -117,13 +152,13 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 		case "mean":
 			loss = b.one("reduce_mean", nil, "loss", out)
 		default:
-			return 0, fmt.Errorf("@%s: loss=none needs a scalar first result, got %s", f.Name, out.Type)
+			return differentiation{}, fmt.Errorf("@%s: loss=none needs a scalar first result, got %s", f.Name, out.Type)
 		}
 	} else if out.Type.Rank() > 0 {
 		loss = b.one("reshape", ir.Attrs{"shape": ir.IntsAttr()}, "loss", out)
 	}
 	if b.err != nil {
-		return 0, b.err
+		return differentiation{}, b.err
 	}
 
 	// Values that depend on a param carry gradients.
@@ -228,7 +263,7 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 			} else if op.Pos.IsValid() {
 				where = " at " + op.Pos.String()
 			}
-			return 0, fmt.Errorf("op %s defining %s%s is not differentiable, but it lies on the path from a param to the loss", op.Kind, op.Results[0].Ref(), where)
+			return differentiation{}, fmt.Errorf("op %s defining %s%s is not differentiable, but it lies on the path from a param to the loss", op.Kind, op.Results[0].Ref(), where)
 		}
 		b.loc = op.Loc
 		gs := rule(b, op, dys, need)
@@ -239,7 +274,7 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 		}
 	}
 	if b.err != nil {
-		return 0, b.err
+		return differentiation{}, b.err
 	}
 	b.loc = ir.Location{}
 	results := []ir.Result{{Name: "loss", Value: loss, Attrs: ir.Attrs{"role": ir.StringAttr(ir.RoleLoss)}}}
@@ -258,8 +293,8 @@ func Differentiate(f *ir.Func, lossMode string, keepOutputs bool) (int, error) {
 		results = append(results, outputs...)
 	}
 	if b.err != nil {
-		return 0, b.err
+		return differentiation{}, b.err
 	}
 	f.Results = results
-	return b.n, nil
+	return differentiation{ops: b.n, throughRounds: b.throughRounds, zeroRounds: b.zeroRounds}, nil
 }

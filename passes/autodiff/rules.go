@@ -51,6 +51,17 @@ func init() {
 		}
 	}
 	rules["identity"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value { return dys }
+	rules["round"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
+		switch {
+		case !op.Attrs.Bool(ir.AttrStraightThrough, false):
+			return make([]*ir.Value, 1)
+		case b.straightThrough:
+			b.throughRounds++
+			return dys
+		}
+		b.zeroRounds++
+		return make([]*ir.Value, 1)
+	}
 	rules["neg"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("neg", nil, grad(op), dys[0])}
 	}

@@ -136,7 +136,7 @@ def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microba
     such as "2GiB"), by recomputation, microbatches, swapping and offloading in turn; optimizer: add its
     update step ("sgd", "momentum", "adam" or "adamw"); microbatches: split the step into that many
     slices of the batch; device: the device the plan models ("h100", or rates); allow: the names of the
-    approximations the plan may make ("per-slice-bn", "per-rank-dropout", "bf16-saved", "fp8-saved"; none
+    approximations the plan may make ("per-slice-bn", "per-rank-dropout", "ste", "bf16-saved", "fp8-saved"; none
     unless named); precision: "bf16" or "f16" mixed precision (f32 master weights), optionally with the
     precision pass's options ("bf16,saved=fp8", which needs allow=("fp8-saved",))."""
     args = _plan_args(budget, optimizer, allow, microbatches, device, precision)
