@@ -196,7 +196,7 @@ var introduced = map[string]int64{
 var unreadable = map[string]string{
 	"NonZero": "its result's shape depends on the data", "Unique": "its result's shape depends on the data",
 	"NonMaxSuppression": "its result's shape depends on the data",
-	"StringNormalizer": "it works on strings", "RegexFullMatch": "it works on strings", "StringConcat": "it works on strings",
+	"StringNormalizer":  "it works on strings", "RegexFullMatch": "it works on strings", "StringConcat": "it works on strings",
 	"StringSplit":       "it works on strings",
 	"SequenceConstruct": "it works on sequences", "SequenceAt": "it works on sequences", "SequenceEmpty": "it works on sequences",
 	"SequenceInsert": "it works on sequences", "SequenceErase": "it works on sequences", "SequenceLength": "it works on sequences",

@@ -114,8 +114,8 @@ func init() {
 			l := c.op("sub", nil, y, low)
 			return axisSamples{low: c.cast(low, ir.I64), high: c.cast(high, ir.I64), wLow: c.op("sub", nil, f64(1), l), wHigh: l, inside: inside}
 		}
-		ya := axis(1, 3, ph, Gh, H, gh) // [R, A]
-		xa := axis(0, 2, pw, Gw, W, gw) // [R, B]
+		ya := axis(1, 3, ph, Gh, H, gh)                                                               // [R, A]
+		xa := axis(0, 2, pw, Gw, W, gw)                                                               // [R, B]
 		col3 := func(e entry) entry { return c.op("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(2)}, e) } // [R, A, 1]
 		row3 := func(e entry) entry { return c.op("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(1)}, e) } // [R, 1, B]
 		base := c.op("mul", nil, c.op("reshape", ir.Attrs{"shape": ir.IntsAttr(R, 1, 1)}, c.cast(batchIdx, ir.I64)), scalarConst(ir.I64, float64(H*W)))
@@ -128,7 +128,7 @@ func init() {
 				pos := c.op("add", nil, base, c.op("add", nil, c.op("mul", nil, col3(yy.at), scalarConst(ir.I64, float64(W))), row3(xx.at)))
 				w := c.op("where", nil, inside, c.op("mul", nil, col3(yy.w), row3(xx.w)), f64(0))
 				w = c.op("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(3)}, c.cast(w, x.typ().DType)) // [R, A, B, 1]
-				v := c.op("gather", ir.Attrs{"axis": ir.IntAttr(0)}, table, pos)                   // [R, A, B, C]
+				v := c.op("gather", ir.Attrs{"axis": ir.IntAttr(0)}, table, pos)                  // [R, A, B, C]
 				corners = append(corners, c.op("mul", nil, v, w))
 			}
 		}
