@@ -567,6 +567,7 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 			shape[0] = im.opt.Batch
 		}
 		if x := im.bound[vi.Name]; x != nil {
+			x = bitsAs(x, dt)
 			if x.Type.DType != dt || !x.Type.Shape.Equal(shape) {
 				return nil, fmt.Errorf("%s: input %q is %s, but the value given for it is %s", im.opt.Name, vi.Name, ir.Type{DType: dt, Shape: shape}, x.Type)
 			}
@@ -1063,4 +1064,27 @@ func usesDefaultDomain(g *graph) bool {
 		}
 	}
 	return false
+}
+
+// bitsAs reads a value given for a bf16 or fp8 input as the bits of
+// that type when it comes as uint16 or uint8 (numpy, and so .npy files,
+// have no bf16 or fp8), as npy.ReadAs does for run-time inputs; any
+// other value is returned as it is.
+func bitsAs(x *interp.Tensor, dt ir.DType) *interp.Tensor {
+	var from func(int64) float64
+	switch {
+	case dt == ir.BF16 && x.Type.DType == ir.U16:
+		from = func(b int64) float64 { return ir.BFloat16FromBits(uint16(b)) }
+	case dt == ir.F8E4M3 && x.Type.DType == ir.U8:
+		from = func(b int64) float64 { return ir.Float8E4M3FromBits(uint8(b)) }
+	case dt == ir.F8E5M2 && x.Type.DType == ir.U8:
+		from = func(b int64) float64 { return ir.Float8E5M2FromBits(uint8(b)) }
+	default:
+		return x
+	}
+	y := interp.New(ir.Type{DType: dt, Shape: x.Type.Shape})
+	for i, b := range x.I {
+		y.F[i] = from(b)
+	}
+	return y
 }

@@ -1071,3 +1071,28 @@ func TestFakeQuantGradientWithoutSTE(t *testing.T) {
 		}
 	}
 }
+
+// TestBF16ValueGivenAsBits: a bf16 graph input that a node needs at
+// import (Pad's constant value) may be given as its uint16 bits, as a
+// .npy file holds bf16 (numpy has none); it is read as bf16, not
+// refused as a uint16.
+func TestBF16ValueGivenAsBits(t *testing.T) {
+	data := encModel(tGraph{
+		nodes:   []tNode{{op: "Pad", name: "/p", inputs: []string{"x", "pads", "v"}, outputs: []string{"y"}}},
+		inits:   [][]byte{encTensorI64("pads", []int64{2}, []int64{1, 0})},
+		inputs:  [][]byte{encValueInfo("x", 16, []int64{2}), encValueInfo("pads", 7, []int64{2}), encValueInfo("v", 16, []int64{})},
+		outputs: [][]byte{encValueInfo("y", 16, []int64{3})},
+		opset:   13,
+	})
+	bits := interp.FromInts(ir.TensorOf(ir.U16), []int64{int64(ir.BFloat16Bits(2.5))})
+	m, err := Import(data, Options{Name: "m.onnx", Value: func(name string) (*interp.Tensor, error) {
+		if name == "v" {
+			return bits, nil
+		}
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	res, err := interp.Run(m.Funcs[0], []*interp.Tensor{interp.FromFloats(ir.TensorOf(ir.BF16, 2), []float64{1, -1})}, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{2.5, 1, -1}, res[0].F)
+}
