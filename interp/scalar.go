@@ -148,9 +148,9 @@ func (c column) asInt(k, to scalar.Kind, n int) []int64 {
 	out := make([]int64, n)
 	for j := range out {
 		if to == scalar.Uint {
-			out[j] = SaturatingUint(c.fAt(j))
+			out[j] = scalar.SaturatingUint(c.fAt(j))
 		} else {
-			out[j] = SaturatingInt(c.fAt(j))
+			out[j] = scalar.SaturatingInt(c.fAt(j))
 		}
 	}
 	return out
@@ -165,33 +165,6 @@ func expand[T any](s []T, splat bool, n int) []T {
 		out[j] = s[0]
 	}
 	return out
-}
-
-// SaturatingInt converts a float to int64 as scalar.Convert defines it:
-// truncation toward zero, saturating at the int64 range, NaN to 0.
-func SaturatingInt(v float64) int64 {
-	switch {
-	case v != v:
-		return 0
-	case v >= 0x1p63:
-		return math.MaxInt64
-	case v <= -0x1p63:
-		return math.MinInt64
-	}
-	return int64(v)
-}
-
-// SaturatingUint converts a float to uint64 (returned as its bits in an
-// int64) as scalar.Convert defines it: truncation toward zero,
-// saturating at 0 and 2^64-1, NaN to 0.
-func SaturatingUint(v float64) int64 {
-	switch {
-	case !(v > 0):
-		return 0
-	case v >= 0x1p64:
-		return -1
-	}
-	return int64(uint64(v))
 }
 
 // convertColumn converts c from kind from to kind to.
@@ -238,9 +211,9 @@ func evalScalar(t *scalar.Typed, ops []column, n int) column {
 			return column{i: []int64{b}, splat: true}
 		}
 		if t.Kind == scalar.Uint {
-			return column{i: []int64{SaturatingUint(t.Value)}, splat: true}
+			return column{i: []int64{scalar.SaturatingUint(t.Value)}, splat: true}
 		}
-		return column{i: []int64{SaturatingInt(t.Value)}, splat: true}
+		return column{i: []int64{scalar.SaturatingInt(t.Value)}, splat: true}
 	case scalar.Convert:
 		a := t.Args[0]
 		return convertColumn(evalScalar(a, ops, n), a.Kind, t.To, n)

@@ -92,16 +92,7 @@ func runBackendModel(dir string) error {
 	if err != nil {
 		return err
 	}
-	inits := map[string]bool{}
-	for _, in := range pm.Graph.Initializer {
-		inits[in.Name] = true
-	}
-	var names []string
-	for _, in := range pm.Graph.Inputs {
-		if !inits[in.Name] {
-			names = append(names, in.Name)
-		}
-	}
+	names := graphInputs(pm.Graph)
 	sets, _ := filepath.Glob(filepath.Join(dir, "test_data_set_*"))
 	if len(sets) == 0 {
 		return fmt.Errorf("no test data")
@@ -114,30 +105,13 @@ func runBackendModel(dir string) error {
 		if len(inputs) != len(names) {
 			return fmt.Errorf("%d test inputs for %d graph inputs", len(inputs), len(names))
 		}
-		// Graph inputs a node needs at import (an Expand's shape) are
-		// given as values, as kiln run does.
 		values := map[string]*interp.Tensor{}
 		for i, n := range names {
 			values[n] = inputs[i]
 		}
-		m, err := Import(data, Options{Name: "model.onnx", Dir: dir, Value: valuesOf(values)})
+		f, args, err := importBound(data, dir, values)
 		if err != nil {
 			return err
-		}
-		if err := ir.Verify(m); err != nil {
-			return fmt.Errorf("import produced invalid IR: %v", err)
-		}
-		f := m.Funcs[0]
-		var args []*interp.Tensor
-		for _, a := range f.Args {
-			switch {
-			case a.Arg.Init != nil:
-				args = append(args, interp.FromDense(a.Arg.Init))
-			case values[a.Name] != nil:
-				args = append(args, values[a.Name])
-			default:
-				return fmt.Errorf("argument %q is neither an initializer nor a graph input", a.Name)
-			}
 		}
 		got, want, err := runAgainstReference(f, args, set)
 		if err != nil {
@@ -307,6 +281,49 @@ func runWithConstantInputs(t *testing.T, dir string) error {
 		}
 	}
 	return runBackendModel(tmp)
+}
+
+// graphInputs are g's inputs that are not initializers, in order: the
+// ones a test set gives values for.
+func graphInputs(g *graph) []string {
+	inits := map[string]bool{}
+	for _, in := range g.Initializer {
+		inits[in.Name] = true
+	}
+	var names []string
+	for _, in := range g.Inputs {
+		if !inits[in.Name] {
+			names = append(names, in.Name)
+		}
+	}
+	return names
+}
+
+// importBound imports a test's model with its graph inputs' values
+// given as Options.Value (those a node needs at import are bound, as
+// kiln run binds them) and returns the function and its arguments: the
+// initializers' values and the given ones. Invalid IR is a crash.
+func importBound(data []byte, dir string, values map[string]*interp.Tensor) (*ir.Func, []*interp.Tensor, error) {
+	m, err := Import(data, Options{Name: "model.onnx", Dir: dir, Value: valuesOf(values)})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ir.Verify(m); err != nil {
+		return nil, nil, crash{fmt.Errorf("import produced invalid IR: %v", err)}
+	}
+	f := m.Funcs[0]
+	args := make([]*interp.Tensor, len(f.Args))
+	for i, a := range f.Args {
+		switch {
+		case a.Arg.Init != nil:
+			args[i] = interp.FromDense(a.Arg.Init)
+		case values[a.Name] != nil:
+			args[i] = values[a.Name]
+		default:
+			return nil, nil, crash{fmt.Errorf("argument %q is neither an initializer nor a graph input", a.Name)}
+		}
+	}
+	return f, args, nil
 }
 
 // runAgainstReference runs f on args and reads the test set's reference

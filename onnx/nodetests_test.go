@@ -114,16 +114,7 @@ func runNodeTest(dir string) (err error) {
 	if err != nil {
 		return err
 	}
-	inits := map[string]bool{}
-	for _, in := range pm.Graph.Initializer {
-		inits[in.Name] = true
-	}
-	var names []string
-	for _, in := range pm.Graph.Inputs {
-		if !inits[in.Name] {
-			names = append(names, in.Name)
-		}
-	}
+	names := graphInputs(pm.Graph)
 	sets, _ := filepath.Glob(filepath.Join(dir, "test_data_set_*"))
 	if len(sets) == 0 {
 		return fmt.Errorf("no test data")
@@ -151,24 +142,9 @@ func runNodeTest(dir string) (err error) {
 				values[n] = bf16FromBits(inputs[i])
 			}
 		}
-		m, err := Import(data, Options{Name: "model.onnx", Dir: dir, Value: valuesOf(values)})
+		f, args, err := importBound(data, dir, values)
 		if err != nil {
 			return err
-		}
-		if err := ir.Verify(m); err != nil {
-			return crash{fmt.Errorf("import produced invalid IR: %v", err)}
-		}
-		f := m.Funcs[0]
-		args := make([]*interp.Tensor, len(f.Args))
-		for i, a := range f.Args {
-			switch {
-			case a.Arg.Init != nil:
-				args[i] = interp.FromDense(a.Arg.Init)
-			case values[a.Name] != nil:
-				args[i] = values[a.Name]
-			default:
-				return crash{fmt.Errorf("argument %q is neither an initializer nor a graph input", a.Name)}
-			}
 		}
 		got, want, err := runAgainstReference(f, args, set)
 		if err != nil {

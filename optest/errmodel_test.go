@@ -80,7 +80,7 @@ func analyze(t *scalar.Typed, xs []float64, p precision) bound {
 			}
 			return bound{}
 		}
-		i := interp.SaturatingInt(t.Value)
+		i := scalar.SaturatingInt(t.Value)
 		return bound{i: i, v: float64(i)}
 	case scalar.Convert:
 		a := analyze(t.Args[0], xs, p)
@@ -92,7 +92,7 @@ func analyze(t *scalar.Typed, xs []float64, p precision) bound {
 			return bound{v: float64(a.i), e: p.u * math.Abs(float64(a.i))}
 		case scalar.Int:
 			if t.Args[0].Kind == scalar.Float {
-				i := interp.SaturatingInt(a.v)
+				i := scalar.SaturatingInt(a.v)
 				return bound{i: i, v: float64(i), nobnd: a.nobnd || a.e != 0}
 			}
 			return a

@@ -233,7 +233,7 @@ func convertKind(v val, from, to loops.Kind) val {
 	case to.IsFloat() && from == loops.Bool:
 		v.f = b2f(v.b)
 	case to == loops.I64 && from.IsFloat():
-		v.i = interp.SaturatingInt(v.f)
+		v.i = scalar.SaturatingInt(v.f)
 	case to == loops.I64 && from == loops.Bool:
 		v.i = int64(b2f(v.b))
 	case to == loops.Bool && from.IsFloat():

@@ -2,7 +2,6 @@ package loops
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/ir/scalar"
@@ -81,9 +80,9 @@ func lowerScalar(t *scalar.Typed, ops []Expr, fk Kind) Expr {
 	case scalar.Const:
 		switch k {
 		case I64:
-			return Int{saturatingInt(t.Value)}
+			return Int{scalar.SaturatingInt(t.Value)}
 		case U64:
-			return &Convert{To: U64, X: Int{saturatingUint(t.Value)}}
+			return &Convert{To: U64, X: Int{scalar.SaturatingUint(t.Value)}}
 		case Bool:
 			return BoolConst{t.Value != 0}
 		}
@@ -128,30 +127,6 @@ func intBinary(p scalar.Prim, a, b Expr) Expr {
 		return sel(bad, Int{0}, rem(a, sel(bad, Int{1}, b)))
 	}
 	return bin(p, a, b) // Pow on integers: backends call a helper (interp.IntPow)
-}
-
-// saturatingInt converts a constant as scalar.Convert does.
-func saturatingInt(v float64) int64 {
-	switch {
-	case v != v:
-		return 0
-	case v >= 0x1p63:
-		return math.MaxInt64
-	case v <= -0x1p63:
-		return math.MinInt64
-	}
-	return int64(v)
-}
-
-// saturatingUint converts a constant to u64 bits as scalar.Convert does.
-func saturatingUint(v float64) int64 {
-	switch {
-	case !(v > 0):
-		return 0
-	case v >= 0x1p64:
-		return -1
-	}
-	return int64(uint64(v))
 }
 
 func init() {

@@ -69,7 +69,7 @@ func like(x Expr, v float64) Expr {
 	case I64:
 		return Int{int64(v)}
 	case U64:
-		return conv(Int{saturatingUint(v)}, U64)
+		return conv(Int{scalar.SaturatingUint(v)}, U64)
 	case Bool:
 		return BoolConst{v != 0}
 	}

@@ -17,6 +17,7 @@ package scalar
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -388,3 +389,30 @@ func settle(t *Typed, k Kind) {
 
 // Clamp is min(max(x, lo), hi); NaN stays NaN.
 func Clamp(x, lo, hi *Expr) *Expr { return x.Max(lo).Min(hi) }
+
+// SaturatingInt converts a float to int64 as Convert defines it:
+// truncation toward zero, saturating at the int64 range, NaN to 0.
+func SaturatingInt(v float64) int64 {
+	switch {
+	case v != v:
+		return 0
+	case v >= 0x1p63:
+		return math.MaxInt64
+	case v <= -0x1p63:
+		return math.MinInt64
+	}
+	return int64(v)
+}
+
+// SaturatingUint converts a float to uint64 (returned as its bits in an
+// int64) as Convert defines it: truncation toward zero, saturating at 0
+// and 2^64-1, NaN to 0.
+func SaturatingUint(v float64) int64 {
+	switch {
+	case !(v > 0):
+		return 0
+	case v >= 0x1p64:
+		return -1
+	}
+	return int64(uint64(v))
+}
