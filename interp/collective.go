@@ -311,13 +311,18 @@ func reduceAll(in []*Tensor, how string) *Tensor {
 				r.F[j] = math.Min(r.F[j], x.F[j])
 			}
 		}
+		unsigned := r.Type.DType == ir.U64
 		for j := range r.I {
-			switch how {
-			case "sum":
+			switch {
+			case how == "sum":
 				r.I[j] += x.I[j]
-			case "max":
+			case how == "max" && unsigned:
+				r.I[j] = int64(max(uint64(r.I[j]), uint64(x.I[j])))
+			case how == "min" && unsigned:
+				r.I[j] = int64(min(uint64(r.I[j]), uint64(x.I[j])))
+			case how == "max":
 				r.I[j] = max(r.I[j], x.I[j])
-			case "min":
+			case how == "min":
 				r.I[j] = min(r.I[j], x.I[j])
 			}
 		}

@@ -106,7 +106,11 @@ func reduceTo(x *Tensor, keep ir.Shape, kind string) *Tensor {
 			y.F[i] /= count
 		}
 		for i := range y.I {
-			y.I[i] /= int64(count)
+			if x.Type.DType == ir.U64 {
+				y.I[i] = int64(uint64(y.I[i]) / uint64(count))
+			} else {
+				y.I[i] /= int64(count)
+			}
 		}
 	}
 	return y

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
 // reinterpret returns x's elements under a new type (views and reshapes).
@@ -153,7 +154,8 @@ func init() {
 	}
 	kernels["gather_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		dx := New(out[0])
-		err := gatherMap(op, out[0].Shape, in[1], func(i, j int64) { dx.F[j] += in[0].F[i] })
+		err := gatherMap(op, out[0].Shape, in[1], func(i, j int64) { addElem(dx, j, in[0], i) })
+		dx.round()
 		return []*Tensor{dx}, err
 	}
 	// elementsMap calls fn(i, j) for each position i of the indices and the
@@ -191,7 +193,8 @@ func init() {
 	}
 	kernels["gather_elements_grad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 		dx := New(out[0])
-		err := elementsMap(op, out[0].Shape, in[1], func(i, j int64) { dx.F[j] += in[0].F[i] })
+		err := elementsMap(op, out[0].Shape, in[1], func(i, j int64) { addElem(dx, j, in[0], i) })
+		dx.round()
 		return []*Tensor{dx}, err
 	}
 	kernels["pad"] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
@@ -203,8 +206,12 @@ func init() {
 		for i := range y.F {
 			y.F[i] = v
 		}
+		fill := scalar.SaturatingInt(v)
+		if x.Type.DType == ir.U64 {
+			fill = scalar.SaturatingUint(v)
+		}
 		for i := range y.I {
-			y.I[i] = int64(v)
+			y.I[i] = fill
 		}
 		ys := out[0].Shape.Strides()
 		n := x.Type.NumElements()
@@ -225,5 +232,15 @@ func init() {
 			o.next()
 		}
 		return []*Tensor{y}, nil
+	}
+}
+
+// addElem adds element i of x to element j of y (integers wrap in 64
+// bits; the caller rounds y to its dtype once).
+func addElem(y *Tensor, j int64, x *Tensor, i int64) {
+	if y.F != nil {
+		y.F[j] += x.F[i]
+	} else {
+		y.I[j] += x.I[i]
 	}
 }

@@ -1096,3 +1096,134 @@ func TestBF16ValueGivenAsBits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []float64{2.5, 1, -1}, res[0].F)
 }
+
+// TestHostileOperatorAttributes: attributes and shapes a review found
+// crashing or hanging the new converters are errors naming the node.
+func TestHostileOperatorAttributes(t *testing.T) {
+	tfidf := func(maxN int64, indexes []int64) []byte {
+		return encModel(tGraph{
+			nodes: []tNode{{op: "TfIdfVectorizer", name: "/v", inputs: []string{"x"}, outputs: []string{"y"}, strs: map[string]string{"mode": "TF"},
+				ints: map[string][]int64{"min_gram_length": {1}, "max_gram_length": {maxN}, "max_skip_count": {0},
+					"ngram_counts": {0}, "ngram_indexes": indexes, "pool_int64s": {1, 2}}}},
+			inputs:  [][]byte{encValueInfo("x", 7, []int64{4})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{2})},
+		})
+	}
+	for _, c := range []struct {
+		name, want string
+		model      []byte
+	}{
+		{"tfidf wide", "ngram_indexes holds 1125899906842624", tfidf(1, []int64{0, 1 << 50})},
+		{"tfidf wrap", "ngram_indexes holds 9223372036854775807", tfidf(1, []int64{0, math.MaxInt64})},
+		{"scatter shape", "do not fit data", encModel(tGraph{
+			nodes:   []tNode{{op: "ScatterElements", name: "/s", inputs: []string{"x", "i", "u"}, outputs: []string{"y"}, ints: map[string][]int64{"axis": {1}}}},
+			inits:   [][]byte{encTensorI64("i", []int64{3, 1}, []int64{0, 1, 0})},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{2, 2}), encValueInfo("i", 7, []int64{3, 1}), encValueInfo("u", 1, []int64{3, 1})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{2, 2})},
+		})},
+		{"roialign scalar rois", "must be [R, 4] floats", encModel(tGraph{
+			nodes:   []tNode{{op: "RoiAlign", name: "/r", inputs: []string{"x", "rois", "b"}, outputs: []string{"y"}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 4, 4}), encValueInfo("rois", 1, []int64{}), encValueInfo("b", 7, []int64{1})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 1, 1})},
+			opset:   16,
+		})},
+		{"roialign samples", "beyond the limit", encModel(tGraph{
+			nodes:   []tNode{{op: "RoiAlign", name: "/r", inputs: []string{"x", "rois", "b"}, outputs: []string{"y"}, ints: map[string][]int64{"sampling_ratio": {1 << 50}}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 4, 4}), encValueInfo("rois", 1, []int64{1, 4}), encValueInfo("b", 7, []int64{1})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 1, 1})},
+			opset:   16,
+		})},
+		{"mel overflow", "beyond the fold limit", encModel(tGraph{
+			nodes: []tNode{{op: "MelWeightMatrix", name: "/m", inputs: []string{"n", "d", "s", "lo", "hi"}, outputs: []string{"y"}}},
+			inits: [][]byte{encTensorI64("n", nil, []int64{1 << 61}), encTensorI64("d", nil, []int64{6}), encTensorI64("s", nil, []int64{8000})},
+			inputs:  [][]byte{encValueInfo("n", 7, nil), encValueInfo("d", 7, nil), encValueInfo("s", 7, nil), encValueInfo("lo", 1, nil), encValueInfo("hi", 1, nil)},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{4, 1 << 61})},
+			opset:   17,
+		})},
+		{"averagepool indices", "AveragePool has one output", encModel(tGraph{
+			nodes:   []tNode{{op: "AveragePool", name: "/p", inputs: []string{"x"}, outputs: []string{"y", "i"}, ints: map[string][]int64{"kernel_shape": {2, 2}}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 2, 2})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 1, 1}), encValueInfo("i", 7, []int64{1, 1, 1, 1})},
+		})},
+	} {
+		edges := map[string]*interp.Tensor{"lo": interp.FromFloats(ir.TensorOf(ir.F32), []float64{0}), "hi": interp.FromFloats(ir.TensorOf(ir.F32), []float64{4000})}
+		_, err := Import(c.model, Options{Name: "m.onnx", Value: valuesOf(edges)})
+		require.Error(t, err, c.name)
+		require.Contains(t, err.Error(), c.want, c.name)
+		require.Contains(t, err.Error(), `node "/`, c.name)
+	}
+	// max_gram_length far beyond the pool's lengths ends at them.
+	_, err := Import(tfidf(math.MaxInt64, []int64{0, 1}), Options{Name: "m.onnx"})
+	require.NoError(t, err)
+}
+
+// TestReviewedOperatorValues: a zero-extent roi with sampling_ratio 0
+// takes no sample (0, as ONNX's reference); ScatterElements adds into
+// int64 data; u64 reduce_mean divides unsigned.
+func TestReviewedOperatorValues(t *testing.T) {
+	roi := encModel(tGraph{
+		nodes: []tNode{{op: "RoiAlign", name: "/r", inputs: []string{"x", "rois", "b"}, outputs: []string{"y"}, strs: map[string]string{"mode": "max"}}},
+		inits: [][]byte{encTensorI64("b", []int64{1}, []int64{0})},
+		// The rois are a graph input whose value is given at import.
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 4, 4}), encValueInfo("rois", 1, []int64{1, 4}), encValueInfo("b", 7, []int64{1})},
+		outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 1, 1})},
+		opset:   16,
+	})
+	rois := interp.FromFloats(ir.TensorOf(ir.F32, 1, 4), []float64{1, 1, 1, 1})
+	m, err := Import(roi, Options{Name: "m.onnx", DataInputs: []string{"x"}, Value: func(name string) (*interp.Tensor, error) {
+		if name == "rois" {
+			return rois, nil
+		}
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	x := make([]float64, 16)
+	for i := range x {
+		x[i] = float64(i + 1)
+	}
+	f := m.Funcs[0]
+	var args []*interp.Tensor
+	for _, a := range f.Args {
+		if a.Arg.Init != nil {
+			args = append(args, interp.FromDense(a.Arg.Init))
+		} else {
+			args = append(args, interp.FromFloats(a.Type, x))
+		}
+	}
+	res, err := interp.Run(f, args, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{0}, res[0].F, "a zero-extent roi takes no sample")
+
+	scatter := encModel(tGraph{
+		nodes:   []tNode{{op: "ScatterElements", name: "/s", inputs: []string{"x", "i", "u"}, outputs: []string{"y"}, strs: map[string]string{"reduction": "add"}}},
+		inits:   [][]byte{encTensorI64("i", []int64{3}, []int64{0, 0, 2})},
+		inputs:  [][]byte{encValueInfo("x", 7, []int64{3}), encValueInfo("i", 7, []int64{3}), encValueInfo("u", 7, []int64{3})},
+		outputs: [][]byte{encValueInfo("y", 7, []int64{3})},
+		opset:   16,
+	})
+	m, err = Import(scatter, Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	f = m.Funcs[0]
+	vals := map[string][]int64{"x": {1, 2, 3}, "u": {10, 20, -30}}
+	args = nil
+	for _, a := range f.Args {
+		if a.Arg.Init != nil {
+			args = append(args, interp.FromDense(a.Arg.Init))
+		} else {
+			args = append(args, interp.FromInts(a.Type, vals[a.Name]))
+		}
+	}
+	res, err = interp.Run(f, args, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{31, 2, -27}, res[0].I)
+
+	mean, err := parser.Parse("m.kir", `func @f(%x: u64[2]) -> (u64[]) {
+  %m = reduce_mean(%x) {axes = [0]} : u64[]
+  return %m
+}
+`)
+	require.NoError(t, err)
+	res, err = interp.Run(mean.Funcs[0], []*interp.Tensor{interp.FromInts(ir.TensorOf(ir.U64, 2), []int64{math.MinInt64, 2})}, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1<<62+1), res[0].I[0], "(2^63 + 2) / 2 unsigned")
+}

@@ -310,9 +310,14 @@ func init() {
 		if err != nil {
 			return nil, im.errorf("%v", err)
 		}
+		is := idx.typ().Shape
+		for d := range is {
+			if len(is) != data.typ().Rank() || d != ax && is[d] > data.typ().Shape[d] {
+				return nil, im.errorf("indices %s do not fit data %s outside axis %d", idx.typ(), data.typ(), ax)
+			}
+		}
 		targets := make([]int64, len(idx.k.I))
 		ds := data.typ().Shape.Strides()
-		is := idx.typ().Shape
 		for i := range idx.k.I {
 			pos, rest := int64(0), int64(i)
 			for d := len(is) - 1; d >= 0; d-- {
@@ -623,6 +628,9 @@ func (im *importer) scatterReduce(reduction string, data, upd entry, targets []i
 	}
 	if reduction == "none" && rounds > 1 {
 		return entry{}, im.errorf("the indices hit one element twice; without a reduction ONNX leaves the result undefined")
+	}
+	if size := data.typ().NumElements() + upd.typ().NumElements(); int64(rounds) > max(foldLimit/max(size, 1), 1) {
+		return entry{}, im.errorf("the indices hit one element %d times; Kiln combines the updates of an element in one round each, with masks as large as the data, and %d rounds are beyond its limit", rounds, rounds)
 	}
 	dt := data.typ().DType
 	y := data

@@ -46,7 +46,7 @@ func init() {
 		switch {
 		case mels < 1 || dft < 1 || rate < 1:
 			return nil, im.errorf("num_mel_bins %d, dft_length %d and sample_rate %d must be positive", mels, dft, rate)
-		case mels*bins > foldLimit:
+		case mels > foldLimit/bins:
 			return nil, im.errorf("a %d×%d matrix is beyond the fold limit of %d elements", bins, mels, foldLimit)
 		case !(edges[0] >= 0 && edges[1] >= edges[0]):
 			return nil, im.errorf("the edges %g and %g hertz must satisfy 0 <= lower <= upper", edges[0], edges[1])

@@ -28,10 +28,10 @@ func init() {
 		if x.typ().Rank() != 4 || !x.typ().DType.IsFloat() {
 			return nil, im.errorf("X is %s; RoiAlign reads [N, C, H, W] floats", x.typ())
 		}
-		R := rois.typ().Shape[0]
-		if rois.typ().Rank() != 2 || rois.typ().Shape[1] != 4 || !rois.typ().DType.IsFloat() || !batchIdx.typ().Shape.Equal(ir.Shape{R}) || batchIdx.typ().DType.IsFloat() {
+		if rois.typ().Rank() != 2 || rois.typ().Shape[1] != 4 || !rois.typ().DType.IsFloat() || !batchIdx.typ().Shape.Equal(ir.Shape{rois.typ().Shape[0]}) || batchIdx.typ().DType.IsFloat() {
 			return nil, im.errorf("rois %s and batch_indices %s must be [R, 4] floats and [R] integers", rois.typ(), batchIdx.typ())
 		}
+		R := rois.typ().Shape[0]
 		mode := attrString(n, "mode", "avg")
 		if mode != "avg" && mode != "max" {
 			return nil, im.errorf("mode %q is neither avg nor max", mode)
@@ -69,12 +69,19 @@ func init() {
 				if !halfPixel {
 					rw, rh = max(rw, 1), max(rh, 1)
 				}
-				gh[r], gw[r] = max(int64(math.Ceil(rh/float64(ph))), 0), max(int64(math.Ceil(rw/float64(pw))), 0)
+				gh[r], gw[r] = int64(max(math.Ceil(rh/float64(ph)), 0)), int64(max(math.Ceil(rw/float64(pw)), 0))
+				if gh[r] > foldLimit || gw[r] > foldLimit {
+					return nil, im.errorf("roi %d spans %g × %g: its sample grid is beyond the limit of %d", r, rh, rw, foldLimit)
+				}
 			}
 		}
 		Gh, Gw := int64(1), int64(1)
 		for r := range gh {
 			Gh, Gw = max(Gh, gh[r]), max(Gw, gw[r])
+		}
+		// Samples of every roi and channel: R·C·ph·Gh·pw·Gw.
+		if n, ok := (ir.Shape{R, C, ph, Gh, pw, Gw}).NumElements(); !ok || n > foldLimit {
+			return nil, im.errorf("%d rois of %d×%d bins, %d×%d samples each, over %d channels are beyond the limit of %d samples", R, ph, pw, Gh, Gw, C, foldLimit)
 		}
 		c := &chain{im: im}
 		f64 := func(v float64) entry { return scalarConst(ir.F64, v) }
@@ -134,14 +141,21 @@ func init() {
 		}
 		// Samples beyond a roi's own grid (sampling_ratio 0) are left out.
 		used := interp.New(ir.TensorOf(ir.Bool, R, ph, Gh, pw, Gw, 1))
+		// A roi whose grid is empty (sampling_ratio 0 on a roi of no
+		// extent) takes no sample: its bins are 0, as ONNX's reference
+		// gives.
 		count := interp.New(ir.TensorOf(x.typ().DType, R, 1, 1, 1))
+		empty := interp.New(ir.TensorOf(ir.Bool, R, 1, 1, 1))
 		for r := int64(0); r < R; r++ {
 			count.F[r] = float64(max(gh[r]*gw[r], 1))
+			if gh[r]*gw[r] == 0 {
+				empty.I[r] = 1
+			}
 			for b := int64(0); b < ph; b++ {
 				for i := int64(0); i < Gh; i++ {
 					for b2 := int64(0); b2 < pw; b2++ {
 						for j := int64(0); j < Gw; j++ {
-							if i < max(gh[r], 1) && j < max(gw[r], 1) {
+							if i < gh[r] && j < gw[r] {
 								used.I[(((r*ph+b)*Gh+i)*pw+b2)*Gw+j] = 1
 							}
 						}
@@ -159,6 +173,7 @@ func init() {
 			m := c.op("max", nil, c.op("max", nil, corners[0], corners[1]), c.op("max", nil, corners[2], corners[3]))
 			m = c.op("where", nil, entry{k: used}, c.op("reshape", shape6, m), scalarConst(x.typ().DType, math.Inf(-1)))
 			y = c.op("reduce_max", ir.Attrs{"axes": ir.IntsAttr(2, 4), "keepdims": ir.BoolAttr(false)}, m)
+			y = c.op("where", nil, entry{k: empty}, scalarConst(x.typ().DType, 0), y)
 		}
 		y = c.op("transpose", ir.Attrs{"perm": ir.IntsAttr(0, 3, 1, 2)}, y)
 		return c.done(y)

@@ -122,6 +122,9 @@ func init() {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			x := in[0]
 			if len(n.Outputs) > 1 && n.Outputs[1] != "" {
+				if kind != "max_pool2d" {
+					return nil, im.errorf("%s has one output; the node asks for %d", onnxName, len(n.Outputs))
+				}
 				return im.maxPoolWithIndices(n, x)
 			}
 			if d := x.typ().DType; !d.IsFloat() {
@@ -541,9 +544,11 @@ func (im *importer) resize(n *node, x entry, scales []float64, sizes []int64, ro
 			case "tf_half_pixel_for_nn":
 				src = (fo + 0.5) / scale[a]
 			case "tf_crop_and_resize":
+				// The resized length is the input's times the scale, not
+				// rounded (ONNX's reference; with sizes it is the size).
 				start, end := roi[a], roi[r+a]
 				if out[a] > 1 {
-					src = start*(in-1) + fo*(end-start)*(in-1)/float64(out[a]-1)
+					src = start*(in-1) + fo*(end-start)*(in-1)/(in*scale[a]-1)
 				} else {
 					src = 0.5 * (start + end) * (in - 1)
 				}

@@ -13,8 +13,8 @@ import (
 // max_skip_count+1 for longer grams), a start position i matches a pool
 // gram when X[i + j·d] equals its j-th item for every j. Per (n, d) that
 // is an and of n comparisons of shifted slices of X with the pool's
-// items ([B, L, grams]), summed over the positions; a constant one-hot
-// matmul takes each gram's count to its output column (ngram_indexes).
+// items ([B, L, grams]), summed over the positions; a scatter-add takes
+// each gram's count to its output column (ngram_indexes).
 // Mode TF gives the counts, IDF the weight (or 1) where a count is
 // positive, TFIDF the counts times the weights. Pool grams are numbered
 // in pool order, grams of lengths outside the range included; a gram
@@ -50,8 +50,8 @@ func init() {
 		}
 		width := int64(0)
 		for _, o := range indexes {
-			if o < 0 {
-				return nil, im.errorf("ngram_indexes holds %d", o)
+			if o < 0 || o >= foldLimit {
+				return nil, im.errorf("ngram_indexes holds %d (output columns run from 0 to %d)", o, foldLimit-1)
 			}
 			width = max(width, o+1)
 		}
@@ -64,6 +64,7 @@ func init() {
 			column int64
 		}
 		byLength := map[int64][]gram{}
+		at := map[string]int{} // a gram's place in byLength[its length]
 		id := 0
 		for l := range counts {
 			start, end := counts[l], int64(len(pool))
@@ -80,18 +81,13 @@ func init() {
 				}
 				if size >= minN && size <= maxN {
 					g := gram{items: pool[p : p+size], column: indexes[id]}
-					gs := byLength[size]
 					key := fmt.Sprint(g.items)
-					replaced := false
-					for i := range gs {
-						if fmt.Sprint(gs[i].items) == key {
-							gs[i], replaced = g, true
-						}
+					if i, ok := at[key]; ok {
+						byLength[size][i] = g
+					} else {
+						at[key] = len(byLength[size])
+						byLength[size] = append(byLength[size], g)
 					}
-					if !replaced {
-						gs = append(gs, g)
-					}
-					byLength[size] = gs
 				}
 				id++
 			}
@@ -108,15 +104,18 @@ func init() {
 			return nil, c.err
 		}
 		b, cols := rows.typ().Shape[0], rows.typ().Shape[1]
+		if b > foldLimit/width {
+			return nil, im.errorf("a [%d, %d] output is beyond the limit of %d elements", b, width, foldLimit)
+		}
 		out := entry{k: interp.New(ir.TensorOf(ir.F32, b, width))}
-		for size := minN; size <= maxN; size++ {
+		for size := int64(1); size <= int64(len(counts)); size++ { // the lengths the pool holds
 			gs := byLength[size]
 			if len(gs) == 0 {
 				continue
 			}
-			onehot := interp.New(ir.TensorOf(ir.F32, int64(len(gs)), width))
+			columns := make([]int64, len(gs))
 			for i, g := range gs {
-				onehot.F[int64(i)*width+g.column] = 1
+				columns[i] = g.column
 			}
 			distances := skips + 1
 			if size == 1 {
@@ -153,7 +152,10 @@ func init() {
 				}
 			}
 			if !total.missing() {
-				out = c.op("add", nil, out, c.op("matmul", nil, total, entry{k: onehot}))
+				// Each gram's count to its column: a scatter-add.
+				spread := c.op("gather_grad", ir.Attrs{"axis": ir.IntAttr(1), "data_shape": ir.IntsAttr(b, width)},
+					total, entry{k: interp.FromInts(ir.TensorOf(ir.I64, int64(len(gs))), columns)})
+				out = c.op("add", nil, out, spread)
 			}
 		}
 		if mode != "TF" {

@@ -509,7 +509,7 @@ func (l *lowerer) lowerDense(da *denseAST, p lexer.Position) *ir.Dense {
 	for _, e := range elems {
 		if t.DType == ir.U64 && e.Int != nil {
 			// A u64 element may pass the int64 range.
-			u, err := strconv.ParseUint(*e.Int, 10, 64)
+			u, err := strconv.ParseUint(strings.TrimPrefix(*e.Int, "+"), 10, 64)
 			if err != nil {
 				l.errorf(e.Pos, "integer %s is out of the range of u64", *e.Int)
 			}

@@ -539,8 +539,10 @@ func (c *constTable) name(d *ir.Dense) string {
 			}
 		case k == loops.Bool:
 			s = strconv.FormatInt(d.Int(int64(i)), 10)
+		case d.Type.DType == ir.U64:
+			s = strconv.FormatUint(uint64(d.Int(int64(i))), 10) + "ull"
 		default:
-			s = strconv.FormatInt(d.Int(int64(i)), 10) + "LL"
+			s, _ = literal(loops.Int{V: d.Int(int64(i))}) // INT64_MIN has no literal of its own
 		}
 		vals = append(vals, s)
 	}
