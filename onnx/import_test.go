@@ -1134,8 +1134,8 @@ func TestHostileOperatorAttributes(t *testing.T) {
 			opset:   16,
 		})},
 		{"mel overflow", "beyond the fold limit", encModel(tGraph{
-			nodes: []tNode{{op: "MelWeightMatrix", name: "/m", inputs: []string{"n", "d", "s", "lo", "hi"}, outputs: []string{"y"}}},
-			inits: [][]byte{encTensorI64("n", nil, []int64{1 << 61}), encTensorI64("d", nil, []int64{6}), encTensorI64("s", nil, []int64{8000})},
+			nodes:   []tNode{{op: "MelWeightMatrix", name: "/m", inputs: []string{"n", "d", "s", "lo", "hi"}, outputs: []string{"y"}}},
+			inits:   [][]byte{encTensorI64("n", nil, []int64{1 << 61}), encTensorI64("d", nil, []int64{6}), encTensorI64("s", nil, []int64{8000})},
 			inputs:  [][]byte{encValueInfo("n", 7, nil), encValueInfo("d", 7, nil), encValueInfo("s", 7, nil), encValueInfo("lo", 1, nil), encValueInfo("hi", 1, nil)},
 			outputs: [][]byte{encValueInfo("y", 1, []int64{4, 1 << 61})},
 			opset:   17,

@@ -45,12 +45,24 @@ func work(x loops.Expr) int64 {
 
 // parallelDim chooses the loop a stage splits across threads: the
 // outermost of its domain with more than one iteration (a matmul splits
-// its row blocks, reported as dimension 0). Stages that accumulate into
-// indices of their own choosing (scatters) stay sequential: two threads
+// its row blocks, reported as dimension 0). A stage that accumulates into
+// indices of its own choosing (a scatter) splits only along a loop whose
+// variable, and every outer one's, is its own index of the output (a max
+// pool's gradient scatters within its image and channel): threads then
+// add into disjoint slices. Other scatters stay sequential: two threads
 // could add to one element.
 func (e *fn) parallelDim(s *loops.Stage) (int, bool) {
-	if e.md.opt.Threads == 1 || s.Guard != nil || (s.Accumulate && s.Matmul == nil) {
+	if e.md.opt.Threads == 1 || s.Guard != nil {
 		return 0, false
+	}
+	if s.Accumulate && s.Matmul == nil {
+		d := 0
+		for d < len(s.Extents) && s.Extents[d] <= 1 {
+			d++
+		}
+		if d == len(s.Extents) || !indexedBy(s, d) {
+			return 0, false
+		}
 	}
 	total := int64(1)
 	for _, x := range s.Extents {
@@ -69,6 +81,24 @@ func (e *fn) parallelDim(s *loops.Stage) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// indexedBy reports whether s stores at its loop variables 0..d
+// themselves in its output's first d+1 dimensions (a stage without an
+// Index stores at its whole domain).
+func indexedBy(s *loops.Stage, d int) bool {
+	if s.Index == nil {
+		return true
+	}
+	if len(s.Index) <= d {
+		return false
+	}
+	for k := 0; k <= d; k++ {
+		if v, ok := s.Index[k].(*loops.Var); !ok || v != s.Vars[k] {
+			return false
+		}
+	}
+	return true
 }
 
 // parallelStage runs the stage on several threads, split along its

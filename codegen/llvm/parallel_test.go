@@ -68,3 +68,47 @@ func TestParallelKernelsMatchInterpreter(t *testing.T) {
 		}
 	}
 }
+
+// TestParallelScatterMatchesInterpreter: a max pool's gradient scatters
+// within each image and channel, so it splits across threads by image;
+// with overlapping windows (3×3, stride 2) two outputs add into one
+// element, which one thread does in order. A gather's gradient scatters
+// to rows the indices choose and stays on one thread. With 2 and 3
+// threads the results equal one thread's bit for bit (each element's
+// additions run in one order), and the interpreter's (which adds in f64)
+// within f32 rounding of at most 4 and 2 additions (1e-6 relative).
+func TestParallelScatterMatchesInterpreter(t *testing.T) {
+	requireClang(t)
+	const src = `func @f(%dy: f32[8,16,15,15], %x: f32[8,16,31,31], %e: f32[64,100], %i: i64[64]) -> (dx: f32[8,16,31,31], de: f32[50,100]) {
+  %dx = max_pool2d_grad(%dy, %x) {kernel = [3, 3], strides = [2, 2]} : f32[8,16,31,31]
+  %de = gather_grad(%e, %i) {axis = 0, data_shape = [50, 100]} : f32[50,100]
+  return %dx, %de
+}
+`
+	m := passtest.Parse(t, src)
+	f := m.Funcs[0]
+	args := interp.RandomArgs(f, 5)
+	for j := range args[3].I {
+		args[3].I[j] = int64(j*7) % 50
+	}
+	want, err := interp.Run(f, cloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	pipelineOn(t, m, "assign")
+	p, err := loops.Lower(f)
+	require.NoError(t, err)
+	text, err := llvm.Text(p, llvm.Options{Threads: 2})
+	require.NoError(t, err)
+	require.Contains(t, text, "@kiln_parallel_for(", "the max pool's gradient runs on threads")
+	one, _, err := llvm.Run(p, args, llvm.RunOptions{Options: llvm.Options{Threads: 1}})
+	require.NoError(t, err)
+	for i := range want {
+		require.LessOrEqual(t, passtest.RelErr(one[i], want[i]), 1e-6, "result %s", f.ResultName(i))
+	}
+	for _, threads := range []int{2, 3} {
+		got, _, err := llvm.Run(p, args, llvm.RunOptions{Options: llvm.Options{Threads: threads}})
+		require.NoError(t, err)
+		for i := range want {
+			require.Equal(t, one[i].F, got[i].F, "%d threads, result %s", threads, f.ResultName(i))
+		}
+	}
+}
