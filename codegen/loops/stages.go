@@ -206,6 +206,47 @@ func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr, oh0 Expr, rows int64
 	return alias(col, ir.Shape{kdim, rows * g.OW})
 }
 
+// im2colBatch stores im2col for every image of the batch at once, for
+// group gr: col[r, n·OH·OW + p] (transposed: col[n·OH·OW + p, r]). A
+// convolution small enough that this fits im2colBytes (batchedConv)
+// runs as one matrix product per group over the whole batch rather than
+// one per image, each too small to share among threads.
+func im2colBatch(b *builder, x Tensor, g ir.ConvGeometry, gr Expr, transposed bool) *Buffer {
+	cg, _, kdim, ohw := convDims(g)
+	shape := ir.Shape{kdim, g.N, g.OH, g.OW}
+	if transposed {
+		shape = ir.Shape{g.N, g.OH, g.OW, kdim}
+	}
+	col := b.temp("col", ir.Type{DType: x.Type.DType, Shape: shape})
+	b.store(col, func(idx []Expr) Expr {
+		r, n, oh, ow := idx[0], idx[1], idx[2], idx[3]
+		if transposed {
+			n, oh, ow, r = idx[0], idx[1], idx[2], idx[3]
+		}
+		t := unflatten(r, ir.Shape{cg, g.KH, g.KW})
+		ih := add(sub(mul(oh, Int{g.SH}), Int{g.PT}), mul(t[1], Int{g.DH}))
+		iw := add(sub(mul(ow, Int{g.SW}), Int{g.PL}), mul(t[2], Int{g.DW}))
+		ok := and(inRange(ih, g.H), inRange(iw, g.W))
+		return &Guarded{Cond: ok, X: x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), ih, iw})}
+	})
+	if transposed {
+		return alias(col, ir.Shape{g.N * ohw, kdim})
+	}
+	return alias(col, ir.Shape{kdim, g.N * ohw})
+}
+
+// batchedConv says whether a convolution's im2col for the whole batch
+// fits im2colBytes (and there is more than one image).
+func batchedConv(g ir.ConvGeometry, elem int64) bool {
+	_, _, kdim, ohw := convDims(g)
+	n, ok := (ir.Shape{kdim, g.N, ohw, elem}).NumElements()
+	return g.N > 1 && !pointwise(g) && ok && n <= im2colBytes
+}
+
+// imagePos splits a column q of a whole-batch product into its image
+// and its output position: q = n·OH·OW + p.
+func imagePos(q Expr, ohw int64) (n, p Expr) { return div(q, Int{ohw}), rem(q, Int{ohw}) }
+
 // im2colBytes bounds the workspace of one im2col chunk.
 const im2colBytes = 2 << 20
 
@@ -230,6 +271,26 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	cg, mg, kdim, ohw := convDims(g)
 	W := view(w, ir.Shape{g.M, kdim})
 	o := alias(out[0], ir.Shape{g.N, g.M, ohw})
+	if batchedConv(g, x.Type.DType.Size()) {
+		b.loop(g.Groups, func(gr *Var) {
+			var epi func(acc, m, q Expr) Expr
+			if len(in) == 3 {
+				epi = func(acc, m, _ Expr) Expr {
+					return add(acc, conv(in[2].At([]Expr{add(mul(gr, Int{mg}), m)}), acc.Kind()))
+				}
+			}
+			col := FromBuffer(im2colBatch(b, x, g, gr, false))
+			b.matmul(o, mg, g.N*ohw, kdim,
+				func(m, q Expr) []Expr {
+					n, p := imagePos(q, ohw)
+					return []Expr{n, add(mul(gr, Int{mg}), m), p}
+				},
+				func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
+				func(r, q Expr) Expr { return col.At([]Expr{r, q}) },
+				epi, false)
+		})
+		return nil
+	}
 	b.loop(g.N, func(n *Var) {
 		b.loop(g.Groups, func(gr *Var) {
 			var epi func(acc, m, p Expr) Expr // the bias, when there is one
@@ -271,6 +332,23 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 	cg, mg, kdim, ohw := convDims(g)
 	W := view(w, ir.Shape{g.M, kdim})
 	DY := view(dy, ir.Shape{g.N, g.M, ohw})
+	if batchedConv(g, out[0].Type.DType.Size()) {
+		b.loop(g.Groups, func(gr *Var) {
+			col := b.temp("col", ir.Type{DType: out[0].Type.DType, Shape: ir.Shape{kdim, g.N * ohw}})
+			b.matmul(col, kdim, g.N*ohw, mg, func(r, q Expr) []Expr { return []Expr{r, q} },
+				func(r, m Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
+				func(m, q Expr) Expr {
+					n, p := imagePos(q, ohw)
+					return DY.At([]Expr{n, add(mul(gr, Int{mg}), m), p})
+				}, nil, false)
+			vs := b.vars(4)
+			n, c, ih, iw := vs[0], vs[1], vs[2], vs[3]
+			b.add(&Stage{Vars: vs, Extents: []int64{g.N, cg, g.H, g.W}, Out: out[0],
+				Index: []Expr{n, add(mul(gr, Int{cg}), c), ih, iw},
+				Value: col2im(b, g, col, c, ih, iw, mul(n, Int{ohw}), ComputeKind(out[0].Type.DType))})
+		})
+		return nil
+	}
 	b.loop(g.N, func(n *Var) {
 		b.loop(g.Groups, func(gr *Var) {
 			wt := func(r, m Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) }
@@ -282,30 +360,37 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 			}
 			col := b.temp("col", ir.Type{DType: out[0].Type.DType, Shape: ir.Shape{kdim, ohw}})
 			b.matmul(col, kdim, ohw, mg, func(r, p Expr) []Expr { return []Expr{r, p} }, wt, dyg, nil, false)
-			// col2im as a gather: each input pixel sums the taps that read it.
 			dx := alias(out[0], ir.Shape{g.N, g.C, g.H, g.W})
 			vs := b.vars(3)
 			c, ih, iw := vs[0], vs[1], vs[2]
-			sum := b.reduce(scalar.Add, ComputeKind(out[0].Type.DType), []int64{g.KH, g.KW}, func(t []Expr) Expr {
-				dh := sub(add(ih, Int{g.PT}), mul(t[0], Int{g.DH}))
-				dw := sub(add(iw, Int{g.PL}), mul(t[1], Int{g.DW}))
-				oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
-				ok := and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
-				if g.SH != 1 {
-					ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
-				}
-				if g.SW != 1 {
-					ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
-				}
-				r := flatten([]Expr{c, t[0], t[1]}, ir.Shape{cg, g.KH, g.KW})
-				p := add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW))
-				return &Load{Buf: col, Index: []Expr{r, p}, Guard: ok}
-			})
 			b.add(&Stage{Vars: vs, Extents: []int64{cg, g.H, g.W}, Out: dx,
-				Index: []Expr{n, add(mul(gr, Int{cg}), c), ih, iw}, Value: sum})
+				Index: []Expr{n, add(mul(gr, Int{cg}), c), ih, iw},
+				Value: col2im(b, g, col, c, ih, iw, Int{0}, ComputeKind(out[0].Type.DType))})
 		})
 	})
 	return nil
+}
+
+// col2im is input pixel (c, ih, iw)'s gradient read from the columns
+// col[r, base + p] of the input gradient's product: a gather (each pixel
+// sums the taps that read it), so that no two threads add into one.
+func col2im(b *builder, g ir.ConvGeometry, col *Buffer, c, ih, iw, base Expr, k Kind) Expr {
+	cg := g.C / g.Groups
+	return b.reduce(scalar.Add, k, []int64{g.KH, g.KW}, func(t []Expr) Expr {
+		dh := sub(add(ih, Int{g.PT}), mul(t[0], Int{g.DH}))
+		dw := sub(add(iw, Int{g.PL}), mul(t[1], Int{g.DW}))
+		oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
+		ok := and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
+		if g.SH != 1 {
+			ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
+		}
+		if g.SW != 1 {
+			ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
+		}
+		r := flatten([]Expr{c, t[0], t[1]}, ir.Shape{cg, g.KH, g.KW})
+		p := add(base, add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW)))
+		return &Load{Buf: col, Index: []Expr{r, p}, Guard: ok}
+	})
 }
 
 func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
@@ -317,6 +402,19 @@ func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 	cg, mg, kdim, ohw := convDims(g)
 	dw := alias(out[0], ir.Shape{g.M, kdim})
 	DY := view(dy, ir.Shape{g.N, g.M, ohw})
+	if batchedConv(g, x.Type.DType.Size()) {
+		b.loop(g.Groups, func(gr *Var) {
+			c := FromBuffer(im2colBatch(b, x, g, gr, true))
+			b.matmul(dw, mg, kdim, g.N*ohw,
+				func(m, r Expr) []Expr { return []Expr{add(mul(gr, Int{mg}), m), r} },
+				func(m, q Expr) Expr {
+					n, p := imagePos(q, ohw)
+					return DY.At([]Expr{n, add(mul(gr, Int{mg}), m), p})
+				},
+				func(q, r Expr) Expr { return c.At([]Expr{q, r}) }, nil, false)
+		})
+		return nil
+	}
 	b.fill(dw, 0)
 	b.loop(g.N, func(n *Var) {
 		b.loop(g.Groups, func(gr *Var) {
