@@ -183,7 +183,7 @@ func pointwise(g ir.ConvGeometry) bool {
 // Only output rows [oh0, oh0+rows) are stored (a chunk that bounds the
 // workspace); transposed always stores all of them.
 func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr, oh0 Expr, rows int64, transposed bool) *Buffer {
-	cg, _, kdim, _ := convDims(g)
+	_, _, kdim, _ := convDims(g)
 	shape := ir.Shape{kdim, rows, g.OW}
 	if transposed {
 		shape = ir.Shape{g.OH, g.OW, kdim}
@@ -194,16 +194,23 @@ func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr, oh0 Expr, rows int64
 		if transposed {
 			oh, ow, r = idx[0], idx[1], idx[2]
 		}
-		t := unflatten(r, ir.Shape{cg, g.KH, g.KW})
-		ih := add(sub(mul(oh, Int{g.SH}), Int{g.PT}), mul(t[1], Int{g.DH}))
-		iw := add(sub(mul(ow, Int{g.SW}), Int{g.PL}), mul(t[2], Int{g.DW}))
-		ok := and(inRange(ih, g.H), inRange(iw, g.W))
-		return &Guarded{Cond: ok, X: x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), ih, iw})}
+		return tap(x, g, n, gr, r, oh, ow)
 	})
 	if transposed {
 		return alias(col, ir.Shape{g.OH * g.OW, kdim})
 	}
 	return alias(col, ir.Shape{kdim, rows * g.OW})
+}
+
+// tap is the input under kernel tap r = (c, kh, kw) of group gr at output
+// position (oh, ow) of image n: 0 in the padding.
+func tap(x Tensor, g ir.ConvGeometry, n, gr, r, oh, ow Expr) Expr {
+	cg := g.C / g.Groups
+	t := unflatten(r, ir.Shape{cg, g.KH, g.KW})
+	ih := add(sub(mul(oh, Int{g.SH}), Int{g.PT}), mul(t[1], Int{g.DH}))
+	iw := add(sub(mul(ow, Int{g.SW}), Int{g.PL}), mul(t[2], Int{g.DW}))
+	ok := and(inRange(ih, g.H), inRange(iw, g.W))
+	return &Guarded{Cond: ok, X: x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), ih, iw})}
 }
 
 // im2colBatch stores im2col for every image of the batch at once, for
@@ -212,7 +219,7 @@ func im2col(b *builder, x Tensor, g ir.ConvGeometry, n, gr, oh0 Expr, rows int64
 // runs as one matrix product per group over the whole batch rather than
 // one per image, each too small to share among threads.
 func im2colBatch(b *builder, x Tensor, g ir.ConvGeometry, gr Expr, transposed bool) *Buffer {
-	cg, _, kdim, ohw := convDims(g)
+	_, _, kdim, ohw := convDims(g)
 	shape := ir.Shape{kdim, g.N, g.OH, g.OW}
 	if transposed {
 		shape = ir.Shape{g.N, g.OH, g.OW, kdim}
@@ -223,11 +230,7 @@ func im2colBatch(b *builder, x Tensor, g ir.ConvGeometry, gr Expr, transposed bo
 		if transposed {
 			n, oh, ow, r = idx[0], idx[1], idx[2], idx[3]
 		}
-		t := unflatten(r, ir.Shape{cg, g.KH, g.KW})
-		ih := add(sub(mul(oh, Int{g.SH}), Int{g.PT}), mul(t[1], Int{g.DH}))
-		iw := add(sub(mul(ow, Int{g.SW}), Int{g.PL}), mul(t[2], Int{g.DW}))
-		ok := and(inRange(ih, g.H), inRange(iw, g.W))
-		return &Guarded{Cond: ok, X: x.At([]Expr{n, add(mul(gr, Int{cg}), t[0]), ih, iw})}
+		return tap(x, g, n, gr, r, oh, ow)
 	})
 	if transposed {
 		return alias(col, ir.Shape{g.N * ohw, kdim})
