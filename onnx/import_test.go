@@ -1227,3 +1227,45 @@ func TestReviewedOperatorValues(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1<<62+1), res[0].I[0], "(2^63 + 2) / 2 unsigned")
 }
+
+// TestCropAndResizeWithScales: tf_crop_and_resize with scales takes the
+// resized length as the input's times the scale, unrounded (ONNX's
+// reference): from 5 elements, scale 1.5 and roi [0.2, 0.8], output 1
+// reads source 0.8 + 0.6·4/6.5 of the ramp 0, 1, ..., 4 (linear), and a
+// source outside the input gives extrapolation_value.
+func TestCropAndResizeWithScales(t *testing.T) {
+	for _, c := range []struct {
+		roi  []float32
+		want []float64
+	}{
+		{[]float32{0, 0, 0, 0.2, 1, 1, 1, 0.8}, []float64{0.8, 0.8 + 0.6*4/6.5, 0.8 + 2*0.6*4/6.5}},
+		{[]float32{0, 0, 0, -0.5, 1, 1, 1, 0.5}, []float64{-7, -7, -7}},
+	} {
+		data := encModel(tGraph{
+			nodes: []tNode{{op: "Resize", name: "/r", inputs: []string{"x", "roi", "scales"}, outputs: []string{"y"},
+				strs:   map[string]string{"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"},
+				floats: map[string]float32{"extrapolation_value": -7}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 1, 5}), encValueInfo("roi", 1, []int64{8}), encValueInfo("scales", 1, []int64{4})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 1, 7})},
+			opset:   13,
+		})
+		roi := make([]float64, 8)
+		for i, v := range c.roi {
+			roi[i] = float64(v)
+		}
+		scales := interp.FromFloats(ir.TensorOf(ir.F32, 4), []float64{1, 1, 1, 1.5})
+		m, err := Import(data, Options{Name: "m.onnx", Value: valuesOf(map[string]*interp.Tensor{
+			"roi": interp.FromFloats(ir.TensorOf(ir.F32, 8), roi), "scales": scales})})
+		require.NoError(t, err)
+		f := m.Funcs[0]
+		var args []*interp.Tensor
+		for _, a := range f.Args {
+			args = append(args, interp.FromFloats(a.Type, []float64{0, 1, 2, 3, 4}))
+		}
+		res, err := interp.Run(f, args, interp.Options{})
+		require.NoError(t, err)
+		for i, w := range c.want {
+			require.InDelta(t, w, res[0].F[i], 1e-6, "roi %v, output %d", c.roi, i)
+		}
+	}
+}
