@@ -514,15 +514,7 @@ func TestEinsumForms(t *testing.T) {
 			inputs:  inputs,
 			outputs: [][]byte{encValueInfo("y", 1, c.out)},
 		})
-		m, err := Import(data, Options{Name: "m.onnx"})
-		require.NoError(t, err, c.eq)
-		f := m.Funcs[0]
-		args := make([]*interp.Tensor, len(f.Args))
-		for i, arg := range f.Args {
-			args[i] = interp.FromDense(arg.Arg.Init)
-		}
-		res, err := interp.Run(f, args, interp.Options{})
-		require.NoError(t, err, c.eq)
+		res := runInitialized(t, data, c.eq)
 		require.Equal(t, len(c.want), res[0].Len(), c.eq)
 		for i, w := range c.want {
 			require.InDelta(t, w, res[0].At(i), 1e-6, "%s element %d", c.eq, i)
@@ -555,17 +547,25 @@ func TestEinsumForms(t *testing.T) {
 			inputs:  inputs,
 			outputs: [][]byte{encValueInfo("y", 1, c.out)},
 		})
-		m, err := Import(data, Options{Name: "m.onnx"})
-		require.NoError(t, err, c.eq)
-		f := m.Funcs[0]
-		args := make([]*interp.Tensor, len(f.Args))
-		for i, arg := range f.Args {
-			args[i] = interp.FromDense(arg.Arg.Init)
-		}
-		res, err := interp.Run(f, args, interp.Options{})
-		require.NoError(t, err, c.eq)
+		res := runInitialized(t, data, c.eq)
 		require.Equal(t, c.want, res[0].F, c.eq)
 	}
+}
+
+// runInitialized imports a model whose every argument is an initializer
+// and runs it on their values.
+func runInitialized(t *testing.T, data []byte, what string) []*interp.Tensor {
+	t.Helper()
+	m, err := Import(data, Options{Name: "m.onnx"})
+	require.NoError(t, err, what)
+	f := m.Funcs[0]
+	args := make([]*interp.Tensor, len(f.Args))
+	for i, arg := range f.Args {
+		args[i] = interp.FromDense(arg.Arg.Init)
+	}
+	res, err := interp.Run(f, args, interp.Options{})
+	require.NoError(t, err, what)
+	return res
 }
 
 // TestReviewedEdgeCases: inputs a review found mishandled. A 1-D

@@ -449,19 +449,20 @@ func TestNarrowIntegersCompiled(t *testing.T) {
 		interp.FromInts(ir.TensorOf(ir.U32, 3), []int64{4000000000, 7, 1}),
 	}
 	wantInts := [][]int64{{4, 10, 17}, {3, -32767, -32768}, {1, 0, 0}, {2000000000, 3, 0}, nil, {253, 255, 0}}
-	interpreted, err := interp.Run(f, args, interp.Options{})
-	require.NoError(t, err)
-	p, err := loops.Lower(f)
-	require.NoError(t, err)
-	compiled, _, err := llvm.Run(p, args)
-	require.NoError(t, err)
+	interpreted, compiled := interpretedAndCompiled(t, f, args)
 	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
-		for i, w := range wantInts {
-			if w != nil {
-				require.Equal(t, w, got[i].I, "%s: result %d", name, i)
-			}
-		}
+		requireInts(t, name, wantInts, got)
 		require.Equal(t, []float64{4e9, 7, 1}, got[4].F, "%s: u32 to f32", name)
+	}
+}
+
+// requireInts holds each result with a want (nil: not checked here) to it.
+func requireInts(t *testing.T, name string, want [][]int64, got []*interp.Tensor) {
+	t.Helper()
+	for i, w := range want {
+		if w != nil {
+			require.Equal(t, w, got[i].I, "%s: result %d", name, i)
+		}
 	}
 }
 
@@ -510,18 +511,9 @@ func TestUint64Compiled(t *testing.T) {
 		{0, top, 12},
 		{top - 1, 7, 0},
 	}
-	interpreted, err := interp.Run(f, args, interp.Options{})
-	require.NoError(t, err)
-	p, err := loops.Lower(f)
-	require.NoError(t, err)
-	compiled, _, err := llvm.Run(p, args)
-	require.NoError(t, err)
+	interpreted, compiled := interpretedAndCompiled(t, f, args)
 	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
-		for i, w := range wantInts {
-			if w != nil {
-				require.Equal(t, w, got[i].I, "%s: result %d", name, i)
-			}
-		}
+		requireInts(t, name, wantInts, got)
 		require.Equal(t, []float64{0x1p64, 7, 0}, got[5].F, "%s: u64 to f64", name)
 	}
 }
