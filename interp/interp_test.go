@@ -408,3 +408,23 @@ func TestObserveSeesEveryOpInOrder(t *testing.T) {
 	require.InDelta(t, -3, sums[0], 1e-12)
 	require.InDelta(t, math.Exp(-1)+math.Exp(-2), sums[1], 1e-6)
 }
+
+// TestUint64PadAndConstants: pad's value fills a u64 as a conversion
+// does, saturating (1e19 is 10^19, above 2^63; -3 is 0), and a u64
+// constant may be written with a leading +.
+func TestUint64PadAndConstants(t *testing.T) {
+	m, err := parser.Parse("u.kir", `func @f(%x: u64[1]) -> (u64[3], u64[3], u64[1]) {
+  %a = pad(%x) {pads = [1, 1], value = 1e19} : u64[3]
+  %b = pad(%x) {pads = [1, 1], value = -3.0} : u64[3]
+  %c = constant() {value = dense<u64[1]: +5>} : u64[1]
+  return %a, %b, %c
+}
+`)
+	require.NoError(t, err)
+	res, err := Run(m.Funcs[0], []*Tensor{FromInts(ir.TensorOf(ir.U64, 1), []int64{7})}, Options{})
+	require.NoError(t, err)
+	big := uint64(10000000000000000000)
+	require.Equal(t, []int64{int64(big), 7, int64(big)}, res[0].I)
+	require.Equal(t, []int64{0, 7, 0}, res[1].I)
+	require.Equal(t, []int64{5}, res[2].I)
+}
