@@ -232,6 +232,12 @@ func BuildFrom(info *liveness.Info, passes []Pass, dev costmodel.Device) *Report
 		r.FLOPs += c.FLOPs
 		if op.Attr().Bool("recomputed") {
 			r.RecomputeFLOPs += c.FLOPs
+		} else if op.Region != nil {
+			for _, inner := range op.Region.Body { // a fused kernel's recomputed ops
+				if inner.Attr().Bool("recomputed") {
+					r.RecomputeFLOPs += ir.OpCost(inner).FLOPs
+				}
+			}
 		}
 		if isLaunch(op) {
 			r.Kernels++

@@ -190,6 +190,10 @@ func Rematerialize(f *ir.Func, budget int64, solver string) (Result, error) {
 		e.Holders = liveness.Analyze(lowestFunc).Holders(10)
 		return Result{}, e
 	}
+	if prune(best, budget) {
+		bestRes.FLOPs = max(0, recomputeFLOPs(best)-recomputeFLOPs(f))
+		bestRes.Peak = liveness.Analyze(best).Peak
+	}
 	*f = *best
 	return bestRes, nil
 }

@@ -40,7 +40,9 @@ func init() {
 // whole schedule: a value is recomputed only while the peak does not rise,
 // then values still live at the peak are recomputed while it falls. Having
 // found the lowest peak, it plans again with that peak as the target and
-// keeps the plan that reaches it with fewer FLOPs. It never returns a
+// keeps the plan that reaches it with fewer FLOPs, then saves again every
+// value whose recomputation that peak (give or take 1/pruneSlack of it)
+// does not need. It never returns a
 // higher peak than f had, as it stands or after fuse and reorder; a
 // function without a backward is left as it is.
 func SelectSaved(f *ir.Func) Result {
@@ -72,6 +74,15 @@ func SelectSaved(f *ir.Func) Result {
 		plans = []*ir.Func{g, lowest} // fewer FLOPs first
 		results = []Result{{Peak: p, FLOPs: fl, Solver: "saveset"}, results[0]}
 	}
+	// What the lowest peak does not need is saved again (prune), in a
+	// third plan tried first. The peak may rise by pruneSlack of itself
+	// for that: a batch norm's statistics are a few bytes a channel, and
+	// recomputing them reads the whole activation again.
+	pruned := plans[0].Clone()
+	if prune(pruned, min(results[0].Peak+results[0].Peak/pruneSlack, before-1)) {
+		plans = append([]*ir.Func{pruned}, plans...)
+		results = append([]Result{{Peak: liveness.Analyze(pruned).Peak, FLOPs: recomputeFLOPs(pruned), Solver: "saveset"}}, results...)
+	}
 	// Fusion and the schedule reorder finds can treat a plan differently
 	// from f (a recomputed value read by two kernels stays in memory): a
 	// plan is taken only when it is no higher after them either.
@@ -85,6 +96,10 @@ func SelectSaved(f *ir.Func) Result {
 	}
 	return none
 }
+
+// pruneSlack: SelectSaved's plans may keep values whose recomputation
+// would lower the peak by less than 1/pruneSlack of it.
+const pruneSlack = 1024
 
 // downstreamPeaks is the peak of f after fuse, and after fuse and reorder
 // (the -O1 and -O2 pipelines that follow saveset).
