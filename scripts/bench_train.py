@@ -1,6 +1,9 @@
 """Training-step speed of Kiln's compiled step (in-process, kiln.compile) against PyTorch 1.13 eager on
 the same threads: medians of RUNS steps after two warm-up steps, SGD with momentum, the same batch.
 Also the forward pass alone (train=False) and, with --profile, Kiln's slowest kernels.
+Kiln's and PyTorch's steps take turns in blocks of ten, so that a shared machine's slow spells weigh on
+both sides alike (not step by step: each side's thread pool spins for a while after its work, as
+OpenMP's does, and would take the other's cores).
 Usage: KILN=path/to/kiln PYTHONPATH=python /usr/bin/python3 scripts/bench_train.py [MODEL...] [--runs N]
        [--threads T] [--profile]
 Models: resnet18 (batch 16, 224x224), fmnist_cnn (batch 32, 28x28), gpt2_block (one GPT-2-small block,
@@ -59,15 +62,22 @@ def models():
     }
 
 
-def median_seconds(fn, runs):
+def seconds(fn):
+    t = time.perf_counter()
     fn()
-    fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return time.perf_counter() - t
+
+
+def alternating(kiln_fn, torch_fn, runs, block=10):
+    """Medians of each side's step times, the sides taking turns in blocks of block steps (each block
+    after one warm-up step), runs steps each in all."""
+    times = {kiln_fn: [], torch_fn: []}
+    while len(times[kiln_fn]) < runs:
+        for fn in (kiln_fn, torch_fn):
+            fn()
+            times[fn] += [seconds(fn) for _ in range(min(block, runs - len(times[fn])))]
+    t_kiln, t_torch = statistics.median(times[kiln_fn]), statistics.median(times[torch_fn])
+    return t_kiln, t_torch, t_kiln / t_torch
 
 
 def main():
@@ -88,14 +98,8 @@ def main():
             model(*inputs).backward()
             opt.step()
 
-        t_torch = median_seconds(torch_step, a.runs)
-        with torch.no_grad():
-            model.eval()
-            fwd_in = inputs if name == "gpt2_block" else inputs
-            t_torch_fwd = median_seconds(lambda: model(*fwd_in), a.runs)
-            model.train()
         step = kiln.compile(model, inputs, optimizer="sgd", lr=0.01, momentum=0.9)
-        t_kiln = median_seconds(lambda: step(*inputs), a.runs)
+        t_kiln, t_torch, ratio = alternating(lambda: step(*inputs), torch_step, a.runs)
         if a.profile:
             step.profile()
             step(*inputs)
@@ -103,11 +107,18 @@ def main():
                 print(f"  {r['kernel']:40s} {1e3 * r['seconds']:9.2f} ms  {r['bytes'] / 1e6:9.1f} MB  {r['flops'] / 1e9:7.2f} GFLOP")
             step.profile(False)
         step.close()
-        fwd = kiln.compile(model.eval(), inputs, train=False)
-        t_kiln_fwd = median_seconds(lambda: fwd(*inputs), a.runs)
+        model.eval()
+        fwd = kiln.compile(model, inputs, train=False)
+
+        def torch_forward():
+            with torch.no_grad():
+                model(*inputs)
+
+        t_kiln_fwd, t_torch_fwd, ratio_fwd = alternating(lambda: fwd(*inputs), torch_forward, a.runs)
         fwd.close()
-        print(f"{name}: step kiln {t_kiln * 1e3:.1f} ms, torch {t_torch * 1e3:.1f} ms ({t_kiln / t_torch:.2f}x); "
-              f"forward kiln {t_kiln_fwd * 1e3:.1f} ms, torch {t_torch_fwd * 1e3:.1f} ms ({t_kiln_fwd / t_torch_fwd:.2f}x)",
+        model.train()
+        print(f"{name}: step kiln {t_kiln * 1e3:.1f} ms, torch {t_torch * 1e3:.1f} ms ({ratio:.2f}x); "
+              f"forward kiln {t_kiln_fwd * 1e3:.1f} ms, torch {t_torch_fwd * 1e3:.1f} ms ({ratio_fwd:.2f}x)",
               flush=True)
 
 

@@ -38,8 +38,15 @@ int kiln_find(const char *name) {
    the code Kiln emits holds a weak version that starts threads on every
    call) gives chunk t of [0, n) to thread t; the caller runs chunk 0.
    One parallel loop runs on the pool at a time; a loop started while the
-   pool is busy, or from a pool thread, runs on its caller alone. */
+   pool is busy, or from a pool thread, runs on its caller alone.
+
+   A step runs many short parallel loops back to back, so waiting spins
+   a little before it sleeps: a thread woken through a condition variable
+   starts tens of microseconds late, longer than many kernels take. Pool
+   threads spin for the next loop, and the caller for the pool's chunks,
+   for POOL_SPIN_NS, then block. */
 enum { MAX_THREADS = 256 };
+#define POOL_SPIN_NS 50000LL
 static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t go, done;
@@ -47,29 +54,64 @@ static struct {
 	void (*body)(void *, long long, long long, long long);
 	void *ctx;
 	long long n, threads;
-	unsigned long gen;
-	int pending;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, NULL, NULL, 0, 0, 0, 0};
+	unsigned long gen;  /* atomic: a new loop is published by its increment */
+	int pending;        /* atomic: pool threads that have not finished the loop */
+	int sleepers;       /* under mu: pool threads blocked on go */
+	int waiting;        /* under mu: the caller is blocked on done */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, NULL, NULL, 0, 0, 0, 0, 0, 0};
 static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static int pool_want = 1;
 static __thread int pool_worker;
 
+static long long pool_now(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* pool_spinning reports whether a spin that has gone round i times
+   (deadline 0 before its first) may go on, pausing once. */
+static int pool_spinning(unsigned i, long long *deadline) {
+	if (i % 64 == 0) {
+		long long now = pool_now();
+		if (*deadline == 0) *deadline = now + POOL_SPIN_NS;
+		else if (now > *deadline) return 0;
+	}
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+	return 1;
+}
+
 static void *pool_thread(void *arg) {
 	long long t = (long long)(intptr_t)arg;
 	unsigned long seen = 0;
 	pool_worker = 1;
-	pthread_mutex_lock(&pool.mu);
 	for (;;) {
-		while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.mu);
-		seen = pool.gen;
+		unsigned long g;
+		long long deadline = 0;
+		for (unsigned i = 0; (g = __atomic_load_n(&pool.gen, __ATOMIC_ACQUIRE)) == seen && pool_spinning(i, &deadline); i++) {
+		}
+		if (g == seen) {
+			pthread_mutex_lock(&pool.mu);
+			pool.sleepers++;
+			while ((g = __atomic_load_n(&pool.gen, __ATOMIC_ACQUIRE)) == seen) pthread_cond_wait(&pool.go, &pool.mu);
+			pool.sleepers--;
+			pthread_mutex_unlock(&pool.mu);
+		}
+		seen = g;
 		void (*body)(void *, long long, long long, long long) = pool.body;
 		void *ctx = pool.ctx;
 		long long n = pool.n, T = pool.threads;
-		pthread_mutex_unlock(&pool.mu);
 		if (t < T) body(ctx, n * t / T, n * (t + 1) / T, t);
-		pthread_mutex_lock(&pool.mu);
-		if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+		if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_ACQ_REL) == 0) {
+			pthread_mutex_lock(&pool.mu);
+			if (pool.waiting) pthread_cond_signal(&pool.done);
+			pthread_mutex_unlock(&pool.mu);
+		}
 	}
 	return NULL;
 }
@@ -96,16 +138,23 @@ void kiln_parallel_for(void (*body)(void *, long long, long long, long long), vo
 		if (n > 0) body(ctx, 0, n, 0);
 		return;
 	}
-	pthread_mutex_lock(&pool.mu);
 	pool.body = body, pool.ctx = ctx, pool.n = n, pool.threads = threads;
-	pool.pending = pool.size - 1;
-	pool.gen++;
-	pthread_cond_broadcast(&pool.go);
+	__atomic_store_n(&pool.pending, pool.size - 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&pool.gen, 1, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&pool.mu);
+	if (pool.sleepers) pthread_cond_broadcast(&pool.go);
 	pthread_mutex_unlock(&pool.mu);
 	body(ctx, 0, n / threads, 0);
-	pthread_mutex_lock(&pool.mu);
-	while (pool.pending) pthread_cond_wait(&pool.done, &pool.mu);
-	pthread_mutex_unlock(&pool.mu);
+	long long deadline = 0;
+	for (unsigned i = 0; __atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) && pool_spinning(i, &deadline); i++) {
+	}
+	if (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_lock(&pool.mu);
+		pool.waiting = 1;
+		while (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE)) pthread_cond_wait(&pool.done, &pool.mu);
+		pool.waiting = 0;
+		pthread_mutex_unlock(&pool.mu);
+	}
 	pthread_mutex_unlock(&pool_busy);
 }
 
