@@ -35,6 +35,47 @@ var (
 // many small products.
 const smallMatmul = 16384
 
+// kc is the rows of B packed at a time when a product's K is longer (a
+// weight gradient's K is every output position of an image, thousands):
+// a panel block of kc x pb floats (256 KiB) stays in L2 while every row
+// block of A runs over it, the tiles' accumulators kept between blocks in
+// a buffer of the product's rows by the panel's width (accumulatorBytes at
+// most; longer products pack the whole K as before).
+const (
+	kc               = 512
+	accumulatorBytes = 1 << 20
+)
+
+// kBlocked reports whether a packed matmul stage packs B kc rows at a
+// time, keeping its accumulators in a buffer between blocks.
+func kBlocked(s *loops.Stage) bool {
+	return s.Matmul.Extent > kc && accBufBytes(s) <= accumulatorBytes
+}
+
+// accBufBytes is the accumulator buffer of a K-blocked stage: its rows
+// rounded up to whole tiles, by the panel's width.
+func accBufBytes(s *loops.Stage) int64 {
+	return (s.Extents[0] + mrv - 1) / mrv * mrv * panelWidth(s.Extents[1]) * 4
+}
+
+// packedRows is the rows of B a stage's panel holds: all of K, or kc.
+func packedRows(s *loops.Stage) int64 {
+	if kBlocked(s) {
+		return kc
+	}
+	return s.Matmul.Extent
+}
+
+// threadPanelBytes is one thread's share of a packed stage's workspace:
+// its panel and, K-blocked, its accumulator buffer after it.
+func threadPanelBytes(s *loops.Stage) int64 {
+	n := alignUp(packedRows(s)*panelWidth(s.Extents[1])*4, wsAlign)
+	if kBlocked(s) {
+		n += alignUp(accBufBytes(s), wsAlign)
+	}
+	return n
+}
+
 // packed reports whether a matmul stage runs on the packed f32
 // microkernel.
 func packed(s *loops.Stage) bool {
@@ -80,22 +121,79 @@ func (e *fn) matmulF32(s *loops.Stage, lo, hi value.Value) {
 	}
 	panel := e.panel()
 	e.loopFrom(panelLo, panelHi, func(jb value.Value) {
-		j0, jn := e.packPanel(s, panel, jb)
-		e.panelTiles(s, panel, j0, jn, rowLo, rowHi)
+		if !kBlocked(s) {
+			j0, jn := e.packPanel(s, panel, jb, i64(0), i64(s.Matmul.Extent))
+			e.panelTiles(s, panel, nil, j0, jn, rowLo, rowHi, i64(0), i64(s.Matmul.Extent))
+			return
+		}
+		acc := e.accBuf(s, panel)
+		e.zeroAccRows(s, acc, rowLo, rowHi)
+		j0, jn := e.panelColumns(s, jb)
+		e.kBlocks(s, func(k0, kn value.Value) {
+			e.packPanel(s, panel, jb, k0, kn)
+			e.panelTiles(s, panel, acc, j0, jn, rowLo, rowHi, k0, kn)
+		})
+		e.storeAccRows(s, acc, j0, jn, rowLo, rowHi)
 	})
 }
 
-// packPanel packs panel jb of B: panel[k][j] = B(k, j0 + j) for j < jn,
-// zero up to the panel's width. It returns j0 and jn.
-func (e *fn) packPanel(s *loops.Stage, panel, jb value.Value) (j0, jn value.Value) {
-	mm := s.Matmul
-	N, K, w := s.Extents[1], mm.Extent, panelWidth(s.Extents[1])
-	nv := s.Vars[1]
+// kBlocks runs body for each block [k0, k0+kn) of kc rows of K.
+func (e *fn) kBlocks(s *loops.Stage, body func(k0, kn value.Value)) {
+	K := s.Matmul.Extent
+	e.loop(i64((K+kc-1)/kc), func(kb value.Value) {
+		k0 := e.cur.NewMul(kb, i64(kc))
+		rem := e.cur.NewSub(i64(K), k0)
+		body(k0, e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(kc)), rem, i64(kc)))
+	})
+}
+
+// accBuf is the accumulator buffer after a thread's panel.
+func (e *fn) accBuf(s *loops.Stage, panel value.Value) value.Value {
+	return e.cur.NewGetElementPtr(types.Float, panel, i64(alignUp(packedRows(s)*panelWidth(s.Extents[1])*4, wsAlign)/4))
+}
+
+// zeroAccRows clears the accumulators of row blocks [rowLo, rowHi).
+func (e *fn) zeroAccRows(s *loops.Stage, acc, rowLo, rowHi value.Value) {
+	w := panelWidth(s.Extents[1])
+	start := e.cur.NewMul(rowLo, i64(mrv*w))
+	e.loop(e.cur.NewMul(e.cur.NewSub(rowHi, rowLo), i64(mrv*w)), func(i value.Value) {
+		e.cur.NewStore(constant.NewFloat(types.Float, 0), e.cur.NewGetElementPtr(types.Float, acc, e.cur.NewAdd(start, i)))
+	})
+}
+
+// storeAccRows stores the accumulated row blocks [rowLo, rowHi) of the
+// panel holding columns [j0, j0+jn) through the epilogue.
+func (e *fn) storeAccRows(s *loops.Stage, acc, j0, jn, rowLo, rowHi value.Value) {
+	w := panelWidth(s.Extents[1])
+	e.loopFrom(rowLo, rowHi, func(ib value.Value) {
+		m0 := e.cur.NewMul(ib, i64(mrv))
+		for r := 0; r < mrv; r++ {
+			row := e.cur.NewMul(e.cur.NewAdd(m0, i64(int64(r))), i64(w))
+			e.storeRow(s, m0, r, j0, jn, func(j value.Value) value.Value {
+				return e.cur.NewLoad(types.Float, e.cur.NewGetElementPtr(types.Float, acc, e.cur.NewAdd(row, j)))
+			})
+		}
+	})
+}
+
+// panelColumns is the first column of panel jb and how many it holds.
+func (e *fn) panelColumns(s *loops.Stage, jb value.Value) (j0, jn value.Value) {
+	N, w := s.Extents[1], panelWidth(s.Extents[1])
 	j0 = e.cur.NewMul(jb, i64(w))
 	rem := e.cur.NewSub(i64(N), j0)
-	jn = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(w)), rem, i64(w))
-	e.loop(i64(K), func(kv value.Value) {
-		e.bound[mm.K] = kv
+	return j0, e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rem, i64(w)), rem, i64(w))
+}
+
+// packPanel packs rows [k0, k0+kn) of panel jb of B: panel[k][j] =
+// B(k0 + k, j0 + j) for j < jn, zero up to the panel's width. It returns
+// j0 and jn.
+func (e *fn) packPanel(s *loops.Stage, panel, jb, k0, kn value.Value) (j0, jn value.Value) {
+	mm := s.Matmul
+	w := panelWidth(s.Extents[1])
+	nv := s.Vars[1]
+	j0, jn = e.panelColumns(s, jb)
+	e.loop(kn, func(kv value.Value) {
+		e.bound[mm.K] = e.cur.NewAdd(k0, kv)
 		row := e.cur.NewMul(kv, i64(w))
 		e.loop(jn, func(j value.Value) {
 			e.bound[nv] = e.cur.NewAdd(j0, j)
@@ -110,10 +208,12 @@ func (e *fn) packPanel(s *loops.Stage, panel, jb value.Value) (j0, jn value.Valu
 }
 
 // panelTiles computes the row blocks [rowLo, rowHi) of mrv rows against
-// a packed panel holding columns [j0, j0+jn), through the epilogue.
-func (e *fn) panelTiles(s *loops.Stage, panel, j0, jn, rowLo, rowHi value.Value) {
+// a packed panel holding rows [k0, k0+kn) of K and columns [j0, j0+jn):
+// through the epilogue, or, with acc (a K-blocked stage), adding to the
+// accumulators kept there.
+func (e *fn) panelTiles(s *loops.Stage, panel, acc, j0, jn, rowLo, rowHi, k0, kn value.Value) {
 	mm := s.Matmul
-	M, K, w := s.Extents[0], mm.Extent, panelWidth(s.Extents[1])
+	M, w := s.Extents[0], panelWidth(s.Extents[1])
 	mv := s.Vars[0]
 	fma := e.md.declare("llvm.fmuladd.v16f32", vecT, vecT, vecT, vecT)
 	tileT := types.NewArray(mrv*nr, types.Float)
@@ -138,8 +238,18 @@ func (e *fn) panelTiles(s *loops.Stage, panel, j0, jn, rowLo, rowHi value.Value)
 				e.cur.NewStore(zero, a)
 			}
 			c0 := e.cur.NewMul(jt, i64(nr))
-			e.loop(i64(K), func(kv value.Value) {
-				e.bound[mm.K] = kv
+			// accAt is where row r's accumulators of this tile are kept.
+			accAt := func(r, h int) value.Value {
+				at := e.cur.NewAdd(e.cur.NewMul(e.cur.NewAdd(m0, i64(int64(r))), i64(w)), e.cur.NewAdd(c0, i64(int64(h*vw))))
+				return e.cur.NewGetElementPtr(types.Float, acc, at)
+			}
+			if acc != nil {
+				for i, a := range accs {
+					e.cur.NewStore(e.vload(accAt(i/2, i%2)), a)
+				}
+			}
+			e.loop(kn, func(kv value.Value) {
+				e.bound[mm.K] = e.cur.NewAdd(k0, kv)
 				at := e.cur.NewAdd(e.cur.NewMul(kv, i64(w)), c0)
 				b0 := e.vload(e.cur.NewGetElementPtr(types.Float, panel, at))
 				b1 := e.vload(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, i64(vw))))
@@ -158,6 +268,13 @@ func (e *fn) panelTiles(s *loops.Stage, panel, j0, jn, rowLo, rowHi value.Value)
 					}
 				}
 			})
+			if acc != nil {
+				for i, a := range accs {
+					st := e.cur.NewStore(e.cur.NewLoad(vecT, a), e.cur.NewBitCast(accAt(i/2, i%2), vecPtr))
+					st.Align = 4
+				}
+				return
+			}
 			for i, a := range accs {
 				p := e.cur.NewGetElementPtr(tileT, tile, i64(0), i64(int64(i*vw)))
 				st := e.cur.NewStore(e.cur.NewLoad(vecT, a), e.cur.NewBitCast(p, vecPtr))

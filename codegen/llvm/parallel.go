@@ -135,17 +135,34 @@ func (e *fn) parallelStage(s *loops.Stage, dim int) {
 }
 
 // parallelRows runs an f32 matmul with too few panels to share out: this
-// thread packs each panel once, then all threads compute its n row blocks.
+// thread packs each panel (K-blocked: each block of it) once, then all
+// threads compute its n row blocks.
 func (e *fn) parallelRows(s *loops.Stage, n int64) {
-	call := e.outline(3, func(o *fn, lo, hi value.Value, extra []value.Value) {
+	call := e.outline(6, func(o *fn, lo, hi value.Value, extra []value.Value) {
 		panel := o.entry.NewIntToPtr(extra[0], types.NewPointer(types.Float))
-		o.panelTiles(s, panel, extra[1], extra[2], lo, hi)
+		var acc value.Value
+		if kBlocked(s) {
+			acc = o.entry.NewIntToPtr(extra[1], types.NewPointer(types.Float))
+		}
+		o.panelTiles(s, panel, acc, extra[2], extra[3], lo, hi, extra[4], extra[5])
 	})
 	panel := e.panel()
 	w := panelWidth(s.Extents[1])
+	K := s.Matmul.Extent
 	e.loop(i64((s.Extents[1]+w-1)/w), func(jb value.Value) {
-		j0, jn := e.packPanel(s, panel, jb)
-		call([]value.Value{panel, j0, jn}, n)
+		if !kBlocked(s) {
+			j0, jn := e.packPanel(s, panel, jb, i64(0), i64(K))
+			call([]value.Value{panel, i64(0), j0, jn, i64(0), i64(K)}, n)
+			return
+		}
+		acc := e.accBuf(s, panel)
+		e.zeroAccRows(s, acc, i64(0), i64(n))
+		j0, jn := e.panelColumns(s, jb)
+		e.kBlocks(s, func(k0, kn value.Value) {
+			e.packPanel(s, panel, jb, k0, kn)
+			call([]value.Value{panel, acc, j0, jn, k0, kn}, n)
+		})
+		e.storeAccRows(s, acc, j0, jn, i64(0), i64(n))
 	})
 }
 

@@ -46,7 +46,7 @@ func layoutWorkspace(k *loops.Kernel) *workspace {
 				visit(s.Body)
 			case *loops.Stage:
 				if s.Matmul != nil && packed(s) {
-					w.panelBytes = max(w.panelBytes, alignUp(s.Matmul.Extent*panelWidth(s.Extents[1])*4, wsAlign))
+					w.panelBytes = max(w.panelBytes, threadPanelBytes(s))
 				}
 			}
 		}
