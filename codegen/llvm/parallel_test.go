@@ -17,13 +17,15 @@ import (
 // the matrix-vector path (two rows). Products longer than one block of K
 // (1100, 2048) keep their accumulators between blocks: with panels shared
 // out (%kwide), rows shared out with a bias epilogue (%kgemm), and a
-// weight gradient over the whole batch (%gw).
+// weight gradient over the whole batch (%gw). %gw2 is a grouped weight
+// gradient whose im2col is too large for the whole batch, computed per
+// image as dwᵀ = col · DYᵀ.
 const bigKernels = `func @big(%x: f32[2,16,30,30], %w: f32[40,16,3,3] {param}, %s: f32[40] {param}, %b: f32[40] {param},
           %rm: f32[40] {state}, %rv: f32[40] {state}, %a: f32[100,300], %c: f32[300,270], %v: f32[2,300], %q: f32[130,300], %g: f32[270] {param},
           %c5: f32[300,520], %d: f32[300,40], %ka: f32[20,1100], %kb: f32[1100,530], %kc: f32[100,1100], %kbias: f32[100],
-          %dy: f32[2,8,32,32], %xx: f32[2,4,32,32]) ->
+          %dy: f32[2,8,32,32], %xx: f32[2,4,32,32], %dy2: f32[4,64,32,32], %xx2: f32[4,32,32,32]) ->
           (y: f32[2,40,15,15], mm: f32[100,270], mv: f32[2,130], sm: f32[100,270], ln: f32[100,270], wide: f32[100,520], narrow: f32[100,40],
-           kwide: f32[20,530], kgemm: f32[20,100], gw: f32[8,4,3,3]) {
+           kwide: f32[20,530], kgemm: f32[20,100], gw: f32[8,4,3,3], gw2: f32[64,16,3,3]) {
   %conv = conv2d(%x, %w) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2,40,15,15]
   %bn, %nrm, %nrv, %mean, %inv = batch_norm_train(%conv, %s, %b, %rm, %rv) : f32[2,40,15,15], f32[40], f32[40], f32[40], f32[40]
   %y = relu(%bn) : f32[2,40,15,15]
@@ -36,7 +38,8 @@ const bigKernels = `func @big(%x: f32[2,16,30,30], %w: f32[40,16,3,3] {param}, %
   %kwide = matmul(%ka, %kb) : f32[20,530]
   %kgemm = gemm(%ka, %kc, %kbias) {trans_b = true} : f32[20,100]
   %gw = conv2d_grad_weight(%dy, %xx) {pads = [1, 1, 1, 1], weight_shape = [8, 4, 3, 3]} : f32[8,4,3,3]
-  return %y, %mm, %mv, %sm, %ln, %wide, %narrow, %kwide, %kgemm, %gw
+  %gw2 = conv2d_grad_weight(%dy2, %xx2) {groups = 2, pads = [1, 1, 1, 1], weight_shape = [64, 16, 3, 3]} : f32[64,16,3,3]
+  return %y, %mm, %mv, %sm, %ln, %wide, %narrow, %kwide, %kgemm, %gw, %gw2
 }
 `
 

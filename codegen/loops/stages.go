@@ -419,6 +419,27 @@ func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 		return nil
 	}
 	b.fill(dw, 0)
+	if !pointwise(g) && mg >= 32 && ohw >= 128 {
+		// dwᵀ = col · DYᵀ per image: the im2col is stored along output
+		// positions (contiguous reads of the input), and the product's
+		// rows are the kdim taps, many enough to share among threads
+		// (ResNet-18's 3×3 weight gradients at 56², 28² and 14² 1.4-2.5x
+		// faster, its stem 2.5x, than dw = DY · colᵀ with the im2col
+		// stored tap by tap). The form below stays where its columns
+		// would be few (a depthwise convolution's one output channel per
+		// group) or where few positions make the transposed stores of
+		// dw outweigh the product (7²: 4x slower).
+		b.loop(g.N, func(n *Var) {
+			b.loop(g.Groups, func(gr *Var) {
+				c := FromBuffer(im2col(b, x, g, n, gr, Int{0}, g.OH, false))
+				b.matmul(dw, kdim, mg, ohw,
+					func(r, m Expr) []Expr { return []Expr{add(mul(gr, Int{mg}), m), r} },
+					func(r, p Expr) Expr { return c.At([]Expr{r, p}) },
+					func(p, m Expr) Expr { return DY.At([]Expr{n, add(mul(gr, Int{mg}), m), p}) }, nil, true)
+			})
+		})
+		return nil
+	}
 	b.loop(g.N, func(n *Var) {
 		b.loop(g.Groups, func(gr *Var) {
 			var colT func(p, r Expr) Expr
