@@ -464,7 +464,27 @@ func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 func window(p ir.PoolGeometry, oh, ow, kh, kw Expr) (ih, iw, inside Expr) {
 	ih = add(sub(mul(oh, Int{p.SH}), Int{p.PT}), mul(kh, Int{p.DH}))
 	iw = add(sub(mul(ow, Int{p.SW}), Int{p.PL}), mul(kw, Int{p.DW}))
+	if windowsInside(p) {
+		return ih, iw, BoolConst{V: true}
+	}
 	return ih, iw, and(inRange(ih, p.H), inRange(iw, p.W))
+}
+
+// windowsInside reports whether every tap of every window lies inside
+// the input (a 2×2 pool of stride 2 without padding): the pools then
+// need neither guards nor clamped indices.
+func windowsInside(p ir.PoolGeometry) bool {
+	return p.PT == 0 && p.PL == 0 && p.OH > 0 && p.OW > 0 &&
+		(p.OH-1)*p.SH+(p.KH-1)*p.DH < p.H && (p.OW-1)*p.SW+(p.KW-1)*p.DW < p.W
+}
+
+// tapAt is x's index at input position (ih, iw) of image n, channel c:
+// clamped into the input unless every window lies inside it.
+func tapAt(p ir.PoolGeometry, n, c, ih, iw Expr) []Expr {
+	if windowsInside(p) {
+		return []Expr{n, c, ih, iw}
+	}
+	return []Expr{n, c, clamp(ih, p.H), clamp(iw, p.W)}
 }
 
 func lowerMaxPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
@@ -483,7 +503,7 @@ func windowMax(b *builder, p ir.PoolGeometry, x Tensor, idx []Expr) Expr {
 	k := ComputeKind(x.Type.DType)
 	return b.reduce(scalar.Max, k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 		ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
-		v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
+		v := x.At(tapAt(p, idx[0], idx[1], ih, iw))
 		return sel(ok, v, fconst(k, negInf))
 	})
 }
@@ -502,13 +522,13 @@ func lowerMaxPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 			m := windowMax(b, p, x, idx)
 			first := b.reduce(scalar.Min, I64, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 				ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
-				v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
+				v := x.At(tapAt(p, idx[0], idx[1], ih, iw))
 				hit := and(ok, &Binary{Op: scalar.Or, A: cmp(scalar.Eq, v, m), B: and(cmp(scalar.Ne, v, v), cmp(scalar.Ne, m, m))})
 				return sel(hit, add(mul(t[0], Int{p.KW}), t[1]), Int{math.MaxInt64})
 			})
 			kh, kw := div(first, Int{p.KW}), rem(first, Int{p.KW})
 			ih, iw, _ := window(p, idx[2], idx[3], clamp(kh, p.KH), kw)
-			return []Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)}
+			return tapAt(p, idx[0], idx[1], ih, iw)
 		},
 		nil,
 		func(idx []Expr) Expr { return dy.At(idx) })
@@ -536,7 +556,7 @@ func lowerAvgPool(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	b.store(out[0], func(idx []Expr) Expr {
 		s := b.reduce(scalar.Add, k, []int64{p.KH, p.KW}, func(t []Expr) Expr {
 			ih, iw, ok := window(p, idx[2], idx[3], t[0], t[1])
-			v := x.At([]Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)})
+			v := x.At(tapAt(p, idx[0], idx[1], ih, iw))
 			return sel(ok, v, like(v, 0))
 		})
 		return div(s, conv(maxE(poolCount(b, p, idx[2], idx[3]), Int{1}), k))
@@ -555,7 +575,7 @@ func lowerAvgPoolGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	b.scatter(out[0], []int64{p.N, p.C, p.OH, p.OW, p.KH, p.KW},
 		func(idx []Expr) []Expr {
 			ih, iw, _ := window(p, idx[2], idx[3], idx[4], idx[5])
-			return []Expr{idx[0], idx[1], clamp(ih, p.H), clamp(iw, p.W)}
+			return tapAt(p, idx[0], idx[1], ih, iw)
 		},
 		func(idx []Expr) Expr {
 			_, _, ok := window(p, idx[2], idx[3], idx[4], idx[5])
