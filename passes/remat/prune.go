@@ -7,10 +7,12 @@ import (
 	"github.com/kiln-compiler/kiln/ir"
 )
 
-// pruneWork bounds prune's op visits (each trial analyses the whole
-// function): the costliest recomputations are tried first, so a large
-// step stops after the ones that matter.
-const pruneWork = 4_000_000
+// pruneWork bounds prune's op visits (an analysis of the schedule or of
+// liveness visits every op; a trial takes one, an accepted one two more):
+// about 30 trials on a 1000-op step, 3 on a 10,000-op one. The costliest
+// recomputations are tried first, in chunks that double, so a large step
+// stops after the ones that matter.
+const pruneWork = 100_000
 
 // prune takes back recomputations that a plan does not need: the solvers
 // keep a recomputation whenever the peak does not rise, so a plan can
@@ -23,13 +25,15 @@ const pruneWork = 4_000_000
 // target; copies left unread are removed. It reports whether it changed f.
 //
 // A copy is matched to its original by name and checked structurally
-// (same kind, attributes and result type, operands that are the
-// original's or copies of them), so a plan is only ever rewritten back
-// towards the function it came from. Values marked remat = "always" stay
+// (same kind, attributes and result types, operands that are the
+// original's or copies of them; a region's ops by kind and attributes),
+// so a plan is only ever rewritten back towards the function it came
+// from, and only where the original precedes the copy's readers. Values marked remat = "always" stay
 // recomputed, and so do values whose memory is an argument that the step
 // overwrites.
 func prune(f *ir.Func, target int64) bool {
 	origin := originals(f)
+	written := writtenArgs(f)
 	type site struct {
 		copy    *ir.Value
 		traffic int64
@@ -47,7 +51,7 @@ func prune(f *ir.Func, target int64) bool {
 			traffic += r.Type.SizeBytes()
 		}
 		for _, r := range op.Results {
-			if o := origin[r]; o != nil && o.Def.Attr().String("remat") != "always" && !overwrittenMemory(f, o) {
+			if o := origin[r]; o != nil && o.Def.Attr().String("remat") != "always" && !overwrittenMemory(o, written) {
 				sites = append(sites, site{r, traffic})
 			}
 		}
@@ -57,32 +61,74 @@ func prune(f *ir.Func, target int64) bool {
 	}
 	sort.SliceStable(sites, func(i, j int) bool { return sites[i].traffic > sites[j].traffic })
 	rw := &rewriter{f: f, keep: map[*ir.Value]bool{}}
+	sched, info := rw.sched(), rw.live()
+	eligible := func(c *ir.Value) bool {
+		o := origin[c]
+		if _, inBody := sched.pos[c.Def]; !inBody || len(sched.uses[c]) == 0 {
+			return false // removed with a copy it fed, or unread
+		}
+		if sched.pos[o.Def] >= sched.uses[c][0] {
+			return false // the original comes after a reader (a plan reordered by hand)
+		}
+		// A value kept across the peak, where neither it nor its copy was
+		// live, raises the peak by its size: no need to analyse that.
+		return o.Type.SizeBytes() <= target-info.Peak || sched.pos[o.Def] >= info.PeakAt ||
+			sched.lastUse[o] >= info.PeakAt || sched.pos[c.Def] <= info.PeakAt
+	}
+	// Sites go in chunks that double while whole chunks are taken and
+	// halve when one raises the peak too far, down to single sites.
 	changed := false
-	for _, s := range sites {
-		if rw.work > pruneWork {
+	for i, chunk := 0, 1; i < len(sites) && !rw.tiredAt(pruneWork); {
+		var batch []*ir.Value
+		j := i
+		for ; j < len(sites) && len(batch) < chunk; j++ {
+			if eligible(sites[j].copy) {
+				batch = append(batch, sites[j].copy)
+			}
+		}
+		if len(batch) == 0 {
 			break
 		}
-		if s.copy.Def == nil || !inBody(f, s.copy.Def) {
-			continue // removed with a copy it fed
-		}
 		rw.begin()
-		o := origin[s.copy]
-		for _, op := range f.Body {
-			for j, u := range op.Operands {
-				if u == s.copy {
-					rw.replaced = append(rw.replaced, replacement{op, j, u})
-					op.Operands[j] = o
+		for _, c := range batch {
+			for _, u := range sched.uses[c] {
+				op := f.Body[u]
+				for k, x := range op.Operands {
+					if x == c {
+						rw.replaced = append(rw.replaced, replacement{op, k, x})
+						op.Operands[k] = origin[c]
+					}
 				}
 			}
 		}
 		removeUnreadCopies(f)
-		if rw.live().Peak <= target {
+		if now := rw.live(); now.Peak <= target {
 			changed = true
+			sched, info = rw.sched(), now
+			i, chunk = j, chunk*2
 			continue
 		}
 		rw.undo()
+		if len(batch) == 1 {
+			i, chunk = j, 1
+		} else {
+			chunk = len(batch) / 2
+		}
 	}
 	return changed
+}
+
+// writtenArgs is the set of f's arguments that its ops overwrite.
+func writtenArgs(f *ir.Func) map[*ir.Value]bool {
+	w := map[*ir.Value]bool{}
+	for _, op := range f.Body {
+		if d := op.Def(); d != nil {
+			for _, k := range d.Writes {
+				w[op.Operands[k]] = true
+			}
+		}
+	}
+	return w
 }
 
 // fusesAway reports whether a copy of op costs (about) nothing to
@@ -189,9 +235,9 @@ func originalName(name string) string {
 }
 
 // overwrittenMemory reports whether v's memory is, through views, that of
-// an argument some op of f overwrites: keeping v longer would read the
-// new contents.
-func overwrittenMemory(f *ir.Func, v *ir.Value) bool {
+// an argument the step overwrites (written): keeping v longer would read
+// the new contents.
+func overwrittenMemory(v *ir.Value, written map[*ir.Value]bool) bool {
 	for v.Def != nil {
 		d := v.Def.Def()
 		if d == nil || !d.View || v.Index != 0 || len(v.Def.Operands) == 0 {
@@ -199,16 +245,7 @@ func overwrittenMemory(f *ir.Func, v *ir.Value) bool {
 		}
 		v = v.Def.Operands[0]
 	}
-	for _, op := range f.Body {
-		if d := op.Def(); d != nil {
-			for _, k := range d.Writes {
-				if op.Operands[k] == v {
-					return true
-				}
-			}
-		}
-	}
-	return false
+	return written[v]
 }
 
 // removeUnreadCopies deletes recomputed ops none of whose results is read
@@ -243,13 +280,4 @@ func removeUnreadCopies(f *ir.Func) {
 		}
 		f.Body = body
 	}
-}
-
-func inBody(f *ir.Func, op *ir.Op) bool {
-	for _, o := range f.Body {
-		if o == op {
-			return true
-		}
-	}
-	return false
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/passtest"
 )
@@ -85,4 +86,21 @@ func TestOriginalNames(t *testing.T) {
 	for in, want := range map[string]string{"x.remat": "x", "x.remat.3": "x", "a.4.remat.2": "a.4", "x.3": "x.3", ".remat": ".remat", "x.rematt": "x.rematt", "y": "y"} {
 		require.Equal(t, want, originalName(in), in)
 	}
+}
+
+// TestPruneKeepsOriginalsBeforeReaders: a copy placed before its original
+// (a plan reordered by hand) keeps its readers: reading the original
+// there would read it before it is defined.
+func TestPruneKeepsOriginalsBeforeReaders(t *testing.T) {
+	const src = `func @f(%a: f64[8,8], %w: f64[8,8], %b: f64[8,8]) -> (f64[8,8]) {
+  %y.remat = matmul(%a, %w) {recomputed = true} : f64[8,8]
+  %z = matmul(%y.remat, %b) : f64[8,8]
+  %y = matmul(%a, %w) : f64[8,8]
+  %q = add(%y, %z) : f64[8,8]
+  return %q
+}
+`
+	m := passtest.Parse(t, src)
+	require.False(t, prune(m.Funcs[0], 1<<30))
+	require.NoError(t, ir.Verify(m))
 }

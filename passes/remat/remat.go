@@ -74,7 +74,9 @@ func StepFloor(f *ir.Func) int64 {
 
 // Result is what a solver reached.
 type Result struct {
-	Peak   int64
+	Peak int64
+	// FLOPs is what the plan's recomputation adds, net of the
+	// recomputations of the input that it saves again.
 	FLOPs  int64
 	Solver string
 }

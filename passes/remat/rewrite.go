@@ -37,7 +37,10 @@ type rewriter struct {
 const solverWork = 2_000_000
 
 // tired reports whether the solver has spent its work.
-func (rw *rewriter) tired() bool { return rw.work > solverWork }
+func (rw *rewriter) tired() bool { return rw.tiredAt(solverWork) }
+
+// tiredAt reports whether the solver has spent more than work.
+func (rw *rewriter) tiredAt(work int64) bool { return rw.work > work }
 
 // live is liveness.Analyze of the function, counted as work.
 func (rw *rewriter) live() *liveness.Info {

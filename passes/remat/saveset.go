@@ -81,7 +81,8 @@ func SelectSaved(f *ir.Func) Result {
 	pruned := plans[0].Clone()
 	if prune(pruned, min(results[0].Peak+results[0].Peak/pruneSlack, before-1)) {
 		plans = append([]*ir.Func{pruned}, plans...)
-		results = append([]Result{{Peak: liveness.Analyze(pruned).Peak, FLOPs: recomputeFLOPs(pruned), Solver: "saveset"}}, results...)
+		added := max(0, recomputeFLOPs(pruned)-recomputeFLOPs(f)) // net of what f recomputed already
+		results = append([]Result{{Peak: liveness.Analyze(pruned).Peak, FLOPs: added, Solver: "saveset"}}, results...)
 	}
 	// Fusion and the schedule reorder finds can treat a plan differently
 	// from f (a recomputed value read by two kernels stays in memory): a
