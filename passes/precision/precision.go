@@ -660,10 +660,18 @@ func linearAlone(op *ir.Op, i int) bool {
 func readScaled(r *rewriter, op *ir.Op, scale *ir.Value) *ir.Op {
 	res := op.Results[0]
 	op.Attrs = op.Attrs.Clone()
-	op.Attrs["result_dtype"] = ir.TypeAttr(ir.F32) // x/scale is up to 448/max|x| times x: f16 would overflow
-	raw32 := res.Type
-	raw32.DType = ir.F32
-	raw := &ir.Value{Name: r.f.UniqueName(res.Name + ".fp8"), Type: raw32, Def: op, Offset: ir.NoOffset}
+	// x/scale is up to 448/max|x| times x: f16 would overflow, so an f16
+	// or f32 result is computed in f32 first. bf16 has f32's exponent
+	// range: a bf16 result is computed in bf16 (the product still
+	// accumulates in f32 and rounds once; the scale rounds again), half
+	// the bytes of an f32 copy that would sit beside it at the peak.
+	rawType := res.Type
+	rawType.DType = ir.F32
+	if res.Type.DType == ir.BF16 {
+		rawType.DType = ir.BF16
+	}
+	op.Attrs["result_dtype"] = ir.TypeAttr(rawType.DType)
+	raw := &ir.Value{Name: r.f.UniqueName(res.Name + ".fp8"), Type: rawType, Def: op, Offset: ir.NoOffset}
 	op.Results[0] = raw
 	var attrs ir.Attrs
 	if res.Type.DType != ir.F32 {

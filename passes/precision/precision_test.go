@@ -371,3 +371,37 @@ func TestAccumulatorStaysF32(t *testing.T) {
 	}
 	t.Fatal("no value named c")
 }
+
+// TestFP8ReadersComputeInTheirDType: a product that reads a value stored
+// in fp8 computes it scaled (x/scale, up to 448/max|x| times x) before
+// multiplying the scale back. A bf16 step computes that in bf16, which
+// has f32's exponent range: an f32 copy beside the bf16 result would
+// sit at the peak (it kept video_2plus1d at 0.391 of f32's float bytes
+// there, 0.317 now). An f16 step computes it in f32, where f16 would
+// overflow.
+func TestFP8ReadersComputeInTheirDType(t *testing.T) {
+	for _, c := range []struct {
+		pipeline string
+		low      ir.DType // the step's low dtype
+		raw      ir.DType // what a reader with a result in it computes in
+	}{
+		{"autodiff,precision{dtype=bf16,saved=fp8}", ir.BF16, ir.BF16},
+		{"autodiff,precision{dtype=f16,saved=fp8,loss-scale=1024}", ir.F16, ir.F32},
+	} {
+		f, _ := smallModel(t, "../../testdata/models/breadth/video_2plus1d", c.pipeline)
+		low := 0
+		for _, op := range f.Body {
+			if op.Kind != "mul" || !strings.HasSuffix(op.Operands[0].Name, ".fp8") {
+				continue
+			}
+			raw, res := op.Operands[0], op.Results[0]
+			want := ir.F32 // an f32 result (a weight gradient) is computed in f32
+			if res.Type.DType == c.low {
+				want = c.raw
+				low++
+			}
+			require.Equal(t, want, raw.Type.DType, "%s: %s for %s", c.pipeline, raw.Name, res.Name)
+		}
+		require.Positive(t, low, "%s: no product with a %s result reads a stored fp8 value", c.pipeline, c.low)
+	}
+}
