@@ -81,7 +81,8 @@ func TestParallelKernelsMatchInterpreter(t *testing.T) {
 }
 
 // TestParallelScatterMatchesInterpreter: a max pool's gradient (its
-// windows inside the input, and reaching into padding) scatters
+// windows inside the input, and reaching into padding; average pools
+// and their gradients alike) scatters
 // within each image and channel, so it splits across threads by image;
 // with overlapping windows (3×3, stride 2) two outputs add into one
 // element, which one thread does in order. A gather's gradient scatters
@@ -91,11 +92,14 @@ func TestParallelKernelsMatchInterpreter(t *testing.T) {
 // within f32 rounding of at most 4 and 2 additions (1e-6 relative).
 func TestParallelScatterMatchesInterpreter(t *testing.T) {
 	requireClang(t)
-	const src = `func @f(%dy: f32[8,16,15,15], %x: f32[8,16,31,31], %e: f32[64,100], %i: i64[64], %x2: f32[8,16,29,29]) -> (dx: f32[8,16,31,31], de: f32[50,100], dx2: f32[8,16,29,29]) {
+	const src = `func @f(%dy: f32[8,16,15,15], %x: f32[8,16,31,31], %e: f32[64,100], %i: i64[64], %x2: f32[8,16,29,29]) -> (dx: f32[8,16,31,31], de: f32[50,100], dx2: f32[8,16,29,29], ap: f32[8,16,15,15], da: f32[8,16,31,31], da2: f32[8,16,29,29]) {
   %dx = max_pool2d_grad(%dy, %x) {kernel = [3, 3], strides = [2, 2]} : f32[8,16,31,31]
   %de = gather_grad(%e, %i) {axis = 0, data_shape = [50, 100]} : f32[50,100]
   %dx2 = max_pool2d_grad(%dy, %x2) {kernel = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[8,16,29,29]
-  return %dx, %de, %dx2
+  %ap = avg_pool2d(%x) {kernel = [3, 3], strides = [2, 2]} : f32[8,16,15,15]
+  %da = avg_pool2d_grad(%dy) {input_shape = [8, 16, 31, 31], kernel = [3, 3], strides = [2, 2]} : f32[8,16,31,31]
+  %da2 = avg_pool2d_grad(%dy) {input_shape = [8, 16, 29, 29], kernel = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[8,16,29,29]
+  return %dx, %de, %dx2, %ap, %da, %da2
 }
 `
 	m := passtest.Parse(t, src)
