@@ -113,13 +113,22 @@ func init() {
 			pf.levels = &optLevels{}
 			pf.levels.register(fs)
 			target := fs.String("target", "llvm", "llvm, or cuda (-o DIR gets plan.json, kernels.cu, kiln_cuda.h and module.kir)")
-			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations of the entry point), runtime-header (kiln_runtime.h, the ABI of lib), obj, lib (shared library: the step's runtime) or exe (a program over the runtime, reading and writing .npy files)")
+			emit := fs.String("emit", "ll", "ll (LLVM IR text), header (C declarations of the entry point), runtime-header (kiln_runtime.h, the ABI of lib), obj, lib (shared library: the step's runtime) or exe (a program over the runtime, reading and writing .npy files); with --target cuda, plan (the default) or exe (the plan with its host program and DIR/build.sh, which builds DIR/step with nvcc)")
 			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
 			fn := fs.String("func", "", "function to compile (default: the first)")
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			return func(e *env, args []string) error {
 				if *target == "cuda" {
-					return compileCUDA(e, &pf, args, *fn, *out)
+					cudaEmit := "plan"
+					fs.Visit(func(f *flag.Flag) {
+						if f.Name == "emit" {
+							cudaEmit = *emit
+						}
+					})
+					if cudaEmit != "plan" && cudaEmit != "exe" {
+						return usageError{fmt.Sprintf("with --target cuda, --emit must be plan or exe, not %q", cudaEmit)}
+					}
+					return compileCUDA(e, &pf, args, *fn, *out, cudaEmit == "exe", *threads)
 				}
 				if *target != "llvm" {
 					return usageError{fmt.Sprintf("--target must be llvm or cuda, not %q", *target)}
@@ -202,7 +211,9 @@ func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, 
 }
 
 // compileCUDA writes the launch plan directory of one function.
-func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error {
+// With exe, each directory also gets the program's host side and
+// build.sh (cuda.Output.Executable).
+func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string, exe bool, threads int) error {
 	if out == "-" || out == "" {
 		return usageError{"--target cuda needs -o DIR"}
 	}
@@ -244,7 +255,13 @@ func compileCUDA(e *env, pf *pipelineFlags, args []string, fn, out string) error
 		}
 	}
 	for i, plan := range plans {
-		if err := cuda.Write(dirs[i], plan, in.module, e.files); err != nil {
+		var extra map[string][]byte
+		if exe {
+			if extra, err = plan.Executable(threads); err != nil {
+				return fmt.Errorf("%s: error: @%s: %v", in.name, funcs[i].Name, err)
+			}
+		}
+		if err := cuda.Write(dirs[i], plan, in.module, extra, e.files); err != nil {
 			return fmt.Errorf("kiln: cannot write %s: %v", dirs[i], unwrapPathError(err))
 		}
 	}

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"archive/zip"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -163,7 +164,26 @@ func TestExecutableRunsOnItsOwn(t *testing.T) {
 	require.LessOrEqual(t, passtest.RelErr(got, want), 1e-5)
 	out, err = exec.Command(exe, "--output-dir", filepath.Join(dir, "none")).CombinedOutput()
 	require.Error(t, err)
-	require.Contains(t, string(out), "missing --input input=FILE.npy (or --inputs DIR or .npz holding it)")
+	require.Contains(t, string(out), "missing --input input=FILE.npy (or --inputs DIR or .npz holding it, or --seed N)")
+
+	// --seed fills what nothing else gives, the same way each time;
+	// --report-time reports a step of --steps.
+	seeded := func(seed, name string) *interp.Tensor {
+		out, err := exec.Command(exe, "--seed", seed, "--steps", "2", "--report-time", "--output-dir", filepath.Join(dir, name)).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "2 runs, ")
+		return readNpy(t, filepath.Join(dir, name, "output.npy"))
+	}
+	a, b, c := seeded("3", "seed3"), seeded("3", "seed3again"), seeded("4", "seed4")
+	require.Equal(t, a.F, b.F, "one seed, one input")
+	require.NotEqual(t, a.F, c.F, "two seeds, two inputs")
+	for _, v := range a.F {
+		require.False(t, math.IsNaN(v) || math.IsInf(v, 0))
+	}
+	cmd := exec.Command(exe, "--seed", "x3", "--output-dir", filepath.Join(dir, "bad"))
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Equal(t, 2, cmd.ProcessState.ExitCode(), "%s", out)
 }
 
 // TestExecutableEmbedsSplatInits: init values stored as one repeated
@@ -266,4 +286,28 @@ func TestNPZInputs(t *testing.T) {
 	_, stderr, code = kiln(t, "run", src, "--inputs", bad, "--output-dir", filepath.Join(dir, "run2"))
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, `member "v.npy" names no argument of @f`)
+}
+
+// TestCompileCUDAExecutable: --target cuda --emit exe writes the plan
+// with its host program and an executable build.sh; --emit plan (the
+// default) the plan alone; other kinds are misuse (exit 2).
+func TestCompileCUDAExecutable(t *testing.T) {
+	dir := t.TempDir()
+	model := "../testdata/examples/cnn.kir"
+	exe, plan := filepath.Join(dir, "exe"), filepath.Join(dir, "plan")
+	_, stderr, code := kiln(t, "compile", model, "--train", "--optimizer", "sgd", "--target", "cuda", "--emit", "exe", "-o", exe)
+	require.Equal(t, 0, code, stderr)
+	for _, name := range []string{"plan.json", "kernels.cu", "kiln_cuda.h", "module.kir", "step.cu", "kiln_cuda_runtime.cu", "kiln_cuda_program.h",
+		"program.c", "driver.c", "checkpoint.c", "kiln_program.h", "kiln_runtime.h", "build.sh"} {
+		require.FileExists(t, filepath.Join(exe, name))
+	}
+	st, err := os.Stat(filepath.Join(exe, "build.sh"))
+	require.NoError(t, err)
+	require.NotZero(t, st.Mode()&0o100, "build.sh is executable")
+	_, stderr, code = kiln(t, "compile", model, "--train", "--target", "cuda", "-o", plan)
+	require.Equal(t, 0, code, stderr)
+	require.NoFileExists(t, filepath.Join(plan, "step.cu"))
+	_, stderr, code = kiln(t, "compile", model, "--target", "cuda", "--emit", "lib", "-o", filepath.Join(dir, "bad"))
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, "with --target cuda, --emit must be plan or exe")
 }

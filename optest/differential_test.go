@@ -112,7 +112,7 @@ func TestEveryOpCompilesToCUDA(t *testing.T) {
 	out, err := cuda.Lower(f, costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil))
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 	cmd := exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only", "-Werror",
 		"-Wno-unknown-cuda-version", filepath.Join(dir, "kernels.cu"))
 	if msg, err := cmd.CombinedOutput(); err != nil {

@@ -31,7 +31,7 @@ func plan(t testing.TB, model, pipeline string) string {
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil))
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 	return dir
 }
 
@@ -239,7 +239,7 @@ func TestOffloadedGradientsReplay(t *testing.T) {
 	}
 	require.Positive(t, hostResults, "no gradient is returned from host memory")
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil))
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 	validate(t, dir)
 	p, f, err := plancheck.Load(dir)
 	require.NoError(t, err)

@@ -32,7 +32,7 @@ func rankPlan(t *testing.T, spec string) string {
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil))
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 	return dir
 }
 
@@ -121,7 +121,7 @@ func TestOffloadedParametersReplay(t *testing.T) {
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil))
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 	validate(t, dir)
 	lp, err := plancheck.LoadDir(dir)
 	require.NoError(t, err)

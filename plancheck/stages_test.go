@@ -45,7 +45,7 @@ func stagePlansAssigned(t *testing.T, spec string, pending bool) []*plancheck.Pl
 		out, err := cuda.Lower(f, costmodel.Default)
 		require.NoError(t, err)
 		dir := filepath.Join(root, fmt.Sprintf("stage%d", s))
-		require.NoError(t, cuda.Write(dir, out, m, nil))
+		require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 		validate(t, dir)
 		lp, err := plancheck.LoadDir(dir)
 		require.NoError(t, err)

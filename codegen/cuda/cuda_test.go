@@ -31,6 +31,12 @@ import (
 // temporary directory.
 func compile(t *testing.T, model, pipeline string) (string, *cuda.Output, *ir.Module) {
 	t.Helper()
+	return compileWith(t, model, pipeline, onnx.Options{})
+}
+
+// compileWith is compile, importing an ONNX model with opt.
+func compileWith(t *testing.T, model, pipeline string, opt onnx.Options) (string, *cuda.Output, *ir.Module) {
+	t.Helper()
 	var m *ir.Module
 	var err error
 	if strings.HasSuffix(model, ".kir") {
@@ -39,14 +45,14 @@ func compile(t *testing.T, model, pipeline string) (string, *cuda.Output, *ir.Mo
 		require.NoError(t, err)
 		m, err = parser.Parse(model, string(src))
 	} else {
-		m, err = onnx.ImportFile(model, onnx.Options{})
+		m, err = onnx.ImportFile(model, opt)
 	}
 	require.NoError(t, err)
 	passtest.RunAllowing(t, m, pipeline, "fp8-saved") // pipelines that name precision{saved=fp8} ask for it
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil))
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
 	return dir, out, m
 }
 
@@ -61,8 +67,9 @@ func clangCUDA() string {
 	return ""
 }
 
-// TestKernelsAreValidCUDA: kernels.cu of training steps (with swaps)
-// passes clang's CUDA front end against kiln_cuda.h.
+// TestKernelsAreValidCUDA: kernels.cu of training steps (with swaps),
+// and the host side of their executables, pass clang's CUDA front end
+// against kiln_cuda.h.
 func TestKernelsAreValidCUDA(t *testing.T) {
 	clang := clangCUDA()
 	if clang == "" {
@@ -90,17 +97,27 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7}, k) {
 			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values
 		}
-		dir, _, _ := compile(t, c.model, c.pipeline)
+		dir, out, _ := compile(t, c.model, c.pipeline)
 		src, err := os.ReadFile(filepath.Join(dir, "kernels.cu"))
 		require.NoError(t, err)
 		require.Equal(t, c.host, strings.Contains(string(src), "// kiln host:"), "%s: host functions in kernels.cu", c.pipeline)
-		cmd := exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version", filepath.Join(dir, "kernels.cu"))
-		outb, err := cmd.CombinedOutput()
-		if err != nil {
-			if len(src) > 4000 {
-				src = src[:4000]
+		// The executable's host side too: step.cu (which includes
+		// kernels.cu) and the runtime.
+		files, err := out.Executable(0)
+		require.NoError(t, err)
+		for name, b := range files {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
+		}
+		for _, name := range []string{"kernels.cu", "step.cu", "kiln_cuda_runtime.cu"} {
+			cmd := exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version", filepath.Join(dir, name))
+			outb, err := cmd.CombinedOutput()
+			if err != nil {
+				src, _ := os.ReadFile(filepath.Join(dir, name))
+				if len(src) > 4000 {
+					src = src[:4000]
+				}
+				t.Fatalf("%s: clang rejects %s: %v\n%s\n%s", c.model, name, err, outb, src)
 			}
-			t.Fatalf("%s: clang rejects kernels.cu: %v\n%s\n%s", c.model, err, outb, src)
 		}
 	}
 }

@@ -694,6 +694,22 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	return contract + fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
 }
 
+// pointerTypes are the C types of k's pointer parameters.
+func (k *stageKernel) pointerTypes() ([]string, error) {
+	var out []string
+	for _, p := range k.ptrs {
+		t, err := storageType(p.buf.Type.DType)
+		if err != nil {
+			return nil, err
+		}
+		if !p.write {
+			t = "const " + t
+		}
+		out = append(out, t+" *")
+	}
+	return out, nil
+}
+
 // pointers lists the buffers a stage touches (outputs first), in a
 // stable order.
 func pointers(s *loops.Stage) []*pointerArg {

@@ -1,20 +1,34 @@
-// kiln_cuda.h: what Kiln's generated kernels.cu needs from CUDA. Under
-// nvcc (or clang with the CUDA headers) it is the real runtime; for a
-// syntax check without them (clang -x cuda -nocudainc -nocudalib
-// -fsyntax-only) it declares the few builtins the kernels use (the math
-// functions for the host too: host functions update offloaded parameters).
+// kiln_cuda.h: what Kiln's generated CUDA sources (kernels.cu, and for an
+// executable step.cu and kiln_cuda_runtime.cu) need from CUDA. Under nvcc
+// (or clang with the CUDA headers) it is the real runtime; for a syntax
+// check without them (clang -x cuda -nocudainc -nocudalib -fsyntax-only)
+// it declares the builtins the kernels use (the math functions for the
+// host too: host functions update offloaded parameters) and the subset
+// of the runtime API the host side calls, with CUDA 12's signatures. With
+// KILN_CUDA_EMULATE, kiln_cuda_emulate.h (Kiln's tests) runs it all on
+// the CPU.
+//
+// KILN_LAUNCH(kernel, grid, block, shared, stream, (args...)) launches a
+// kernel; the host side launches every kernel through it.
 #ifndef KILN_CUDA_H
 #define KILN_CUDA_H
 
 #if defined(__NVCC__) || defined(__CUDA_ARCH_LIST__) || defined(KILN_USE_CUDA_HEADERS)
 #include <cuda_runtime.h>
+#define KILN_LAUNCH(k, grid, block, shared, stream, args) k<<<grid, block, shared, stream>>> args
+#elif defined(KILN_CUDA_EMULATE)
+#include "kiln_cuda_emulate.h"
 #else
+#include <stddef.h>
 #define __global__ __attribute__((global))
 #define __device__ __attribute__((device))
 #define __host__ __attribute__((host))
 #define __launch_bounds__(n) __attribute__((launch_bounds(n)))
 struct uint3 { unsigned int x, y, z; };
-struct dim3 { unsigned int x, y, z; };
+struct dim3 {
+  unsigned int x, y, z;
+  __host__ __device__ dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
+};
 extern const __device__ uint3 threadIdx;
 extern const __device__ uint3 blockIdx;
 extern const __device__ dim3 blockDim;
@@ -73,8 +87,52 @@ __device__ double atomicAdd(double *, double);
 __device__ int atomicAdd(int *, int);
 __device__ unsigned long long atomicAdd(unsigned long long *, unsigned long long);
 __device__ unsigned int atomicCAS(unsigned int *, unsigned int, unsigned int);
+
+enum cudaError { cudaSuccess = 0 };
+typedef enum cudaError cudaError_t;
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef void (*cudaHostFn_t)(void *);
+extern "C" {
+cudaError_t cudaMalloc(void **, size_t);
+cudaError_t cudaFree(void *);
+cudaError_t cudaHostAlloc(void **, size_t, unsigned int);
+cudaError_t cudaFreeHost(void *);
+cudaError_t cudaMemset(void *, int, size_t);
+cudaError_t cudaMemcpy(void *, const void *, size_t, enum cudaMemcpyKind);
+cudaError_t cudaMemcpyAsync(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
+cudaError_t cudaMemGetInfo(size_t *, size_t *);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *, unsigned int);
+cudaError_t cudaStreamDestroy(cudaStream_t);
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *, unsigned int);
+cudaError_t cudaEventDestroy(cudaEvent_t);
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t);
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int);
+cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void *);
+cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode);
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *);
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *, cudaGraph_t, unsigned long long);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t);
+cudaError_t cudaGraphDestroy(cudaGraph_t);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t);
+int cudaConfigureCall(dim3, dim3, size_t = 0, cudaStream_t = 0);
+}
+template <class T> cudaError_t cudaGetSymbolAddress(void **, const T &);
+#define KILN_LAUNCH(k, grid, block, shared, stream, args) k<<<grid, block, shared, stream>>> args
 #endif
 
+#ifndef KILN_CUDA_HOST_ONLY  // defined by the host runtime, which is another translation unit
 // kiln_status is 0 until a kernel meets a gather index or a cross-entropy
 // label outside its dimension; it then becomes 1 (the index is clamped, so
 // no access leaves its buffer). The runtime reads it after the last launch
@@ -85,6 +143,7 @@ __device__ int kiln_status;
 // host runtime sets before the step: random ops of data-parallel ranks
 // start their counters from it.
 __device__ long long kiln_world_rank;
+#endif
 
 // The bits of a float, and back.
 __host__ __device__ static inline unsigned int kiln_bits(float f) {

@@ -219,6 +219,10 @@ type Access struct {
 type Output struct {
 	Plan    *Plan
 	Kernels string // kernels.cu
+
+	prog     *loops.Program
+	argTypes map[string][]string // per kernel or host function: the C types of its pointer parameters
+	results  []*Access           // where each result lives
 }
 
 // Arch is the architecture kernels.cu targets (atomicAdd on doubles
@@ -241,7 +245,7 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	}
 	align := f.Attrs.Int("alignment", 64)
 	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
-		byName: map[string]int{}, kernelSrc: map[string]bool{}}
+		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}}
 	arena := alignUp(f.Attrs.Int("arena", 0), loops.TempAlignment)
 	// Empty lists are [] in plan.json, never null (the schema wants arrays).
 	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
@@ -262,7 +266,15 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	b.plan.Workspace = Region{Offset: arena, SizeBytes: ws}
 	b.plan.Arena = Arena{SizeBytes: arena + ws, Alignment: align}
 	b.events()
-	return &Output{Plan: b.plan, Kernels: b.source()}, nil
+	out := &Output{Plan: b.plan, Kernels: b.source(), prog: prog, argTypes: b.argTypes}
+	for _, r := range f.Results {
+		a, err := b.valueAccess(r.Value, r.Value.Type.SizeBytes(), "read")
+		if err != nil {
+			return nil, err
+		}
+		out.results = append(out.results, a)
+	}
+	return out, nil
 }
 
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
@@ -278,7 +290,8 @@ type planner struct {
 	kernels   []string       // kernel sources in order
 	kernelSrc map[string]bool
 	raw       []Node // nodes before events
-	host      bool   // the op being planned runs on the host (ir.OnHost)
+	argTypes  map[string][]string
+	host      bool // the op being planned runs on the host (ir.OnHost)
 }
 
 // buffers lists the liveness buffers: arguments, arena and host.
@@ -460,6 +473,9 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				}
 				b.kernelSrc[name] = true
 				b.kernels = append(b.kernels, src)
+				if b.argTypes[name], err = sk.pointerTypes(); err != nil {
+					return err
+				}
 			}
 			if threads == 0 {
 				continue

@@ -101,7 +101,7 @@ func TestHostileNamesCompile(t *testing.T) {
 
 			plan, err := cuda.Lower(f, costmodel.Default)
 			require.NoError(t, err)
-			require.NoError(t, cuda.Write(dir, plan, m, nil))
+			require.NoError(t, cuda.Write(dir, plan, m, nil, nil))
 			out, err = exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only",
 				"-Werror", "-Wtrigraphs", "-Wcomment", "-Wno-unknown-cuda-version", filepath.Join(dir, "kernels.cu")).CombinedOutput()
 			require.NoError(t, err, "kernels.cu: %s", out)

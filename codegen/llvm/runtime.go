@@ -23,9 +23,13 @@ var RuntimeHeader string
 var (
 	//go:embed csrc/runtime.c
 	runtimeC string
-	// runtimeSource is runtime.c with the fp8 conversions compiled code
-	// calls (loops.FP8C).
-	runtimeSource = runtimeC + "\n#define KILN_F8_FN\n" + loops.FP8C
+	// CheckpointSource is checkpoint.c, the .npz checkpoints shared by
+	// the CPU and CUDA runtimes.
+	//go:embed csrc/checkpoint.c
+	CheckpointSource string
+	// runtimeSource is runtime.c with the checkpoints and the fp8
+	// conversions compiled code calls (loops.FP8C).
+	runtimeSource = runtimeC + "\n" + CheckpointSource + "\n#define KILN_F8_FN\n" + loops.FP8C
 	//go:embed csrc/driver.c
 	driverSource string
 	//go:embed csrc/kiln_program.h
@@ -116,6 +120,28 @@ type programKernel struct {
 // that read them. threads is the executable's thread count (0: the
 // cores online).
 func Tables(p *loops.Program, threads int) (string, error) {
+	return tables(p, threads, true)
+}
+
+// HostSources are the C files of p's runtime that do not depend on the
+// backend: program.c (its tables, without kilnrt_entry: the backend's
+// runtime runs the step), kiln_program.h, kiln_runtime.h, driver.c,
+// checkpoint.c and the embedded initial values (InitFiles). The CUDA
+// executable builds its host side from them.
+func HostSources(p *loops.Program, threads int) (map[string][]byte, error) {
+	src, err := tables(p, threads, false)
+	if err != nil {
+		return nil, err
+	}
+	files := InitFiles(p)
+	files["program.c"], files["kiln_program.h"], files["kiln_runtime.h"] = []byte(src), []byte(programHeader), []byte(RuntimeHeader)
+	files["driver.c"], files["checkpoint.c"] = []byte(driverSource), []byte(CheckpointSource)
+	return files, nil
+}
+
+// tables is Tables; wrapper adds kilnrt_entry, which calls the LLVM
+// entry point.
+func tables(p *loops.Program, threads int, wrapper bool) (string, error) {
 	desc := Describe(p)
 	js, err := json.Marshal(desc)
 	if err != nil {
@@ -127,11 +153,12 @@ func Tables(p *loops.Program, threads int) (string, error) {
 		NParams, NInputs, NResults int
 		StatusIndexOutOfRange      int
 		Ranks, Threads             int64
+		Wrapper                    bool
 		Tensors                    []programTensor
 		Kernels                    []programKernel
 	}{Entry: desc.Entry, Descriptor: cString(string(js)), ArenaBytes: p.ArenaBytes,
 		NParams: len(p.Params), NInputs: len(p.Inputs), NResults: len(p.Func.Results), StatusIndexOutOfRange: loops.StatusIndexOutOfRange,
-		Ranks: Ranks(p), Threads: int64(threads)}
+		Ranks: Ranks(p), Threads: int64(threads), Wrapper: wrapper}
 	var types []kir.Type // in the descriptor's order
 	for _, v := range append(append([]*kir.Value{}, p.Params...), p.Inputs...) {
 		types = append(types, v.Type)

@@ -1,17 +1,21 @@
 /* The executable of a compiled step: runs it on .npy files (the same
    source for every step, which it knows through kiln_program.h; built
    with KILN_MPI=1 for a step of several ranks).
-   usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--steps N | --repeat N] [--report-memory] [--profile]
+   usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] [--seed N] --output-dir DIR [--steps N | --repeat N] [--report-time] [--report-memory] [--profile]
    An argument comes from --input NAME=FILE, else DIR/NAME.npy of --inputs
    (or the member NAME.npy of an .npz archive that numpy.savez wrote),
-   else the init value the program embeds; --help lists them.
+   else the init value the program embeds, else, with --seed N, values
+   drawn from N (floats uniform in [-0.05, 0.05], integers 0: a large
+   model's step travels without its weights); --help lists them.
    --steps N runs N steps in a row, each from the state the last left (a
    training loop: arguments updated in place advance), and writes the
    last step's results and the final state;
    --repeat N runs the function N times (arguments updated in place are
    restored between runs, from a copy of each) and reports the mean time
    of one run on stderr;
-   --report-memory reports the peak resident bytes (VmHWM) on stderr;
+   --report-time reports the mean time of a step of --steps too;
+   --report-memory reports the peak resident bytes (VmHWM) on stderr (and
+   for a CUDA program the device bytes, kiln_cuda_memory);
    --profile the time of every kernel (the runtime's kiln_profile). */
 #include <errno.h>
 #include <signal.h>
@@ -26,8 +30,14 @@
 #if KILN_MPI
 #include <mpi.h>
 #endif
+
 #include "kiln_program.h"
 #include "kiln_runtime.h"
+
+#if KILN_CUDA
+/* The CUDA runtime's device bytes (kiln_cuda_runtime.cu). */
+long long kiln_cuda_memory(kiln_step *s, int which);
+#endif
 
 typedef kiln_tensor_info tensor_t;
 #define NPARAMS (kilnrt_program.nparams)
@@ -492,10 +502,11 @@ static void print_profile(double total) {
 }
 
 static void usage(void) {
-	printf("usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] --output-dir DIR [--steps N | --repeat N] [--report-memory] [--profile]\n");
+	printf("usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] [--seed N] --output-dir DIR [--steps N | --repeat N] [--report-time] [--report-memory] [--profile]\n");
 	printf("Runs %s. Each argument comes from --input NAME=FILE.npy, else DIR/NAME.npy of --inputs (or\n", kilnrt_program.entry);
 	printf("the member NAME.npy of an .npz archive that numpy.savez wrote),\n");
-	printf("else its embedded init value. Results go to DIR/NAME.npy, updated arguments to DIR/updated.NAME.npy.\n\n");
+	printf("else its embedded init value, else values drawn from --seed N (floats uniform in [-0.05, 0.05], integers 0).\n");
+	printf("Results go to DIR/NAME.npy, updated arguments to DIR/updated.NAME.npy.\n\n");
 	printf("arguments:\n");
 	for (int i = 0; i < NPARAMS + NINPUTS + NRESULTS; i++) {
 		const tensor_t *t = &kilnrt_program.tensors[i];
@@ -582,7 +593,7 @@ static int is_archive(const char *dir) {
 
 /* argument_value reads argument t: --input, else --inputs DIR; NULL
    when the argument keeps the embedded value kiln_create gave it. */
-static void *argument_value(int argc, char **argv, const char *dir, const tensor_t *t, const char *file);
+static void *argument_value(int argc, char **argv, const char *dir, const tensor_t *t, const char *file, const char *seed, int index);
 
 static const char *find_input(int argc, char **argv, const char *name) {
 	size_t nl = strlen(name);
@@ -595,7 +606,30 @@ static const char *find_input(int argc, char **argv, const char *name) {
 	return NULL;
 }
 
-static void *argument_value(int argc, char **argv, const char *dir, const tensor_t *t, const char *file) {
+/* seeded draws argument index's values from seed: floats uniform in
+   [-0.05, 0.05] (SplitMix64 of the seed, the index and the element),
+   other dtypes zero. */
+static void *seeded(const tensor_t *t, long long seed, int index) {
+	unsigned char *buf = must_alloc((size_t)t->bytes, t->name);
+	int f32 = strcmp(t->descr, "<f4") == 0, f64 = strcmp(t->descr, "<f8") == 0;
+	long long n = t->elem_bytes > 0 ? t->bytes / t->elem_bytes : 0;
+	for (long long i = 0; (f32 || f64) && i < n; i++) {
+		uint64_t z = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)index * 0xD1B54A32D192ED03ull + (uint64_t)i;
+		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+		z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+		z ^= z >> 31;
+		double u = ((double)(z >> 11) / 9007199254740992.0 - 0.5) * 0.1;
+		if (f32) {
+			float v = (float)u;
+			memcpy(buf + 4 * i, &v, 4);
+		} else {
+			memcpy(buf + 8 * i, &u, 8);
+		}
+	}
+	return buf;
+}
+
+static void *argument_value(int argc, char **argv, const char *dir, const tensor_t *t, const char *file, const char *seed, int index) {
 	const char *path = find_input(argc, argv, t->name);
 	if (!path) path = from_dir(dir, file);
 	if (path) return read_npy(path, t);
@@ -603,7 +637,9 @@ static void *argument_value(int argc, char **argv, const char *dir, const tensor
 		void *buf = read_npz(dir, t);
 		if (buf) return buf;
 	}
-	if (!t->init) die("missing --input %s=FILE.npy (or --inputs DIR or .npz holding it)%s", t->name, "");
+	if (t->init) return NULL;
+	if (seed) return seeded(t, atoll(seed), index);
+	die("missing --input %s=FILE.npy (or --inputs DIR or .npz holding it, or --seed N)%s", t->name, "");
 	return NULL;
 }
 
@@ -611,8 +647,8 @@ int main(int argc, char **argv) {
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	signal(SIGHUP, on_signal);
-	const char *dir = NULL, *in_dir = NULL;
-	int repeat = 1, timed = 0, report_memory = 0, profile = 0, steps = 0;
+	const char *dir = NULL, *in_dir = NULL, *seed = NULL;
+	int repeat = 1, timed = 0, report_memory = 0, report_time = 0, profile = 0, steps = 0;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--output-dir") == 0 && i + 1 < argc) dir = argv[++i];
 		else if (strncmp(argv[i], "--output-dir=", 13) == 0) dir = argv[i] + 13;
@@ -622,6 +658,13 @@ int main(int argc, char **argv) {
 			if (steps < 1) misuse("--steps needs a positive count%s%s", "", "");
 		}
 		else if (strcmp(argv[i], "--report-memory") == 0) report_memory = 1;
+		else if (strcmp(argv[i], "--report-time") == 0) report_time = 1;
+		else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+			seed = argv[++i];
+			char *end;
+			strtoll(seed, &end, 10);
+			if (!*seed || *end) misuse("--seed needs an integer, not %s%s", seed, "");
+		}
 		else if (strcmp(argv[i], "--profile") == 0) profile = 1;
 		else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { usage(); return 0; }
 		else if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc) in_dir = argv[++i];
@@ -659,7 +702,7 @@ int main(int argc, char **argv) {
 	if (!s) die("cannot allocate the step%s%s", "", "");
 	for (int i = 0; i < NPARAMS + NINPUTS; i++) {
 		const tensor_t *t = i < NPARAMS ? &params[i] : &inputs[i - NPARAMS];
-		void *v = argument_value(argc, argv, in_dir, t, i < NPARAMS ? t->file + 8 /* without "updated." */ : t->file);
+		void *v = argument_value(argc, argv, in_dir, t, i < NPARAMS ? t->file + 8 /* without "updated." */ : t->file, seed, i);
 		if (v && kiln_set(s, i, v, t->bytes) != 0) die("%s%s", kiln_error(s), "");
 		free(v);
 	}
@@ -690,7 +733,12 @@ int main(int argc, char **argv) {
 		if (status != 0) die("%s%s", kiln_error(s), "");
 		total += (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
 	}
-	if (timed) fprintf(stderr, "%d runs, %.6f seconds per run\n", repeat, total / repeat);
+	if (timed || report_time) fprintf(stderr, "%d runs, %.6f seconds per run\n", repeat, total / repeat);
+#if KILN_CUDA
+	if (report_memory)
+		fprintf(stderr, "device: %lld bytes allocated, %lld bytes measured (cudaMemGetInfo), %lld bytes planned\n", kiln_cuda_memory(s, 0),
+		        kiln_cuda_memory(s, 1), kiln_cuda_memory(s, 2));
+#endif
 	if (report_memory) fprintf(stderr, "peak resident %lld bytes\n", peak_resident());
 	if (profile) print_profile(total);
 	for (int i = 0; i < NRESULTS; i++) write_npy(dir, results[i].file, &results[i], kiln_data(s, NPARAMS + NINPUTS + i));

@@ -4,6 +4,12 @@
 #ifndef KILN_PROGRAM_H
 #define KILN_PROGRAM_H
 
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* One tensor of the step, in the runtime's order: parameters and state,
    data inputs, results. */
 typedef struct {
@@ -48,7 +54,18 @@ extern const kiln_program_info kilnrt_program;
 enum { KILN_NPY_HEADER_MAX = 1024 };
 int kilnrt_npy_header(const kiln_tensor_info *t, unsigned char *h);
 
+/* kilnrt_save writes the parameter and state tensors pv[slot] (host
+   memory) to the .npz archive path, through path.tmp renamed into place;
+   kilnrt_load reads such an archive into them and changes nothing when
+   it fails (checkpoint.c). Both return 0, or -1 with the reason in err. */
+int kilnrt_save(void *const *pv, const char *path, char *err, size_t errlen);
+int kilnrt_load(void *const *pv, const char *path, char *err, size_t errlen);
+
 /* kilnrt_entry calls the step's entry point. */
 int kilnrt_entry(void *arena, void **params, void **inputs, void **outputs);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

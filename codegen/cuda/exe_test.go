@@ -1,0 +1,308 @@
+package cuda_test
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+	"github.com/kiln-compiler/kiln/npy"
+	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/passtest"
+)
+
+// executable writes the CUDA program of a plan and builds its CPU
+// emulation (testdata/kiln_cuda_emulate.h) with build.sh.
+func executable(t *testing.T, model, pipeline string, batch int64) (string, *cuda.Output, *ir.Module) {
+	t.Helper()
+	clang := clangCUDA()
+	if clang == "" {
+		passtest.Missing(t, "clang is not installed (.ci/run installs clang-14)")
+	}
+	dir, out, m := compileWith(t, model, pipeline, onnx.Options{Batch: batch})
+	files, err := out.Executable(1)
+	require.NoError(t, err)
+	for name, b := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
+	}
+	emulate, err := filepath.Abs("testdata")
+	require.NoError(t, err)
+	cxx := strings.Replace(clang, "clang", "clang++", 1)
+	cmd := exec.Command("sh", filepath.Join(dir, "build.sh"))
+	cmd.Env = append(os.Environ(), "KILN_CUDA_EMULATE="+emulate, "CC="+clang, "CXX="+cxx, "TMPDIR="+dir)
+	msg, err := cmd.CombinedOutput()
+	require.NoError(t, err, "build.sh: %s", msg)
+	return dir, out, m
+}
+
+// runProgram runs dir/step on args for steps steps (env added to the
+// environment) and reads its results and final arguments; stderr is its
+// report.
+func runProgram(t *testing.T, dir string, f *ir.Func, args []*interp.Tensor, steps int, env ...string) (res, final []*interp.Tensor, stderr string) {
+	t.Helper()
+	run, err := os.MkdirTemp(dir, "run")
+	require.NoError(t, err)
+	in := filepath.Join(run, "in")
+	require.NoError(t, os.Mkdir(in, 0o755))
+	for i, a := range f.Args {
+		w, err := os.Create(filepath.Join(in, llvm.FileName(a.Name)+".npy"))
+		require.NoError(t, err)
+		require.NoError(t, npy.Write(w, args[i]))
+		require.NoError(t, w.Close())
+	}
+	out := filepath.Join(run, "out")
+	cmd := exec.Command(filepath.Join(dir, "step"), "--inputs", in, "--output-dir", out, "--steps", fmt.Sprint(steps), "--report-memory")
+	cmd.Env = append(append(os.Environ(), "KILN_EMU_REPORT=1"), env...)
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	require.NoError(t, cmd.Run(), "the program: %s", errb.String())
+	for i := range f.Results {
+		res = append(res, passtest.LoadNpy(t, filepath.Join(out, llvm.FileName(f.ResultName(i))+".npy")))
+	}
+	for i, a := range f.Args {
+		if a.Arg.InOut {
+			final = append(final, passtest.LoadNpy(t, filepath.Join(out, llvm.FileName("updated."+a.Name)+".npy")))
+		} else {
+			final = append(final, args[i])
+		}
+	}
+	return res, final, errb.String()
+}
+
+// batchArg names f's first floating data input with three rows or more
+// (OrderFloor rotates its rows).
+func batchArg(f *ir.Func) string {
+	for _, a := range f.Args {
+		if a.Arg.Kind == ir.ArgData && a.Type.DType.IsFloat() && a.Type.Rank() > 0 && a.Type.Shape[0] >= 3 {
+			return a.Name
+		}
+	}
+	return ""
+}
+
+var emulated = regexp.MustCompile(`emulated: (\d+) bytes in (\d+) allocations, (\d+) streams, (\d+) events, (\d+) graphs held; (\d+) launches issued, (\d+) graph launches`)
+
+// TestExecutableMatchesInterpreter builds the CUDA programs of training
+// steps (with swaps, events, host functions for offloaded parameters,
+// f16 and bf16 with fp8 saved values) as their CPU emulation, which runs
+// the generated kernels, step.cu and the runtime as written (one thread,
+// in issue order), and checks:
+//   - one step's results and updates equal the interpreter's within the
+//     order floor (passtest.OrderFloor), the f32 model (f32Bound,
+//     f32Resolution; one rounding of 16-bit values, withinULP) and twice
+//     the distance of the CPU program of the same step;
+//   - two steps in one process equal one step run on the state the first
+//     left, bit for bit (state stays on the device between steps; the
+//     first run captures a graph, the second replays it), and equal the
+//     nodes issued without a graph (KILN_CUDA_GRAPH=0);
+//   - the runtime frees every allocation, stream, event and graph, and
+//     reports the device bytes the plan names.
+func TestExecutableMatchesInterpreter(t *testing.T) {
+	for k, c := range []struct {
+		model, pipeline string
+		batch           int64 // an ONNX model's batch (0: its own)
+	}{
+		// A batch of 4: the order floor rotates 3 rows or more.
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.95,params=false},assign", 4},
+		// Offloaded parameters: host functions update them. (Momentum, not
+		// Adam: Adam's update g/(√v+ε) turns the rounding noise of a
+		// mathematically zero gradient into a full step of either sign.)
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=momentum,lr=0.01},fuse,reorder,swap{device-budget=0.4},assign", 0},
+		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=momentum,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", 0},
+	} {
+		if testing.Short() && !slices.Contains([]int{0, 2}, k) {
+			continue
+		}
+		t.Run(fmt.Sprint(k), func(t *testing.T) {
+			dir, out, m := executable(t, c.model, c.pipeline, c.batch)
+			f := m.Funcs[0]
+			args := interp.RandomArgs(f, 7)
+			// The order floor where the batch has 3 rows or more; the f32
+			// model alone where it cannot (BERT's export fixed a batch of 2).
+			var want, wantArgs []*interp.Tensor
+			floors := passtest.Floors{Results: make([]float64, len(f.Results)), Updates: make([]float64, len(f.Args))}
+			if batch := batchArg(f); batch != "" {
+				want, wantArgs, floors = passtest.OrderFloor(t, f, args, batch)
+			} else {
+				var err error
+				want, wantArgs, err = interp.RunWithUpdates(f, interp.CloneAll(args), interp.Options{})
+				require.NoError(t, err)
+			}
+			got, gotArgs, report := runProgram(t, dir, f, args, 1)
+			// The CPU program of the same step (validated against the
+			// interpreter by the LLVM backend's tests) measures how far
+			// another f32 evaluation of this step lies: a step whose
+			// gradients cancel (BERT's with random weights) moves further
+			// than the f32 model says.
+			p, err := loops.Lower(f)
+			require.NoError(t, err)
+			cpu, cpuArgs, err := llvm.Run(p, interp.CloneAll(args))
+			require.NoError(t, err)
+			acc := f32Bound(f)
+			for i := range want {
+				if narrow(f.Results[i].Value.Type.DType) {
+					withinULP(t, got[i], want[i], acc, f.ResultName(i))
+					continue
+				}
+				bound := passtest.OrderBound(floors.Results[i]) + acc + 2*passtest.RelErr(cpu[i], want[i])
+				require.LessOrEqual(t, passtest.RelErr(got[i], want[i]), bound, "result %s", f.ResultName(i))
+			}
+			for i, a := range f.Args {
+				if a.Arg.InOut && narrow(a.Type.DType) {
+					withinULP(t, gotArgs[i], wantArgs[i], acc, a.Name)
+				} else if a.Arg.InOut {
+					e := passtest.UpdateErr(gotArgs[i], wantArgs[i], args[i])
+					require.False(t, math.IsNaN(e) || math.IsNaN(floors.Updates[i]), "the update of %s: %v, want %v from %v (floor %g)", a.Name, head(gotArgs[i]), head(wantArgs[i]), head(args[i]), floors.Updates[i])
+					bound := passtest.OrderBound(floors.Updates[i]) + acc + f32Resolution(wantArgs[i], args[i]) + 2*passtest.UpdateErr(cpuArgs[i], wantArgs[i], args[i])
+					require.LessOrEqual(t, e, bound, "the update of %s", a.Name)
+				}
+			}
+			// The emulation held nothing at exit; the runtime's device
+			// bytes are the plan's.
+			mm := emulated.FindStringSubmatch(report)
+			require.NotNil(t, mm, "the emulation's report: %s", report)
+			require.Equal(t, []string{"0", "0", "0", "0", "0"}, mm[1:6], "what the program left allocated: %s", report)
+			require.Equal(t, "1", mm[7], "graph launches in one step")
+			var own, measured, planned int64
+			_, err = fmt.Sscanf(report[strings.Index(report, "device:"):], "device: %d bytes allocated, %d bytes measured (cudaMemGetInfo), %d bytes planned", &own, &measured, &planned)
+			require.NoError(t, err, report)
+			device := out.Plan.Arena.SizeBytes
+			for _, b := range out.Plan.Buffers {
+				if b.Space == "param" || b.Space == "input" {
+					device += b.SizeBytes
+				}
+			}
+			require.Equal(t, device, planned, "the plan's device bytes")
+			require.Equal(t, own, measured, "allocated and measured device bytes (the emulation counts exactly)")
+			require.LessOrEqual(t, own, planned+int64(len(out.Plan.Buffers)), "allocated against planned (a byte for each empty allocation at most)")
+
+			two, twoArgs, report2 := runProgram(t, dir, f, args, 2)
+			again, againArgs, _ := runProgram(t, dir, f, gotArgs, 1)
+			direct, directArgs, report3 := runProgram(t, dir, f, args, 2, "KILN_CUDA_GRAPH=0")
+			require.Contains(t, report2, "0 bytes in 0 allocations")
+			require.Contains(t, report2, " 2 graph launches")
+			require.Contains(t, report3, " 0 graph launches")
+			for i := range two {
+				require.True(t, sameBits(two[i], again[i]), "result %d of step 2: in one process and from files", i)
+				require.True(t, sameBits(two[i], direct[i]), "result %d of step 2: graph and direct", i)
+			}
+			for i := range twoArgs {
+				require.True(t, sameBits(twoArgs[i], againArgs[i]), "%s after step 2: in one process and from files", f.Args[i].Name)
+				require.True(t, sameBits(twoArgs[i], directArgs[i]), "%s after step 2: graph and direct", f.Args[i].Name)
+			}
+		})
+	}
+}
+
+// f32Bound is the error model of a program that accumulates in f32 (the
+// CUDA kernels) against the interpreter (f32 storage, f64 accumulation):
+// a sum of K terms in f32 errs by about sqrt(K)·u normwise when its
+// rounding errors are independent (Higham and Mary, 2019), u = 2^-24;
+// errors of successive reductions add, and every reduction of the step
+// (contractions, sums, norms: an op computing more than one FLOP per
+// output element, inside fused kernels too) is counted as if all lay on
+// one path, with K the longest among them. Three times that allows for
+// the constant of the probabilistic bound.
+func f32Bound(f *ir.Func) float64 {
+	depth, k := 0, int64(1)
+	f.Walk(func(op *ir.Op) {
+		if op.Region != nil || len(op.Results) == 0 {
+			return
+		}
+		elems := op.Results[0].Type.NumElements()
+		if elems == 0 {
+			return
+		}
+		if n := ir.OpCost(op).FLOPs / (2 * elems); n > 1 {
+			depth++
+			k = max(k, n)
+		}
+	})
+	return 3 * float64(depth) * math.Sqrt(float64(k)) * math.Ldexp(1, -24)
+}
+
+// f32Resolution is the relative error an update recovered as updated −
+// initial carries when the updated value is computed in f32 (the
+// program's arithmetic) rather than rounded once from f64 (the
+// interpreter's): a rounding of each of the two f32 operations, 2·2^-24
+// of ‖updated‖, against ‖update‖ (a small learning rate makes it large).
+func f32Resolution(updated, initial *interp.Tensor) float64 {
+	num, den := 0.0, 0.0
+	for i := 0; i < updated.Len(); i++ {
+		num += updated.At(i) * updated.At(i)
+		d := updated.At(i) - initial.At(i)
+		den += d * d
+	}
+	if den == 0 {
+		return 0
+	}
+	return 2 * math.Ldexp(1, -24) * math.Sqrt(num/den)
+}
+
+// narrow reports whether d is a 16-bit float.
+func narrow(d ir.DType) bool { return d == ir.F16 || d == ir.BF16 }
+
+// withinULP checks a 16-bit float tensor elementwise: the program and the
+// interpreter compute it in f32 to within the f32 model (acc, relative to
+// the tensor's largest value), then round to 16 bits, where a value
+// whose f32 forms lie on either side of a rounding boundary moves by one
+// unit in the last place (2^-10 of its binade for f16, 2^-7 for bf16).
+// NaNs must agree.
+func withinULP(t *testing.T, got, want *interp.Tensor, acc float64, name string) {
+	t.Helper()
+	bits := 10
+	if want.Type.DType == ir.BF16 {
+		bits = 7
+	}
+	largest := 0.0
+	for i := 0; i < want.Len(); i++ {
+		if v := math.Abs(want.At(i)); !math.IsNaN(v) {
+			largest = max(largest, v)
+		}
+	}
+	for i := 0; i < want.Len(); i++ {
+		g, w := got.At(i), want.At(i)
+		if math.IsNaN(w) || math.IsNaN(g) {
+			require.True(t, math.IsNaN(w) && math.IsNaN(g), "%s[%d]: %v, want %v", name, i, g, w)
+			continue
+		}
+		_, e := math.Frexp(w)
+		ulp := math.Ldexp(1, e-1-bits)
+		require.LessOrEqual(t, math.Abs(g-w), ulp+acc*largest, "%s[%d]: %v, want %v", name, i, g, w)
+	}
+}
+
+// sameBits reports whether a and b hold the same numbers (NaNs alike).
+func sameBits(a, b *interp.Tensor) bool {
+	if a.Len() != b.Len() {
+		return false
+	}
+	for i := 0; i < a.Len(); i++ {
+		x, y := a.At(i), b.At(i)
+		if x != y && !(math.IsNaN(x) && math.IsNaN(y)) {
+			return false
+		}
+	}
+	return true
+}
+
+// head is a tensor's first values, for messages.
+func head(x *interp.Tensor) []float64 {
+	var out []float64
+	for i := 0; i < min(x.Len(), 8); i++ {
+		out = append(out, x.At(i))
+	}
+	return out
+}

@@ -1,0 +1,46 @@
+/* kiln_cuda_program.h: what a CUDA step's generated step.cu tells the
+   fixed CUDA runtime (kiln_cuda_runtime.cu), beside the tables of
+   kiln_program.h that the CPU runtime reads too. Internal to one build;
+   kiln_runtime.h is the ABI. */
+#ifndef KILN_CUDA_PROGRAM_H
+#define KILN_CUDA_PROGRAM_H
+
+#include "kiln_cuda.h"
+
+/* Where a tensor lives: space 0 the device arena, 1 a parameter slot, 2
+   a data input slot, 3 the pinned host arena; offset bytes into it. */
+enum { KILNRT_ARENA = 0, KILNRT_PARAM = 1, KILNRT_INPUT = 2, KILNRT_HOST = 3 };
+typedef struct {
+	int space, slot;
+	long long offset;
+} kilnrt_cuda_place;
+
+/* The memory and streams one step issues its nodes on. */
+typedef struct {
+	char *arena;   /* device: the arena, then the kernels' workspace */
+	char **params; /* per parameter slot: device memory, or pinned host memory where param_host says */
+	char **inputs; /* per data input slot: device memory */
+	char *host;    /* pinned host arena of swapped-out tensors */
+	cudaStream_t *streams;
+	cudaEvent_t *events;
+} kilnrt_cuda_ctx;
+
+typedef struct {
+	long long arena_bytes; /* the arena and the workspace after it */
+	long long workspace_bytes;
+	long long host_bytes;
+	int nstreams, nevents, nnodes, nlaunches;
+	const int *param_host;            /* per parameter slot: 1 when it lives in pinned host memory (offloaded) */
+	const kilnrt_cuda_place *results; /* per result */
+} kilnrt_cuda_plan_info;
+
+extern const kilnrt_cuda_plan_info kilnrt_cuda_plan;
+
+/* kilnrt_cuda_issue issues every node of the plan, in order, on c's
+   streams: launches, copies, host functions, event records and waits. */
+void kilnrt_cuda_issue(const kilnrt_cuda_ctx *c);
+
+/* kilnrt_cuda_status_address is the device address of kiln_status. */
+int *kilnrt_cuda_status_address(void);
+
+#endif

@@ -1,0 +1,335 @@
+/* The runtime of a step compiled for CUDA: the ABI of kiln_runtime.h over
+   the CUDA runtime API. The same source for every step, which it knows
+   through the tables of kiln_program.h (tensors, descriptor) and
+   kiln_cuda_program.h (the plan's memory, results and nodes, in step.cu).
+
+   kiln_create allocates everything once: the device arena (with the
+   kernels' workspace after it), each parameter and data input (pinned
+   host memory for offloaded parameters), the pinned host arena, the
+   streams and events, and a host copy of every tensor. kiln_run uploads
+   the arguments written since the last run, issues the plan (the first
+   run captures it into a CUDA graph, later runs launch the graph; with
+   KILN_CUDA_GRAPH=0 the nodes are issued on the streams each run), waits
+   for the device and checks kiln_status. Host copies follow the device
+   lazily: kiln_data and kiln_get bring a tensor back only when the device
+   changed it since, and kiln_data of an argument marks it for upload,
+   since the caller may write through it. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KILN_CUDA_HOST_ONLY
+#include "kiln_cuda_program.h"
+#include "kiln_program.h"
+#include "kiln_runtime.h"
+
+#define tensors (kilnrt_program.tensors)
+#define NTENSORS (kilnrt_program.ntensors)
+#define NPARAMS (kilnrt_program.nparams)
+#define NINPUTS (kilnrt_program.ninputs)
+#define NARGS (NPARAMS + NINPUTS)
+
+struct kiln_step {
+	kilnrt_cuda_ctx ctx;
+	void **mirror;          /* per tensor: its host copy */
+	void **bound;           /* per tensor: the caller's memory a data input reads (kiln_bind) */
+	unsigned char *valid;   /* per tensor: the host copy equals the device's */
+	unsigned char *dirty;   /* per argument: the host copy must go to the device before the next run */
+	cudaEvent_t fork, *join;
+	cudaGraphExec_t graph;
+	int use_graph, ran;
+	int *status;             /* device address of kiln_status */
+	long long own, measured; /* device bytes: allocated by the runtime, and cudaMemGetInfo's difference */
+	char err[512];
+};
+
+static int fail(kiln_step *s, const char *fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->err, sizeof s->err, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* check reports a CUDA error as the step's: "what: CUDA's reason". */
+static int check(kiln_step *s, cudaError_t e, const char *what) {
+	if (e == cudaSuccess) return 0;
+	return fail(s, "%s: %s", what, cudaGetErrorString(e));
+}
+
+const char *kiln_error(kiln_step *s) { return s ? s->err : "no step"; }
+const char *kiln_descriptor(void) { return kilnrt_program.descriptor; }
+int kiln_count(void) { return NTENSORS; }
+long long kiln_bytes(int i) { return i >= 0 && i < NTENSORS ? tensors[i].bytes : -1; }
+
+int kiln_find(const char *name) {
+	for (int i = 0; i < NTENSORS; i++)
+		if (strcmp(tensors[i].name, name) == 0) return i;
+	return -1;
+}
+
+/* The profile times kernels on the CPU runtime; here kernels run
+   asynchronously on the device, and the profile reports their bytes and
+   FLOPs only (time them with Nsight Systems). */
+void kiln_profile(int on) { (void)on; }
+int kiln_kernels(void) { return kilnrt_program.nkernels; }
+int kiln_kernel(int k, const char **name, long long *bytes, long long *flops, long long *calls, double *seconds) {
+	if (k < 0 || k >= kilnrt_program.nkernels) return -1;
+	if (name) *name = kilnrt_program.kernels[k].name;
+	if (bytes) *bytes = kilnrt_program.kernels[k].bytes;
+	if (flops) *flops = kilnrt_program.kernels[k].flops;
+	if (calls) *calls = 0;
+	if (seconds) *seconds = 0;
+	return 0;
+}
+
+/* device is where tensor i lives on the device (or in pinned host
+   memory: offloaded parameters, results in the host arena). */
+static char *device(kiln_step *s, int i) {
+	const kiln_tensor_info *t = &tensors[i];
+	if (t->kind == 0) return s->ctx.params[t->slot];
+	if (t->kind == 1) return s->ctx.inputs[t->slot];
+	const kilnrt_cuda_place *p = &kilnrt_cuda_plan.results[t->slot];
+	switch (p->space) {
+	case KILNRT_PARAM: return s->ctx.params[p->slot] + p->offset;
+	case KILNRT_INPUT: return s->ctx.inputs[p->slot] + p->offset;
+	case KILNRT_HOST: return s->ctx.host + p->offset;
+	}
+	return s->ctx.arena + p->offset;
+}
+
+/* fill writes the elem bytes at value over all n bytes of dst. */
+static void fill(void *dst, const void *value, long long elem, long long n) {
+	char *d = (char *)dst;
+	if (n <= 0 || elem <= 0) return;
+	memcpy(d, value, (size_t)(elem < n ? elem : n));
+	for (long long done = elem; done < n; done *= 2) memcpy(d + done, d, (size_t)(done < n - done ? done : n - done));
+}
+
+void kiln_destroy(kiln_step *s) {
+	if (!s) return;
+	cudaDeviceSynchronize();
+	if (s->graph) cudaGraphExecDestroy(s->graph);
+	for (int i = 0; s->ctx.params && i < NPARAMS; i++) {
+		if (!s->ctx.params[i]) continue;
+		if (kilnrt_cuda_plan.param_host[i]) cudaFreeHost(s->ctx.params[i]);
+		else cudaFree(s->ctx.params[i]);
+	}
+	for (int i = 0; s->ctx.inputs && i < NINPUTS; i++)
+		if (s->ctx.inputs[i]) cudaFree(s->ctx.inputs[i]);
+	if (s->ctx.arena) cudaFree(s->ctx.arena);
+	if (s->ctx.host) cudaFreeHost(s->ctx.host);
+	for (int i = 0; s->ctx.streams && i < kilnrt_cuda_plan.nstreams; i++)
+		if (s->ctx.streams[i]) cudaStreamDestroy(s->ctx.streams[i]);
+	for (int i = 0; s->ctx.events && i < kilnrt_cuda_plan.nevents; i++)
+		if (s->ctx.events[i]) cudaEventDestroy(s->ctx.events[i]);
+	for (int i = 0; s->join && i < kilnrt_cuda_plan.nstreams; i++)
+		if (s->join[i]) cudaEventDestroy(s->join[i]);
+	if (s->fork) cudaEventDestroy(s->fork);
+	for (int i = 0; s->mirror && i < NTENSORS; i++) free(s->mirror[i]);
+	free(s->mirror), free(s->bound), free(s->valid), free(s->dirty), free(s->join);
+	free(s->ctx.params), free(s->ctx.inputs), free(s->ctx.streams), free(s->ctx.events);
+	free(s);
+}
+
+/* device_alloc allocates n bytes (at least one) of device memory, or of
+   pinned host memory, and counts the device bytes. */
+static void *device_alloc(kiln_step *s, long long n, int host) {
+	void *p = NULL;
+	size_t size = (size_t)(n > 0 ? n : 1);
+	if (host) return cudaHostAlloc(&p, size, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+	if (cudaMalloc(&p, size) != cudaSuccess) return NULL;
+	s->own += (long long)size;
+	return p;
+}
+
+kiln_step *kiln_create(int threads) {
+	(void)threads;
+	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
+	size_t free0 = 0, free1 = 0, total = 0;
+	/* The first call makes the CUDA context, so free0 is measured after it. */
+	if (cudaMemGetInfo(&free0, &total) != cudaSuccess) return NULL;
+	long long need = plan->arena_bytes;
+	for (int i = 0; i < NARGS; i++)
+		if (!(tensors[i].kind == 0 && plan->param_host[tensors[i].slot])) need += tensors[i].bytes;
+	if ((unsigned long long)need > (unsigned long long)free0) return NULL;
+	kiln_step *s = (kiln_step *)calloc(1, sizeof *s);
+	if (!s) return NULL;
+	s->ctx.params = (char **)calloc((size_t)NPARAMS + 1, sizeof(char *));
+	s->ctx.inputs = (char **)calloc((size_t)NINPUTS + 1, sizeof(char *));
+	s->ctx.streams = (cudaStream_t *)calloc((size_t)plan->nstreams + 1, sizeof(cudaStream_t));
+	s->ctx.events = (cudaEvent_t *)calloc((size_t)plan->nevents + 1, sizeof(cudaEvent_t));
+	s->join = (cudaEvent_t *)calloc((size_t)plan->nstreams + 1, sizeof(cudaEvent_t));
+	s->mirror = (void **)calloc((size_t)NTENSORS + 1, sizeof(void *));
+	s->bound = (void **)calloc((size_t)NTENSORS + 1, sizeof(void *));
+	s->valid = (unsigned char *)calloc((size_t)NTENSORS + 1, 1);
+	s->dirty = (unsigned char *)calloc((size_t)NTENSORS + 1, 1);
+	int ok = s->ctx.params && s->ctx.inputs && s->ctx.streams && s->ctx.events && s->join && s->mirror && s->bound && s->valid && s->dirty;
+	for (int i = 0; ok && i < plan->nstreams; i++)
+		ok = cudaStreamCreateWithFlags(&s->ctx.streams[i], cudaStreamNonBlocking) == cudaSuccess &&
+		     cudaEventCreateWithFlags(&s->join[i], cudaEventDisableTiming) == cudaSuccess;
+	for (int i = 0; ok && i < plan->nevents; i++) ok = cudaEventCreateWithFlags(&s->ctx.events[i], cudaEventDisableTiming) == cudaSuccess;
+	ok = ok && cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming) == cudaSuccess;
+	ok = ok && (s->ctx.arena = (char *)device_alloc(s, plan->arena_bytes, 0)) != NULL;
+	ok = ok && (s->ctx.host = (char *)device_alloc(s, plan->host_bytes, 1)) != NULL;
+	for (int i = 0; ok && i < NTENSORS; i++) {
+		const kiln_tensor_info *t = &tensors[i];
+		ok = (s->mirror[i] = calloc((size_t)(t->bytes > 0 ? t->bytes : 1), 1)) != NULL;
+		if (ok && t->kind == 0) ok = (s->ctx.params[t->slot] = (char *)device_alloc(s, t->bytes, plan->param_host[t->slot])) != NULL;
+		if (ok && t->kind == 1) ok = (s->ctx.inputs[t->slot] = (char *)device_alloc(s, t->bytes, 0)) != NULL;
+		if (!ok || t->kind == 2) continue;
+		/* The embedded value, zero where none. */
+		if (t->init && t->splat) fill(s->mirror[i], t->init, t->elem_bytes, t->bytes);
+		else if (t->init) memcpy(s->mirror[i], t->init, (size_t)t->bytes);
+		ok = cudaMemcpy(device(s, i), s->mirror[i], (size_t)t->bytes, cudaMemcpyDefault) == cudaSuccess;
+		s->valid[i] = 1;
+	}
+	int *status = ok ? kilnrt_cuda_status_address() : NULL;
+	ok = ok && status && cudaMemset(status, 0, sizeof(int)) == cudaSuccess;
+	ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemGetInfo(&free1, &total) == cudaSuccess;
+	if (!ok) {
+		kiln_destroy(s);
+		return NULL;
+	}
+	s->status = status;
+	s->measured = (long long)free0 - (long long)free1;
+	const char *g = getenv("KILN_CUDA_GRAPH");
+	s->use_graph = !(g && strcmp(g, "0") == 0);
+	return s;
+}
+
+/* kiln_cuda_memory reports device bytes: which 0, what the runtime
+   allocated; 1, the fall in cudaMemGetInfo's free memory over
+   kiln_create (the CUDA context excluded); 2, what the plan says the
+   step needs (the arena with its workspace, the parameters and inputs
+   on the device). */
+extern "C" long long kiln_cuda_memory(kiln_step *s, int which) {
+	if (which == 0) return s->own;
+	if (which == 1) return s->measured;
+	long long n = kilnrt_cuda_plan.arena_bytes;
+	for (int i = 0; i < NARGS; i++)
+		if (!(tensors[i].kind == 0 && kilnrt_cuda_plan.param_host[tensors[i].slot])) n += tensors[i].bytes;
+	return n;
+}
+
+/* capture records the plan into a CUDA graph: every other stream joins
+   stream 0's capture through the fork event and rejoins it at the end. */
+static int capture(kiln_step *s) {
+	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
+	cudaStream_t s0 = s->ctx.streams[0];
+	if (check(s, cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal), "capturing the step") != 0) return -1;
+	cudaEventRecord(s->fork, s0);
+	for (int i = 1; i < plan->nstreams; i++) cudaStreamWaitEvent(s->ctx.streams[i], s->fork, 0);
+	kilnrt_cuda_issue(&s->ctx);
+	for (int i = 1; i < plan->nstreams; i++) {
+		cudaEventRecord(s->join[i], s->ctx.streams[i]);
+		cudaStreamWaitEvent(s0, s->join[i], 0);
+	}
+	cudaGraph_t g = NULL;
+	if (check(s, cudaStreamEndCapture(s0, &g), "capturing the step") != 0) return -1;
+	cudaError_t e = cudaGraphInstantiateWithFlags(&s->graph, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess) s->graph = NULL;
+	return check(s, e, "instantiating the step's graph");
+}
+
+int kiln_run(kiln_step *s) {
+	for (int i = 0; i < NARGS; i++) {
+		const void *src = s->bound[i] ? s->bound[i] : s->dirty[i] ? s->mirror[i] : NULL;
+		if (src && check(s, cudaMemcpy(device(s, i), src, (size_t)tensors[i].bytes, cudaMemcpyDefault), tensors[i].name) != 0) return -1;
+		s->dirty[i] = 0;
+	}
+	if (s->use_graph) {
+		if (!s->graph && capture(s) != 0) return -1;
+		if (check(s, cudaGraphLaunch(s->graph, s->ctx.streams[0]), "launching the step") != 0) return -1;
+	} else {
+		kilnrt_cuda_issue(&s->ctx);
+	}
+	if (check(s, cudaDeviceSynchronize(), "running the step") != 0 || check(s, cudaGetLastError(), "running the step") != 0) return -1;
+	s->ran = 1;
+	for (int i = 0; i < NTENSORS; i++)
+		if (tensors[i].kind == 2 || (tensors[i].kind == 0 && tensors[i].inout)) s->valid[i] = 0;
+	int status = 0;
+	if (check(s, cudaMemcpy(&status, s->status, sizeof status, cudaMemcpyDeviceToHost), "reading the step's status") != 0) return -1;
+	if (status != 0) {
+		cudaMemset(s->status, 0, sizeof(int));
+		return fail(s, "index out of range: a gather index or a cross-entropy label lies outside its dimension");
+	}
+	return 0;
+}
+
+/* host brings tensor i's host copy up to date; NULL when it cannot. */
+static void *host(kiln_step *s, int i) {
+	if (!s->valid[i]) {
+		if (cudaMemcpy(s->mirror[i], device(s, i), (size_t)tensors[i].bytes, cudaMemcpyDefault) != cudaSuccess) return NULL;
+		s->valid[i] = 1;
+	}
+	return s->mirror[i];
+}
+
+void *kiln_data(kiln_step *s, int i) {
+	if (i < 0 || i >= NTENSORS) return NULL;
+	if (tensors[i].kind == 2 && !s->ran) return NULL;
+	if (s->bound[i]) return s->bound[i];
+	void *p = host(s, i);
+	if (p && i < NARGS) s->dirty[i] = 1; /* the caller may write through it */
+	return p;
+}
+
+int kiln_set(kiln_step *s, int i, const void *src, long long bytes) {
+	if (i < 0 || i >= NARGS) return fail(s, "tensor %d is not an argument", i);
+	if (bytes != tensors[i].bytes) return fail(s, "%s holds %lld bytes, not %lld", tensors[i].name, tensors[i].bytes, bytes);
+	memcpy(s->mirror[i], src, (size_t)bytes);
+	s->valid[i] = s->dirty[i] = 1;
+	s->bound[i] = NULL;
+	return 0;
+}
+
+int kiln_get(kiln_step *s, int i, void *dst, long long bytes) {
+	if (i < 0 || i >= NTENSORS) return fail(s, "no tensor %d", i);
+	if (bytes != tensors[i].bytes) return fail(s, "%s holds %lld bytes, not %lld", tensors[i].name, tensors[i].bytes, bytes);
+	if (tensors[i].kind == 2 && !s->ran) return fail(s, "result %s is not made before the first run", tensors[i].name);
+	const void *p = s->bound[i] ? s->bound[i] : host(s, i);
+	if (!p) return fail(s, "cannot copy %s from the device", tensors[i].name);
+	memcpy(dst, p, (size_t)bytes);
+	return 0;
+}
+
+int kiln_bind(kiln_step *s, int i, void *data) {
+	if (i < 0 || i >= NTENSORS || tensors[i].kind != 1) return fail(s, "tensor %d is not a data input", i);
+	s->bound[i] = data;
+	/* The device copy held the bound memory's bytes: the own buffer goes up again. */
+	if (!data) s->dirty[i] = 1;
+	return 0;
+}
+
+/* params gathers the parameter slots' host copies, brought up to date. */
+static void **params(kiln_step *s) {
+	void **pv = (void **)calloc((size_t)NPARAMS + 1, sizeof(void *));
+	for (int i = 0; pv && i < NARGS; i++)
+		if (tensors[i].kind == 0 && !(pv[tensors[i].slot] = host(s, i))) {
+			free(pv);
+			return NULL;
+		}
+	return pv;
+}
+
+int kiln_save(kiln_step *s, const char *path) {
+	void **pv = params(s);
+	if (!pv) return fail(s, "cannot copy the parameters from the device");
+	int rc = kilnrt_save(pv, path, s->err, sizeof s->err);
+	free(pv);
+	return rc;
+}
+
+int kiln_load(kiln_step *s, const char *path) {
+	void **pv = params(s);
+	if (!pv) return fail(s, "cannot copy the parameters from the device");
+	int rc = kilnrt_load(pv, path, s->err, sizeof s->err);
+	free(pv);
+	if (rc == 0)
+		for (int i = 0; i < NARGS; i++)
+			if (tensors[i].kind == 0) s->dirty[i] = 1;
+	return rc;
+}

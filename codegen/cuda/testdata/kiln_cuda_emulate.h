@@ -1,0 +1,229 @@
+// kiln_cuda_emulate.h: the part of CUDA that Kiln's generated programs
+// use, run on the CPU, so that tests here can run a CUDA executable
+// (kernels.cu, step.cu, kiln_cuda_runtime.cu and driver.c) without a GPU.
+// kiln_cuda.h includes it when KILN_CUDA_EMULATE is defined; compile the
+// .cu files as C++17.
+//
+// Semantics: one host thread runs everything in issue order. A launch
+// runs every thread of every block in turn (kernels have no barriers);
+// atomics are plain read-modify-writes; streams and events only order
+// what already runs in order; a host function runs when issued. Stream
+// capture records each operation (a launch's arguments as they were when
+// issued, as CUDA does) and a graph launch replays the record. Memory from
+// cudaMalloc and cudaHostAlloc is filled with the byte 0xFF (NaN in every
+// float encoding, so a read of memory nothing wrote shows in the results),
+// and every allocation, stream, event and graph is counted, so a test can
+// check the runtime frees what it made.
+#ifndef KILN_CUDA_EMULATE_H
+#define KILN_CUDA_EMULATE_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <functional>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __launch_bounds__(n)
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
+};
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+template <class T> static inline T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
+}
+static inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned int v) {
+  unsigned int old = *p;
+  if (old == cmp) *p = v;
+  return old;
+}
+
+enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 };
+typedef enum cudaError cudaError_t;
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+typedef void (*cudaHostFn_t)(void *);
+
+struct kiln_emu_graph {
+  std::vector<std::function<void()>> ops;
+};
+struct CUstream_st {
+  int id;
+};
+struct CUevent_st {
+  int id;
+};
+typedef CUstream_st *cudaStream_t;
+typedef CUevent_st *cudaEvent_t;
+typedef kiln_emu_graph *cudaGraph_t;
+typedef kiln_emu_graph *cudaGraphExec_t;
+
+// What the emulation holds now: allocations (bytes), streams, events and
+// graphs; and how many operations it ran.
+struct kiln_emu_counts {
+  long long bytes, allocations, streams, events, graphs, launches, replays;
+};
+inline kiln_emu_counts kiln_emu;
+inline kiln_emu_graph *kiln_emu_capture;  // the graph being recorded
+inline long long kiln_emu_device_total = 80LL << 30;
+
+static inline void kiln_emu_issue(std::function<void()> op) {
+  if (kiln_emu_capture) kiln_emu_capture->ops.push_back(op);
+  else op();
+}
+
+// kiln_emu_launch runs (or, under capture, records) kernel k over grid x
+// block threads with the arguments as given now.
+template <class... P, class... A> static inline void kiln_emu_launch(dim3 grid, dim3 block, void (*k)(P...), A... args) {
+  kiln_emu.launches++;
+  kiln_emu_issue([=] {
+    gridDim = grid, blockDim = block;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+      for (unsigned by = 0; by < grid.y; by++)
+        for (unsigned bx = 0; bx < grid.x; bx++)
+          for (unsigned tz = 0; tz < block.z; tz++)
+            for (unsigned ty = 0; ty < block.y; ty++)
+              for (unsigned tx = 0; tx < block.x; tx++) {
+                blockIdx = uint3{bx, by, bz}, threadIdx = uint3{tx, ty, tz};
+                k(args...);
+              }
+  });
+}
+#define KILN_UNPAREN(...) __VA_ARGS__
+#define KILN_LAUNCH(k, grid, block, shared, stream, args) kiln_emu_launch(grid, block, k, KILN_UNPAREN args)
+
+// Device allocations count in kiln_emu.bytes (and cudaMemGetInfo);
+// pinned host ones only as allocations.
+static inline cudaError_t kiln_emu_alloc(void **p, size_t n, bool device) {
+  size_t size = (n + 255) / 256 * 256 + 256;
+  void *q = aligned_alloc(256, size);
+  if (!q) return cudaErrorMemoryAllocation;
+  memset(q, 0xFF, size);
+  // The size and the kind are kept in front of the block for the free's count.
+  ((size_t *)q)[0] = n, ((size_t *)q)[1] = device;
+  *p = (char *)q + 256;
+  if (device) kiln_emu.bytes += (long long)n;
+  kiln_emu.allocations++;
+  return cudaSuccess;
+}
+static inline cudaError_t kiln_emu_free(void *p, bool device) {
+  if (!p) return cudaSuccess;
+  char *q = (char *)p - 256;
+  if (((size_t *)q)[1] != (size_t)device) return cudaErrorInvalidValue;
+  if (device) kiln_emu.bytes -= (long long)((size_t *)q)[0];
+  kiln_emu.allocations--;
+  free(q);
+  return cudaSuccess;
+}
+static inline cudaError_t cudaMalloc(void **p, size_t n) { return kiln_emu_alloc(p, n, true); }
+static inline cudaError_t cudaFree(void *p) { return kiln_emu_free(p, true); }
+static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int) { return kiln_emu_alloc(p, n, false); }
+static inline cudaError_t cudaFreeHost(void *p) { return kiln_emu_free(p, false); }
+static inline cudaError_t cudaMemset(void *p, int v, size_t n) {
+  memset(p, v, n);
+  return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) {
+  memmove(d, s, n);
+  return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
+  kiln_emu_issue([=] { memmove(d, s, n); });
+  return cudaSuccess;
+}
+static inline cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  *free = (size_t)(kiln_emu_device_total - kiln_emu.bytes), *total = (size_t)kiln_emu_device_total;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int) {
+  *s = new CUstream_st{(int)kiln_emu.streams++};
+  return cudaSuccess;
+}
+static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  kiln_emu.streams--;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) {
+  *e = new CUevent_st{(int)kiln_emu.events++};
+  return cudaSuccess;
+}
+static inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  kiln_emu.events--;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+static inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+static inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void *data) {
+  kiln_emu_issue([=] { fn(data); });
+  return cudaSuccess;
+}
+static inline cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+  if (kiln_emu_capture) return cudaErrorInvalidValue;
+  kiln_emu_capture = new kiln_emu_graph;
+  kiln_emu.graphs++;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+  if (!kiln_emu_capture) return cudaErrorInvalidValue;
+  *g = kiln_emu_capture;
+  kiln_emu_capture = nullptr;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+  *e = new kiln_emu_graph(*g);
+  kiln_emu.graphs++;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+  kiln_emu.replays++;
+  for (auto &op : e->ops) op();
+  return cudaSuccess;
+}
+static inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  kiln_emu.graphs--;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  delete e;
+  kiln_emu.graphs--;
+  return cudaSuccess;
+}
+// With KILN_EMU_REPORT set, the process reports at exit what the
+// emulation still holds.
+inline struct kiln_emu_reporter {
+  ~kiln_emu_reporter() {
+    if (getenv("KILN_EMU_REPORT"))
+      fprintf(stderr, "emulated: %lld bytes in %lld allocations, %lld streams, %lld events, %lld graphs held; %lld launches issued, %lld graph launches\n",
+              kiln_emu.bytes, kiln_emu.allocations, kiln_emu.streams, kiln_emu.events, kiln_emu.graphs, kiln_emu.launches, kiln_emu.replays);
+  }
+} kiln_emu_report;
+
+static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+static inline const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+template <class T> static inline cudaError_t cudaGetSymbolAddress(void **p, T &symbol) {
+  *p = (void *)&symbol;
+  return cudaSuccess;
+}
+
+#endif
