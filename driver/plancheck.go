@@ -57,15 +57,15 @@ func init() {
 					return fmt.Errorf("%s: error: %v", args[0], err)
 				}
 				if r.Ranks > 1 {
-					fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches, %d copies, %d NCCL calls, %d events; %d ranks)\n", args[0], r.Nodes, r.Kernels, r.Copies, r.Collectives, r.Events, r.Ranks)
+					fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches%s, %d copies, %d NCCL calls, %d events; %d ranks)\n", args[0], r.Nodes, r.Kernels, libraryCalls(r), r.Copies, r.Collectives, r.Events, r.Ranks)
 				} else {
-					fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches, %d copies, %d events)\n", args[0], r.Nodes, r.Kernels, r.Copies, r.Events)
+					fmt.Fprintf(e.stdout, "plan %s: ok (%d nodes: %d kernel launches%s, %d copies, %d events)\n", args[0], r.Nodes, r.Kernels, libraryCalls(r), r.Copies, r.Events)
 				}
 				switch {
 				case r.Replayed && r.Ranks > 1:
 					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results replayed against the interpreter on all %d ranks together\n", r.Ranks)
 				case r.Replayed:
-					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results replayed against the interpreter\n")
+					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes; results replayed against the interpreter%s\n", recomputed(r))
 				case *fast:
 					fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes (--fast: results not replayed)\n")
 				default:
@@ -190,7 +190,7 @@ func planCheckStages(e *env, dir string, seed uint64, forceReplay, fast bool) er
 	ranks := max(1, lps[0].Ranks)
 	fmt.Fprintf(e.stdout, "pipeline %s: ok (%d stages of %d rank(s) each)\n", dir, len(lps), ranks)
 	for s, r := range reports {
-		fmt.Fprintf(e.stdout, "stage %d         %d nodes: %d kernel launches, %d copies, %d NCCL calls, %d events; simulated %.1f us\n", s, r.Nodes, r.Kernels, r.Copies, r.Collectives, r.Events, r.Seconds*1e6)
+		fmt.Fprintf(e.stdout, "stage %d         %d nodes: %d kernel launches%s, %d copies, %d NCCL calls, %d events; simulated %.1f us\n", s, r.Nodes, r.Kernels, libraryCalls(r), r.Copies, r.Collectives, r.Events, r.Seconds*1e6)
 	}
 	switch {
 	case replay:
@@ -201,4 +201,20 @@ func planCheckStages(e *env, dir string, seed uint64, forceReplay, fast bool) er
 		fmt.Fprintf(e.stdout, "checked         structure, memory, races, lifetimes of each stage; results not replayed: the stages' %.1f GFLOPs are above %.0f (--replay forces it)\n", flops/1e9, plancheck.ReplayFLOPs/1e9)
 	}
 	return nil
+}
+
+// libraryCalls is ", N library calls" for a plan that makes any.
+func libraryCalls(r *plancheck.Report) string {
+	if r.LibraryCalls == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d library calls", r.LibraryCalls)
+}
+
+// recomputed says how many library calls the replay recomputed.
+func recomputed(r *plancheck.Report) string {
+	if r.GEMMsChecked == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d library calls recomputed from their parameters)", r.GEMMsChecked)
 }

@@ -33,6 +33,8 @@ import (
 // Report is what a successful replay measured.
 type Report struct {
 	Nodes, Kernels, Copies, Events int
+	LibraryCalls                   int // cuBLAS calls
+	GEMMsChecked                   int // library calls the replay recomputed and compared with the interpreter
 	Collectives                    int // NCCL calls
 	Ranks                          int // ranks the plan runs on (replayed together)
 	Timeline                       []Span
@@ -151,10 +153,11 @@ func CheckPlan(lp *Plan, seed uint64) (*Report, error) {
 	if need := lp.Arena.SizeBytes + lp.Host.SizeBytes; need > limit {
 		return nil, fmt.Errorf("replaying the plan needs its device and host arenas in memory, %d bytes, above the %d this replay may use (--fast checks the plan without replaying it)", need, limit)
 	}
-	if err := replay(lp.Plan, lp.Func, seed, lp.Progress); err != nil {
+	gemms, err := replay(lp.Plan, lp.Func, seed, lp.Progress)
+	if err != nil {
 		return nil, err
 	}
-	r.Replayed = true
+	r.Replayed, r.GEMMsChecked = true, gemms
 	return r, nil
 }
 
@@ -194,7 +197,7 @@ func CheckStages(lps []*Plan, seed uint64, replay bool) ([]*Report, error) {
 	if need > limit {
 		return nil, fmt.Errorf("replaying the stages needs their ranks' device and host arenas in memory, %d bytes, above the %d this replay may use (--fast checks the plans without replaying them)", need, limit)
 	}
-	if err := replayStages(lps, seed, lps[0].Progress); err != nil {
+	if _, err := replayStages(lps, seed, lps[0].Progress); err != nil {
 		return nil, err
 	}
 	for _, r := range reports {
@@ -409,9 +412,14 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			want = append(want, q)
 		}
 		switch n.Kind {
-		case "kernel", "copy", "host":
+		case "kernel", "copy", "host", "library":
 			if n.Op < 0 || n.Op >= len(f.Body) {
 				return fmt.Errorf("node %d: op %d is not in @%s", i, n.Op, f.Name)
+			}
+			if n.Kind == "library" {
+				if err := libraryNode(i, n); err != nil {
+					return err
+				}
 			}
 			if n.Kind == "copy" && (n.Src == nil || n.Dst == nil) {
 				return fmt.Errorf("node %d: a copy needs src and dst", i)
@@ -755,6 +763,10 @@ func describe(p *cuda.Plan, n cuda.Node) string {
 		return n.Collective.Call + " of " + p.Buffers[buf.Buffer].Values[0]
 	case "kernel":
 		return "kernel " + n.Kernel
+	case "library":
+		if n.Library != nil {
+			return "library " + n.Library.Call
+		}
 	case "host":
 		return "host function " + n.Kernel
 	case "copy":
@@ -781,6 +793,9 @@ func timeline(p *cuda.Plan) *Report {
 		switch n.Kind {
 		case "kernel":
 			r.Kernels++
+			secs = n.Seconds
+		case "library":
+			r.LibraryCalls++
 			secs = n.Seconds
 		case "copy":
 			r.Copies++
@@ -886,9 +901,9 @@ func (o *owners) who(lo, hi int64) []int64 {
 // must the results and updated arguments at the end. The replay streams:
 // it holds the plan's arenas and one op's tensors, and only fingerprints
 // of the interpreter's values.
-func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) error {
+func replay(p *cuda.Plan, f *ir.Func, seed uint64, prog *progress.Reporter) (int, error) {
 	if p.Stages > 1 {
-		return fmt.Errorf("@%s is stage %d of a pipeline of %d: its sends and recvs replay with the other stages' plans (plan-check the directory that holds stage0, stage1, …)", f.Name, p.Stage, p.Stages)
+		return 0, fmt.Errorf("@%s is stage %d of a pipeline of %d: its sends and recvs replay with the other stages' plans (plan-check the directory that holds stage0, stage1, …)", f.Name, p.Stage, p.Stages)
 	}
 	return replayStages([]*Plan{{Plan: p, Func: f}}, seed, prog)
 }
@@ -903,11 +918,11 @@ type mailKey struct{ from, to, tag int64 }
 // collectives; a send leaves its tensor for the rank it names, and a
 // recv waits until the tensor is there. A replay in which every stage
 // waits is a deadlock, and an error naming the recvs that wait.
-func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
+func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) (gemms int, err error) {
 	per := max(1, stages[0].Ranks)
 	for s, st := range stages {
 		if max(1, st.Ranks) != per {
-			return fmt.Errorf("stage %d runs on %d ranks, stage 0 on %d", s, max(1, st.Ranks), per)
+			return 0, fmt.Errorf("stage %d runs on %d ranks, stage 0 on %d", s, max(1, st.Ranks), per)
 		}
 	}
 	n := len(stages) * per
@@ -918,7 +933,7 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 	}
 	refs, err := reference(fs, args, prog)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	ranks := make([]*rankReplay, n)
 	for s, st := range stages {
@@ -930,7 +945,7 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 		}
 		for g := s * per; g < (s+1)*per; g++ {
 			if ranks[g], err = newRankReplay(st.Plan, st.Func, args[g], refs[g], byName); err != nil {
-				return err
+				return 0, err
 			}
 			if n > 1 {
 				ranks[g].name = fmt.Sprintf("rank %d: ", g)
@@ -947,7 +962,7 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 			for next[s] < len(st.Nodes) && !waits(st, next[s], s*per, mail) {
 				prog.Step("plan-check: replaying node %d of %d", next[s]+1, len(st.Nodes))
 				if err := replayNode(st, next[s], group, int64(s*per), mail, tags); err != nil {
-					return err
+					return 0, err
 				}
 				next[s]++
 				moved = true
@@ -964,20 +979,23 @@ func replayStages(stages []*Plan, seed uint64, prog *progress.Reporter) error {
 					waiting = append(waiting, fmt.Sprintf("stage %d at node %d (%s)", s, i, describe(st.Plan, st.Nodes[i])))
 				}
 			}
-			return fmt.Errorf("the stages deadlock: every one waits in a recv: %s", strings.Join(waiting, "; "))
+			return 0, fmt.Errorf("the stages deadlock: every one waits in a recv: %s", strings.Join(waiting, "; "))
 		}
 	}
 	for _, rr := range ranks {
 		if err := rr.final(); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	for k, ts := range mail {
 		if len(ts) > 0 {
-			return fmt.Errorf("rank %d sent %d tensors (tag %d first) to rank %d that no recv took", k.from, len(ts), tags[k][0], k.to)
+			return 0, fmt.Errorf("rank %d sent %d tensors (tag %d first) to rank %d that no recv took", k.from, len(ts), tags[k][0], k.to)
 		}
 	}
-	return nil
+	for _, rr := range ranks {
+		gemms += rr.gemmsChecked
+	}
+	return gemms, nil
 }
 
 // waits reports whether node i of stage st (on ranks from base) is a
@@ -1006,7 +1024,7 @@ func replayNode(st *Plan, i int, ranks []*rankReplay, base int64, mail map[mailK
 			return err
 		}
 	}
-	if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective" && nd.Kind != "host") {
+	if !nd.Last || (nd.Kind != "kernel" && nd.Kind != "copy" && nd.Kind != "collective" && nd.Kind != "host" && nd.Kind != "library") {
 		return nil
 	}
 	op := f.Body[nd.Op]
@@ -1055,6 +1073,11 @@ func replayNode(st *Plan, i int, ranks []*rankReplay, base int64, mail map[mailK
 			if outs[r], err = interp.EvalOp(op, ins[r]); err != nil {
 				return fmt.Errorf("%snode %d: %v", rr.name, i, err)
 			}
+			if nd.Kind == "library" {
+				if err := rr.checkGemm(i, nd, op, outs[r]); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	for r, rr := range ranks {
@@ -1074,6 +1097,8 @@ type rankReplay struct {
 	mem    *memory
 	ref    *fingerprints
 	byName map[string]int
+	// gemmsChecked counts the library calls checkGemm recomputed.
+	gemmsChecked int
 }
 
 func newRankReplay(p *cuda.Plan, f *ir.Func, args []*interp.Tensor, ref *fingerprints, byName map[string]int) (*rankReplay, error) {

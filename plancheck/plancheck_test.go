@@ -181,7 +181,7 @@ func TestTimelineJSON(t *testing.T) {
 	require.NoError(t, err)
 	r, err := plancheck.Check(p, f, 1)
 	require.NoError(t, err)
-	require.Equal(t, r.Kernels+r.Copies, len(r.Timeline))
+	require.Equal(t, r.Kernels+r.LibraryCalls+r.Copies, len(r.Timeline))
 	end := map[int]float64{}
 	for _, s := range r.Timeline {
 		for _, d := range p.Nodes[s.Node].Deps {
@@ -259,4 +259,45 @@ func TestReplayMemoryIsBounded(t *testing.T) {
 	require.NoError(t, err)
 	_, err = plancheck.CheckPlan(lp, 1)
 	require.ErrorContains(t, err, "--fast checks the plan without replaying it")
+}
+
+// TestLibraryCallsReplay: a transformer step's contractions are cuBLAS
+// calls; the replay recomputes the ones whose operands and result are
+// the op's own from the call's parameters and compares them with the
+// interpreter, so a call that sums too few terms is caught, and so are
+// calls cuBLAS would refuse or that would touch bytes outside their
+// arguments.
+func TestLibraryCallsReplay(t *testing.T) {
+	dir := plan(t, "../testdata/models/one_layer_transformer/model.onnx", "autodiff,optimizer{kind=sgd,lr=0.01},fuse,reorder,assign")
+	validate(t, dir)
+	p, f, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	r, err := plancheck.Check(p, f, 3)
+	require.NoError(t, err)
+	require.Positive(t, r.LibraryCalls)
+	require.Positive(t, r.GEMMsChecked, "library calls recomputed")
+	checked := -1
+	for i, n := range p.Nodes {
+		if n.Kind == "library" && n.Last && n.Library.Beta == 0 && n.Library.K > 1 {
+			checked = i
+		}
+	}
+	require.GreaterOrEqual(t, checked, 0, "a library call that is its op's last node")
+	for _, c := range []struct {
+		name  string
+		apply func(l *cuda.Library)
+		want  string
+	}{
+		{"one term fewer", func(l *cuda.Library) { l.K-- }, "where the interpreter has"},
+		{"lda below the rows", func(l *cuda.Library) { l.LDA = 0 }, "positive int"},
+		{"a leading dimension past its argument", func(l *cuda.Library) { l.LDB *= 1000 }, "touches"},
+		{"a beta without reading C", func(l *cuda.Library) { l.Beta = 1 }, "access is"},
+		{"mixed types", func(l *cuda.Library) { l.AType = "bf16" }, "which it does not do"},
+	} {
+		q := load(t, dir)
+		lib := *q.Nodes[checked].Library
+		c.apply(&lib)
+		q.Nodes[checked].Library = &lib
+		require.ErrorContains(t, check(t, dir, q), c.want, c.name)
+	}
 }

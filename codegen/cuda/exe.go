@@ -41,7 +41,7 @@ else
 	ARCH=${KILN_CUDA_ARCH:-sm_90}
 	$NVCC -O3 -std=c++17 -arch="$ARCH" -c step.cu -o step.o
 	$NVCC -O3 -std=c++17 -arch="$ARCH" -c kiln_cuda_runtime.cu -o runtime.o
-	$NVCC -arch="$ARCH" step.o runtime.o program.o driver.o checkpoint.o -o step -lm -lpthread
+	$NVCC -arch="$ARCH" step.o runtime.o program.o driver.o checkpoint.o -o step -lcublas -lm -lpthread
 fi
 `
 
@@ -76,6 +76,9 @@ func (o *Output) Executable(threads int) (map[string][]byte, error) {
 	files["build.sh"] = []byte(buildScript)
 	return files, nil
 }
+
+// cudaType names a library dtype as cudaDataType.
+var cudaType = map[string]string{"f32": "CUDA_R_32F", "f16": "CUDA_R_16F", "bf16": "CUDA_R_16BF"}
 
 // place is the C initializer of a kilnrt_cuda_place.
 func place(a *Access) (string, error) {
@@ -160,7 +163,7 @@ func (o *Output) hostSource() (string, error) {
 		}
 		results = append(results, s)
 	}
-	launches := 0
+	launches, blas := 0, 0
 	for i := range plan.Nodes {
 		n := &plan.Nodes[i]
 		switch n.Kind {
@@ -172,6 +175,31 @@ func (o *Output) hostSource() (string, error) {
 			launches++
 			fmt.Fprintf(&body, "  KILN_LAUNCH(%s, dim3(%d, %d, %d), dim3(%d, %d, %d), %d, s[%d], (%s));\n", n.Kernel,
 				n.Grid[0], n.Grid[1], n.Grid[2], n.Block[0], n.Block[1], n.Block[2], n.SharedBytes, n.Stream, args)
+		case "library":
+			l := n.Library
+			if l == nil || l.Call != GemmCall || len(n.Args) != 3 {
+				return "", fmt.Errorf("node %d: a library node needs a %s call on three pointers", n.ID, GemmCall)
+			}
+			var ptrs [3]string
+			for j, a := range n.Args {
+				if a.Pointer == nil {
+					return "", fmt.Errorf("node %d: argument %d is not a pointer", n.ID, j)
+				}
+				q, err := pointer(a.Pointer, map[bool]string{true: "const char *", false: "char *"}[j < 2])
+				if err != nil {
+					return "", err
+				}
+				ptrs[j] = q
+			}
+			blas++
+			beta := "kiln_zero"
+			if l.Beta == 1 {
+				beta = "kiln_one"
+			} else if l.Beta != 0 || l.Alpha != 1 {
+				return "", fmt.Errorf("node %d: a GEMM with alpha %g and beta %g", n.ID, l.Alpha, l.Beta)
+			}
+			fmt.Fprintf(&body, "  status |= (int)cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_%s, CUBLAS_OP_%s, %d, %d, %d, &kiln_one, %s, %s, %d, %dLL, %s, %s, %d, %dLL, &%s, %s, %s, %d, %dLL, %d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);\n",
+				l.TransA, l.TransB, l.M, l.N, l.K, ptrs[0], cudaType[l.AType], l.LDA, l.StrideA, ptrs[1], cudaType[l.BType], l.LDB, l.StrideB, beta, ptrs[2], cudaType[l.CType], l.LDC, l.StrideC, l.Batch)
 		case "host":
 			args, err := o.callArgs(n)
 			if err != nil {
@@ -199,11 +227,16 @@ func (o *Output) hostSource() (string, error) {
 	}
 	fmt.Fprintf(&head, "static const int param_host[] = {%s};\n", strings.Join(append(host, "0"), ", "))
 	fmt.Fprintf(&head, "static const kilnrt_cuda_place results[] = {%s};\n\n", strings.Join(append(results, "{0, 0, 0}"), ", "))
-	fmt.Fprintf(&head, "const kilnrt_cuda_plan_info kilnrt_cuda_plan = {%dLL, %dLL, %dLL, %d, %d, %d, %d, param_host, results};\n\n",
-		plan.Arena.SizeBytes, plan.Workspace.SizeBytes, plan.Host.SizeBytes, len(plan.Streams), plan.Events, len(plan.Nodes), launches)
+	blasBytes := 0
+	if blas > 0 {
+		blasBytes = BLASWorkspace
+	}
+	fmt.Fprintf(&head, "const kilnrt_cuda_plan_info kilnrt_cuda_plan = {%dLL, %dLL, %dLL, %dLL, %d, %d, %d, %d, %d, param_host, results};\n\n",
+		plan.Arena.SizeBytes, plan.Workspace.SizeBytes, plan.Host.SizeBytes, blasBytes, len(plan.Streams), plan.Events, len(plan.Nodes), launches, blas)
+	head.WriteString("static const float kiln_one = 1.0f, kiln_zero = 0.0f;\n\n")
 	head.WriteString("int *kilnrt_cuda_status_address(void) {\n  void *p = 0;\n  return cudaGetSymbolAddress(&p, kiln_status) == cudaSuccess ? (int *)p : 0;\n}\n\n")
-	head.WriteString("void kilnrt_cuda_issue(const kilnrt_cuda_ctx *c) {\n  cudaStream_t *s = c->streams;\n  cudaEvent_t *e = c->events;\n  (void)s, (void)e;\n")
+	head.WriteString("int kilnrt_cuda_issue(const kilnrt_cuda_ctx *c) {\n  cudaStream_t *s = c->streams;\n  cudaEvent_t *e = c->events;\n  int status = 0;\n  (void)s, (void)e, (void)kiln_one, (void)kiln_zero;\n")
 	head.WriteString(body.String())
-	head.WriteString("}\n")
+	head.WriteString("  return status;\n}\n")
 	return head.String(), nil
 }

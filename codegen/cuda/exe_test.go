@@ -175,8 +175,8 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			require.NotNil(t, mm, "the emulation's report: %s", report)
 			require.Equal(t, []string{"0", "0", "0", "0", "0"}, mm[1:6], "what the program left allocated: %s", report)
 			require.Equal(t, "1", mm[7], "graph launches in one step")
-			var own, measured, planned int64
-			_, err = fmt.Sscanf(report[strings.Index(report, "device:"):], "device: %d bytes allocated, %d bytes measured (cudaMemGetInfo), %d bytes planned", &own, &measured, &planned)
+			var own, measured, planned, workspace int64
+			_, err = fmt.Sscanf(report[strings.Index(report, "device:"):], "device: %d bytes allocated, %d bytes measured (cudaMemGetInfo), %d bytes planned, %d bytes of library workspace", &own, &measured, &planned, &workspace)
 			require.NoError(t, err, report)
 			device := out.Plan.Arena.SizeBytes
 			for _, b := range out.Plan.Buffers {
@@ -186,7 +186,15 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			}
 			require.Equal(t, device, planned, "the plan's device bytes")
 			require.Equal(t, own, measured, "allocated and measured device bytes (the emulation counts exactly)")
-			require.LessOrEqual(t, own, planned+int64(len(out.Plan.Buffers)), "allocated against planned (a byte for each empty allocation at most)")
+			library := 0
+			for _, n := range out.Plan.Nodes {
+				if n.Kind == "library" {
+					library++
+				}
+			}
+			require.Positive(t, library, "library calls in the plan")
+			require.Equal(t, int64(cuda.BLASWorkspace), workspace, "cuBLAS's workspace")
+			require.LessOrEqual(t, own, planned+workspace+int64(len(out.Plan.Buffers)), "allocated against planned (a byte for each empty allocation at most)")
 
 			two, twoArgs, report2 := runProgram(t, dir, f, args, 2)
 			again, againArgs, _ := runProgram(t, dir, f, gotArgs, 1)

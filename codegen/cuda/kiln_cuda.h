@@ -15,6 +15,7 @@
 
 #if defined(__NVCC__) || defined(__CUDA_ARCH_LIST__) || defined(KILN_USE_CUDA_HEADERS)
 #include <cuda_runtime.h>
+#include <cublas_v2.h>
 #define KILN_LAUNCH(k, grid, block, shared, stream, args) k<<<grid, block, shared, stream>>> args
 #elif defined(KILN_CUDA_EMULATE)
 #include "kiln_cuda_emulate.h"
@@ -129,6 +130,26 @@ const char *cudaGetErrorString(cudaError_t);
 int cudaConfigureCall(dim3, dim3, size_t = 0, cudaStream_t = 0);
 }
 template <class T> cudaError_t cudaGetSymbolAddress(void **, const T &);
+
+typedef struct cublasContext *cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+extern "C" {
+cublasStatus_t cublasCreate_v2(cublasHandle_t *);
+cublasStatus_t cublasDestroy_v2(cublasHandle_t);
+cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t);
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t, void *, size_t);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *, const void *, cudaDataType, int,
+                                          long long, const void *, cudaDataType, int, long long, const void *, void *, cudaDataType, int, long long, int,
+                                          cublasComputeType_t, cublasGemmAlgo_t);
+}
+#define cublasCreate cublasCreate_v2
+#define cublasDestroy cublasDestroy_v2
+#define cublasSetStream cublasSetStream_v2
+#define cublasSetWorkspace cublasSetWorkspace_v2
 #define KILN_LAUNCH(k, grid, block, shared, stream, args) k<<<grid, block, shared, stream>>> args
 #endif
 

@@ -106,9 +106,9 @@ type Stream struct {
 }
 
 // Node is one entry of the plan, in issue order. Kind is "kernel",
-// "copy", "collective", "host" (a C function of kernels.cu called on the
-// host, with pointers into host memory), "event_record" or
-// "event_wait". Deps are the
+// "library" (a cuBLAS call: Library), "copy", "collective", "host" (a C
+// function of kernels.cu called on the host, with pointers into host
+// memory), "event_record" or "event_wait". Deps are the
 // nodes it waits for: the previous node on its stream, and for an event
 // wait the record.
 type Node struct {
@@ -131,6 +131,8 @@ type Node struct {
 	Dst       *Access `json:"dst,omitempty"`
 	// collectives: an NCCL call from Src to Dst
 	Collective *Collective `json:"collective,omitempty"`
+	// library calls (kind "library"): a cuBLAS call on Args
+	Library *Library `json:"library,omitempty"`
 	// events
 	Event *int `json:"event,omitempty"`
 }
@@ -245,7 +247,7 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	}
 	align := f.Attrs.Int("alignment", 64)
 	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
-		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}}
+		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}, alias: map[*loops.Stage]string{}}
 	arena := alignUp(f.Attrs.Int("arena", 0), loops.TempAlignment)
 	// Empty lists are [] in plan.json, never null (the schema wants arrays).
 	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
@@ -291,7 +293,8 @@ type planner struct {
 	kernelSrc map[string]bool
 	raw       []Node // nodes before events
 	argTypes  map[string][]string
-	host      bool // the op being planned runs on the host (ir.OnHost)
+	alias     map[*loops.Stage]string // names of stages made here (GEMM epilogues)
+	host      bool                    // the op being planned runs on the host (ir.OnHost)
 }
 
 // buffers lists the liveness buffers: arguments, arena and host.
@@ -395,13 +398,13 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		launched[len(launched)-1].Last = true
 		per := 0.0
 		for _, n := range launched {
-			if n.Kind == "kernel" || n.Kind == "host" {
+			if n.Kind == "kernel" || n.Kind == "host" || n.Kind == "library" {
 				per++
 			}
 		}
 		for j := range launched {
 			switch launched[j].Kind { // a collective has its own time
-			case "kernel":
+			case "kernel", "library":
 				launched[j].Seconds = b.dev.KernelSeconds(int64(float64(c.FLOPs)/per), int64(float64(c.BytesRead+c.BytesWritten)/per))
 			case "host":
 				launched[j].Seconds = b.dev.OpSeconds(op) / per
@@ -449,6 +452,18 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 	for _, st := range steps {
 		switch st := st.(type) {
 		case *loops.Loop:
+			if len(st.Body) == 1 && !b.host {
+				if body, ok := st.Body[0].(*loops.Stage); ok && body.Matmul != nil {
+					// One strided-batched GEMM for the whole loop.
+					done, err := b.library(op, k, body, st.Var, st.Extent, outer, extents, iter, temps)
+					if err != nil {
+						return err
+					}
+					if done {
+						continue
+					}
+				}
+			}
 			for it := int64(0); it < st.Extent; it++ {
 				if err := b.launches(op, k, st.Body, append(outer[:len(outer):len(outer)], st.Var), append(extents[:len(extents):len(extents)], st.Extent),
 					append(iter[:len(iter):len(iter)], it), temps); err != nil {
@@ -460,7 +475,19 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				return err
 			}
 		case *loops.Stage:
+			if st.Matmul != nil && !b.host {
+				done, err := b.library(op, k, st, nil, 1, outer, extents, iter, temps)
+				if err != nil {
+					return err
+				}
+				if done {
+					continue
+				}
+			}
 			name := fmt.Sprintf("%s_s%d", k.Name, b.stageIndex(k, st))
+			if alias, ok := b.alias[st]; ok {
+				name = alias
+			}
 			threads := int64(1)
 			for _, e := range st.Extents {
 				threads *= e
@@ -495,20 +522,12 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				case p.write:
 					mode = "write"
 				}
-				var a *Access
-				var err error
-				if p.buf.Storage == loops.Temp {
-					if b.host {
-						return fmt.Errorf("%s runs on the host, but its stage %s needs a temporary, and temporaries live in the device workspace", k.Name, name)
-					}
-					id := b.byName[k.Name+"."+p.buf.Name]
-					a = &Access{Buffer: id, Space: "device", Offset: temps[p.buf.Name], SizeBytes: p.size, Mode: mode}
-				} else {
-					a, err = b.access(p.buf, p.size, mode)
-					if err != nil {
-						return err
-					}
-					a.Offset = b.plan.Buffers[a.Buffer].Offset + p.buf.Offset - b.baseOffset(p.buf)
+				if p.buf.Storage == loops.Temp && b.host {
+					return fmt.Errorf("%s runs on the host, but its stage %s needs a temporary, and temporaries live in the device workspace", k.Name, name)
+				}
+				a, err := b.pointerAccess(k, p.buf, p.size, mode, temps)
+				if err != nil {
+					return err
 				}
 				n.Args = append(n.Args, KArg{Kind: "pointer", Pointer: a})
 			}
@@ -521,6 +540,22 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 	return nil
 }
 
+// pointerAccess is the byte range of the loop buffer lb (a view of a
+// plan buffer, or one of kernel k's temporaries) that a node touches from
+// its start: size bytes, in mode.
+func (b *planner) pointerAccess(k *loops.Kernel, lb *loops.Buffer, size int64, mode string, temps map[string]int64) (*Access, error) {
+	if lb.Storage == loops.Temp {
+		id := b.byName[k.Name+"."+lb.Name]
+		return &Access{Buffer: id, Space: "device", Offset: temps[lb.Name], SizeBytes: size, Mode: mode}, nil
+	}
+	a, err := b.access(lb, size, mode)
+	if err != nil {
+		return nil, err
+	}
+	a.Offset = b.plan.Buffers[a.Buffer].Offset + lb.Offset - b.baseOffset(lb)
+	return a, nil
+}
+
 // collective adds the NCCL call of st, on the communication stream (a
 // send or recv on the stream of its direction).
 func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temps map[string]int64) error {
@@ -528,16 +563,7 @@ func (b *planner) collective(op int, k *loops.Kernel, st *loops.Collective, temp
 		return fmt.Errorf("%s along a dimension after %d leading elements: NCCL exchanges contiguous parts, and launch plans do not transpose around it yet", st.Kind, st.Outer)
 	}
 	access := func(lb *loops.Buffer, mode string) (*Access, error) {
-		size := lb.Type.SizeBytes()
-		if lb.Storage == loops.Temp {
-			return &Access{Buffer: b.byName[k.Name+"."+lb.Name], Space: "device", Offset: temps[lb.Name], SizeBytes: size, Mode: mode}, nil
-		}
-		a, err := b.access(lb, size, mode)
-		if err != nil {
-			return nil, err
-		}
-		a.Offset = b.plan.Buffers[a.Buffer].Offset + lb.Offset - b.baseOffset(lb)
-		return a, nil
+		return b.pointerAccess(k, lb, lb.Type.SizeBytes(), mode, temps)
 	}
 	if st.Kind == "send" || st.Kind == "recv" {
 		buf, mode := st.In, "read"

@@ -23,13 +23,15 @@ typedef struct {
 	char *host;    /* pinned host arena of swapped-out tensors */
 	cudaStream_t *streams;
 	cudaEvent_t *events;
+	cublasHandle_t blas; /* on stream 0, with its own workspace; NULL when the plan calls no library */
 } kilnrt_cuda_ctx;
 
 typedef struct {
 	long long arena_bytes; /* the arena and the workspace after it */
 	long long workspace_bytes;
 	long long host_bytes;
-	int nstreams, nevents, nnodes, nlaunches;
+	long long blas_workspace_bytes; /* the device memory cuBLAS gets (cublasSetWorkspace) */
+	int nstreams, nevents, nnodes, nlaunches, nlibrary;
 	const int *param_host;            /* per parameter slot: 1 when it lives in pinned host memory (offloaded) */
 	const kilnrt_cuda_place *results; /* per result */
 } kilnrt_cuda_plan_info;
@@ -37,8 +39,10 @@ typedef struct {
 extern const kilnrt_cuda_plan_info kilnrt_cuda_plan;
 
 /* kilnrt_cuda_issue issues every node of the plan, in order, on c's
-   streams: launches, copies, host functions, event records and waits. */
-void kilnrt_cuda_issue(const kilnrt_cuda_ctx *c);
+   streams: launches, library calls, copies, host functions, event
+   records and waits. It returns 0, or nonzero when a library call
+   refused (launch errors show in cudaGetLastError). */
+int kilnrt_cuda_issue(const kilnrt_cuda_ctx *c);
 
 /* kilnrt_cuda_status_address is the device address of kiln_status. */
 int *kilnrt_cuda_status_address(void);

@@ -38,6 +38,7 @@ struct kiln_step {
 	unsigned char *dirty;   /* per argument: the host copy must go to the device before the next run */
 	cudaEvent_t fork, *join;
 	cudaGraphExec_t graph;
+	void *blas_workspace;
 	int use_graph, ran;
 	int *status;             /* device address of kiln_status */
 	long long own, measured; /* device bytes: allocated by the runtime, and cudaMemGetInfo's difference */
@@ -111,6 +112,8 @@ void kiln_destroy(kiln_step *s) {
 	if (!s) return;
 	cudaDeviceSynchronize();
 	if (s->graph) cudaGraphExecDestroy(s->graph);
+	if (s->ctx.blas) cublasDestroy(s->ctx.blas);
+	if (s->blas_workspace) cudaFree(s->blas_workspace);
 	for (int i = 0; s->ctx.params && i < NPARAMS; i++) {
 		if (!s->ctx.params[i]) continue;
 		if (kilnrt_cuda_plan.param_host[i]) cudaFreeHost(s->ctx.params[i]);
@@ -150,7 +153,7 @@ kiln_step *kiln_create(int threads) {
 	size_t free0 = 0, free1 = 0, total = 0;
 	/* The first call makes the CUDA context, so free0 is measured after it. */
 	if (cudaMemGetInfo(&free0, &total) != cudaSuccess) return NULL;
-	long long need = plan->arena_bytes;
+	long long need = plan->arena_bytes + (plan->nlibrary ? plan->blas_workspace_bytes : 0);
 	for (int i = 0; i < NARGS; i++)
 		if (!(tensors[i].kind == 0 && plan->param_host[tensors[i].slot])) need += tensors[i].bytes;
 	if ((unsigned long long)need > (unsigned long long)free0) return NULL;
@@ -173,6 +176,13 @@ kiln_step *kiln_create(int threads) {
 	ok = ok && cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming) == cudaSuccess;
 	ok = ok && (s->ctx.arena = (char *)device_alloc(s, plan->arena_bytes, 0)) != NULL;
 	ok = ok && (s->ctx.host = (char *)device_alloc(s, plan->host_bytes, 1)) != NULL;
+	if (ok && plan->nlibrary) {
+		/* cuBLAS on stream 0 with a workspace of its own, so that a
+		   captured step allocates nothing. */
+		ok = (s->blas_workspace = device_alloc(s, plan->blas_workspace_bytes, 0)) != NULL && cublasCreate(&s->ctx.blas) == CUBLAS_STATUS_SUCCESS &&
+		     cublasSetStream(s->ctx.blas, s->ctx.streams[0]) == CUBLAS_STATUS_SUCCESS &&
+		     cublasSetWorkspace(s->ctx.blas, s->blas_workspace, (size_t)plan->blas_workspace_bytes) == CUBLAS_STATUS_SUCCESS;
+	}
 	for (int i = 0; ok && i < NTENSORS; i++) {
 		const kiln_tensor_info *t = &tensors[i];
 		ok = (s->mirror[i] = calloc((size_t)(t->bytes > 0 ? t->bytes : 1), 1)) != NULL;
@@ -203,10 +213,11 @@ kiln_step *kiln_create(int threads) {
    allocated; 1, the fall in cudaMemGetInfo's free memory over
    kiln_create (the CUDA context excluded); 2, what the plan says the
    step needs (the arena with its workspace, the parameters and inputs
-   on the device). */
+   on the device); 3, the workspace the runtime gives cuBLAS. */
 extern "C" long long kiln_cuda_memory(kiln_step *s, int which) {
 	if (which == 0) return s->own;
 	if (which == 1) return s->measured;
+	if (which == 3) return kilnrt_cuda_plan.nlibrary ? kilnrt_cuda_plan.blas_workspace_bytes : 0;
 	long long n = kilnrt_cuda_plan.arena_bytes;
 	for (int i = 0; i < NARGS; i++)
 		if (!(tensors[i].kind == 0 && kilnrt_cuda_plan.param_host[tensors[i].slot])) n += tensors[i].bytes;
@@ -221,13 +232,17 @@ static int capture(kiln_step *s) {
 	if (check(s, cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal), "capturing the step") != 0) return -1;
 	cudaEventRecord(s->fork, s0);
 	for (int i = 1; i < plan->nstreams; i++) cudaStreamWaitEvent(s->ctx.streams[i], s->fork, 0);
-	kilnrt_cuda_issue(&s->ctx);
+	int refused = kilnrt_cuda_issue(&s->ctx);
 	for (int i = 1; i < plan->nstreams; i++) {
 		cudaEventRecord(s->join[i], s->ctx.streams[i]);
 		cudaStreamWaitEvent(s0, s->join[i], 0);
 	}
 	cudaGraph_t g = NULL;
 	if (check(s, cudaStreamEndCapture(s0, &g), "capturing the step") != 0) return -1;
+	if (refused) {
+		cudaGraphDestroy(g);
+		return fail(s, "cuBLAS refused a call of the step (status %d)", refused);
+	}
 	cudaError_t e = cudaGraphInstantiateWithFlags(&s->graph, g, 0);
 	cudaGraphDestroy(g);
 	if (e != cudaSuccess) s->graph = NULL;
@@ -243,8 +258,9 @@ int kiln_run(kiln_step *s) {
 	if (s->use_graph) {
 		if (!s->graph && capture(s) != 0) return -1;
 		if (check(s, cudaGraphLaunch(s->graph, s->ctx.streams[0]), "launching the step") != 0) return -1;
-	} else {
-		kilnrt_cuda_issue(&s->ctx);
+	} else if (kilnrt_cuda_issue(&s->ctx) != 0) {
+		cudaDeviceSynchronize();
+		return fail(s, "cuBLAS refused a call of the step");
 	}
 	if (check(s, cudaDeviceSynchronize(), "running the step") != 0 || check(s, cudaGetLastError(), "running the step") != 0) return -1;
 	s->ran = 1;

@@ -226,4 +226,76 @@ template <class T> static inline cudaError_t cudaGetSymbolAddress(void **p, T &s
   return cudaSuccess;
 }
 
+// cuBLAS: the GEMM Kiln calls, as its documentation defines it
+// (column-major, op(X) = X or Xᵀ, f32 accumulation in k order, the
+// 16-bit types rounded to nearest even), run or recorded like a launch.
+// The conversions are kiln_cuda.h's.
+static inline float kiln_bf16_to_f32(unsigned short);
+static inline unsigned short kiln_f32_to_bf16(float);
+static inline float kiln_f16_to_f32(unsigned short);
+static inline unsigned short kiln_f32_to_f16(float);
+typedef struct kiln_emu_blas *cublasHandle_t;
+struct kiln_emu_blas {
+  void *workspace;
+};
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+static inline cublasStatus_t cublasCreate(cublasHandle_t *h) {
+  *h = new kiln_emu_blas{nullptr};
+  kiln_emu.graphs++;  // counted with the other handles the runtime must free
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  delete h;
+  kiln_emu.graphs--;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t) {
+  h->workspace = w;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline float kiln_emu_get(const void *p, cudaDataType t, long long i) {
+  switch (t) {
+  case CUDA_R_16F: return kiln_f16_to_f32(((const unsigned short *)p)[i]);
+  case CUDA_R_16BF: return kiln_bf16_to_f32(((const unsigned short *)p)[i]);
+  default: return ((const float *)p)[i];
+  }
+}
+static inline void kiln_emu_set(void *p, cudaDataType t, long long i, float v) {
+  switch (t) {
+  case CUDA_R_16F: ((unsigned short *)p)[i] = kiln_f32_to_f16(v); break;
+  case CUDA_R_16BF: ((unsigned short *)p)[i] = kiln_f32_to_bf16(v); break;
+  default: ((float *)p)[i] = v;
+  }
+}
+static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                                                        const void *A, cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb,
+                                                        long long sb, const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch,
+                                                        cublasComputeType_t, cublasGemmAlgo_t) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (ta == CUBLAS_OP_N ? m : k) || lda < 1 || ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  float al = *(const float *)alpha, be = *(const float *)beta;
+  kiln_emu.launches++;
+  kiln_emu_issue([=] {
+    for (long long b = 0; b < batch; b++)
+      for (long long j = 0; j < n; j++)
+        for (long long i = 0; i < m; i++) {
+          float acc = 0;
+          for (long long l = 0; l < k; l++) {
+            float x = kiln_emu_get(A, at, b * sa + (ta == CUBLAS_OP_N ? i + l * lda : l + i * lda));
+            float y = kiln_emu_get(B, bt, b * sb + (tb == CUBLAS_OP_N ? l + j * ldb : j + l * ldb));
+            acc += x * y;
+          }
+          long long at_c = b * sc + i + j * ldc;
+          // beta = 0 ignores C, NaN included, as cuBLAS does.
+          kiln_emu_set(C, ct, at_c, be == 0 ? al * acc : al * acc + be * kiln_emu_get(C, ct, at_c));
+        }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 #endif

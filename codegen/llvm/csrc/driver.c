@@ -736,8 +736,8 @@ int main(int argc, char **argv) {
 	if (timed || report_time) fprintf(stderr, "%d runs, %.6f seconds per run\n", repeat, total / repeat);
 #if KILN_CUDA
 	if (report_memory)
-		fprintf(stderr, "device: %lld bytes allocated, %lld bytes measured (cudaMemGetInfo), %lld bytes planned\n", kiln_cuda_memory(s, 0),
-		        kiln_cuda_memory(s, 1), kiln_cuda_memory(s, 2));
+		fprintf(stderr, "device: %lld bytes allocated, %lld bytes measured (cudaMemGetInfo), %lld bytes planned, %lld bytes of library workspace\n",
+		        kiln_cuda_memory(s, 0), kiln_cuda_memory(s, 1), kiln_cuda_memory(s, 2), kiln_cuda_memory(s, 3));
 #endif
 	if (report_memory) fprintf(stderr, "peak resident %lld bytes\n", peak_resident());
 	if (profile) print_profile(total);

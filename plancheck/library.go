@@ -1,0 +1,216 @@
+package plancheck
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
+)
+
+// libraryTypes are the storage types of GEMM operands: element bytes and
+// the unit roundoff of the type (a result rounds to within it).
+var libraryTypes = map[string]struct {
+	bytes int64
+	u     float64
+	tiny  float64 // the spacing of its subnormals
+}{"f32": {4, 0x1p-24, 0x1p-149}, "f16": {2, 0x1p-11, 0x1p-24}, "bf16": {2, 0x1p-8, 0x1p-133}}
+
+// gemmMatrix is one operand of a GEMM as the call stores it: rows ×
+// cols column-major with leading dimension ld, batches stride apart.
+type gemmMatrix struct {
+	name               string
+	access             *cuda.Access
+	typ                string
+	rows, cols, ld     int64
+	stride             int64
+	transposed         bool
+	mode, wantMode     string
+	footprint, batches int64
+}
+
+// matrices lists a GEMM node's A, B and C as stored.
+func matrices(n cuda.Node) ([3]gemmMatrix, error) {
+	l := n.Library
+	var ms [3]gemmMatrix
+	if l == nil || l.Call != cuda.GemmCall {
+		return ms, fmt.Errorf("a library node must call %s", cuda.GemmCall)
+	}
+	if len(n.Args) != 3 || n.Args[0].Pointer == nil || n.Args[1].Pointer == nil || n.Args[2].Pointer == nil {
+		return ms, fmt.Errorf("%s takes three pointers (A, B, C)", l.Call)
+	}
+	stored := func(trans string, rows, cols int64) (int64, int64, bool, error) {
+		switch trans {
+		case "N":
+			return rows, cols, false, nil
+		case "T":
+			return cols, rows, true, nil
+		}
+		return 0, 0, false, fmt.Errorf("op %q is neither N nor T", trans)
+	}
+	ar, ac, at, err := stored(l.TransA, l.M, l.K)
+	if err != nil {
+		return ms, err
+	}
+	br, bc, bt, err := stored(l.TransB, l.K, l.N)
+	if err != nil {
+		return ms, err
+	}
+	cMode := "write"
+	if l.Beta != 0 {
+		cMode = "readwrite"
+	}
+	ms[0] = gemmMatrix{name: "A", access: n.Args[0].Pointer, typ: l.AType, rows: ar, cols: ac, ld: l.LDA, stride: l.StrideA, transposed: at, wantMode: "read"}
+	ms[1] = gemmMatrix{name: "B", access: n.Args[1].Pointer, typ: l.BType, rows: br, cols: bc, ld: l.LDB, stride: l.StrideB, transposed: bt, wantMode: "read"}
+	ms[2] = gemmMatrix{name: "C", access: n.Args[2].Pointer, typ: l.CType, rows: l.M, cols: l.N, ld: l.LDC, stride: l.StrideC, wantMode: cMode}
+	return ms, nil
+}
+
+// libraryNode checks a GEMM node as cuBLAS would take it, and that every
+// byte it touches lies in the ranges its arguments declare: m, n, k,
+// the leading dimensions and the batch count positive ints, each leading
+// dimension at least its matrix's rows, strides not negative, batches of
+// C apart, the types ones the call multiplies (A and B alike; C as they
+// are, or f32), and the arguments' modes what alpha and beta make them.
+func libraryNode(i int, n cuda.Node) error {
+	ms, err := matrices(n)
+	if err != nil {
+		return fmt.Errorf("node %d: %v", i, err)
+	}
+	l := n.Library
+	for _, v := range []int64{l.M, l.N, l.K, l.LDA, l.LDB, l.LDC, l.Batch} {
+		if v < 1 || v > math.MaxInt32 {
+			return fmt.Errorf("node %d: %s with m=%d n=%d k=%d lda=%d ldb=%d ldc=%d batch=%d: each must be a positive int", i, l.Call, l.M, l.N, l.K, l.LDA, l.LDB, l.LDC, l.Batch)
+		}
+	}
+	if l.AType != l.BType || (l.CType != l.AType && l.CType != "f32") {
+		return fmt.Errorf("node %d: %s multiplies %s by %s into %s, which it does not do", i, l.Call, l.AType, l.BType, l.CType)
+	}
+	if l.Alpha != 1 || (l.Beta != 0 && l.Beta != 1) {
+		return fmt.Errorf("node %d: alpha %g and beta %g (the runtime passes 1 and 0 or 1)", i, l.Alpha, l.Beta)
+	}
+	for _, m := range ms {
+		t, ok := libraryTypes[m.typ]
+		if !ok {
+			return fmt.Errorf("node %d: %s of type %q", i, m.name, m.typ)
+		}
+		if m.ld < m.rows {
+			return fmt.Errorf("node %d: %s has %d rows but leading dimension %d", i, m.name, m.rows, m.ld)
+		}
+		if m.stride < 0 {
+			return fmt.Errorf("node %d: %s's batch stride %d is negative", i, m.name, m.stride)
+		}
+		if m.access.Mode != m.wantMode {
+			return fmt.Errorf("node %d: %s's access is %q, but the call's is %q", i, m.name, m.access.Mode, m.wantMode)
+		}
+		last := (l.Batch-1)*m.stride + (m.cols-1)*m.ld + m.rows // elements up to the last one touched
+		if last*t.bytes > m.access.SizeBytes {
+			return fmt.Errorf("node %d: %s touches %d bytes from its pointer, but its argument holds %d", i, m.name, last*t.bytes, m.access.SizeBytes)
+		}
+	}
+	if c := ms[2]; l.Batch > 1 && c.stride < (c.cols-1)*c.ld+c.rows {
+		return fmt.Errorf("node %d: batches of C, %d elements apart, overlap (each spans %d)", i, c.stride, (c.cols-1)*c.ld+c.rows)
+	}
+	return nil
+}
+
+// element reads element e of a matrix stored as typ at byte offset off
+// of raw.
+func element(raw []byte, off int64, typ string) float64 {
+	switch typ {
+	case "f16":
+		return ir.Float16FromBits(binary.LittleEndian.Uint16(raw[off:]))
+	case "bf16":
+		return ir.BFloat16FromBits(binary.LittleEndian.Uint16(raw[off:]))
+	}
+	return float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[off:])))
+}
+
+// checkGemm replays GEMM node i, the last node of op, on the plan's
+// memory and compares what it computes with the interpreter's result of
+// op, out: where A and B hold operands of op (not a kernel's temporary,
+// which the replay does not compute), C a result, and beta is 0 (the
+// call computes the result alone, not an epilogue's or an accumulation's
+// input). Each element is a sum of K products in f64 (exact products of
+// the stored values), rounded to C's type: it may differ from the
+// interpreter's, summed in another order, by the rounding of C's type
+// (relative, or one subnormal step) and K·2^-52 of the sum of the
+// products' magnitudes.
+func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Tensor) error {
+	l := n.Library
+	if l.Beta != 0 {
+		return nil
+	}
+	holds := func(a *cuda.Access, vals []*ir.Value) *ir.Value {
+		for _, name := range rr.p.Buffers[a.Buffer].Values {
+			for _, v := range vals {
+				if v.Name == name {
+					return v
+				}
+			}
+		}
+		return nil
+	}
+	ms, err := matrices(n)
+	if err != nil {
+		return err
+	}
+	if holds(ms[0].access, op.Operands) == nil || holds(ms[1].access, op.Operands) == nil {
+		return nil
+	}
+	res := -1
+	for j, r := range op.Results {
+		if holds(ms[2].access, []*ir.Value{r}) != nil {
+			res = j
+		}
+	}
+	if res < 0 {
+		return nil
+	}
+	result := op.Results[res]
+	_, roff, err := rr.valueAt(result)
+	if err != nil {
+		return err
+	}
+	want, err := ir.DenseFromRaw(result.Type, out[res].ToDense().RawBytes())
+	if err != nil {
+		return err
+	}
+	wantRaw := want.RawBytes()
+	raw := func(a *cuda.Access) []byte { return rr.mem.bytes[spaceKey(a.Space, a.Slot)] }
+	at := func(m gemmMatrix, b, r, c int64) float64 {
+		t := libraryTypes[m.typ]
+		if m.transposed {
+			r, c = c, r
+		}
+		return element(raw(m.access), m.access.Offset+(b*m.stride+r+c*m.ld)*t.bytes, m.typ)
+	}
+	ct := libraryTypes[l.CType]
+	for b := int64(0); b < l.Batch; b++ {
+		for j := int64(0); j < l.N; j++ {
+			for r := int64(0); r < l.M; r++ {
+				sum, mag := 0.0, 0.0
+				for k := int64(0); k < l.K; k++ {
+					p := at(ms[0], b, r, k) * at(ms[1], b, k, j)
+					sum += p
+					mag += math.Abs(p)
+				}
+				byteAt := ms[2].access.Offset + (b*l.StrideC+r+j*l.LDC)*ct.bytes - roff
+				if byteAt < 0 || byteAt+ct.bytes > int64(len(wantRaw)) {
+					return fmt.Errorf("%snode %d (%s) writes element (%d, %d) of batch %d outside %s", rr.name, i, describe(rr.p, n), r, j, b, result.Ref())
+				}
+				w := element(wantRaw, byteAt, l.CType)
+				if math.IsNaN(w) && math.IsNaN(sum) {
+					continue
+				}
+				if d := math.Abs(sum - w); !(d <= ct.u*math.Abs(w)+ct.tiny+float64(l.K)*0x1p-52*mag) {
+					return fmt.Errorf("%snode %d (%s) computes %g at element (%d, %d) of batch %d of %s, where the interpreter has %g", rr.name, i, describe(rr.p, n), sum, r, j, b, result.Ref(), w)
+				}
+			}
+		}
+	}
+	rr.gemmsChecked++
+	return nil
+}
