@@ -130,3 +130,48 @@ func UpdateErr(got, want, initial *interp.Tensor) float64 {
 func OrderBound(floor float64) float64 {
 	return 10 * max(floor, 10*0x1p-53)
 }
+
+// F32Bound is the error model of a program that accumulates in f32 (the
+// CUDA kernels) against the interpreter (f32 storage, f64 accumulation):
+// a sum of K terms in f32 errs by about sqrt(K)·u normwise when its
+// rounding errors are independent (Higham and Mary, 2019), u = 2^-24;
+// errors of successive reductions add, and every reduction of the step
+// (contractions, sums, norms: an op computing more than one FLOP per
+// output element, inside fused kernels too) is counted as if all lay on
+// one path, with K the longest among them. Three times that allows for
+// the constant of the probabilistic bound.
+func F32Bound(f *ir.Func) float64 {
+	depth, k := 0, int64(1)
+	f.Walk(func(op *ir.Op) {
+		if op.Region != nil || len(op.Results) == 0 {
+			return
+		}
+		elems := op.Results[0].Type.NumElements()
+		if elems == 0 {
+			return
+		}
+		if n := ir.OpCost(op).FLOPs / (2 * elems); n > 1 {
+			depth++
+			k = max(k, n)
+		}
+	})
+	return 3 * float64(depth) * math.Sqrt(float64(k)) * math.Ldexp(1, -24)
+}
+
+// F32Resolution is the relative error an update recovered as updated −
+// initial carries when the updated value is computed in f32 (the
+// program's arithmetic) rather than rounded once from f64 (the
+// interpreter's): a rounding of each of the two f32 operations, 2·2^-24
+// of ‖updated‖, against ‖update‖ (a small learning rate makes it large).
+func F32Resolution(updated, initial *interp.Tensor) float64 {
+	num, den := 0.0, 0.0
+	for i := 0; i < updated.Len(); i++ {
+		num += updated.At(i) * updated.At(i)
+		d := updated.At(i) - initial.At(i)
+		den += d * d
+	}
+	if den == 0 {
+		return 0
+	}
+	return 2 * math.Ldexp(1, -24) * math.Sqrt(num/den)
+}

@@ -100,8 +100,8 @@ var emulated = regexp.MustCompile(`emulated: (\d+) bytes in (\d+) allocations, (
 // the generated kernels, step.cu and the runtime as written (one thread,
 // in issue order), and checks:
 //   - one step's results and updates equal the interpreter's within the
-//     order floor (passtest.OrderFloor), the f32 model (f32Bound,
-//     f32Resolution; one rounding of 16-bit values, withinULP) and twice
+//     order floor (passtest.OrderFloor), the f32 model (passtest.F32Bound,
+//     passtest.F32Resolution; one rounding of 16-bit values, withinULP) and twice
 //     the distance of the CPU program of the same step;
 //   - two steps in one process equal one step run on the state the first
 //     left, bit for bit (state stays on the device between steps; the
@@ -150,7 +150,7 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			require.NoError(t, err)
 			cpu, cpuArgs, err := llvm.Run(p, interp.CloneAll(args))
 			require.NoError(t, err)
-			acc := f32Bound(f)
+			acc := passtest.F32Bound(f)
 			for i := range want {
 				if narrow(f.Results[i].Value.Type.DType) {
 					withinULP(t, got[i], want[i], acc, f.ResultName(i))
@@ -165,7 +165,7 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 				} else if a.Arg.InOut {
 					e := passtest.UpdateErr(gotArgs[i], wantArgs[i], args[i])
 					require.False(t, math.IsNaN(e) || math.IsNaN(floors.Updates[i]), "the update of %s: %v, want %v from %v (floor %g)", a.Name, head(gotArgs[i]), head(wantArgs[i]), head(args[i]), floors.Updates[i])
-					bound := passtest.OrderBound(floors.Updates[i]) + acc + f32Resolution(wantArgs[i], args[i]) + 2*passtest.UpdateErr(cpuArgs[i], wantArgs[i], args[i])
+					bound := passtest.OrderBound(floors.Updates[i]) + acc + passtest.F32Resolution(wantArgs[i], args[i]) + 2*passtest.UpdateErr(cpuArgs[i], wantArgs[i], args[i])
 					require.LessOrEqual(t, e, bound, "the update of %s", a.Name)
 				}
 			}
@@ -212,51 +212,6 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			}
 		})
 	}
-}
-
-// f32Bound is the error model of a program that accumulates in f32 (the
-// CUDA kernels) against the interpreter (f32 storage, f64 accumulation):
-// a sum of K terms in f32 errs by about sqrt(K)·u normwise when its
-// rounding errors are independent (Higham and Mary, 2019), u = 2^-24;
-// errors of successive reductions add, and every reduction of the step
-// (contractions, sums, norms: an op computing more than one FLOP per
-// output element, inside fused kernels too) is counted as if all lay on
-// one path, with K the longest among them. Three times that allows for
-// the constant of the probabilistic bound.
-func f32Bound(f *ir.Func) float64 {
-	depth, k := 0, int64(1)
-	f.Walk(func(op *ir.Op) {
-		if op.Region != nil || len(op.Results) == 0 {
-			return
-		}
-		elems := op.Results[0].Type.NumElements()
-		if elems == 0 {
-			return
-		}
-		if n := ir.OpCost(op).FLOPs / (2 * elems); n > 1 {
-			depth++
-			k = max(k, n)
-		}
-	})
-	return 3 * float64(depth) * math.Sqrt(float64(k)) * math.Ldexp(1, -24)
-}
-
-// f32Resolution is the relative error an update recovered as updated −
-// initial carries when the updated value is computed in f32 (the
-// program's arithmetic) rather than rounded once from f64 (the
-// interpreter's): a rounding of each of the two f32 operations, 2·2^-24
-// of ‖updated‖, against ‖update‖ (a small learning rate makes it large).
-func f32Resolution(updated, initial *interp.Tensor) float64 {
-	num, den := 0.0, 0.0
-	for i := 0; i < updated.Len(); i++ {
-		num += updated.At(i) * updated.At(i)
-		d := updated.At(i) - initial.At(i)
-		den += d * d
-	}
-	if den == 0 {
-		return 0
-	}
-	return 2 * math.Ldexp(1, -24) * math.Sqrt(num/den)
 }
 
 // narrow reports whether d is a 16-bit float.
