@@ -54,6 +54,9 @@ type stageKernel struct {
 	// host makes a C function that loops over the points on the host
 	// (an optimizer update of offloaded parameters) instead of a kernel.
 	host bool
+	// override replaces expressions of the stage by others (a split
+	// reduction by the fold of its partials).
+	override map[loops.Expr]loops.Expr
 }
 
 // cw writes the C body of one kernel.
@@ -66,7 +69,9 @@ type cw struct {
 	ptrs   map[bufKey]string
 	consts *constTable
 	host   bool // writing a host function: no device-only state
-	err    error
+	// override: expressions written as others (stageKernel.override)
+	override map[loops.Expr]loops.Expr
+	err      error
 }
 
 // constTable holds the constant arrays of kernels.cu.
@@ -193,6 +198,11 @@ func (w *cw) expr(x loops.Expr) string {
 	if s, ok := w.lookup(x); ok {
 		return s
 	}
+	if o, ok := w.override[x]; ok {
+		s := w.expr(o)
+		w.scopes[len(w.scopes)-1][x] = s
+		return s
+	}
 	s := w.emit(x)
 	w.scopes[len(w.scopes)-1][x] = s
 	return s
@@ -272,6 +282,11 @@ func (w *cw) emit(x loops.Expr) string {
 		w.indent--
 		w.line("}")
 		return t
+	case *bindVar:
+		name := fmt.Sprintf("v%d", x.Var.ID)
+		w.line("const long long %s = %s;", name, w.expr(x.Value))
+		w.vars[x.Var] = name
+		return w.expr(x.Body)
 	case *loops.Reduce:
 		t := w.tmp()
 		w.line("%s %s = %s;", cType(x.Acc), t, identity(x.Op, x.Acc))
@@ -558,7 +573,7 @@ func f16Bits(v float64, d ir.DType) uint16 {
 
 // kernelSource writes the CUDA C of one stage.
 func kernelSource(k *stageKernel, consts *constTable) (string, error) {
-	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host}
+	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host, override: k.override}
 	var params []string
 	for i, p := range k.ptrs {
 		name := fmt.Sprintf("b%d", i)
@@ -712,7 +727,7 @@ func (k *stageKernel) pointerTypes() ([]string, error) {
 
 // pointers lists the buffers a stage touches (outputs first), in a
 // stable order.
-func pointers(s *loops.Stage) []*pointerArg {
+func pointers(s *loops.Stage, override map[loops.Expr]loops.Expr) []*pointerArg {
 	byKey := map[bufKey]*pointerArg{}
 	var order []*pointerArg
 	touch := func(b *loops.Buffer, write bool) {
@@ -747,7 +762,14 @@ func pointers(s *loops.Stage) []*pointerArg {
 			return
 		}
 		seen[x] = true
+		if o, ok := override[x]; ok {
+			walk(o)
+			return
+		}
 		switch x := x.(type) {
+		case *bindVar:
+			walk(x.Value)
+			walk(x.Body)
 		case *loops.Load:
 			touch(x.Buf, false)
 			for _, i := range x.Index {

@@ -247,7 +247,7 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	}
 	align := f.Attrs.Int("alignment", 64)
 	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
-		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}, alias: map[*loops.Stage]string{}}
+		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}, alias: map[*loops.Stage]string{}, override: map[*loops.Stage]map[loops.Expr]loops.Expr{}}
 	arena := alignUp(f.Attrs.Int("arena", 0), loops.TempAlignment)
 	// Empty lists are [] in plan.json, never null (the schema wants arrays).
 	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
@@ -293,8 +293,13 @@ type planner struct {
 	kernelSrc map[string]bool
 	raw       []Node // nodes before events
 	argTypes  map[string][]string
-	alias     map[*loops.Stage]string // names of stages made here (GEMM epilogues)
-	host      bool                    // the op being planned runs on the host (ir.OnHost)
+	alias     map[*loops.Stage]string // names of stages made here (GEMM epilogues, split reductions)
+	override  map[*loops.Stage]map[loops.Expr]loops.Expr
+	// splitTop is where the kernel being planned may put the partials of
+	// a split reduction (after its temporaries and earlier partials), up to
+	// splitLimit, the end of the workspace the plan has anyway.
+	splitTop, splitLimit int64
+	host                 bool // the op being planned runs on the host (ir.OnHost)
 }
 
 // buffers lists the liveness buffers: arguments, arena and host.
@@ -361,6 +366,10 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		kernelOf[k.Op] = k
 	}
 	ws := int64(0)
+	for _, k := range b.prog.Kernels {
+		_, span := k.TempOffsets()
+		b.splitLimit = max(b.splitLimit, arena+span)
+	}
 	for i, op := range b.f.Body {
 		if costmodel.IsCopy(op) {
 			if err := b.copyNode(i, op); err != nil {
@@ -386,11 +395,13 @@ func (b *planner) nodes(arena int64) (int64, error) {
 			b.byName[k.Name+"."+t.Name] = id
 		}
 		ws = max(ws, span)
+		b.splitTop = arena + alignUp(span, loops.TempAlignment)
 		first := len(b.raw)
 		c := ir.OpCost(op)
 		if err := b.launches(i, k, k.Steps, nil, nil, nil, temps); err != nil {
 			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
 		}
+		ws = max(ws, b.splitTop-arena)
 		launched := b.raw[first:]
 		if len(launched) == 0 {
 			continue
@@ -484,6 +495,15 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 					continue
 				}
 			}
+			if _, made := b.alias[st]; !made && !b.host {
+				done, err := b.split(op, k, st, outer, extents, iter, temps)
+				if err != nil {
+					return err
+				}
+				if done {
+					continue
+				}
+			}
 			name := fmt.Sprintf("%s_s%d", k.Name, b.stageIndex(k, st))
 			if alias, ok := b.alias[st]; ok {
 				name = alias
@@ -492,7 +512,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 			for _, e := range st.Extents {
 				threads *= e
 			}
-			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st), threads: threads, host: b.host}
+			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st, b.override[st]), threads: threads, host: b.host, override: b.override[st]}
 			if !b.kernelSrc[name] {
 				src, err := kernelSource(sk, b.consts)
 				if err != nil {
