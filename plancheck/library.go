@@ -68,7 +68,8 @@ func matrices(n cuda.Node) ([3]gemmMatrix, error) {
 	return ms, nil
 }
 
-// libraryNode checks a GEMM node as cuBLAS would take it, and that every
+// libraryNode checks a GEMM node as cuBLAS would take it (on stream 0,
+// where the runtime's handle runs), and that every
 // byte it touches lies in the ranges its arguments declare: m, n, k,
 // the leading dimensions and the batch count positive ints, each leading
 // dimension at least its matrix's rows, strides not negative, batches of
@@ -78,6 +79,9 @@ func libraryNode(i int, n cuda.Node) error {
 	ms, err := matrices(n)
 	if err != nil {
 		return fmt.Errorf("node %d: %v", i, err)
+	}
+	if n.Stream != 0 {
+		return fmt.Errorf("node %d: a library call on stream %d (the runtime's cuBLAS handle runs on stream 0)", i, n.Stream)
 	}
 	l := n.Library
 	for _, v := range []int64{l.M, l.N, l.K, l.LDA, l.LDB, l.LDC, l.Batch} {

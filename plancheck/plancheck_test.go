@@ -293,6 +293,7 @@ func TestLibraryCallsReplay(t *testing.T) {
 		{"a leading dimension past its argument", func(l *cuda.Library) { l.LDB *= 1000 }, "touches"},
 		{"a beta without reading C", func(l *cuda.Library) { l.Beta = 1 }, "access is"},
 		{"mixed types", func(l *cuda.Library) { l.AType = "bf16" }, "which it does not do"},
+		{"alpha 2", func(l *cuda.Library) { l.Alpha = 2 }, "alpha"},
 	} {
 		q := load(t, dir)
 		lib := *q.Nodes[checked].Library

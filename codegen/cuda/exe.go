@@ -184,6 +184,9 @@ func (o *Output) hostSource() (string, error) {
 			if l == nil || l.Call != GemmCall || len(n.Args) != 3 {
 				return "", fmt.Errorf("node %d: a library node needs a %s call on three pointers", n.ID, GemmCall)
 			}
+			if n.Stream != 0 {
+				return "", fmt.Errorf("node %d: a library call on stream %d (the runtime's cuBLAS handle runs on stream 0)", n.ID, n.Stream)
+			}
 			var ptrs [3]string
 			for j, a := range n.Args {
 				if a.Pointer == nil {
@@ -196,11 +199,12 @@ func (o *Output) hostSource() (string, error) {
 				ptrs[j] = q
 			}
 			blas++
+			if l.Alpha != 1 || (l.Beta != 0 && l.Beta != 1) {
+				return "", fmt.Errorf("node %d: a GEMM with alpha %g and beta %g (step.cu passes 1, and 0 or 1)", n.ID, l.Alpha, l.Beta)
+			}
 			beta := "kiln_zero"
 			if l.Beta == 1 {
 				beta = "kiln_one"
-			} else if l.Beta != 0 || l.Alpha != 1 {
-				return "", fmt.Errorf("node %d: a GEMM with alpha %g and beta %g", n.ID, l.Alpha, l.Beta)
 			}
 			fmt.Fprintf(&body, "  status |= (int)cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_%s, CUBLAS_OP_%s, %d, %d, %d, &kiln_one, %s, %s, %d, %dLL, %s, %s, %d, %dLL, &%s, %s, %s, %d, %dLL, %d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);\n",
 				l.TransA, l.TransB, l.M, l.N, l.K, ptrs[0], cudaType[l.AType], l.LDA, l.StrideA, ptrs[1], cudaType[l.BType], l.LDB, l.StrideB, beta, ptrs[2], cudaType[l.CType], l.LDC, l.StrideC, l.Batch)

@@ -107,6 +107,7 @@ cudaError_t cudaFree(void *);
 cudaError_t cudaHostAlloc(void **, size_t, unsigned int);
 cudaError_t cudaFreeHost(void *);
 cudaError_t cudaMemset(void *, int, size_t);
+cudaError_t cudaMemsetAsync(void *, int, size_t, cudaStream_t);
 cudaError_t cudaMemcpy(void *, const void *, size_t, enum cudaMemcpyKind);
 cudaError_t cudaMemcpyAsync(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
 cudaError_t cudaMemGetInfo(size_t *, size_t *);

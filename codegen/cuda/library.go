@@ -191,7 +191,7 @@ type gemmPlan struct {
 
 func gemm(st *loops.Stage, batch *loops.Var, batchN int64, fixed map[*loops.Var]int64) (*gemmPlan, bool) {
 	mm := st.Matmul
-	if mm == nil || st.Guard != nil || len(st.Vars) != 2 || (st.Accumulate && mm.Epilogue != nil) {
+	if mm == nil || st.Guard != nil || len(st.Vars) != 2 || (st.Accumulate && mm.Epilogue != nil) || (batch != nil && batchN < 1) {
 		return nil, false
 	}
 	la, okA := operand(mm.A)

@@ -9,7 +9,8 @@
 //     --emit exe), its arguments (NAME/in/*.npy), the interpreter's
 //     results and updated arguments (NAME/ref/*.npy) and, per output, the
 //     bound of the f32 error model (passtest.F32Bound and F32Resolution,
-//     plus twice the distance of the CPU program of the same step);
+//     plus cpuFactor times the distance of the CPU program of the same
+//     step);
 //   - timing cases (without -small): ResNet-50 at batch 32 and the
 //     GPT-2-small-shaped step (batch 8, 512 tokens), strict f32 and bf16,
 //     as programs without weights (their driver's --seed fills them);
@@ -48,6 +49,15 @@ import (
 
 // MaxBytes is the most the prepared folder may hold.
 const MaxBytes = 60 << 20
+
+// cpuFactor scales the CPU program's distance from the interpreter in a
+// bound. F32Bound is relative to the sums' magnitudes, which a step whose
+// gradients cancel makes far larger than the result; the CPU program's
+// distance measures that step's sensitivity to f32 evaluation, and cuBLAS
+// (split-K, tensor-core tiles) and atomics sum in orders farther from the
+// interpreter's than the CPU program's sequential ones, but within a
+// small factor of the same error: 4.
+const cpuFactor = 4
 
 // Output is one file a correctness case checks: a result, or an updated
 // argument whose update (updated − initial) is compared.
@@ -228,7 +238,7 @@ func correctness(dir string, c *Correctness) error {
 		if err := writeNpy(filepath.Join(dir, "ref", file), want[i]); err != nil {
 			return err
 		}
-		c.Outputs = append(c.Outputs, Output{File: file, Bound: passtest.OrderBound(0) + acc + 2*passtest.RelErr(cpu[i], want[i])})
+		c.Outputs = append(c.Outputs, Output{File: file, Bound: passtest.OrderBound(0) + acc + cpuFactor*passtest.RelErr(cpu[i], want[i])})
 	}
 	for i, a := range f.Args {
 		if !a.Arg.InOut {
@@ -238,7 +248,7 @@ func correctness(dir string, c *Correctness) error {
 		if err := writeNpy(filepath.Join(dir, "ref", file), wantArgs[i]); err != nil {
 			return err
 		}
-		bound := passtest.OrderBound(0) + acc + passtest.F32Resolution(wantArgs[i], args[i]) + 2*passtest.UpdateErr(cpuArgs[i], wantArgs[i], args[i])
+		bound := passtest.OrderBound(0) + acc + passtest.F32Resolution(wantArgs[i], args[i]) + cpuFactor*passtest.UpdateErr(cpuArgs[i], wantArgs[i], args[i])
 		c.Outputs = append(c.Outputs, Output{File: file, Initial: llvm.FileName(a.Name) + ".npy", Bound: bound})
 	}
 	return nil

@@ -7,10 +7,12 @@
    kernels' workspace after it), each parameter and data input (pinned
    host memory for offloaded parameters), the pinned host arena, the
    streams and events, and a host copy of every tensor. kiln_run uploads
-   the arguments written since the last run, issues the plan (the first
-   run captures it into a CUDA graph, later runs launch the graph; with
-   KILN_CUDA_GRAPH=0 the nodes are issued on the streams each run), waits
-   for the device and checks kiln_status. Host copies follow the device
+   the arguments written since the last run on stream 0 (where the plan
+   starts, so its first nodes see them), issues the plan (the first run
+   issues the nodes on the streams, which initialises the modules and
+   cuBLAS outside any capture; the second captures them into a CUDA
+   graph, and later runs launch the graph; with KILN_CUDA_GRAPH=0 every
+   run issues the nodes), waits for the device and checks kiln_status. Host copies follow the device
    lazily: kiln_data and kiln_get bring a tensor back only when the device
    changed it since, and kiln_data of an argument marks it for upload,
    since the caller may write through it. */
@@ -137,13 +139,13 @@ void kiln_destroy(kiln_step *s) {
 }
 
 /* device_alloc allocates n bytes (at least one) of device memory, or of
-   pinned host memory, and counts the device bytes. */
+   pinned host memory, and counts the device bytes asked for (n). */
 static void *device_alloc(kiln_step *s, long long n, int host) {
 	void *p = NULL;
 	size_t size = (size_t)(n > 0 ? n : 1);
 	if (host) return cudaHostAlloc(&p, size, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
 	if (cudaMalloc(&p, size) != cudaSuccess) return NULL;
-	s->own += (long long)size;
+	s->own += n > 0 ? n : 0;
 	return p;
 }
 
@@ -250,12 +252,15 @@ static int capture(kiln_step *s) {
 }
 
 int kiln_run(kiln_step *s) {
+	/* On stream 0, before the plan's first node: the stream orders them
+	   (a copy on the legacy stream would not, to a non-blocking stream). */
 	for (int i = 0; i < NARGS; i++) {
 		const void *src = s->bound[i] ? s->bound[i] : s->dirty[i] ? s->mirror[i] : NULL;
-		if (src && check(s, cudaMemcpy(device(s, i), src, (size_t)tensors[i].bytes, cudaMemcpyDefault), tensors[i].name) != 0) return -1;
+		if (src && check(s, cudaMemcpyAsync(device(s, i), src, (size_t)tensors[i].bytes, cudaMemcpyDefault, s->ctx.streams[0]), tensors[i].name) != 0)
+			return -1;
 		s->dirty[i] = 0;
 	}
-	if (s->use_graph) {
+	if (s->use_graph && s->ran) {
 		if (!s->graph && capture(s) != 0) return -1;
 		if (check(s, cudaGraphLaunch(s->graph, s->ctx.streams[0]), "launching the step") != 0) return -1;
 	} else if (kilnrt_cuda_issue(&s->ctx) != 0) {
@@ -269,7 +274,7 @@ int kiln_run(kiln_step *s) {
 	int status = 0;
 	if (check(s, cudaMemcpy(&status, s->status, sizeof status, cudaMemcpyDeviceToHost), "reading the step's status") != 0) return -1;
 	if (status != 0) {
-		cudaMemset(s->status, 0, sizeof(int));
+		if (check(s, cudaMemsetAsync(s->status, 0, sizeof(int), s->ctx.streams[0]), "resetting the step's status") != 0) return -1;
 		return fail(s, "index out of range: a gather index or a cross-entropy label lies outside its dimension");
 	}
 	return 0;

@@ -139,6 +139,10 @@ static inline cudaError_t cudaMemset(void *p, int v, size_t n) {
   memset(p, v, n);
   return cudaSuccess;
 }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+  kiln_emu_issue([=] { memset(p, v, n); });
+  return cudaSuccess;
+}
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) {
   memmove(d, s, n);
   return cudaSuccess;
@@ -147,6 +151,8 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum
   kiln_emu_issue([=] { memmove(d, s, n); });
   return cudaSuccess;
 }
+// Memory counts what was asked for, a one-byte allocation included, as
+// the device's free memory falls by at least that.
 static inline cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
   *free = (size_t)(kiln_emu_device_total - kiln_emu.bytes), *total = (size_t)kiln_emu_device_total;
   return cudaSuccess;

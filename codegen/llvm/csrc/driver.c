@@ -5,8 +5,9 @@
    An argument comes from --input NAME=FILE, else DIR/NAME.npy of --inputs
    (or the member NAME.npy of an .npz archive that numpy.savez wrote),
    else the init value the program embeds, else, with --seed N, values
-   drawn from N (floats uniform in [-0.05, 0.05], integers 0: a large
-   model's step travels without its weights); --help lists them.
+   drawn from N (f64, f32, f16 and bf16 uniform in [-0.05, 0.05], other
+   dtypes 0: a large model's step travels without its weights); --help
+   lists them.
    --steps N runs N steps in a row, each from the state the last left (a
    training loop: arguments updated in place advance), and writes the
    last step's results and the final state;
@@ -505,7 +506,7 @@ static void usage(void) {
 	printf("usage: PROGRAM [--input NAME=FILE.npy]... [--inputs DIR|FILE.npz] [--seed N] --output-dir DIR [--steps N | --repeat N] [--report-time] [--report-memory] [--profile]\n");
 	printf("Runs %s. Each argument comes from --input NAME=FILE.npy, else DIR/NAME.npy of --inputs (or\n", kilnrt_program.entry);
 	printf("the member NAME.npy of an .npz archive that numpy.savez wrote),\n");
-	printf("else its embedded init value, else values drawn from --seed N (floats uniform in [-0.05, 0.05], integers 0).\n");
+	printf("else its embedded init value, else values drawn from --seed N (f64, f32, f16 and bf16 uniform in [-0.05, 0.05], others 0).\n");
 	printf("Results go to DIR/NAME.npy, updated arguments to DIR/updated.NAME.npy.\n\n");
 	printf("arguments:\n");
 	for (int i = 0; i < NPARAMS + NINPUTS + NRESULTS; i++) {
@@ -606,25 +607,50 @@ static const char *find_input(int argc, char **argv, const char *name) {
 	return NULL;
 }
 
-/* seeded draws argument index's values from seed: floats uniform in
-   [-0.05, 0.05] (SplitMix64 of the seed, the index and the element),
-   other dtypes zero. */
+/* half_bits is the IEEE half nearest f (ties to even); bfloat_bits the
+   bfloat16 nearest f. For the seeded values only: they are small and
+   finite. */
+static uint16_t half_bits(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+	if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+	if (a < 0x38800000u) { /* subnormal: round |f|·2^24 to an integer */
+		float m = (f < 0 ? -f : f) * 16777216.0f;
+		uint32_t i = (uint32_t)m;
+		float rest = m - (float)i;
+		if (rest > 0.5f || (rest == 0.5f && (i & 1u))) i++;
+		return (uint16_t)(sign | i);
+	}
+	uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+	return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+static uint16_t bfloat_bits(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* seeded draws argument index's values from seed: floats (f64, f32, f16,
+   bf16) uniform in [-0.05, 0.05] (SplitMix64 of the seed, the index and
+   the element), other dtypes zero. */
 static void *seeded(const tensor_t *t, long long seed, int index) {
 	unsigned char *buf = must_alloc((size_t)t->bytes, t->name);
-	int f32 = strcmp(t->descr, "<f4") == 0, f64 = strcmp(t->descr, "<f8") == 0;
+	int f32 = strcmp(t->descr, "<f4") == 0, f64 = strcmp(t->descr, "<f8") == 0, f16 = strcmp(t->descr, "<f2") == 0;
+	int bf16 = strncmp(t->type, "bf16[", 5) == 0;
 	long long n = t->elem_bytes > 0 ? t->bytes / t->elem_bytes : 0;
-	for (long long i = 0; (f32 || f64) && i < n; i++) {
+	for (long long i = 0; (f32 || f64 || f16 || bf16) && i < n; i++) {
 		uint64_t z = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)index * 0xD1B54A32D192ED03ull + (uint64_t)i;
 		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
 		z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
 		z ^= z >> 31;
 		double u = ((double)(z >> 11) / 9007199254740992.0 - 0.5) * 0.1;
-		if (f32) {
-			float v = (float)u;
-			memcpy(buf + 4 * i, &v, 4);
-		} else {
-			memcpy(buf + 8 * i, &u, 8);
-		}
+		float v = (float)u;
+		uint16_t h = f16 ? half_bits(v) : bfloat_bits(v);
+		if (f64) memcpy(buf + 8 * i, &u, 8);
+		else if (f32) memcpy(buf + 4 * i, &v, 4);
+		else memcpy(buf + 2 * i, &h, 2);
 	}
 	return buf;
 }
