@@ -9,7 +9,14 @@
 // atomics are plain read-modify-writes; streams and events only order
 // what already runs in order; a host function runs when issued. Stream
 // capture records each operation (a launch's arguments as they were when
-// issued, as CUDA does) and a graph launch replays the record. Memory from
+// issued, as CUDA does) and a graph launch replays the record. What CUDA
+// refuses is refused: work issued during a capture on a stream that has
+// not joined it (through an event recorded on a captured stream), a
+// capture that ends before every stream it forked has rejoined its origin
+// (cudaErrorStreamCaptureUnjoined), and launches beyond CUDA's limits
+// (more than 1024 threads a block, or 256, every Kiln kernel's launch
+// bounds; grid y or z above 65535), each a sticky error that
+// cudaGetLastError and cudaStreamEndCapture return. Memory from
 // cudaMalloc and cudaHostAlloc is filled with the byte 0xFF (NaN in every
 // float encoding, so a read of memory nothing wrote shows in the results),
 // and every allocation, stream, event and graph is counted, so a test can
@@ -51,7 +58,8 @@ static inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned
   return old;
 }
 
-enum cudaError { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 };
+enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
+                 cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureUnjoined = 904 };
 typedef enum cudaError cudaError_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
@@ -65,9 +73,15 @@ struct kiln_emu_graph {
 };
 struct CUstream_st {
   int id;
+  bool captured;     // joined the capture in progress
+  long long ops;     // operations issued to it
+  long long joined;  // its operations its capture's origin has waited for
 };
 struct CUevent_st {
   int id;
+  CUstream_st *at;  // where it was last recorded, and after how many operations
+  long long ops;
+  bool captured;
 };
 typedef CUstream_st *cudaStream_t;
 typedef CUevent_st *cudaEvent_t;
@@ -81,18 +95,33 @@ struct kiln_emu_counts {
 };
 inline kiln_emu_counts kiln_emu;
 inline kiln_emu_graph *kiln_emu_capture;  // the graph being recorded
+inline CUstream_st *kiln_emu_origin;      // the stream that began it
+inline std::vector<CUstream_st *> kiln_emu_joined;
+inline cudaError_t kiln_emu_error = cudaSuccess;  // sticky, as CUDA's launch errors are
 inline long long kiln_emu_device_total = 80LL << 30;
 
-static inline void kiln_emu_issue(std::function<void()> op) {
-  if (kiln_emu_capture) kiln_emu_capture->ops.push_back(op);
-  else op();
+static inline void kiln_emu_issue(cudaStream_t s, std::function<void()> op) {
+  if (s) s->ops++;
+  if (!kiln_emu_capture) {
+    op();
+    return;
+  }
+  if (!s || !s->captured) {
+    kiln_emu_error = cudaErrorStreamCaptureIsolation;  // it would run now, outside the graph
+    return;
+  }
+  kiln_emu_capture->ops.push_back(op);
 }
 
 // kiln_emu_launch runs (or, under capture, records) kernel k over grid x
 // block threads with the arguments as given now.
-template <class... P, class... A> static inline void kiln_emu_launch(dim3 grid, dim3 block, void (*k)(P...), A... args) {
+template <class... P, class... A> static inline void kiln_emu_launch(cudaStream_t s, dim3 grid, dim3 block, void (*k)(P...), A... args) {
   kiln_emu.launches++;
-  kiln_emu_issue([=] {
+  if ((long long)block.x * block.y * block.z > 256 || grid.y > 65535 || grid.z > 65535 || grid.x == 0 || block.x == 0) {
+    kiln_emu_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  kiln_emu_issue(s, [=] {
     gridDim = grid, blockDim = block;
     for (unsigned bz = 0; bz < grid.z; bz++)
       for (unsigned by = 0; by < grid.y; by++)
@@ -106,7 +135,7 @@ template <class... P, class... A> static inline void kiln_emu_launch(dim3 grid, 
   });
 }
 #define KILN_UNPAREN(...) __VA_ARGS__
-#define KILN_LAUNCH(k, grid, block, shared, stream, args) kiln_emu_launch(grid, block, k, KILN_UNPAREN args)
+#define KILN_LAUNCH(k, grid, block, shared, stream, args) kiln_emu_launch(stream, grid, block, k, KILN_UNPAREN args)
 
 // Device allocations count in kiln_emu.bytes (and cudaMemGetInfo);
 // pinned host ones only as allocations.
@@ -139,16 +168,16 @@ static inline cudaError_t cudaMemset(void *p, int v, size_t n) {
   memset(p, v, n);
   return cudaSuccess;
 }
-static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
-  kiln_emu_issue([=] { memset(p, v, n); });
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  kiln_emu_issue(s, [=] { memset(p, v, n); });
   return cudaSuccess;
 }
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) {
   memmove(d, s, n);
   return cudaSuccess;
 }
-static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
-  kiln_emu_issue([=] { memmove(d, s, n); });
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t st) {
+  kiln_emu_issue(st, [=] { memmove(d, s, n); });
   return cudaSuccess;
 }
 // Memory counts what was asked for, a one-byte allocation included, as
@@ -158,7 +187,7 @@ static inline cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
   return cudaSuccess;
 }
 static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int) {
-  *s = new CUstream_st{(int)kiln_emu.streams++};
+  *s = new CUstream_st{(int)kiln_emu.streams++, false, 0, 0};
   return cudaSuccess;
 }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -169,7 +198,7 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) {
-  *e = new CUevent_st{(int)kiln_emu.events++};
+  *e = new CUevent_st{(int)kiln_emu.events++, nullptr, 0, false};
   return cudaSuccess;
 }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -177,23 +206,48 @@ static inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   kiln_emu.events--;
   return cudaSuccess;
 }
-static inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-static inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-static inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void *data) {
-  kiln_emu_issue([=] { fn(data); });
+static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (kiln_emu_capture && !s->captured) kiln_emu_error = cudaErrorStreamCaptureIsolation;
+  e->at = s;
+  e->ops = s->ops;
+  e->captured = kiln_emu_capture && s->captured;
   return cudaSuccess;
 }
-static inline cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (kiln_emu_capture && e->captured) {
+    if (!s->captured) kiln_emu_joined.push_back(s);
+    s->captured = true;
+    if (s == kiln_emu_origin && e->at) e->at->joined = e->ops;  // the origin has waited for e's stream up to e
+  } else if (kiln_emu_capture && s->captured) {
+    kiln_emu_error = cudaErrorStreamCaptureIsolation;  // a captured stream waits for work outside the graph
+  }
+  return cudaSuccess;
+}
+static inline cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
+  kiln_emu_issue(s, [=] { fn(data); });
+  return cudaSuccess;
+}
+static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode) {
   if (kiln_emu_capture) return cudaErrorInvalidValue;
   kiln_emu_capture = new kiln_emu_graph;
+  kiln_emu_origin = s;
+  s->captured = true;
+  kiln_emu_joined.assign(1, s);
   kiln_emu.graphs++;
   return cudaSuccess;
 }
-static inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
-  if (!kiln_emu_capture) return cudaErrorInvalidValue;
+static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+  if (!kiln_emu_capture || s != kiln_emu_origin) return cudaErrorInvalidValue;
+  cudaError_t err = kiln_emu_error;
+  for (CUstream_st *j : kiln_emu_joined) {
+    if (j != s && j->joined != j->ops && err == cudaSuccess) err = cudaErrorStreamCaptureUnjoined;
+    j->captured = false;
+  }
+  kiln_emu_joined.clear();
   *g = kiln_emu_capture;
   kiln_emu_capture = nullptr;
-  return cudaSuccess;
+  kiln_emu_origin = nullptr;
+  return err;
 }
 static inline cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
   *e = new kiln_emu_graph(*g);
@@ -225,8 +279,18 @@ inline struct kiln_emu_reporter {
   }
 } kiln_emu_report;
 
-static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-static inline const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+static inline cudaError_t cudaGetLastError(void) { return kiln_emu_error; }
+static inline const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+  case cudaErrorStreamCaptureUnjoined: return "capture operation not joined to the origin stream";
+  }
+  return "emulated error";
+}
 template <class T> static inline cudaError_t cudaGetSymbolAddress(void **p, T &symbol) {
   *p = (void *)&symbol;
   return cudaSuccess;
@@ -243,6 +307,7 @@ static inline unsigned short kiln_f32_to_f16(float);
 typedef struct kiln_emu_blas *cublasHandle_t;
 struct kiln_emu_blas {
   void *workspace;
+  cudaStream_t stream;
 };
 typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
@@ -250,7 +315,7 @@ typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 }
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 static inline cublasStatus_t cublasCreate(cublasHandle_t *h) {
-  *h = new kiln_emu_blas{nullptr};
+  *h = new kiln_emu_blas{nullptr, nullptr};
   kiln_emu.graphs++;  // counted with the other handles the runtime must free
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -259,7 +324,10 @@ static inline cublasStatus_t cublasDestroy(cublasHandle_t h) {
   kiln_emu.graphs--;
   return CUBLAS_STATUS_SUCCESS;
 }
-static inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
 static inline cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t) {
   h->workspace = w;
   return CUBLAS_STATUS_SUCCESS;
@@ -278,7 +346,7 @@ static inline void kiln_emu_set(void *p, cudaDataType t, long long i, float v) {
   default: ((float *)p)[i] = v;
   }
 }
-static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
                                                         const void *A, cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb,
                                                         long long sb, const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch,
                                                         cublasComputeType_t, cublasGemmAlgo_t) {
@@ -286,7 +354,7 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOp
     return CUBLAS_STATUS_INVALID_VALUE;
   float al = *(const float *)alpha, be = *(const float *)beta;
   kiln_emu.launches++;
-  kiln_emu_issue([=] {
+  kiln_emu_issue(h->stream, [=] {
     for (long long b = 0; b < batch; b++)
       for (long long j = 0; j < n; j++)
         for (long long i = 0; i < m; i++) {
