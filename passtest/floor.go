@@ -89,6 +89,13 @@ func OrderFloor(t testing.TB, f *ir.Func, args []*interp.Tensor, batch string) (
 // 0 measured where the learning rate makes the update small says
 // nothing).
 func updateResolution(updated, initial *interp.Tensor) float64 {
+	return resolution(updated, initial, 0x1p-53)
+}
+
+// resolution is 2·u·‖updated‖ / ‖updated − initial‖: two roundings of
+// unit roundoff u of the updated values, relative to the update (0 when
+// there is none).
+func resolution(updated, initial *interp.Tensor, u float64) float64 {
 	num, den := 0.0, 0.0
 	for i := 0; i < updated.Len(); i++ {
 		num += updated.At(i) * updated.At(i)
@@ -98,7 +105,7 @@ func updateResolution(updated, initial *interp.Tensor) float64 {
 	if den == 0 {
 		return 0
 	}
-	return 2 * 0x1p-53 * math.Sqrt(num/den)
+	return 2 * u * math.Sqrt(num/den)
 }
 
 // UpdateErr is the relative error (as RelErr, NaN in both places
@@ -164,14 +171,5 @@ func F32Bound(f *ir.Func) float64 {
 // interpreter's): a rounding of each of the two f32 operations, 2·2^-24
 // of ‖updated‖, against ‖update‖ (a small learning rate makes it large).
 func F32Resolution(updated, initial *interp.Tensor) float64 {
-	num, den := 0.0, 0.0
-	for i := 0; i < updated.Len(); i++ {
-		num += updated.At(i) * updated.At(i)
-		d := updated.At(i) - initial.At(i)
-		den += d * d
-	}
-	if den == 0 {
-		return 0
-	}
-	return 2 * math.Ldexp(1, -24) * math.Sqrt(num/den)
+	return resolution(updated, initial, 0x1p-24)
 }

@@ -709,6 +709,37 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	return contract + fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
 }
 
+// children are the expressions x reads directly (nil where absent).
+func children(x loops.Expr) []loops.Expr {
+	switch x := x.(type) {
+	case *bindVar:
+		return []loops.Expr{x.Value, x.Body}
+	case *loops.Load:
+		return append(append([]loops.Expr{}, x.Index...), x.Guard)
+	case *loops.Unary:
+		return []loops.Expr{x.X}
+	case *loops.Binary:
+		return []loops.Expr{x.A, x.B}
+	case *loops.Compare:
+		return []loops.Expr{x.A, x.B}
+	case *loops.Select:
+		return []loops.Expr{x.C, x.A, x.B}
+	case *loops.Convert:
+		return []loops.Expr{x.X}
+	case *loops.Round:
+		return []loops.Expr{x.X}
+	case *loops.Mix:
+		return []loops.Expr{x.X}
+	case *loops.Guarded:
+		return []loops.Expr{x.Cond, x.X}
+	case *loops.Checked:
+		return []loops.Expr{x.Cond, x.X}
+	case *loops.Reduce:
+		return []loops.Expr{x.Body}
+	}
+	return nil
+}
+
 // pointerTypes are the C types of k's pointer parameters.
 func (k *stageKernel) pointerTypes() ([]string, error) {
 	var out []string
@@ -766,42 +797,11 @@ func pointers(s *loops.Stage, override map[loops.Expr]loops.Expr) []*pointerArg 
 			walk(o)
 			return
 		}
-		switch x := x.(type) {
-		case *bindVar:
-			walk(x.Value)
-			walk(x.Body)
-		case *loops.Load:
-			touch(x.Buf, false)
-			for _, i := range x.Index {
-				walk(i)
-			}
-			walk(x.Guard)
-		case *loops.Unary:
-			walk(x.X)
-		case *loops.Binary:
-			walk(x.A)
-			walk(x.B)
-		case *loops.Compare:
-			walk(x.A)
-			walk(x.B)
-		case *loops.Select:
-			walk(x.C)
-			walk(x.A)
-			walk(x.B)
-		case *loops.Convert:
-			walk(x.X)
-		case *loops.Round:
-			walk(x.X)
-		case *loops.Mix:
-			walk(x.X)
-		case *loops.Guarded:
-			walk(x.Cond)
-			walk(x.X)
-		case *loops.Checked:
-			walk(x.Cond)
-			walk(x.X)
-		case *loops.Reduce:
-			walk(x.Body)
+		if l, ok := x.(*loops.Load); ok {
+			touch(l.Buf, false)
+		}
+		for _, c := range children(x) {
+			walk(c)
 		}
 	}
 	for _, i := range s.Index {

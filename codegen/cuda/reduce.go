@@ -54,45 +54,18 @@ func longReduce(x loops.Expr) (*loops.Reduce, int64) {
 			return
 		}
 		seen[x] = true
-		switch x := x.(type) {
-		case *loops.Reduce:
+		if r, ok := x.(*loops.Reduce); ok {
 			total := int64(1)
-			for _, e := range x.Extents {
+			for _, e := range r.Extents {
 				total *= e
 			}
 			if total > n {
-				best, n = x, total
+				best, n = r, total
 			}
 			return // a reduction inside it runs per term: not split
-		case *loops.Load:
-			for _, i := range x.Index {
-				walk(i)
-			}
-			walk(x.Guard)
-		case *loops.Unary:
-			walk(x.X)
-		case *loops.Binary:
-			walk(x.A)
-			walk(x.B)
-		case *loops.Compare:
-			walk(x.A)
-			walk(x.B)
-		case *loops.Select:
-			walk(x.C)
-			walk(x.A)
-			walk(x.B)
-		case *loops.Convert:
-			walk(x.X)
-		case *loops.Round:
-			walk(x.X)
-		case *loops.Mix:
-			walk(x.X)
-		case *loops.Guarded:
-			walk(x.Cond)
-			walk(x.X)
-		case *loops.Checked:
-			walk(x.Cond)
-			walk(x.X)
+		}
+		for _, c := range children(x) {
+			walk(c)
 		}
 	}
 	walk(x)
