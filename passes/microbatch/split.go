@@ -343,7 +343,7 @@ func (s *splitter) classify(op *ir.Op) error {
 		if perSlice {
 			v := op.Operands[append(slicedIn, localIn...)[0]]
 			if v.Def != nil && v.Def.Def() != nil && len(v.Def.Def().Running) > 0 {
-				return fmt.Errorf("%s: microbatch: %s writes in place with %s, a slice's running statistic: with per-slice statistics each slice would update it in turn, which splits do not do yet (exact-bn keeps the whole batch's)", loc(op), op.Kind, v.Ref())
+				return fmt.Errorf("%s: microbatch: %s writes in place with %s, a slice's running statistic: split before the optimizer pass, which chains the slices' updates (exact-bn keeps the whole batch's)", loc(op), op.Kind, v.Ref())
 			}
 			return fmt.Errorf("%s: microbatch: %s writes in place with %s, a slice's value", loc(op), op.Kind, v.Ref())
 		}

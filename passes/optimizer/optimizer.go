@@ -298,19 +298,20 @@ func advanceRandom(f *ir.Func) error {
 // keepRunningStats writes the running statistics that ops compute (the
 // op record's Running: batch_norm_train's mean and variance) back into
 // their state operands, each right after the last reader of the old
-// value, so that the new one dies at once. A statistic that is not a state argument (a constant,
-// a computed value) is left alone; one read by two batch norms is
-// refused: which update would win is not PyTorch's business to decide
-// either.
+// value, so that the new one dies at once. A statistic that is not a
+// state argument (a constant, a computed value) is left alone. A state
+// that several batch norms update (one module applied twice, or the
+// slices of a microbatch split with per-slice statistics) is updated as
+// PyTorch updates it, once per application in forward order: each batch
+// norm after the first reads the statistic the one before it computed,
+// and the last one's is written back.
 func keepRunningStats(f *ir.Func) error {
-	written := map[*ir.Value]*ir.Op{}
-	last := map[*ir.Value]int{}
-	for i, op := range f.Body {
-		for _, x := range op.Operands {
-			last[x] = i
-		}
+	type update struct {
+		op     *ir.Op
+		result int // the op's result holding the new statistic
 	}
-	after := map[int][]*ir.Op{}
+	chains := map[*ir.Value][]update{}
+	var order []*ir.Value
 	for _, op := range f.Body {
 		d := op.Def()
 		if d == nil {
@@ -321,23 +322,41 @@ func keepRunningStats(f *ir.Func) error {
 			if operand.Arg == nil || operand.Arg.Kind != ir.ArgState {
 				continue
 			}
-			if prev := written[operand]; prev != nil {
-				return fmt.Errorf("%s: %s is the running statistic of two batch norms (%s and %s): which one's update to keep is ambiguous", op.Loc, operand.Ref(), prev.Results[0].Ref(), op.Results[0].Ref())
+			if prev := chains[operand]; len(prev) > 0 {
+				// This application starts from the one before's update.
+				last := prev[len(prev)-1]
+				op.Operands[k] = last.op.Results[last.result]
+			} else {
+				order = append(order, operand)
 			}
-			written[operand] = op
-			operand.Arg.InOut = true
-			if operand.Arg.Attrs == nil {
-				operand.Arg.Attrs = ir.Attrs{}
-			}
-			operand.Arg.Attrs["role"] = ir.StringAttr(RoleRunning)
-			w, err := f.NewOp("overwrite", []*ir.Value{operand, op.Results[d.Running[k]]}, nil, op.Loc, "")
-			if err != nil {
-				return err
-			}
-			after[last[operand]] = append(after[last[operand]], w)
+			chains[operand] = append(chains[operand], update{op, d.Running[k]})
 		}
 	}
-	body := make([]*ir.Op, 0, len(f.Body)+len(written))
+	last := map[*ir.Value]int{}
+	for i, op := range f.Body {
+		for _, x := range op.Operands {
+			last[x] = i
+		}
+	}
+	after := map[int][]*ir.Op{}
+	for _, operand := range order {
+		chain := chains[operand]
+		final := chain[len(chain)-1]
+		operand.Arg.InOut = true
+		if operand.Arg.Attrs == nil {
+			operand.Arg.Attrs = ir.Attrs{}
+		}
+		operand.Arg.Attrs["role"] = ir.StringAttr(RoleRunning)
+		w, err := f.NewOp("overwrite", []*ir.Value{operand, final.op.Results[final.result]}, nil, final.op.Loc, "")
+		if err != nil {
+			return err
+		}
+		// After the last reader of the old value and the op computing the
+		// new one.
+		at := max(last[operand], slices.Index(f.Body, final.op))
+		after[at] = append(after[at], w)
+	}
+	body := make([]*ir.Op, 0, len(f.Body)+len(order))
 	for i, op := range f.Body {
 		body = append(body, op)
 		body = append(body, after[i]...)

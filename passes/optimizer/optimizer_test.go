@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,6 +15,7 @@ import (
 	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
+	_ "github.com/kiln-compiler/kiln/passes/microbatch"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -123,4 +125,64 @@ func TestEarlyUpdatesFreeGradients(t *testing.T) {
 	passtest.Equivalent(t, end.Funcs[0], early.Funcs[0], 0, 1)
 	// Reordering keeps every read of a parameter before its update.
 	pipeline(t, early, "reorder")
+}
+
+// bnStep is a convolution, a training-mode batch norm with running
+// statistics and a sum loss, at batch BATCH.
+const bnStep = `func @step(%x: f32[BATCH,2,5,5], %w: f32[3,2,3,3] {param}, %g: f32[3] {param}, %b: f32[3] {param}, %rm: f32[3] {state}, %rv: f32[3] {state}) -> (f32[]) {
+  %c = conv2d(%x, %w) {pads = [1, 1, 1, 1]} : f32[BATCH,3,5,5]
+  %n, %mean, %invstd, %nrm, %nrv = batch_norm_train(%c, %g, %b, %rm, %rv) {epsilon = 1e-05, momentum = 0.9} : f32[BATCH,3,5,5], f32[3], f32[3], f32[3], f32[3]
+  %l = reduce_sum(%n) {axes = [0, 1, 2, 3]} : f32[]
+  return %l
+}
+`
+
+// TestRunningStatsOfSlicesUpdateInTurn: split into two microbatches with
+// per-slice statistics, a step updates the running statistics as PyTorch
+// does under gradient accumulation, once per slice in order: exactly as
+// two steps on the halves of the batch, one after the other (the update
+// of one application read by the next). The learning rate, 1e-30, leaves
+// every f32 parameter as it was, so the second half's step sees the
+// same weights as the split step's second slice.
+func TestRunningStatsOfSlicesUpdateInTurn(t *testing.T) {
+	split := passtest.Parse(t, strings.ReplaceAll(bnStep, "BATCH", "4"))
+	require.NoError(t, passtest.RunErr(split, "autodiff,microbatch{n=2},optimizer{kind=sgd,lr=1e-30}", "per-slice-bn"))
+	half := passtest.Parse(t, strings.ReplaceAll(bnStep, "BATCH", "2"))
+	pipeline(t, half, "autodiff,optimizer{kind=sgd,lr=1e-30}")
+	f, h := split.Funcs[0], half.Funcs[0]
+	args := interp.RandomArgs(f, 3)
+	_, got, err := interp.RunWithUpdates(f, interp.CloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	byName := func(fn *ir.Func, vals []*interp.Tensor, name string) *interp.Tensor {
+		for i, a := range fn.Args {
+			if a.Name == name {
+				return vals[i]
+			}
+		}
+		t.Fatalf("@%s has no argument %s", fn.Name, name)
+		return nil
+	}
+	// The halves' steps, in turn, each from the statistics the last left.
+	state := interp.CloneAll(args)
+	for part := 0; part < 2; part++ {
+		in := make([]*interp.Tensor, len(h.Args))
+		for i, a := range h.Args {
+			v := byName(f, state, a.Name)
+			if a.Name == "x" {
+				n := v.Len() / 2
+				v = &interp.Tensor{Type: a.Type, F: append([]float64{}, v.F[part*n:(part+1)*n]...)}
+			}
+			in[i] = v.Clone()
+		}
+		_, out, err := interp.RunWithUpdates(h, in, interp.Options{})
+		require.NoError(t, err)
+		for _, name := range []string{"rm", "rv"} {
+			copy(byName(f, state, name).F, byName(h, out, name).F)
+		}
+	}
+	for _, name := range []string{"rm", "rv"} {
+		want, have := byName(f, state, name), byName(f, got, name)
+		require.NotEqual(t, byName(f, args, name).F, have.F, "%s is updated", name)
+		require.InDeltaSlice(t, want.F, have.F, 1e-12, "%s after the two slices", name)
+	}
 }

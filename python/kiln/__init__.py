@@ -265,7 +265,8 @@ class Step:
 
     def state_dict(self):
         """Copies of the module's tensors, {name: torch.Tensor}, named as module.state_dict() names them
-        (parameters and buffers, num_batches_tracked included)."""
+        (parameters and buffers, num_batches_tracked included: the module's count when compiled plus one per
+        step, or per microbatch with per-slice statistics, as PyTorch counts forward calls)."""
         import torch
 
         out = {}
@@ -273,7 +274,7 @@ class Step:
             if name in self._by_name:
                 out[name] = torch.from_numpy(self._array(self._by_name[name]))
             elif name.endswith("num_batches_tracked"):
-                out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps(), dtype=torch.int64)
+                out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps() * self._meta.get("forwards_per_step", 1), dtype=torch.int64)
         return out
 
     def load_state_dict(self, state_dict):
@@ -284,7 +285,7 @@ class Step:
             if name in self._by_name and name in self._meta["state_names"]:
                 self._set(self._by_name[name], value)
             elif name.endswith("num_batches_tracked"):
-                self._meta["tracked"][name] = int(value) - self._steps()
+                self._meta["tracked"][name] = int(value) - self._steps() * self._meta.get("forwards_per_step", 1)
             else:
                 raise KeyError(f"the step holds no tensor {name!r}")
 
@@ -385,7 +386,9 @@ def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1
         args = ["compile", kir, "--target", "llvm", "--emit", "lib", "-o", os.path.join(tmp, "step.so")]
         meta = {"inputs": names, "optimizer": optimizer, "train": bool(train),
                 "state_names": list(module.state_dict().keys()),
-                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")}}
+                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")},
+                # PyTorch counts a batch norm's forward calls: with per-slice statistics each microbatch is one.
+                "forwards_per_step": int(microbatches) if microbatches and "per-slice-bn" in ([allow] if isinstance(allow, str) else list(allow or ())) else 1}
         if train:
             args += _plan_args(budget, None, allow, microbatches, device, precision)
             args[args.index("--train")] = f"--train={loss}"

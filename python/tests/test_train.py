@@ -80,6 +80,35 @@ def check_optimizers_against_torch():
         print(f"{name} (momentum {momentum}): 20 steps match torch.optim, running statistics and counts included")
 
 
+def check_microbatch_accumulation():
+    """microbatches=2 with per-slice statistics is PyTorch's gradient accumulation: each half's forward
+    and backward (batch norm on the half, its running statistics updated once per half, in order), the
+    gradients summed, one optimizer step."""
+    torch.manual_seed(5)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9)
+    with kiln.compile(model, batches(1, 0)[0], optimizer="sgd", lr=0.01, momentum=0.9, microbatches=2,
+                      allow=("per-slice-bn",)) as step:
+        for i, (x, y) in enumerate(batches(10, 6)):
+            got = float(step(x, y)["loss"])
+            opt.zero_grad()
+            want = 0.0
+            for half in (slice(0, 2), slice(2, 4)):
+                loss = ref(x[half], y[half])
+                loss.backward()
+                want += float(loss)
+            opt.step()
+            assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+        sd, want_sd = step.state_dict(), ref.state_dict()
+        for k, v in want_sd.items():
+            if k.endswith("num_batches_tracked"):
+                assert int(sd[k]) == int(v) == 20, (k, sd[k], v)
+                continue
+            assert rel_err(sd[k].numpy(), v.numpy()) < 1e-3, (k, rel_err(sd[k].numpy(), v.numpy()))
+    print("microbatches=2, per-slice-bn: 10 steps match torch's gradient accumulation, running statistics and counts included")
+
+
 def check_state_and_checkpoints():
     torch.manual_seed(3)
     model = MLP()
@@ -317,6 +346,7 @@ def check_char_lm():
 
 def main():
     check_optimizers_against_torch()
+    check_microbatch_accumulation()
     check_state_and_checkpoints()
     check_fashion_mnist()
     check_fashion_mnist_precision()
