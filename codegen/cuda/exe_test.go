@@ -125,6 +125,8 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 		// mathematically zero gradient into a full step of either sign.)
 		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=momentum,lr=0.01},fuse,reorder,swap{device-budget=0.4},assign", 0},
 		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=momentum,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", 0},
+		// bf16 activations and products with f32 master weights: bf16 GEMMs.
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4},
 	} {
 		if testing.Short() && !slices.Contains([]int{0, 1, 3}, k) {
 			continue
