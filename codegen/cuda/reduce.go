@@ -64,6 +64,12 @@ func longReduce(x loops.Expr) (*loops.Reduce, int64) {
 			}
 			return // a reduction inside it runs per term: not split
 		}
+		if g, ok := x.(*loops.Guarded); ok {
+			// A reduction under a guard runs only where the guard holds:
+			// the partial stage would run it everywhere.
+			walk(g.Cond)
+			return
+		}
 		for _, c := range children(x) {
 			walk(c)
 		}

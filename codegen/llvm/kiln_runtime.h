@@ -34,7 +34,8 @@ typedef struct kiln_step kiln_step;
    ("param", "state", "input" or "result"), "role" (for state: "lr",
    "step", "optimizer_state", "running_stat", "loss_scale" or "state";
    for results: "loss", "grad", ... or ""), "dtype", "shape", "bytes",
-   "inout", "embedded"}. The string is static. */
+   "inout", "embedded", and for a running statistic "updates": how many times a step updates it, one
+   per batch-norm application}. The string is static. */
 const char *kiln_descriptor(void);
 
 /* kiln_create makes a step whose parallel loops use at most threads

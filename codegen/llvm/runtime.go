@@ -53,6 +53,10 @@ type TensorInfo struct {
 	Bytes    int64   `json:"bytes"`
 	InOut    bool    `json:"inout"`
 	Embedded bool    `json:"embedded"` // the program holds its initial value
+	// Updates is how many times a step updates a running statistic (one
+	// per batch-norm application: per microbatch with per-slice
+	// statistics); absent otherwise.
+	Updates int64 `json:"updates,omitempty"`
 }
 
 // Descriptor is the machine-readable description of a compiled step.
@@ -81,6 +85,9 @@ func Describe(p *loops.Program) Descriptor {
 			role = v.Arg.Attrs.String("role", role)
 		}
 		add(v.Name, kind, role, v.Type, v.Arg != nil && v.Arg.InOut, embedded(v))
+		if v.Arg != nil {
+			d.Tensors[len(d.Tensors)-1].Updates = v.Arg.Attrs.Int("updates", 0)
+		}
 	}
 	for _, v := range p.Inputs {
 		add(v.Name, "input", "input", v.Type, false, false)

@@ -302,9 +302,11 @@ func advanceRandom(f *ir.Func) error {
 // state argument (a constant, a computed value) is left alone. A state
 // that several batch norms update (one module applied twice, or the
 // slices of a microbatch split with per-slice statistics) is updated as
-// PyTorch updates it, once per application in forward order: each batch
+// PyTorch updates it, once per application in forward order (the
+// schedule's order: the passes before this one keep the forward's): each batch
 // norm after the first reads the statistic the one before it computed,
-// and the last one's is written back.
+// and the last one's is written back. The argument's attribute updates
+// says how many times a step updates it.
 func keepRunningStats(f *ir.Func) error {
 	type update struct {
 		op     *ir.Op
@@ -325,6 +327,9 @@ func keepRunningStats(f *ir.Func) error {
 			if prev := chains[operand]; len(prev) > 0 {
 				// This application starts from the one before's update.
 				last := prev[len(prev)-1]
+				if last.op == op {
+					return fmt.Errorf("%s: %s is two running statistics of one %s: which update to keep is ambiguous", op.Loc, operand.Ref(), op.Kind)
+				}
 				op.Operands[k] = last.op.Results[last.result]
 			} else {
 				order = append(order, operand)
@@ -332,11 +337,26 @@ func keepRunningStats(f *ir.Func) error {
 			chains[operand] = append(chains[operand], update{op, d.Running[k]})
 		}
 	}
+	// The last reader of each value, through views of it (which share its
+	// bytes): the overwrite must come after every one.
+	base := map[*ir.Value]*ir.Value{}
+	root := func(v *ir.Value) *ir.Value {
+		for base[v] != nil {
+			v = base[v]
+		}
+		return v
+	}
 	last := map[*ir.Value]int{}
 	for i, op := range f.Body {
 		for _, x := range op.Operands {
-			last[x] = i
+			last[root(x)] = i
 		}
+		if d := op.Def(); d != nil && d.View && len(op.Operands) > 0 {
+			base[op.Results[0]] = op.Operands[0]
+		}
+	}
+	for _, r := range f.Results {
+		last[root(r.Value)] = len(f.Body) - 1
 	}
 	after := map[int][]*ir.Op{}
 	for _, operand := range order {
@@ -347,6 +367,9 @@ func keepRunningStats(f *ir.Func) error {
 			operand.Arg.Attrs = ir.Attrs{}
 		}
 		operand.Arg.Attrs["role"] = ir.StringAttr(RoleRunning)
+		// How many times a step updates it (PyTorch counts forward calls in
+		// num_batches_tracked): the runtime's descriptor says so.
+		operand.Arg.Attrs["updates"] = ir.IntAttr(int64(len(chain)))
 		w, err := f.NewOp("overwrite", []*ir.Value{operand, final.op.Results[final.result]}, nil, final.op.Loc, "")
 		if err != nil {
 			return err

@@ -263,10 +263,16 @@ class Step:
         t = self._by_name.get("optimizer.step")
         return int(self._array(t)) if t else 0
 
+    def _updates(self, tracked):
+        """How many times a step updates the batch norm whose num_batches_tracked is named tracked (the
+        descriptor's "updates" of its running mean: one per application, PyTorch's forward calls)."""
+        t = self._by_name.get(tracked[: -len("num_batches_tracked")] + "running_mean")
+        return int(t.get("updates") or 1) if t else 1
+
     def state_dict(self):
         """Copies of the module's tensors, {name: torch.Tensor}, named as module.state_dict() names them
-        (parameters and buffers, num_batches_tracked included: the module's count when compiled plus one per
-        step, or per microbatch with per-slice statistics, as PyTorch counts forward calls)."""
+        (parameters and buffers, num_batches_tracked included: the module's count when compiled plus, per
+        step, the number of times the step updates its statistics, as PyTorch counts forward calls)."""
         import torch
 
         out = {}
@@ -274,7 +280,7 @@ class Step:
             if name in self._by_name:
                 out[name] = torch.from_numpy(self._array(self._by_name[name]))
             elif name.endswith("num_batches_tracked"):
-                out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps() * self._meta.get("forwards_per_step", 1), dtype=torch.int64)
+                out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps() * self._updates(name), dtype=torch.int64)
         return out
 
     def load_state_dict(self, state_dict):
@@ -285,7 +291,7 @@ class Step:
             if name in self._by_name and name in self._meta["state_names"]:
                 self._set(self._by_name[name], value)
             elif name.endswith("num_batches_tracked"):
-                self._meta["tracked"][name] = int(value) - self._steps() * self._meta.get("forwards_per_step", 1)
+                self._meta["tracked"][name] = int(value) - self._steps() * self._updates(name)
             else:
                 raise KeyError(f"the step holds no tensor {name!r}")
 
@@ -386,9 +392,7 @@ def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1
         args = ["compile", kir, "--target", "llvm", "--emit", "lib", "-o", os.path.join(tmp, "step.so")]
         meta = {"inputs": names, "optimizer": optimizer, "train": bool(train),
                 "state_names": list(module.state_dict().keys()),
-                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")},
-                # PyTorch counts a batch norm's forward calls: with per-slice statistics each microbatch is one.
-                "forwards_per_step": int(microbatches) if microbatches and "per-slice-bn" in ([allow] if isinstance(allow, str) else list(allow or ())) else 1}
+                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")}}
         if train:
             args += _plan_args(budget, None, allow, microbatches, device, precision)
             args[args.index("--train")] = f"--train={loss}"

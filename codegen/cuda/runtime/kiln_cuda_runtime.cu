@@ -240,7 +240,10 @@ static int capture(kiln_step *s) {
 		cudaStreamWaitEvent(s0, s->join[i], 0);
 	}
 	cudaGraph_t g = NULL;
-	if (check(s, cudaStreamEndCapture(s0, &g), "capturing the step") != 0) return -1;
+	if (check(s, cudaStreamEndCapture(s0, &g), "capturing the step") != 0) {
+		if (g) cudaGraphDestroy(g);
+		return -1;
+	}
 	if (refused) {
 		cudaGraphDestroy(g);
 		return fail(s, "cuBLAS refused a call of the step (status %d)", refused);

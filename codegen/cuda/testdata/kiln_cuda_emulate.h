@@ -9,14 +9,15 @@
 // atomics are plain read-modify-writes; streams and events only order
 // what already runs in order; a host function runs when issued. Stream
 // capture records each operation (a launch's arguments as they were when
-// issued, as CUDA does) and a graph launch replays the record. What CUDA
-// refuses is refused: work issued during a capture on a stream that has
-// not joined it (through an event recorded on a captured stream), a
-// capture that ends before every stream it forked has rejoined its origin
-// (cudaErrorStreamCaptureUnjoined), and launches beyond CUDA's limits
-// (more than 1024 threads a block, or 256, every Kiln kernel's launch
-// bounds; grid y or z above 65535), each a sticky error that
-// cudaGetLastError and cudaStreamEndCapture return. Memory from
+// issued, as CUDA does) and a graph launch replays the record. It is
+// stricter than CUDA where a Kiln runtime would be wrong: work issued
+// during a capture on a stream that has not joined it (CUDA would run it
+// at once, outside the graph), a capture that ends before every stream it
+// forked has rejoined its origin by a direct wait
+// (cudaErrorStreamCaptureUnjoined), and launches beyond 256 threads a
+// block (every Kiln kernel's launch bounds) or 65535 blocks in y or z, are
+// errors that stay until cudaGetLastError or cudaStreamEndCapture returns
+// them (CUDA clears a launch error at the next cudaGetLastError too). Memory from
 // cudaMalloc and cudaHostAlloc is filled with the byte 0xFF (NaN in every
 // float encoding, so a read of memory nothing wrote shows in the results),
 // and every allocation, stream, event and graph is counted, so a test can
@@ -207,6 +208,7 @@ static inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!s) return cudaErrorInvalidValue;  // the runtime records on its own streams only
   if (kiln_emu_capture && !s->captured) kiln_emu_error = cudaErrorStreamCaptureIsolation;
   e->at = s;
   e->ops = s->ops;
@@ -247,6 +249,13 @@ static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   *g = kiln_emu_capture;
   kiln_emu_capture = nullptr;
   kiln_emu_origin = nullptr;
+  kiln_emu_error = cudaSuccess;
+  if (err != cudaSuccess) {
+    // A failed capture gives no graph.
+    delete *g;
+    kiln_emu.graphs--;
+    *g = nullptr;
+  }
   return err;
 }
 static inline cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
@@ -279,7 +288,11 @@ inline struct kiln_emu_reporter {
   }
 } kiln_emu_report;
 
-static inline cudaError_t cudaGetLastError(void) { return kiln_emu_error; }
+static inline cudaError_t cudaGetLastError(void) {
+  cudaError_t e = kiln_emu_error;
+  kiln_emu_error = cudaSuccess;
+  return e;
+}
 static inline const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
   case cudaSuccess: return "no error";
