@@ -225,7 +225,7 @@ func gemm(st *loops.Stage, batch *loops.Var, batchN int64, fixed map[*loops.Var]
 		c := f.c
 		for v, k := range f.coef {
 			switch {
-			case v == mv || v == nv || v == kv || v == batch:
+			case k == 0 || v == mv || v == nv || v == kv || v == batch:
 			default:
 				val, ok := fixed[v]
 				if !ok {
