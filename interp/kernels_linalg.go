@@ -34,7 +34,7 @@ func init() {
 		}
 		return []*Tensor{y}, nil
 	}
-	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
+	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max", "reduce_min"} {
 		kernels[name] = func(op *ir.Op, in []*Tensor, out []ir.Type, _ *runtime) ([]*Tensor, error) {
 			x := in[0]
 			axes, _ := ir.ReduceAxes(op.Attr(), x.Type.Rank())
@@ -67,14 +67,26 @@ func reduceTo(x *Tensor, keep ir.Shape, kind string) *Tensor {
 	y := New(ir.Type{DType: x.Type.DType, Shape: keep})
 	n := x.Type.NumElements()
 	count := float64(n) / float64(max(y.Type.NumElements(), 1))
-	if kind == "reduce_max" {
+	u64 := x.Type.DType == ir.U64
+	switch kind {
+	case "reduce_max":
 		for i := range y.F {
 			y.F[i] = math.Inf(-1)
 		}
 		for i := range y.I {
 			y.I[i] = math.MinInt64
-			if x.Type.DType == ir.U64 {
+			if u64 {
 				y.I[i] = 0
+			}
+		}
+	case "reduce_min":
+		for i := range y.F {
+			y.F[i] = math.Inf(1)
+		}
+		for i := range y.I {
+			y.I[i] = math.MaxInt64
+			if u64 {
+				y.I[i] = -1 // all ones: the largest u64
 			}
 		}
 	}
@@ -83,19 +95,29 @@ func reduceTo(x *Tensor, keep ir.Shape, kind string) *Tensor {
 		j := o.pos[0]
 		if y.F != nil {
 			v := x.F[i]
-			if kind == "reduce_max" {
+			switch {
+			case kind == "reduce_max":
 				if v > y.F[j] || v != v {
 					y.F[j] = v
 				}
-			} else {
+			case kind == "reduce_min":
+				if v < y.F[j] || v != v {
+					y.F[j] = v
+				}
+			default:
 				y.F[j] += v
 			}
 		} else {
-			if kind == "reduce_max" && x.Type.DType == ir.U64 {
+			switch {
+			case kind == "reduce_max" && u64:
 				y.I[j] = int64(max(uint64(y.I[j]), uint64(x.I[i])))
-			} else if kind == "reduce_max" {
+			case kind == "reduce_max":
 				y.I[j] = max(y.I[j], x.I[i])
-			} else {
+			case kind == "reduce_min" && u64:
+				y.I[j] = int64(min(uint64(y.I[j]), uint64(x.I[i])))
+			case kind == "reduce_min":
+				y.I[j] = min(y.I[j], x.I[i])
+			default:
 				y.I[j] += x.I[i]
 			}
 		}

@@ -28,7 +28,7 @@ func init() {
 		Axes:        matmulAxes,
 		Linear:      linearIn([]int{0}, []int{1}),
 	})
-	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
+	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max", "reduce_min"} {
 		Register(&OpDef{
 			Name: name, Summary: "reduce over axes (all axes when absent)", MinOperands: 1, MaxOperands: 1,
 			Attrs: []AttrSpec{{Name: "axes", Kind: AttrList}, {Name: "keepdims", Kind: AttrBool}, ResultDTypeAttr},
@@ -44,7 +44,7 @@ func init() {
 			Fusion: Reduction,
 			Axes: func(in, out []Type, a AttrValues) Axes {
 				axes, _ := ReduceAxes(a, in[0].Rank())
-				fold := map[string]LoopKind{"reduce_sum": Summed, "reduce_mean": Averaged, "reduce_max": Maximum}[name]
+				fold := map[string]LoopKind{"reduce_sum": Summed, "reduce_mean": Averaged, "reduce_max": Maximum, "reduce_min": Minimum}[name]
 				x := Axes{Loops: parallelLoops(in[0].Shape), Operands: [][]Index{identity(0, in[0].Rank())}}
 				res := []Index{}
 				for d := range x.Loops {
@@ -62,7 +62,7 @@ func init() {
 				return x
 			},
 			Linear: func(AttrValues, int) [][]int {
-				if name == "reduce_max" {
+				if name == "reduce_max" || name == "reduce_min" {
 					return nil
 				}
 				return [][]int{{0}}

@@ -337,29 +337,38 @@ func init() {
 
 	for _, name := range []string{"softmax", "log_softmax"} {
 		Register(&OpDef{
-			Name: name, Summary: "along axis", MinOperands: 1, MaxOperands: 1, Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}},
+			Name: name, Summary: "along axis", MinOperands: 1, MaxOperands: 1,
+			Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}, ResultDTypeAttr},
 			Infer: func(in []Type, a AttrValues) ([]Type, error) {
 				if _, err := NormalizeAxis(a.Int("axis"), in[0].Rank()); err != nil {
 					return nil, err
 				}
-				return []Type{in[0]}, floatOperand(in[0])
+				d, err := ResultDTypeOf(a, in[0])
+				if err == nil {
+					err = floatOperand(in[0])
+				}
+				return []Type{{DType: d, Shape: in[0].Shape}}, err
 			},
 			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
-			Fusion: Reduction, KeepF32: true,
+			Fusion: Reduction, KeepF32: true, LowOperands: []int{0},
 			Axes: alongAxis,
 		})
 		Register(&OpDef{
 			Name: name + "_grad", Summary: "gradient of " + name + " from dy and its output y", MinOperands: 2, MaxOperands: 2,
-			Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}},
+			Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(-1)}, ResultDTypeAttr},
 			Infer: func(in []Type, a AttrValues) ([]Type, error) {
-				if !in[0].Equal(in[1]) {
+				if !in[0].Shape.Equal(in[1].Shape) {
 					return nil, fmt.Errorf("dy %s and y %s differ", in[0], in[1])
 				}
-				_, err := NormalizeAxis(a.Int("axis"), in[0].Rank())
-				return []Type{in[0]}, err
+				d, err := ResultDTypeOf(a, in...)
+				if err != nil {
+					return nil, err
+				}
+				_, err = NormalizeAxis(a.Int("axis"), in[0].Rank())
+				return []Type{{DType: d, Shape: in[0].Shape}}, err
 			},
 			FLOPs:  func(in, _ []Type, _ AttrValues) int64 { return 3 * in[0].NumElements() },
-			Fusion: Reduction, KeepF32: true, Grad: NoGrad,
+			Fusion: Reduction, KeepF32: true, Grad: NoGrad, LowOperands: []int{0, 1},
 			Axes: alongAxis, Linear: linearIn([]int{0}),
 		})
 	}

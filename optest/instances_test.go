@@ -202,6 +202,7 @@ func handInstances() []instance {
 		{op: "reduce_sum", in: tys("i64[3,4]"), model: modelExact},
 		{op: "reduce_mean", in: tys("f32[3,4,5]"), attrs: ir.Attrs{"axes": ints(1)}, model: modelSum, k: 4},
 		{op: "reduce_max", in: tys("f32[3,4,5]"), attrs: ir.Attrs{"axes": ints(-1)}, model: modelExact},
+		{op: "reduce_min", in: tys("f32[3,4,5]"), attrs: ir.Attrs{"axes": ints(-1)}, model: modelExact},
 
 		{op: "conv2d", in: tys("f32[2,3,7,6]", "f32[4,3,3,2]", "f32[4]"), attrs: conv, model: modelSum, k: 19},
 		{op: "conv2d", in: tys("f32[1,4,5,5]", "f32[6,2,3,3]"), attrs: grouped, model: modelSum, k: 18},

@@ -28,12 +28,12 @@ func reduceInto(b *builder, x Tensor, keep ir.Shape, out *Buffer, kind string) {
 	o := alias(out, keep)
 	k := ComputeKind(x.Type.DType)
 	acc := k
-	if k == F32 && kind != "reduce_max" {
-		acc = F64
-	}
-	op := scalar.Add
-	if kind == "reduce_max" {
-		op = scalar.Max
+	op := map[string]scalar.Prim{"reduce_max": scalar.Max, "reduce_min": scalar.Min}[kind]
+	if op == 0 {
+		op = scalar.Add
+		if k == F32 {
+			acc = F64 // sums accumulate in f64
+		}
 	}
 	count := numElements(x.Type.Shape) / max(numElements(keep), 1)
 	b.store(o, func(idx []Expr) Expr {
@@ -65,7 +65,7 @@ func keepShape(x ir.Shape, target ir.Shape) ir.Shape {
 }
 
 func init() {
-	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
+	for _, name := range []string{"reduce_sum", "reduce_mean", "reduce_max", "reduce_min"} {
 		stageRules[name] = func(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 			axes, err := ir.ReduceAxes(op.Attr(), in[0].Type.Rank())
 			if err != nil {

@@ -459,6 +459,8 @@ func init() {
 		n := x(op, 0).Type.NumElements() / max(y(op).Type.NumElements(), 1)
 		return []*ir.Value{b.one("mul", nil, grad(op), spread(b, op, dys[0]), b.scalar(dys[0].Type.DType, 1/float64(n), "inv_count"))}
 	}
+	// reduce_max and reduce_min: the gradient goes to every element equal
+	// to the extreme (all of them on a tie).
 	rules["reduce_max"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		k := keepShape(op)
 		yk := y(op)
@@ -468,6 +470,7 @@ func init() {
 		mask := b.one("eq", nil, grad(op), x(op, 0), yk)
 		return []*ir.Value{b.one("where", nil, grad(op), mask, spread(b, op, dys[0]), b.scalar(dys[0].Type.DType, 0, "zero"))}
 	}
+	rules["reduce_min"] = rules["reduce_max"]
 	rules["sum_to"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
 		return []*ir.Value{b.one("expand", ir.Attrs{"shape": ir.IntsAttr(x(op, 0).Type.Shape...)}, grad(op), dys[0])}
 	}

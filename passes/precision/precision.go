@@ -545,6 +545,9 @@ func narrowSaved(r *rewriter, d ir.DType) {
 			if x.Type.Rank() == 0 {
 				continue // scalars are not worth a cast
 			}
+			if x.Def.Def().KeepF32 && !storedLow(r.f, x.Def, x) {
+				continue // a statistic keeps f32, as in the low-precision step
+			}
 			if i < start {
 				lastForward[x] = i
 			} else if !seen[x] {
@@ -567,15 +570,21 @@ func narrowSaved(r *rewriter, d ir.DType) {
 		if d == ir.F8E4M3 {
 			// The scale is computed in f32: in f16, 1e-30 is 0 and amax/448
 			// underflows below 2.7e-5.
-			var inF32, asV ir.Attrs
+			var inF32 ir.Attrs
 			if v.Type.DType != ir.F32 {
-				inF32, asV = ir.Attrs{"result_dtype": ir.TypeAttr(ir.F32)}, ir.Attrs{"result_dtype": ir.TypeAttr(v.Type.DType)}
+				inF32 = ir.Attrs{"result_dtype": ir.TypeAttr(ir.F32)}
 			}
-			mx := r.emit("reduce_max", []*ir.Value{r.emit("abs", []*ir.Value{v}, nil, v.Def.Loc, v.Name+".abs")}, inF32, v.Def.Loc, v.Name+".amax")
+			// max|x| as max(max x, -min x): two folds of v, no
+			// full-size |x| beside it.
+			hi := r.emit("reduce_max", []*ir.Value{v}, inF32, v.Def.Loc, v.Name+".max")
+			lo := r.emit("reduce_min", []*ir.Value{v}, inF32, v.Def.Loc, v.Name+".min")
+			mx := r.emit("max", []*ir.Value{hi, r.emit("neg", []*ir.Value{lo}, nil, v.Def.Loc, v.Name+".negmin")}, nil, v.Def.Loc, v.Name+".amax")
 			tiny := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mx.Type, Floats: []float64{1e-30}})}, v.Def.Loc, v.Name+".tiny")
 			fp8max := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: mx.Type, Floats: []float64{448}})}, v.Def.Loc, v.Name+".fp8max")
 			scale = r.emit("div", []*ir.Value{r.emit("max", []*ir.Value{mx, tiny}, nil, v.Def.Loc, v.Name+".amax1"), fp8max}, nil, v.Def.Loc, v.Name+".scale")
-			down = r.emit("cast", []*ir.Value{r.emit("div", []*ir.Value{v, scale}, asV, v.Def.Loc, v.Name+".scaled")}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
+			// One op divides and rounds to fp8 (|x|/scale <= 448: the
+			// rounding saturates, as Cast does): no full-size scaled copy.
+			down = r.emit("div", []*ir.Value{v, scale}, ir.Attrs{"result_dtype": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
 		} else {
 			down = r.emit("cast", []*ir.Value{v}, ir.Attrs{"to": ir.TypeAttr(d)}, v.Def.Loc, v.Name+".saved")
 		}
@@ -684,4 +693,50 @@ func readScaled(r *rewriter, op *ir.Op, scale *ir.Value) *ir.Op {
 	mul.Results[0] = res
 	res.Def = mul
 	return mul
+}
+
+// KeptByDesign names the values of f that mixed precision keeps in f32,
+// or adds, by design, apart from arguments and results: "gradient" (a
+// value that makes a returned gradient: a weight-gradient product or
+// sum computed in f32, the partial sums and scalings between it and the
+// result), "statistic" (a normalisation's or loss's result shaped like
+// the parameters or reduced), and "weight copy" (a low-precision copy of
+// an f32 master weight, made for a product that reads it).
+func KeptByDesign(f *ir.Func) map[*ir.Value]string {
+	out := map[*ir.Value]string{}
+	var visit func(v *ir.Value)
+	visit = func(v *ir.Value) {
+		op := v.Def
+		if op == nil || out[v] != "" || v.Type.Rank() == 0 {
+			return
+		}
+		out[v] = "gradient"
+		d := op.Def()
+		if d.Contraction || takesResultDType(d) && d.Fusion == ir.Reduction {
+			return // the product or sum that makes it
+		}
+		switch d.Fusion {
+		case ir.Elementwise, ir.Broadcast, ir.Injective:
+			for _, x := range op.Operands {
+				visit(x)
+			}
+		}
+	}
+	for _, r := range f.Results {
+		if r.Role() == ir.RoleGrad {
+			visit(r.Value)
+		}
+	}
+	for _, op := range f.Body {
+		for _, v := range op.Results {
+			switch {
+			case out[v] != "":
+			case op.Def().KeepF32 && v.Type.DType.IsFloat() && !storedLow(f, op, v):
+				out[v] = "statistic"
+			case op.Kind == "cast" && op.Operands[0].Arg != nil && op.Operands[0].Arg.Kind == ir.ArgParam:
+				out[v] = "weight copy"
+			}
+		}
+	}
+	return out
 }

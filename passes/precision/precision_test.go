@@ -236,7 +236,7 @@ func checkSavedError(t *testing.T, p string, d ir.DType) {
 		saved := savedCasts(f)
 		require.NotEmpty(t, saved, "no saved value narrowed")
 		for _, op := range saved {
-			require.Equal(t, d, op.Attrs["to"].DType, "%s", op.Results[0].Name)
+			require.Equal(t, d, op.Results[0].Type.DType, "%s", op.Results[0].Name)
 		}
 		run := func(keep int) []*interp.Tensor { // keep: the one narrowing left (-1: none)
 			v, vargs := smallModel(t, dir, p)
@@ -286,23 +286,27 @@ func checkSavedError(t *testing.T, p string, d ir.DType) {
 	}
 }
 
-// savedCasts lists the casts by which the precision pass narrows a saved
-// value (named NAME.saved), in body order.
+// savedCasts lists the ops by which the precision pass narrows a saved
+// value (named NAME.saved: a cast, or for fp8 the division by the scale
+// rounded to fp8), in body order.
 func savedCasts(f *ir.Func) []*ir.Op {
 	var out []*ir.Op
 	for _, op := range f.Body {
-		if op.Kind == "cast" && strings.HasSuffix(op.Results[0].Name, ".saved") {
+		if (op.Kind == "cast" || op.Kind == "div") && strings.HasSuffix(op.Results[0].Name, ".saved") {
 			out = append(out, op)
 		}
 	}
 	return out
 }
 
-// undoNarrowing makes a saved cast keep its operand's dtype, so that the
-// value the backward pass restores from it is the value itself.
+// undoNarrowing makes the narrowing op keep its operand's dtype.
 func undoNarrowing(f *ir.Func, op *ir.Op) {
 	from := op.Operands[0].Type.DType
-	op.Attrs["to"] = ir.TypeAttr(from)
+	if op.Kind == "cast" {
+		op.Attrs["to"] = ir.TypeAttr(from)
+	} else {
+		op.Attrs["result_dtype"] = ir.TypeAttr(from)
+	}
 	op.Results[0].Type.DType = from
 }
 
