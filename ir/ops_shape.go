@@ -352,7 +352,7 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "gather_grad", Summary: "scatter-add dy into zeros of data_shape at the gathered indices", MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}},
+		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}, ResultDTypeAttr},
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			ds := Shape(a.Ints("data_shape"))
 			s, err := GatherShape(ds, in[1], a.Int("axis"))
@@ -362,7 +362,8 @@ func init() {
 			if !s.Equal(in[0].Shape) {
 				return nil, fmt.Errorf("dy %s does not match the gather result %s", in[0], s)
 			}
-			return []Type{{DType: in[0].DType, Shape: ds}}, nil
+			d, err := ResultDTypeOf(a, in[0])
+			return []Type{{DType: d, Shape: ds}}, err
 		},
 		FLOPs: inputFLOPs, Fusion: Opaque, // linear in dy (ScatterND uses it): autodiff has a rule
 		// Loops over dy: the indices' loops are summed into the result's

@@ -178,7 +178,7 @@ func interpretedAndCompiled(t *testing.T, f *ir.Func, args []*interp.Tensor) (wa
 // result's dtype at the result's magnitude plus K²·2^-24·max|a|·max|b|.
 func TestMixedDTypeOpsCompiled(t *testing.T) {
 	requireClang(t)
-	src := `func @mixed(%x: f32[2,4,6,6], %w: f32[8,4,3,3], %a: f32[16,32], %b: f32[32,8], %s: f32[8], %u: f32[6], %labels: i64[16]) -> (c: bf16[2,8,6,6], cw: f32[8,4,3,3], m: f32[16,8], g: f32[16,8], bn: bf16[2,8,6,6], mean: f32[8], st: f32[8,1,1], ad: bf16[2,8,6,6], rs: f32[8], ln: bf16[2,8,6,6], lstat: f32[2,8,6,1], ce: f32[], sm: bf16[2,8,6,6], lsm: bf16[2,4,6,6], smg: f32[2,8,6,6], lsg: bf16[2,4,6,6]) {
+	src := `func @mixed(%x: f32[2,4,6,6], %w: f32[8,4,3,3], %a: f32[16,32], %b: f32[32,8], %s: f32[8], %u: f32[6], %labels: i64[16]) -> (c: bf16[2,8,6,6], cw: f32[8,4,3,3], m: f32[16,8], g: f32[16,8], bn: bf16[2,8,6,6], mean: f32[8], st: f32[8,1,1], ad: bf16[2,8,6,6], rs: f32[8], ln: bf16[2,8,6,6], lstat: f32[2,8,6,1], ce: f32[], sm: bf16[2,8,6,6], lsm: bf16[2,4,6,6], smg: f32[2,8,6,6], lsg: bf16[2,4,6,6], gg: f32[8,8]) {
   %xb = cast(%x) {to = bf16} : bf16[2,4,6,6]
   %c = conv2d(%x, %w) {pads = [1, 1, 1, 1], result_dtype = bf16} : bf16[2,8,6,6]
   %cw = conv2d_grad_weight(%c, %xb) {pads = [1, 1, 1, 1], result_dtype = f32, weight_shape = [8, 4, 3, 3]} : f32[8,4,3,3]
@@ -196,15 +196,16 @@ func TestMixedDTypeOpsCompiled(t *testing.T) {
   %lsm = log_softmax(%x) {result_dtype = bf16} : bf16[2,4,6,6]
   %smg = softmax_grad(%ad, %sm) {axis = 1, result_dtype = f32} : f32[2,8,6,6]
   %lsg = log_softmax_grad(%x, %lsm) {result_dtype = bf16} : bf16[2,4,6,6]
-  return %c, %cw, %m, %g, %bn, %mean, %st, %ad, %rs, %ln, %linv, %ce, %sm, %lsm, %smg, %lsg
+  %gg = gather_grad(%lb, %labels) {axis = 0, data_shape = [8, 8], result_dtype = f32} : f32[8,8]
+  return %c, %cw, %m, %g, %bn, %mean, %st, %ad, %rs, %ln, %linv, %ce, %sm, %lsm, %smg, %lsg, %gg
 }
 `
 	// K: the longest sum behind each result (conv: 4·3·3; its weight
 	// gradient: 2·6·6; matmul: 32, and gemm's C; batch norm and the sums
 	// over a channel: 2·6·6; layer norm: 6; cross-entropy: 8 classes and 16
 	// rows; softmax and its gradient: the 8 channels or 6 columns of a
-	// line).
-	k := []float64{36, 72, 32, 33, 72, 72, 72, 1, 72, 6, 6, 128, 8, 6, 8, 6}
+	// line; the embedding gradient: the 16 rows one index may gather).
+	k := []float64{36, 72, 32, 33, 72, 72, 72, 1, 72, 6, 6, 128, 8, 6, 8, 6, 16}
 	for _, pipeline := range []string{"assign", "fuse,assign"} {
 		m := passtest.Parse(t, src)
 		pipelineOn(t, m, pipeline)

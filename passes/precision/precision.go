@@ -10,7 +10,7 @@
 //
 // With f16 the backward pass runs on a scaled loss, so that small
 // gradients do not flush to zero: the loss-gradient seed is the scale and
-// the returned gradients are multiplied by its inverse. By default the
+// the returned gradients are divided by it. By default the
 // scale is dynamic, as torch.cuda.amp.GradScaler: a state argument
 // loss_scale (initially init-scale) and a count of steps without overflow
 // (loss_scale.good); the step returns grads.finite, true when every
@@ -29,6 +29,7 @@ package precision
 import (
 	"fmt"
 	"math"
+	"sort"
 	"strconv"
 
 	"github.com/kiln-compiler/kiln/diag"
@@ -166,6 +167,10 @@ type rewriter struct {
 	body []*ir.Op
 	env  map[*ir.Value]*ir.Value
 	st   Stats
+	// early are the ops that finish the results (casts to their dtype,
+	// the unscaling of gradients), which hoistUnscaling moves from the
+	// end of the step to the ops they read.
+	early map[*ir.Op]bool
 }
 
 func (r *rewriter) emit(kind string, operands []*ir.Value, attrs ir.Attrs, loc ir.Location, base string) *ir.Value {
@@ -199,7 +204,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			return Stats{}, fmt.Errorf("@%s: run precision before fuse (op %s has a region)", f.Name, op.Kind)
 		}
 	}
-	r := &rewriter{f: f, env: map[*ir.Value]*ir.Value{}}
+	r := &rewriter{f: f, env: map[*ir.Value]*ir.Value{}, early: map[*ir.Op]bool{}}
 	low := c.DType
 	if low == 0 {
 		low = ir.F32
@@ -247,9 +252,10 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			want = ir.F32
 		}
 		// An op that takes result_dtype (a contraction, a sum, a loss,
-		// binary arithmetic) and makes a returned gradient, computes in
-		// f32, is a contraction reading an f32 data input, or is
-		// elementwise reading an f32 parameter, reads its operands as they
+		// binary arithmetic) and makes a returned gradient or another
+		// result of the step (the loss), computes in f32, is a contraction
+		// reading an f32 data input, or is elementwise reading an f32
+		// parameter, reads its operands as they
 		// are (a KeepF32 op: its LowOperands) and rounds its results once
 		// to result_dtype: f32 for a gradient, an accumulator or a
 		// statistic, the low dtype for an activation. An op that computes in f32 reads its
@@ -257,12 +263,15 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		// is made, and the kernels compute what they would from exact f32
 		// copies.
 		def := op.Def()
-		mixed := low != ir.F32 && takesResultDType(def) && (gradOps[op] || def.KeepF32 || def.Contraction && readsFloatData(op) || def.Fusion == ir.Broadcast && readsParam(op))
+		mixed := low != ir.F32 && takesResultDType(def) && (gradOps[op] || def.KeepF32 || def.Contraction && readsFloatData(op) || def.Fusion == ir.Broadcast && readsParam(op) || f.IsResult(op.Results[0]))
 		attrs := op.Attrs
 		if mixed {
 			result := ir.F32
 			if !gradOps[op] && !accumulator && (storedLow(f, op, op.Results[0]) || want == low && !f.IsResult(op.Results[0])) {
 				result = low
+			}
+			if f.IsResult(op.Results[0]) && op.Results[0].Type.DType.IsFloat() {
+				result = op.Results[0].Type.DType // a result of the step (the loss) keeps its dtype: one rounding
 			}
 			attrs = attrs.Clone()
 			attrs["result_dtype"] = ir.TypeAttr(result)
@@ -330,16 +339,38 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			}
 		}
 	}
-	for i := range f.Results {
+	// The results in the order the step completes them, so that the
+	// unscaling of each gradient (and the running sum that checks them)
+	// can follow it at once (hoistUnscaling).
+	order := make([]int, len(f.Results))
+	at := map[*ir.Op]int{}
+	for i, op := range r.body {
+		at[op] = i
+	}
+	doneAt := func(i int) int {
+		if v := r.env[f.Results[i].Value]; v != nil && v.Def != nil {
+			return at[v.Def]
+		}
+		return -1
+	}
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return doneAt(order[a]) < doneAt(order[b]) })
+	for _, i := range order {
 		old := f.Results[i].Value
 		v := r.env[old]
 		if v == nil {
 			continue // an argument returned as it is
 		}
-		v = r.as(v, old.Type.DType, ir.Location{})
+		if w := r.as(v, old.Type.DType, ir.Location{}); w != v {
+			v = w
+			r.early[v.Def] = true
+		}
 		if scale && f.Results[i].Role() == ir.RoleGrad {
 			inv := r.emit("constant", nil, ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: ir.Type{DType: v.Type.DType, Shape: ir.Shape{}}, Floats: []float64{1 / c.LossScale}})}, ir.Location{}, "loss.unscale")
 			v = r.emit("mul", []*ir.Value{v, inv}, nil, ir.Location{}, f.Results[i].Name+".unscaled")
+			r.early[inv.Def], r.early[v.Def] = true, true
 		}
 		if dyn != nil && f.Results[i].Role() == ir.RoleGrad {
 			v = dyn.unscale(r, v, f.Results[i].Name)
@@ -349,6 +380,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 	if dyn != nil {
 		dyn.finish(r)
 	}
+	r.body = hoistUnscaling(r.body, r.early)
 	f.Body = dropUnusedBroadcasts(f, r.body)
 	r.body = f.Body
 	if c.Saved != 0 && c.Saved != low {
