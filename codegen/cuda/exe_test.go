@@ -127,6 +127,9 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=momentum,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", 0},
 		// bf16 activations and products with f32 master weights: bf16 GEMMs.
 		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4},
+		// fp8 saved values: the narrowing (max and min folds, a division
+		// rounded to e4m3), the restores and the scaled products.
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4},
 	} {
 		if testing.Short() && !slices.Contains([]int{0, 1, 3}, k) {
 			continue
@@ -201,6 +204,10 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			require.Positive(t, library, "library calls in the plan")
 			if c.batch == 32 {
 				require.Contains(t, out.Kernels, "_partial(", "reductions split into partial sums")
+			}
+			if strings.Contains(c.pipeline, "saved=fp8") {
+				require.Regexp(t, `= kiln_f32_to_f8e4m3\(`, out.Kernels, "kernels that store fp8")
+				require.Regexp(t, `kiln_f8e4m3_to_f32\(`, out.Kernels, "kernels that read fp8")
 			}
 			require.Equal(t, int64(cuda.BLASWorkspace), workspace, "cuBLAS's workspace")
 			require.LessOrEqual(t, own, planned+workspace+int64(len(out.Plan.Buffers)), "allocated against planned (a byte for each empty allocation at most)")

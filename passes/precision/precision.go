@@ -104,7 +104,10 @@ func init() {
 				ctx.Approximate(approx, fmt.Sprintf("the backward pass of @%s reads %d saved value(s) stored in %s: %s where the step computes %s", f.Name, st.Saved, o.Saved, diag.Bytes(st.StoredBytes), diag.Bytes(st.SavedBytes)))
 			}
 			if c.DType != ir.F32 {
-				ctx.Note(fmt.Sprintf("@%s keeps in f32 by design: %s of parameters (the master weights), %s of f32 data inputs, %s of results (the gradients and the loss); the rest computes in %s", f.Name, diag.Bytes(st.ParamBytes), diag.Bytes(st.DataBytes), diag.Bytes(st.ResultBytes), c.DType))
+				ctx.Note(fmt.Sprintf("@%s keeps in f32 by design: %s of parameters (the master weights), %s of f32 data inputs, %s of results (the gradients and the loss), %d gradient partial sums and %d statistics (%s); it makes %d per-product %s copies of master weights (%s); the rest computes in %s",
+					f.Name, diag.Bytes(st.ParamBytes), diag.Bytes(st.DataBytes), diag.Bytes(st.ResultBytes),
+					st.ByDesign["gradient"].Count, st.ByDesign["statistic"].Count, diag.Bytes(st.ByDesign["gradient"].Bytes+st.ByDesign["statistic"].Bytes),
+					st.ByDesign["weight copy"].Count, c.DType, diag.Bytes(st.ByDesign["weight copy"].Bytes), c.DType))
 			}
 		}
 		return nil
@@ -152,6 +155,15 @@ type Stats struct {
 	Casts, Saved                       int
 	SavedBytes, StoredBytes            int64
 	ParamBytes, DataBytes, ResultBytes int64
+	// ByDesign counts the values KeptByDesign names, by class, and their
+	// bytes (each as large as it is, however briefly it lives).
+	ByDesign map[string]ValueCount
+}
+
+// ValueCount is a number of values and their bytes.
+type ValueCount struct {
+	Count int
+	Bytes int64
 }
 
 // An op computes in f32 where its record says KeepF32: reductions whose
@@ -400,6 +412,13 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 			r.st.ResultBytes += res.Value.Type.SizeBytes()
 		}
 	}
+	r.st.ByDesign = map[string]ValueCount{}
+	for v, class := range KeptByDesign(f) {
+		if !f.IsResult(v) {
+			c := r.st.ByDesign[class]
+			r.st.ByDesign[class] = ValueCount{c.Count + 1, c.Bytes + v.Type.SizeBytes()}
+		}
+	}
 	return r.st, ir.Verify(&ir.Module{Funcs: []*ir.Func{f}})
 }
 
@@ -579,6 +598,9 @@ func narrowSaved(r *rewriter, d ir.DType) {
 			}
 			if x.Def.Def().KeepF32 && !storedLow(r.f, x.Def, x) {
 				continue // a statistic keeps f32, as in the low-precision step
+			}
+			if ir.IsConstant(x.Def) {
+				continue // made again at no cost: nothing to store
 			}
 			if i < start {
 				lastForward[x] = i
