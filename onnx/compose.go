@@ -275,7 +275,6 @@ func init() {
 	for onnxName, r := range map[string]struct {
 		pre, reduce, post string
 	}{
-		"ReduceMin":       {"neg", "reduce_max", "neg"},
 		"ReduceL1":        {"abs", "reduce_sum", ""},
 		"ReduceL2":        {"square", "reduce_sum", "sqrt"},
 		"ReduceSumSquare": {"square", "reduce_sum", ""},
@@ -304,11 +303,8 @@ func init() {
 	}
 	// ReduceMin and ReduceMax of integers and booleans: in int64 (exact
 	// for every integer type but uint64, which reduces in u64; booleans
-	// as 0 and 1, where the minimum is all and the maximum any), the
-	// minimum as -1 - max(-1 - x) (bitwise not, in either), which reverses
-	// the order without the overflow of -max(-x) at INT64_MIN or the wrap
-	// of negating an unsigned value.
-	for _, name := range []string{"ReduceMin", "ReduceMax"} {
+	// as 0 and 1, where the minimum is all and the maximum any).
+	for name, kind := range map[string]string{"ReduceMin": "reduce_min", "ReduceMax": "reduce_max"} {
 		float := converters[name]
 		converters[name] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			d := in[0].typ().DType
@@ -321,21 +317,14 @@ func init() {
 			}
 			c := &chain{im: im}
 			x := c.cast(in[0], wide)
-			if name == "ReduceMin" {
-				x = c.op("sub", nil, scalarConst(wide, -1), x)
-			}
 			if c.err != nil {
 				return nil, c.err
 			}
-			out, err := im.reduce(n, "reduce_max", append([]entry{x}, in[1:]...), attrInt(n, "keepdims", 1) == 1)
+			out, err := im.reduce(n, kind, append([]entry{x}, in[1:]...), attrInt(n, "keepdims", 1) == 1)
 			if err != nil {
 				return nil, err
 			}
-			y := out[0]
-			if name == "ReduceMin" {
-				y = c.op("sub", nil, scalarConst(wide, -1), y)
-			}
-			return c.done(c.cast(y, d))
+			return c.done(c.cast(out[0], d))
 		}
 	}
 	// ReduceLogSumExp: m + log(sum(exp(x - m))), m the (kept) maximum, so

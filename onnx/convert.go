@@ -373,7 +373,7 @@ func init() {
 		}
 		return im.emit("expand", in[:1], ir.Attrs{"shape": ir.IntsAttr(shape...)})
 	}
-	for onnxName, kind := range map[string]string{"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max"} {
+	for onnxName, kind := range map[string]string{"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max", "ReduceMin": "reduce_min"} {
 		converters[onnxName] = func(im *importer, n *node, in []entry) ([]entry, error) {
 			return im.reduce(n, kind, in, attrInt(n, "keepdims", 1) == 1)
 		}

@@ -469,12 +469,12 @@ func requireInts(t *testing.T, name string, want [][]int64, got []*interp.Tensor
 // TestUint64Compiled: u64 keeps its 64 bits and reads them unsigned
 // wherever that differs from i64, in the interpreter and compiled alike:
 // with a = 2^64-2 (which i64 reads as -2), a / 3, a % 3, a > 1, max(a,
-// 1), the maximum over a row, the conversion to f64 (2^64-2 rounds to
+// 1), the maximum and minimum over a row, the conversion to f64 (2^64-2 rounds to
 // 2^64) and a^2 (wrapping to 4); from f32, -5 saturates to 0 and 3e19 to
 // 2^64-1; a u64 constant above 2^63 round-trips the text format.
 func TestUint64Compiled(t *testing.T) {
 	requireClang(t)
-	m, err := parser.Parse("in.kir", `func @f(%a: u64[3], %x: f32[3]) -> (u64[3], u64[3], bool[3], u64[3], u64[1], f64[3], u64[3], u64[3], u64[3]) {
+	m, err := parser.Parse("in.kir", `func @f(%a: u64[3], %x: f32[3]) -> (u64[3], u64[3], bool[3], u64[3], u64[1], f64[3], u64[3], u64[3], u64[3], u64[1]) {
   %three = constant() {value = dense<u64[3]: 3>} : u64[3]
   %big = constant() {value = dense<u64[3]: 18446744073709551615>} : u64[3]
   %q = div(%a, %three) : u64[3]
@@ -488,7 +488,8 @@ func TestUint64Compiled(t *testing.T) {
   %p = pow(%a, %two) : u64[3]
   %c = cast(%x) {to = u64} : u64[3]
   %m = min(%a, %big) : u64[3]
-  return %q, %r, %g, %mx, %rm, %f, %p, %c, %m
+  %rn = reduce_min(%a) {axes = [0], keepdims = true} : u64[1]
+  return %q, %r, %g, %mx, %rm, %f, %p, %c, %m, %rn
 }
 `)
 	require.NoError(t, err)
@@ -510,6 +511,7 @@ func TestUint64Compiled(t *testing.T) {
 		{4, 49, 0},
 		{0, top, 12},
 		{top - 1, 7, 0},
+		{0}, // i64 would read 2^64-2 as -2, the smallest
 	}
 	interpreted, compiled := interpretedAndCompiled(t, f, args)
 	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
