@@ -111,21 +111,25 @@ func BFloat16Bits(x float64) uint16 { return uint16(fmtBF16.encode(float64(float
 // BFloat16FromBits decodes bfloat16 bits.
 func BFloat16FromBits(b uint16) float64 { return fmtBF16.decode(uint32(b)) }
 
-// Float8E4M3Bits rounds x to fp8 e4m3 (no infinities; overflow saturates to 448).
-func Float8E4M3Bits(x float64) uint8 { return uint8(fmtF8E4M3.encode(x)) }
+// Float8E4M3Bits rounds x, first to f32, to fp8 e4m3 (no infinities;
+// overflow saturates to 448).
+func Float8E4M3Bits(x float64) uint8 { return uint8(fmtF8E4M3.encode(float64(float32(x)))) }
 
 // Float8E4M3FromBits decodes fp8 e4m3 bits.
 func Float8E4M3FromBits(b uint8) float64 { return fmtF8E4M3.decode(uint32(b)) }
 
-// Float8E5M2Bits rounds x to fp8 e5m2 and returns its bits.
-func Float8E5M2Bits(x float64) uint8 { return uint8(fmtF8E5M2.encode(x)) }
+// Float8E5M2Bits rounds x, first to f32, to fp8 e5m2 and returns its
+// bits.
+func Float8E5M2Bits(x float64) uint8 { return uint8(fmtF8E5M2.encode(float64(float32(x)))) }
 
 // Float8E5M2FromBits decodes fp8 e5m2 bits.
 func Float8E5M2FromBits(b uint8) float64 { return fmtF8E5M2.decode(uint32(b)) }
 
 // RoundTo rounds x to the nearest value representable in d (ties to even)
 // and returns it as a float64; integer dtypes truncate toward zero and
-// bool maps nonzero to 1.
+// bool maps nonzero to 1. bf16 and fp8 round from x's f32 value, as
+// compiled code computes their results in f32 and then converts them: an
+// op whose result_dtype is fp8 equals the same op in f32 and a cast.
 func RoundTo(d DType, x float64) float64 {
 	switch d {
 	case F64:

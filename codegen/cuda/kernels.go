@@ -340,6 +340,8 @@ func identity(op scalar.Prim, k loops.Kind) string {
 		return floatLit(0, k)
 	}
 	switch {
+	case k == loops.Bool: // any (max) starts false, all (min) true
+		return strconv.FormatBool(op == scalar.Min)
 	case k == loops.U64 && op == scalar.Min:
 		return "18446744073709551615ull"
 	case k == loops.U64:

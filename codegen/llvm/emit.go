@@ -842,7 +842,7 @@ func (md *module) intPow(unsigned bool) *ir.Func {
 // intPred is the icmp predicate of a comparison of integers of kind k
 // (signed for I64, unsigned for U64).
 func intPred(p scalar.Prim, k loops.Kind) enum.IPred {
-	if k == loops.U64 {
+	if k == loops.U64 || k == loops.Bool { // i1: true is 1, not -1
 		return map[scalar.Prim]enum.IPred{scalar.Eq: enum.IPredEQ, scalar.Ne: enum.IPredNE, scalar.Lt: enum.IPredULT, scalar.Le: enum.IPredULE, scalar.Gt: enum.IPredUGT, scalar.Ge: enum.IPredUGE}[p]
 	}
 	return map[scalar.Prim]enum.IPred{scalar.Eq: enum.IPredEQ, scalar.Ne: enum.IPredNE, scalar.Lt: enum.IPredSLT, scalar.Le: enum.IPredSLE, scalar.Gt: enum.IPredSGT, scalar.Ge: enum.IPredSGE}[p]
@@ -859,6 +859,9 @@ func identity(op scalar.Prim, k loops.Kind) value.Value {
 			v = math.Inf(1)
 		}
 		return constant.NewFloat(kindType(k).(*types.FloatType), v)
+	}
+	if k == loops.Bool { // any (max) starts false, all (min) true
+		return constant.NewInt(types.I1, map[bool]int64{true: 1}[op == scalar.Min])
 	}
 	switch {
 	case op == scalar.Max && k == loops.U64:

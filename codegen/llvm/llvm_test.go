@@ -3,9 +3,11 @@ package llvm_test
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -518,6 +520,60 @@ func TestUint64Compiled(t *testing.T) {
 		requireInts(t, name, wantInts, got)
 		require.Equal(t, []float64{0x1p64, 7, 0}, got[5].F, "%s: u64 to f64", name)
 	}
+}
+
+// TestBoolReductionsCompiled: reduce_max of bools is any, reduce_min all,
+// their folds starting from false and true.
+func TestBoolReductionsCompiled(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("in.kir", `func @f(%b: bool[3,4]) -> (bool[3], bool[3]) {
+  %any = reduce_max(%b) {axes = [1]} : bool[3]
+  %all = reduce_min(%b) {axes = [1]} : bool[3]
+  return %any, %all
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "assign")
+	f := m.Funcs[0]
+	b := interp.FromInts(ir.TensorOf(ir.Bool, 3, 4), []int64{0, 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1})
+	interpreted, compiled := interpretedAndCompiled(t, f, []*interp.Tensor{b})
+	for name, got := range map[string][]*interp.Tensor{"interpreter": interpreted, "compiled": compiled} {
+		requireInts(t, name, [][]int64{{0, 1, 1}, {0, 0, 1}}, got)
+	}
+}
+
+// TestFP8DivisionCompiled: a division whose result_dtype is fp8 (how
+// precision{saved=fp8} stores a value by its scale) rounds as the f32
+// division and a cast do, in the interpreter and compiled alike: both
+// round the quotient to f32 first. On -1.9217348 / 0.007065201 rounding
+// the f64 quotient straight to e4m3 gives -288 where the f32 one gives
+// -256.
+func TestFP8DivisionCompiled(t *testing.T) {
+	requireClang(t)
+	const n = 4096
+	m, err := parser.Parse("in.kir", strings.ReplaceAll(`func @f(%x: f32[N], %s: f32[]) -> (f8e4m3[N], f8e4m3[N]) {
+  %q = div(%x, %s) {result_dtype = f8e4m3} : f8e4m3[N]
+  %d = div(%x, %s) : f32[N]
+  %c = cast(%d) {to = f8e4m3} : f8e4m3[N]
+  return %q, %c
+}
+`, "N", strconv.Itoa(n)))
+	require.NoError(t, err)
+	pipelineOn(t, m, "assign")
+	f := m.Funcs[0]
+	rng := rand.New(rand.NewPCG(3, 4))
+	xs := make([]float64, n)
+	xs[0] = float64(float32(-1.9217348))
+	for i := 1; i < n; i++ {
+		xs[i] = float64(float32(rng.NormFloat64() * 2))
+	}
+	args := []*interp.Tensor{interp.FromFloats(ir.TensorOf(ir.F32, n), xs), interp.FromFloats(ir.Type{DType: ir.F32, Shape: ir.Shape{}}, []float64{float64(float32(0.007065201))})}
+	want, got := interpretedAndCompiled(t, f, args)
+	require.Equal(t, -256.0, want[0].F[0])
+	for name, r := range map[string][]*interp.Tensor{"interpreter": want, "compiled": got} {
+		require.Equal(t, r[1].F, r[0].F, "%s: the fp8 division and the f32 division cast", name)
+	}
+	require.Equal(t, want[0].F, got[0].F, "interpreter and compiled")
 }
 
 // TestFP8CastsCompiled: casts to fp8 follow ONNX's Cast in the

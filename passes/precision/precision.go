@@ -275,7 +275,7 @@ func Apply(f *ir.Func, c Config) (Stats, error) {
 		// is made, and the kernels compute what they would from exact f32
 		// copies.
 		def := op.Def()
-		mixed := low != ir.F32 && takesResultDType(def) && (gradOps[op] || def.KeepF32 || def.Contraction && readsFloatData(op) || def.Fusion == ir.Broadcast && readsParam(op) || f.IsResult(op.Results[0]))
+		mixed := low != ir.F32 && takesResultDType(def) && (gradOps[op] || def.KeepF32 || def.Contraction && readsFloatData(op) || def.Fusion == ir.Broadcast && readsParam(op) || f.IsResult(op.Results[0]) && op.Results[0].Type.DType.IsFloat())
 		attrs := op.Attrs
 		if mixed {
 			result := ir.F32
@@ -761,8 +761,13 @@ func KeptByDesign(f *ir.Func) map[*ir.Value]string {
 	var visit func(v *ir.Value)
 	visit = func(v *ir.Value) {
 		op := v.Def
-		if op == nil || out[v] != "" || v.Type.Rank() == 0 {
+		if op == nil || out[v] != "" || v.Type.Rank() == 0 || !v.Type.DType.IsFloat() {
 			return
+		}
+		for _, x := range op.Operands {
+			if x.Type.DType == ir.F8E4M3 {
+				return // a product of a stored fp8 value before its scaling: a cost of fp8
+			}
 		}
 		out[v] = "gradient"
 		d := op.Def()
