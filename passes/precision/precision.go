@@ -104,10 +104,10 @@ func init() {
 				ctx.Approximate(approx, fmt.Sprintf("the backward pass of @%s reads %d saved value(s) stored in %s: %s where the step computes %s", f.Name, st.Saved, o.Saved, diag.Bytes(st.StoredBytes), diag.Bytes(st.SavedBytes)))
 			}
 			if c.DType != ir.F32 {
-				ctx.Note(fmt.Sprintf("@%s keeps in f32 by design: %s of parameters (the master weights), %s of f32 data inputs, %s of results (the gradients and the loss), %d gradient partial sums and %d statistics (%s); it makes %d per-product %s copies of master weights (%s); the rest computes in %s",
+				ctx.Note(fmt.Sprintf("@%s keeps in f32 by design: %s of parameters (the master weights), %s of f32 data inputs, %s of results (the gradients and the loss), gradient partial sums (%d, %s) and statistics (%d, %s); it makes per-product %s copies of master weights (%d, %s); the rest computes in %s",
 					f.Name, diag.Bytes(st.ParamBytes), diag.Bytes(st.DataBytes), diag.Bytes(st.ResultBytes),
-					st.ByDesign["gradient"].Count, st.ByDesign["statistic"].Count, diag.Bytes(st.ByDesign["gradient"].Bytes+st.ByDesign["statistic"].Bytes),
-					st.ByDesign["weight copy"].Count, c.DType, diag.Bytes(st.ByDesign["weight copy"].Bytes), c.DType))
+					st.ByDesign["gradient"].Count, diag.Bytes(st.ByDesign["gradient"].Bytes), st.ByDesign["statistic"].Count, diag.Bytes(st.ByDesign["statistic"].Bytes),
+					c.DType, st.ByDesign["weight copy"].Count, diag.Bytes(st.ByDesign["weight copy"].Bytes), c.DType))
 			}
 		}
 		return nil
