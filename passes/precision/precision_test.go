@@ -235,8 +235,14 @@ func checkSavedError(t *testing.T, p string, d ir.DType) {
 		require.NoError(t, err)
 		saved := savedCasts(f)
 		require.NotEmpty(t, saved, "no saved value narrowed")
+		kept := precision.KeptByDesign(f)
 		for _, op := range saved {
 			require.Equal(t, d, op.Results[0].Type.DType, "%s", op.Results[0].Name)
+			// Statistics keep f32 (as the low-precision step keeps them);
+			// a constant is made again, not stored.
+			x := op.Operands[0]
+			require.NotEqual(t, "statistic", kept[x], "%s narrows a statistic", op.Results[0].Name)
+			require.False(t, ir.IsConstant(x.Def), "%s narrows a constant", op.Results[0].Name)
 		}
 		run := func(keep int) []*interp.Tensor { // keep: the one narrowing left (-1: none)
 			v, vargs := smallModel(t, dir, p)
@@ -407,5 +413,25 @@ func TestFP8ReadersComputeInTheirDType(t *testing.T) {
 			require.Equal(t, want, raw.Type.DType, "%s: %s for %s", c.pipeline, raw.Name, res.Name)
 		}
 		require.Positive(t, low, "%s: no product with a %s result reads a stored fp8 value", c.pipeline, c.low)
+	}
+}
+
+// TestIntegerResultsKeepTheirDType: an op that makes an integer result of
+// a function (a count returned beside a float result) is left as it is;
+// only float results round once into their dtype.
+func TestIntegerResultsKeepTheirDType(t *testing.T) {
+	for _, dtype := range []string{"bf16", "f16"} {
+		m := passtest.Parse(t, `func @f(%x: f32[4,8], %w: f32[8,2] {param}, %m: i64[2,4]) -> (y: f32[4,2], n: i64[]) {
+  %y = matmul(%x, %w) : f32[4,2]
+  %n = reduce_sum(%m) : i64[]
+  return %y, %n
+}`)
+		pipeline(t, m, "precision{dtype="+dtype+"}")
+		f := m.Funcs[0]
+		n := f.Results[1].Value
+		require.Equal(t, ir.I64, n.Type.DType)
+		_, has := n.Def.Attrs["result_dtype"]
+		require.False(t, has, "the integer sum takes no result_dtype")
+		require.Equal(t, ir.F32, f.Results[0].Value.Type.DType, "the float result")
 	}
 }
