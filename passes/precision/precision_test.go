@@ -435,3 +435,22 @@ func TestIntegerResultsKeepTheirDType(t *testing.T) {
 		require.Equal(t, ir.F32, f.Results[0].Value.Type.DType, "the float result")
 	}
 }
+
+// TestSavedConstantsAreNotNarrowed: a constant the backward pass reads
+// (here the factor of a product) is made again, not stored: saved=fp8
+// narrows the activations only.
+func TestSavedConstantsAreNotNarrowed(t *testing.T) {
+	m := passtest.Parse(t, `func @f(%x: f32[8,4], %w: f32[4,4] {param}) -> (f32[8,4]) {
+  %c = constant() {value = dense<f32[8,4]: 0.5>} : f32[8,4]
+  %h = matmul(%x, %w) : f32[8,4]
+  %z = mul(%h, %c) : f32[8,4]
+  %y = tanh(%z) : f32[8,4]
+  return %y
+}`)
+	pipeline(t, m, "autodiff,precision{dtype=f32,saved=fp8}")
+	saved := savedCasts(m.Funcs[0])
+	require.NotEmpty(t, saved, "the activations are narrowed")
+	for _, op := range saved {
+		require.False(t, ir.IsConstant(op.Operands[0].Def), "%s narrows a constant", op.Results[0].Name)
+	}
+}
