@@ -57,6 +57,9 @@ type stageKernel struct {
 	// override replaces expressions of the stage by others (a split
 	// reduction by the fold of its partials).
 	override map[loops.Expr]loops.Expr
+	// body writes the stage as a device function NAME_b that takes its
+	// block index as a last parameter, for a merged launch (merge.go).
+	body bool
 }
 
 // cw writes the C body of one kernel.
@@ -604,7 +607,11 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	w.push()
 	s := k.stage
 	if !k.host {
-		w.line("const long long kiln_i = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+		block := "(long long)blockIdx.x"
+		if k.body {
+			block = "kiln_block"
+		}
+		w.line("const long long kiln_i = %s * blockDim.x + threadIdx.x;", block)
 		w.line("if (kiln_i >= %dLL) return;", k.threads)
 	}
 	rest := "kiln_i"
@@ -685,25 +692,11 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	if w.err != nil {
 		return "", fmt.Errorf("kernel %s: %v", k.name, w.err)
 	}
-	// The launch contract plan-check holds every launch to: the threads
-	// the kernel needs, the bytes each pointer may touch, and the extent
-	// of each scalar (an outer loop's index).
-	var bytes, ext, modes []string
-	for _, p := range k.ptrs {
-		bytes = append(bytes, strconv.FormatInt(p.size, 10))
-		mode := "r"
-		switch {
-		case p.read && p.write:
-			mode = "rw"
-		case p.write:
-			mode = "w"
-		}
-		modes = append(modes, mode)
+	if k.body {
+		return fmt.Sprintf("static __device__ inline void %s_b(%s) {\n%s}\n", k.name, strings.Join(append(params, "long long kiln_block"), ", "), w.b.String()), nil
 	}
-	for _, e := range k.extents {
-		ext = append(ext, strconv.FormatInt(e, 10))
-	}
-	contract := fmt.Sprintf("// kiln launch: threads=%d bytes=%s modes=%s outer=%s\n", k.threads, strings.Join(bytes, ","), strings.Join(modes, ","), strings.Join(ext, ","))
+	bytes, modes, ext := k.contract()
+	contract := launchContract(k.threads, bytes, modes, ext)
 	if k.host {
 		contract = strings.Replace(contract, "kiln launch", "kiln host", 1)
 		return contract + fmt.Sprintf("extern \"C\" void %s(%s) {\n%s}\n", k.name, strings.Join(params, ", "), w.b.String()), nil
@@ -740,6 +733,33 @@ func children(x loops.Expr) []loops.Expr {
 		return []loops.Expr{x.Body}
 	}
 	return nil
+}
+
+// contract is what k's launch contract says of its parameters: the
+// bytes each pointer may touch, how it is used (r, w, rw), and the
+// extent of each scalar (an outer loop's index).
+func (k *stageKernel) contract() (bytes, modes, ext []string) {
+	for _, p := range k.ptrs {
+		bytes = append(bytes, strconv.FormatInt(p.size, 10))
+		mode := "r"
+		switch {
+		case p.read && p.write:
+			mode = "rw"
+		case p.write:
+			mode = "w"
+		}
+		modes = append(modes, mode)
+	}
+	for _, e := range k.extents {
+		ext = append(ext, strconv.FormatInt(e, 10))
+	}
+	return bytes, modes, ext
+}
+
+// launchContract is the line above a kernel that plan-check holds every
+// launch to: the threads the kernel needs, and its parameters' contract.
+func launchContract(threads int64, bytes, modes, ext []string) string {
+	return fmt.Sprintf("// kiln launch: threads=%d bytes=%s modes=%s outer=%s\n", threads, strings.Join(bytes, ","), strings.Join(modes, ","), strings.Join(ext, ","))
 }
 
 // pointerTypes are the C types of k's pointer parameters.

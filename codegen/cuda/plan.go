@@ -135,6 +135,8 @@ type Node struct {
 	Library *Library `json:"library,omitempty"`
 	// events
 	Event *int `json:"event,omitempty"`
+
+	stage *stageKernel // the stage a kernel launch runs (nil: a GEMM epilogue, a split reduction, a merged launch)
 }
 
 // Collective is the NCCL call of a collective node: Call
@@ -247,7 +249,8 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	}
 	align := f.Attrs.Int("alignment", 64)
 	b := &planner{f: f, dev: dev, prog: prog, info: liveness.Analyze(f), consts: &constTable{names: map[*ir.Dense]string{}},
-		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}, alias: map[*loops.Stage]string{}, override: map[*loops.Stage]map[loops.Expr]loops.Expr{}}
+		byName: map[string]int{}, kernelSrc: map[string]bool{}, argTypes: map[string][]string{}, alias: map[*loops.Stage]string{}, override: map[*loops.Stage]map[loops.Expr]loops.Expr{},
+		mergedName: map[string]string{}, bodySrc: map[string]bool{}}
 	arena := alignUp(f.Attrs.Int("arena", 0), loops.TempAlignment)
 	// Empty lists are [] in plan.json, never null (the schema wants arrays).
 	b.plan = &Plan{Format: Format, Version: Version, Function: f.Name, Target: Target{Arch: Arch},
@@ -294,7 +297,12 @@ type planner struct {
 	raw       []Node // nodes before events
 	argTypes  map[string][]string
 	alias     map[*loops.Stage]string // names of stages made here (GEMM epilogues, split reductions)
-	override  map[*loops.Stage]map[loops.Expr]loops.Expr
+	// mergedName names the kernel of each merge of independent stage
+	// launches (merge.go) by its stages and grids; bodySrc says which
+	// stages' device functions kernels.cu has.
+	mergedName map[string]string
+	bodySrc    map[string]bool
+	override   map[*loops.Stage]map[loops.Expr]loops.Expr
 	// splitTop is where the kernel being planned may put the partials of
 	// a split reduction (after its temporaries and earlier partials), up to
 	// splitLimit, the end of the workspace the plan has anyway.
@@ -402,6 +410,11 @@ func (b *planner) nodes(arena int64) (int64, error) {
 			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
 		}
 		ws = max(ws, b.splitTop-arena)
+		merged, err := b.mergeIndependent(b.raw[first:])
+		if err != nil {
+			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
+		}
+		b.raw = append(b.raw[:first], merged...)
 		launched := b.raw[first:]
 		if len(launched) == 0 {
 			continue
@@ -527,7 +540,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 			if threads == 0 {
 				continue
 			}
-			n := Node{Kind: "kernel", Stream: 0, Op: op, Kernel: name, Grid: &[3]int{int((threads + BlockSize - 1) / BlockSize), 1, 1}, Block: &[3]int{BlockSize, 1, 1}}
+			n := Node{Kind: "kernel", Stream: 0, Op: op, Kernel: name, Grid: &[3]int{int((threads + BlockSize - 1) / BlockSize), 1, 1}, Block: &[3]int{BlockSize, 1, 1}, stage: sk}
 			if b.host {
 				// A C function the runtime calls on the host stream, in
 				// order with the copies and kernels its events name.
