@@ -14,16 +14,16 @@ const maxMergedParams = 256
 // consecutive stage launches on one stream of which none touches bytes
 // another writes becomes one launch of a kernel whose blocks are split
 // between the stages (each stage a device function taking its block
-// index). Stages that depend on one another (a fold after its partial
+// index). Only stages outside loops merge (mergeable). Stages that depend on one another (a fold after its partial
 // sums, a scatter after the fill it adds into) stay separate launches:
 // they need the grid-wide order that only launch boundaries give.
 func (b *planner) mergeIndependent(nodes []Node) ([]Node, error) {
 	var out []Node
 	for i := 0; i < len(nodes); {
 		j := i + 1
-		if nodes[i].stage != nil {
+		if mergeable(nodes[i]) {
 			params := len(nodes[i].Args)
-			for j < len(nodes) && nodes[j].stage != nil && nodes[j].Stream == nodes[i].Stream &&
+			for j < len(nodes) && mergeable(nodes[j]) && nodes[j].Stream == nodes[i].Stream &&
 				params+len(nodes[j].Args) <= maxMergedParams && independent(nodes[i:j], nodes[j]) {
 				params += len(nodes[j].Args)
 				j++
@@ -43,6 +43,13 @@ func (b *planner) mergeIndependent(nodes []Node) ([]Node, error) {
 	}
 	return out, nil
 }
+
+// mergeable says whether launch n may join a merged launch: a stage
+// outside any loop. A stage inside a loop runs once per iteration with
+// the indices as arguments, and plan-check holds each kernel to one run
+// per point of its loops; merging one iteration's launch with another
+// stage's would break that count.
+func mergeable(n Node) bool { return n.stage != nil && len(n.stage.outer) == 0 }
 
 // independent reports whether node n touches no bytes that a node of
 // group writes, and writes none that one reads.
@@ -67,8 +74,7 @@ func independent(group []Node, n Node) bool {
 // merged is the one launch of the independent stage launches group: its
 // kernel calls stage k's device function with the blocks after those of
 // the stages before it. One kernel serves every merge of the same stages
-// with the same grids (a loop's iterations pass their indices as
-// arguments).
+// with the same grids.
 func (b *planner) merged(group []Node) (Node, error) {
 	var key []string
 	for _, n := range group {
@@ -99,7 +105,7 @@ func (b *planner) merged(group []Node) (Node, error) {
 // launch contract: the threads of every stage before the last in whole
 // blocks, and the parameters of each stage in turn.
 func (b *planner) mergedSource(name string, group []Node) (string, []string, error) {
-	var src, params, calls, bytes, modes, ext, types []string
+	var src, params, calls, bytes, modes, types []string
 	threads, start := int64(0), 0
 	for k, n := range group {
 		sk := n.stage
@@ -124,15 +130,8 @@ func (b *planner) mergedSource(name string, group []Node) (string, []string, err
 			params = append(params, pt+"__restrict__ "+p)
 			args = append(args, p)
 		}
-		for range sk.outer {
-			v := fmt.Sprintf("v%d", len(ext))
-			ext = append(ext, "")
-			params = append(params, "long long "+v)
-			args = append(args, v)
-		}
-		kb, km, ke := sk.contract()
+		kb, km, _ := sk.contract() // no scalars: a merged stage is outside any loop
 		bytes, modes = append(bytes, kb...), append(modes, km...)
-		copy(ext[len(ext)-len(ke):], ke)
 		block := "kiln_block"
 		if start > 0 {
 			block = fmt.Sprintf("kiln_block - %d", start)
@@ -147,7 +146,7 @@ func (b *planner) mergedSource(name string, group []Node) (string, []string, err
 			threads += sk.threads
 		}
 	}
-	src = append(src, launchContract(threads, bytes, modes, ext)+
+	src = append(src, launchContract(threads, bytes, modes, nil)+
 		fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n  const long long kiln_block = blockIdx.x;\n%s\n}\n",
 			BlockSize, name, strings.Join(params, ", "), strings.Join(calls, "\n")))
 	return strings.Join(src, ""), types, nil

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/plancheck"
 )
 
@@ -54,4 +55,22 @@ func maxAbs(xs []float64) float64 {
 		m = max(m, x, -x)
 	}
 	return m
+}
+
+// TestMergedPlansPassPlanCheck: stages inside a loop (a convolution run
+// per image and chunk: its epilogue, the next im2col, the fill of a
+// weight gradient) do not merge: plan-check holds a kernel with loop
+// indices to one launch per point of its loops, which a merge of one
+// iteration's launch with another stage's breaks.
+func TestMergedPlansPassPlanCheck(t *testing.T) {
+	for _, c := range []struct{ model, pipeline string }{
+		{"testdata/conv_bias.kir", "fuse,assign"},
+		{"testdata/conv_wide.kir", "autodiff,optimizer{kind=sgd,lr=0.1},fuse,assign"},
+	} {
+		dir, _, _ := compileWith(t, c.model, c.pipeline, onnx.Options{})
+		lp, err := plancheck.LoadDir(dir)
+		require.NoError(t, err)
+		_, err = plancheck.CheckStructure(lp)
+		require.NoError(t, err, "%s: plan-check", c.model)
+	}
 }

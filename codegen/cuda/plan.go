@@ -136,7 +136,7 @@ type Node struct {
 	// events
 	Event *int `json:"event,omitempty"`
 
-	stage *stageKernel // the stage a kernel launch runs (nil: a GEMM epilogue, a split reduction, a merged launch)
+	stage *stageKernel // the stage a kernel launch runs (nil: a library call, a copy, a host function, a merged launch)
 }
 
 // Collective is the NCCL call of a collective node: Call

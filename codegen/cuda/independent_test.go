@@ -1,0 +1,34 @@
+package cuda
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestIndependentAccesses: a launch joins a merge only if it neither
+// reads nor writes bytes a launch of the merge writes, nor writes bytes
+// one reads; reads of the same bytes, and bytes of another slot or
+// space, do not conflict.
+func TestIndependentAccesses(t *testing.T) {
+	node := func(space string, slot int, off, size int64, mode string) Node {
+		return Node{Args: []KArg{{Kind: "pointer", Pointer: &Access{Space: space, Slot: slot, Offset: off, SizeBytes: size, Mode: mode}}, {Kind: "scalar", Value: 3}}}
+	}
+	for _, c := range []struct {
+		name       string
+		earlier, n Node
+		want       bool
+	}{
+		{"read after write", node("device", 0, 0, 64, "write"), node("device", 0, 32, 64, "read"), false},
+		{"write after read", node("device", 0, 32, 64, "read"), node("device", 0, 0, 64, "write"), false},
+		{"write after write", node("device", 0, 0, 64, "write"), node("device", 0, 63, 1, "write"), false},
+		{"readwrite after read", node("device", 0, 0, 64, "read"), node("device", 0, 0, 8, "readwrite"), false},
+		{"reads of the same bytes", node("device", 0, 0, 64, "read"), node("device", 0, 0, 64, "read"), true},
+		{"adjacent bytes", node("device", 0, 0, 64, "write"), node("device", 0, 64, 64, "write"), true},
+		{"another slot", node("param", 1, 0, 64, "write"), node("param", 2, 0, 64, "write"), true},
+		{"another space", node("device", 0, 0, 64, "write"), node("input", 0, 0, 64, "read"), true},
+	} {
+		require.Equal(t, c.want, independent([]Node{c.earlier}, c.n), c.name)
+		require.Equal(t, c.want, independent([]Node{node("device", 5, 0, 8, "write"), c.earlier}, c.n), "%s, second in the merge", c.name)
+	}
+}
