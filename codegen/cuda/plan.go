@@ -416,6 +416,13 @@ func (b *planner) nodes(arena int64) (int64, error) {
 		}
 		b.raw = append(b.raw[:first], merged...)
 		launched := b.raw[first:]
+		for _, n := range launched {
+			if n.stage != nil { // launched alone: its kernel (a merged stage has its device function)
+				if err := b.emitStage(n.stage); err != nil {
+					return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
+				}
+			}
+		}
 		if len(launched) == 0 {
 			continue
 		}
@@ -526,14 +533,8 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				threads *= e
 			}
 			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st, b.override[st]), threads: threads, host: b.host, override: b.override[st]}
-			if !b.kernelSrc[name] {
-				src, err := kernelSource(sk, b.consts)
-				if err != nil {
-					return err
-				}
-				b.kernelSrc[name] = true
-				b.kernels = append(b.kernels, src)
-				if b.argTypes[name], err = sk.pointerTypes(); err != nil {
+			if b.host {
+				if err := b.emitStage(sk); err != nil {
 					return err
 				}
 			}
@@ -571,6 +572,21 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 		}
 	}
 	return nil
+}
+
+// emitStage adds sk's kernel (or host function) to kernels.cu, once.
+func (b *planner) emitStage(sk *stageKernel) error {
+	if b.kernelSrc[sk.name] {
+		return nil
+	}
+	src, err := kernelSource(sk, b.consts)
+	if err != nil {
+		return err
+	}
+	b.kernelSrc[sk.name] = true
+	b.kernels = append(b.kernels, src)
+	b.argTypes[sk.name], err = sk.pointerTypes()
+	return err
 }
 
 // pointerAccess is the byte range of the loop buffer lb (a view of a
