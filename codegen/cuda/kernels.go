@@ -40,6 +40,17 @@ type pointerArg struct {
 	write bool
 }
 
+// mode is how a stage uses the buffer: "read", "write" or "readwrite".
+func (p *pointerArg) mode() string {
+	switch {
+	case p.read && p.write:
+		return "readwrite"
+	case p.write:
+		return "write"
+	}
+	return "read"
+}
+
 // stageKernel is one stage of a loop program as a CUDA kernel: one thread
 // per point of the stage's domain; loop variables of enclosing Loops are
 // scalar parameters.
@@ -741,14 +752,7 @@ func children(x loops.Expr) []loops.Expr {
 func (k *stageKernel) contract() (bytes, modes, ext []string) {
 	for _, p := range k.ptrs {
 		bytes = append(bytes, strconv.FormatInt(p.size, 10))
-		mode := "r"
-		switch {
-		case p.read && p.write:
-			mode = "rw"
-		case p.write:
-			mode = "w"
-		}
-		modes = append(modes, mode)
+		modes = append(modes, map[string]string{"read": "r", "write": "w", "readwrite": "rw"}[p.mode()])
 	}
 	for _, e := range k.extents {
 		ext = append(ext, strconv.FormatInt(e, 10))

@@ -549,13 +549,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				n = Node{Kind: "host", Stream: HostStream, Op: op, Kernel: name}
 			}
 			for _, p := range sk.ptrs {
-				mode := "read"
-				switch {
-				case p.read && p.write:
-					mode = "readwrite"
-				case p.write:
-					mode = "write"
-				}
+				mode := p.mode()
 				if p.buf.Storage == loops.Temp && b.host {
 					return fmt.Errorf("%s runs on the host, but its stage %s needs a temporary, and temporaries live in the device workspace", k.Name, name)
 				}
