@@ -32,3 +32,16 @@ func TestIndependentAccesses(t *testing.T) {
 		require.Equal(t, c.want, independent([]Node{node("device", 5, 0, 8, "write"), c.earlier}, c.n), "%s, second in the merge", c.name)
 	}
 }
+
+// TestMergedGridStaysLaunchable: independent launches whose grids would
+// add up past 2^31-1 blocks stay apart.
+func TestMergedGridStaysLaunchable(t *testing.T) {
+	launch := func(off int64) Node {
+		return Node{Kind: "kernel", stage: &stageKernel{name: "k"}, Grid: &[3]int{1 << 30, 1, 1},
+			Args: []KArg{{Kind: "pointer", Pointer: &Access{Space: "device", Offset: off, SizeBytes: 8, Mode: "write"}}}}
+	}
+	b := &planner{}
+	out, err := b.mergeIndependent([]Node{launch(0), launch(8), launch(16)})
+	require.NoError(t, err)
+	require.Len(t, out, 3, "2^31 blocks and more are not one launch")
+}

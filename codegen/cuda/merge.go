@@ -10,22 +10,29 @@ import (
 // CUDA takes 4 KiB of kernel parameters on every architecture we target).
 const maxMergedParams = 256
 
+// maxGridBlocks is the most blocks a launch's grid may have along x.
+const maxGridBlocks = 1<<31 - 1
+
 // mergeIndependent rewrites the launches of one kernel op: a run of
 // consecutive stage launches on one stream of which none touches bytes
 // another writes becomes one launch of a kernel whose blocks are split
 // between the stages (each stage a device function taking its block
-// index). Only stages outside loops merge (mergeable). Stages that depend on one another (a fold after its partial
-// sums, a scatter after the fill it adds into) stay separate launches:
-// they need the grid-wide order that only launch boundaries give.
+// index). Only stages outside loops merge (mergeable), and only while the
+// merged grid stays within CUDA's 2^31-1 blocks. Stages that depend on
+// one another (a fold after its partial sums, a scatter after the fill
+// it adds into) stay separate launches: they need the grid-wide order
+// that only launch boundaries give.
 func (b *planner) mergeIndependent(nodes []Node) ([]Node, error) {
 	var out []Node
 	for i := 0; i < len(nodes); {
 		j := i + 1
 		if mergeable(nodes[i]) {
-			params := len(nodes[i].Args)
+			params, blocks := len(nodes[i].Args), int64(nodes[i].Grid[0])
 			for j < len(nodes) && mergeable(nodes[j]) && nodes[j].Stream == nodes[i].Stream &&
-				params+len(nodes[j].Args) <= maxMergedParams && independent(nodes[i:j], nodes[j]) {
+				params+len(nodes[j].Args) <= maxMergedParams && blocks+int64(nodes[j].Grid[0]) <= maxGridBlocks &&
+				independent(nodes[i:j], nodes[j]) {
 				params += len(nodes[j].Args)
+				blocks += int64(nodes[j].Grid[0])
 				j++
 			}
 		}
