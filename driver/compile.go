@@ -95,7 +95,7 @@ func lowerForLLVM(in *input, f *ir.Func) (*loops.Program, error) {
 	if err := passes.Established(&ir.Module{Funcs: []*ir.Func{f}}, passes.Assigned); err != nil {
 		return nil, fmt.Errorf("%s: error: %v (an external pass's output? end the pipeline with assign)", in.name, err)
 	}
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
 	}

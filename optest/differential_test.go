@@ -12,7 +12,6 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
@@ -57,7 +56,7 @@ func TestDifferential(t *testing.T) {
 	pipe, err := passes.ParsePipeline("assign", nil)
 	require.NoError(t, err)
 	require.NoError(t, (&passes.Manager{}).Run(m, pipe))
-	prog, err := loops.Lower(f)
+	prog, err := llvm.Lower(f)
 	require.NoError(t, err)
 	exe, err := llvm.Compile(prog, llvm.Options{})
 	require.NoError(t, err)

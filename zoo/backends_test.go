@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/memreport"
@@ -52,7 +51,7 @@ func BenchmarkBackends(b *testing.B) {
 				run(b, m, "canonicalize,dce,cse,fuse,reorder,assign")
 				f := m.Funcs[0]
 				args := interp.RandomArgs(f, 1)
-				p, err := loops.Lower(f)
+				p, err := llvm.Lower(f)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -93,7 +92,7 @@ func BenchmarkCompiledTrainingStep(b *testing.B) {
 		}
 		run(b, m, "autodiff,optimizer{kind=sgd,lr=0.01},canonicalize,dce,cse,fuse,reorder,assign")
 		f := m.Funcs[0]
-		p, err := loops.Lower(f)
+		p, err := llvm.Lower(f)
 		if err != nil {
 			b.Fatal(err)
 		}

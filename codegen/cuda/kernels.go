@@ -302,6 +302,9 @@ func (w *cw) emit(x loops.Expr) string {
 		w.vars[x.Var] = name
 		return w.expr(x.Body)
 	case *loops.Reduce:
+		for _, inner := range loops.InvariantReduces(x) {
+			w.expr(inner) // computed once, before the loop
+		}
 		t := w.tmp()
 		w.line("%s %s = %s;", cType(x.Acc), t, identity(x.Op, x.Acc))
 		w.loops(x.Vars, x.Extents, func() {
@@ -715,35 +718,13 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	return contract + fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
 }
 
-// children are the expressions x reads directly (nil where absent).
+// children are the expressions x reads directly (nil where absent),
+// the kernel writer's bindVar included.
 func children(x loops.Expr) []loops.Expr {
-	switch x := x.(type) {
-	case *bindVar:
-		return []loops.Expr{x.Value, x.Body}
-	case *loops.Load:
-		return append(append([]loops.Expr{}, x.Index...), x.Guard)
-	case *loops.Unary:
-		return []loops.Expr{x.X}
-	case *loops.Binary:
-		return []loops.Expr{x.A, x.B}
-	case *loops.Compare:
-		return []loops.Expr{x.A, x.B}
-	case *loops.Select:
-		return []loops.Expr{x.C, x.A, x.B}
-	case *loops.Convert:
-		return []loops.Expr{x.X}
-	case *loops.Round:
-		return []loops.Expr{x.X}
-	case *loops.Mix:
-		return []loops.Expr{x.X}
-	case *loops.Guarded:
-		return []loops.Expr{x.Cond, x.X}
-	case *loops.Checked:
-		return []loops.Expr{x.Cond, x.X}
-	case *loops.Reduce:
-		return []loops.Expr{x.Body}
+	if b, ok := x.(*bindVar); ok {
+		return []loops.Expr{b.Value, b.Body}
 	}
-	return nil
+	return loops.Children(x)
 }
 
 // contract is what k's launch contract says of its parameters: the

@@ -92,7 +92,7 @@ func TestBreadthZoo(t *testing.T) {
 					pipe, err := passes.ParsePipeline(o2, nil)
 					require.NoError(t, err)
 					require.NoError(t, (&passes.Manager{Workspace: loops.Workspace}).Run(&ir.Module{Funcs: []*ir.Func{g}}, pipe))
-					p, err := loops.Lower(g)
+					p, err := llvm.Lower(g)
 					require.NoError(t, err)
 					res, _, err := llvm.Run(p, cloneAll(args))
 					require.NoError(t, err)

@@ -877,6 +877,13 @@ func identity(op scalar.Prim, k loops.Kind) value.Value {
 }
 
 func (e *fn) reduce(r *loops.Reduce) value.Value {
+	if len(e.cache) == 0 {
+		e.push()
+		defer e.pop()
+	}
+	for _, inner := range loops.InvariantReduces(r) {
+		e.expr(inner) // cached in this scope, which the loop's body sees
+	}
 	t := kindType(r.Acc)
 	acc := e.entry.NewAlloca(t)
 	e.cur.NewStore(identity(r.Op, r.Acc), acc)

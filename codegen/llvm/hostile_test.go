@@ -13,7 +13,6 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/parser"
@@ -66,7 +65,7 @@ func TestHostileNamesCompile(t *testing.T) {
 			require.NoError(t, err, "the printed module reads back")
 			require.Equal(t, m.String(), back.String())
 			pipelineOn(t, m, "assign")
-			p, err := loops.Lower(f)
+			p, err := llvm.Lower(f)
 			require.NoError(t, err)
 
 			// The executable build (clang on driver.c and the module) takes

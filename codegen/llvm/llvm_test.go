@@ -78,7 +78,7 @@ func compileAndCompare(t *testing.T, src, pipeline string, tol float64) {
 			t.Logf("@%s: the interpreter rejects the random arguments: %v", f.Name, err)
 			continue
 		}
-		p, err := loops.Lower(f)
+		p, err := llvm.Lower(f)
 		require.NoError(t, err, "@%s", f.Name)
 		got, gotFinal, err := llvm.Run(p, args)
 		require.NoError(t, err, "@%s", f.Name)
@@ -171,7 +171,7 @@ func TestTestdataCompiledMatchesInterpreter(t *testing.T) {
 			args := interp.RandomArgs(all, 7)
 			want, wantFinal, err := interp.RunWithUpdates(all, cloneAll(args), interp.Options{})
 			require.NoError(t, err)
-			p, err := loops.Lower(all)
+			p, err := llvm.Lower(all)
 			require.NoError(t, err)
 			got, gotFinal, err := llvm.Run(p, args)
 			require.NoError(t, err)
@@ -303,7 +303,7 @@ func TestSoftmaxLargeLogits(t *testing.T) {
 	x := interp.FromFloats(ir.TensorOf(ir.F32, 3, 4), []float64{1e5, 1e5 + 1, 1e5 - 1, 99990, 1e9, 1e9 - 64, 1e9 + 64, 0, -1e9, -1e9 + 128, 3, 2})
 	want, err := interp.Run(f, []*interp.Tensor{x}, interp.Options{})
 	require.NoError(t, err)
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	got, _, err := llvm.Run(p, []*interp.Tensor{x})
 	require.NoError(t, err)
@@ -336,7 +336,7 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 	require.NoError(t, err)
 	pipelineOn(t, m, "autodiff,fuse,assign")
 	f := m.Funcs[0]
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	e := interp.FromFloats(ir.TensorOf(ir.F32, 5, 3), []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
 	x := interp.FromFloats(ir.TensorOf(ir.F32, 4, 6), make([]float64, 24))
@@ -611,7 +611,7 @@ func TestFP8CastsCompiled(t *testing.T) {
 	}
 	interpreted, err := interp.Run(f, []*interp.Tensor{x}, interp.Options{})
 	require.NoError(t, err)
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	compiled, _, err := llvm.Run(p, []*interp.Tensor{x})
 	require.NoError(t, err)
@@ -655,7 +655,7 @@ func TestFP8CastsCompiled(t *testing.T) {
 	}
 	interpreted, err = interp.Run(f, []*interp.Tensor{all}, interp.Options{})
 	require.NoError(t, err)
-	p, err = loops.Lower(f)
+	p, err = llvm.Lower(f)
 	require.NoError(t, err)
 	compiled, _, err = llvm.Run(p, []*interp.Tensor{all})
 	require.NoError(t, err)

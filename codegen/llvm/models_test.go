@@ -76,7 +76,7 @@ func compiledAndInterpreted(t *testing.T, f *ir.Func, args []*interp.Tensor, tol
 	}
 	want, wantFinal, err := interp.RunWithUpdates(f, cloneAll(args), interp.Options{})
 	require.NoError(t, err)
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	res, final, err = llvm.Run(p, args)
 	require.NoError(t, err)

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
@@ -80,7 +79,7 @@ func BenchmarkTrainingStepNoiseFloor(b *testing.B) {
 		}
 		f64, err := interp.Run(g, wide, interp.Options{})
 		require.NoError(b, err)
-		p, err := loops.Lower(f)
+		p, err := llvm.Lower(f)
 		require.NoError(b, err)
 		compiled, _, err := llvm.Run(p, args)
 		require.NoError(b, err)

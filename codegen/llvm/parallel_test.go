@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/stretchr/testify/require"
@@ -57,7 +56,7 @@ func TestParallelKernelsMatchInterpreter(t *testing.T) {
 	passtest.CheckPipeline(t, bigKernels, "fuse,reorder,assign", 1e-6)
 	m2 := passtest.Parse(t, bigKernels)
 	pipelineOn(t, m2, "fuse,reorder,assign")
-	p, err := loops.Lower(m2.Funcs[0])
+	p, err := llvm.Lower(m2.Funcs[0])
 	require.NoError(t, err)
 	text, err := llvm.Text(p, llvm.Options{Threads: 2})
 	require.NoError(t, err)
@@ -111,7 +110,7 @@ func TestParallelScatterMatchesInterpreter(t *testing.T) {
 	want, err := interp.Run(f, cloneAll(args), interp.Options{})
 	require.NoError(t, err)
 	pipelineOn(t, m, "assign")
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	text, err := llvm.Text(p, llvm.Options{Threads: 2})
 	require.NoError(t, err)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -159,7 +158,7 @@ func interpretedAndCompiled(t *testing.T, f *ir.Func, args []*interp.Tensor) (wa
 	t.Helper()
 	want, err := interp.Run(f, cloneAll(args), interp.Options{})
 	require.NoError(t, err)
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	got, _, err = llvm.Run(p, args)
 	require.NoError(t, err)

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passtest"
@@ -105,7 +104,7 @@ func TestRandomFunctionsCompiled(t *testing.T) {
 		args := interp.RandomArgs(f, uint64(n))
 		want, err := interp.Run(f, cloneAll(args), interp.Options{})
 		require.NoError(t, err)
-		p, err := loops.Lower(f)
+		p, err := llvm.Lower(f)
 		require.NoError(t, err, m.String())
 		got, _, err := llvm.Run(p, args)
 		require.NoError(t, err, m.String())

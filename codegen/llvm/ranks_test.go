@@ -42,7 +42,7 @@ func TestCollectivesUnderMPI(t *testing.T) {
 	}
 	want, _, err := interp.RunRanks(f, args, interp.Options{})
 	require.NoError(t, err)
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	got, _, err := llvm.RunRanks(p, args)
 	require.NoError(t, err)
@@ -121,7 +121,7 @@ func stepUnderMPI(t *testing.T, src, spec string) {
 	require.NoError(t, err)
 	parts, err := parallel.ShardValues(f, args)
 	require.NoError(t, err)
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	got, gotArgs, err := llvm.RunRanks(p, parts)
 	require.NoError(t, err)
@@ -189,7 +189,7 @@ func @s2(%x: f64[2,3]) -> (f64[2,3]) attributes {ranks = 2, stage = 2, stages = 
 	var progs []*ir.Func
 	var ps []*loops.Program
 	for _, f := range m.Funcs {
-		p, err := loops.Lower(f)
+		p, err := llvm.Lower(f)
 		require.NoError(t, err)
 		ps = append(ps, p)
 		for r := 0; r < 2; r++ {

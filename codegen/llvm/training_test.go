@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/memreport"
@@ -50,7 +49,7 @@ func TestStepsAdvanceTheirState(t *testing.T) {
 	}
 	require.True(t, lr >= 0 && key >= 0 && step >= 0, "the step's state: %s", f)
 	args[lr].F[0] = 0
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	require.NoError(t, err)
 	exe, err := llvm.Compile(p, llvm.Options{})
 	require.NoError(t, err)
@@ -100,7 +99,7 @@ func TestExecutableStepsAndPeakRSS(t *testing.T) {
 		require.NoError(t, err)
 		pipelineOn(t, m, "autodiff,optimizer{kind=momentum,lr=0.01},"+o2)
 		f := m.Funcs[0]
-		p, err := loops.Lower(f)
+		p, err := llvm.Lower(f)
 		require.NoError(t, err)
 		const steps = 3
 		args := scaledArgs(f, 2)

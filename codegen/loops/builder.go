@@ -12,6 +12,7 @@ type builder struct {
 	nvars int
 	temps []*Buffer
 	steps *[]Step
+	opts  Options
 }
 
 func (b *builder) vars(n int) []*Var {

@@ -243,3 +243,97 @@ type Kernel struct {
 	Steps []Step
 	Temps []*Buffer
 }
+
+// Children are the expressions x reads directly (nil where absent).
+func Children(x Expr) []Expr {
+	switch x := x.(type) {
+	case *Load:
+		return append(append([]Expr{}, x.Index...), x.Guard)
+	case *Unary:
+		return []Expr{x.X}
+	case *Binary:
+		return []Expr{x.A, x.B}
+	case *Compare:
+		return []Expr{x.A, x.B}
+	case *Select:
+		return []Expr{x.C, x.A, x.B}
+	case *Convert:
+		return []Expr{x.X}
+	case *Round:
+		return []Expr{x.X}
+	case *Mix:
+		return []Expr{x.X}
+	case *Guarded:
+		return []Expr{x.Cond, x.X}
+	case *Checked:
+		return []Expr{x.Cond, x.X}
+	case *Reduce:
+		return []Expr{x.Body}
+	}
+	return nil
+}
+
+// InvariantReduces are the outermost reductions in r's body that read
+// none of r's variables and are evaluated wherever the body is (not under
+// a Guarded's X): a backend computes each once, before r's loop, rather
+// than once per term (a max-pool gradient's window maximum, which the
+// search for the first tap equal to it reads at every tap). None when
+// r's domain is empty: the body, and they, are then never evaluated.
+func InvariantReduces(r *Reduce) []*Reduce {
+	for _, e := range r.Extents {
+		if e <= 0 {
+			return nil
+		}
+	}
+	bound := map[*Var]bool{}
+	for _, v := range r.Vars {
+		bound[v] = true
+	}
+	reads := map[Expr]bool{} // whether an expression reads a variable of r
+	var readsBound func(x Expr) bool
+	readsBound = func(x Expr) bool {
+		if x == nil {
+			return false
+		}
+		if v, ok := reads[x]; ok {
+			return v
+		}
+		found := false
+		switch x := x.(type) {
+		case *Var:
+			found = bound[x]
+		case Int, Float, BoolConst, *RankIndex, *Load, *Unary, *Binary, *Compare, *Select, *Convert, *Round, *Mix, *Guarded, *Checked, *Reduce:
+		default:
+			found = true // a backend's own expression: assume it reads them
+		}
+		for _, c := range Children(x) {
+			if readsBound(c) {
+				found = true
+			}
+		}
+		reads[x] = found
+		return found
+	}
+	var out []*Reduce
+	seen := map[Expr]bool{}
+	var walk func(x Expr)
+	walk = func(x Expr) {
+		if x == nil || seen[x] {
+			return
+		}
+		seen[x] = true
+		if inner, ok := x.(*Reduce); ok && !readsBound(inner) {
+			out = append(out, inner)
+			return
+		}
+		if g, ok := x.(*Guarded); ok {
+			walk(g.Cond)
+			return
+		}
+		for _, c := range Children(x) {
+			walk(c)
+		}
+	}
+	walk(r.Body)
+	return out
+}

@@ -17,7 +17,65 @@ type Tensor struct {
 
 // FromBuffer reads a tensor straight from memory.
 func FromBuffer(b *Buffer) Tensor {
-	return Tensor{Type: b.Type, Buf: b, At: func(idx []Expr) Expr { return &Load{Buf: b, Index: idx} }}
+	return Tensor{Type: b.Type, Buf: b, At: func(idx []Expr) Expr { return loadAt(b, idx) }}
+}
+
+// loadAt reads b at idx, merging the axes that a reshape's index
+// arithmetic split (see mergedSplit): a computed tensor read through a
+// view gets each component of its own index as a division and remainder
+// of the view's flat index, which an offset computed from them would
+// repeat per element and hide from the vectoriser; merged, the offset is
+// the flat index again, linear in the loop variables.
+func loadAt(b *Buffer, idx []Expr) *Load {
+	shape := b.Type.Shape
+	merged := false
+	for k := len(idx) - 2; k >= 0; k-- {
+		y, ok := mergedSplit(idx[k], idx[k+1], shape[k+1])
+		if !ok {
+			continue
+		}
+		if !merged {
+			idx, shape, merged = append([]Expr(nil), idx...), append(ir.Shape(nil), shape...), true
+		}
+		idx = append(append(idx[:k:k], y), idx[k+2:]...)
+		shape = append(append(shape[:k:k], shape[k]*shape[k+1]), shape[k+2:]...)
+	}
+	if !merged {
+		return &Load{Buf: b, Index: idx}
+	}
+	return &Load{Buf: alias(b, shape), Index: idx}
+}
+
+// mergedSplit reports whether p and q, consecutive components of an
+// index whose second axis has extent d, are y/d and x%d where y is x or
+// x%m for a multiple m of d, and returns y. Then p·d + q = y, since
+// (y/d)·d + y%d = y under truncating division and y%d = x%d (y ≡ x mod
+// d, both of x's sign): the two axes address memory as one of stride
+// q's, indexed by y, whatever the values.
+func mergedSplit(p, q Expr, d int64) (Expr, bool) {
+	pd, ok := p.(*Binary)
+	if !ok || pd.Op != scalar.Div || !isInt(pd.B, d) {
+		return nil, false
+	}
+	qr, ok := q.(*Binary)
+	if !ok || qr.Op != scalar.Rem || !isInt(qr.B, d) {
+		return nil, false
+	}
+	y := pd.A
+	if y == qr.A {
+		return y, true
+	}
+	if yr, ok := y.(*Binary); ok && yr.Op == scalar.Rem && yr.A == qr.A {
+		if m, ok := yr.B.(Int); ok && m.V != 0 && m.V%d == 0 {
+			return y, true
+		}
+	}
+	return nil, false
+}
+
+func isInt(e Expr, v int64) bool {
+	i, ok := e.(Int)
+	return ok && i.V == v
 }
 
 // alias is b seen with another shape (same bytes, row-major).

@@ -24,7 +24,21 @@ type Program struct {
 
 // Lower turns f, whose values carry arena offsets (the assign pass), into
 // a program. Errors name the op that cannot be compiled.
-func Lower(f *ir.Func) (*Program, error) {
+func Lower(f *ir.Func) (*Program, error) { return LowerWith(f, Options{}) }
+
+// Options are what a backend tells the lowering about itself.
+type Options struct {
+	// Im2colBytes, when not 0, bounds the im2col a convolution stores
+	// for a product over several images (convImages): a backend whose
+	// products run well only when wide (the LLVM microkernel: panels of
+	// 128 columns, split among threads) spends that workspace on them.
+	// 0 keeps one product per image unless the whole batch's im2col fits
+	// im2colBytes.
+	Im2colBytes int64
+}
+
+// LowerWith is Lower for a backend that says what it can do in opts.
+func LowerWith(f *ir.Func, opts Options) (*Program, error) {
 	p := &Program{Func: f}
 	store := map[*ir.Value]*Buffer{}
 	for _, a := range f.Args {
@@ -63,7 +77,7 @@ func Lower(f *ir.Func) (*Program, error) {
 		for i, x := range op.Operands {
 			in[i] = FromBuffer(store[x])
 		}
-		k, err := lowerOp(op, in, outs, fmt.Sprintf("k%d_%s", len(p.Kernels), cName(op.Kind)))
+		k, err := lowerOp(op, in, outs, opts, fmt.Sprintf("k%d_%s", len(p.Kernels), cName(op.Kind)))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %v", describe(op), err)
 		}
@@ -141,9 +155,9 @@ func (p *Program) WorkspaceBytes() int64 {
 	return ws
 }
 
-func lowerOp(op *ir.Op, in []Tensor, outs []*Buffer, name string) (*Kernel, error) {
+func lowerOp(op *ir.Op, in []Tensor, outs []*Buffer, opts Options, name string) (*Kernel, error) {
 	k := &Kernel{Name: name, Op: op}
-	b := &builder{steps: &k.Steps}
+	b := &builder{steps: &k.Steps, opts: opts}
 	var err error
 	if op.Region != nil {
 		err = lowerRegion(b, op.Region, in, outs)
