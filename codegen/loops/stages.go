@@ -240,9 +240,9 @@ func im2colImages(b *builder, x Tensor, g ir.ConvGeometry, n0 Expr, nb int64, gr
 
 // convImages is how many images a convolution's products cover at a
 // time, a divisor of the batch (1: one product per image, its im2col in
-// chunks of output rows). By default: the whole batch when its im2col
-// fits im2colBytes, else 1. With Options.Im2colBytes, where wide says
-// the per-image product is the narrow one: the fewest images whose
+// chunks of output rows): the whole batch when its im2col fits
+// im2colBytes, else 1, unless Options.Im2colBytes is set and wide says
+// the per-image product is the narrow one: then the fewest images whose
 // output positions make a product of wideColumns columns, if their
 // im2col fits that bound, else the most that fit it.
 func (b *builder) convImages(g ir.ConvGeometry, elem int64, wide bool) int64 {
@@ -251,10 +251,10 @@ func (b *builder) convImages(g ir.ConvGeometry, elem int64, wide bool) int64 {
 	if g.N <= 1 || pointwise(g) || !ok {
 		return 1
 	}
+	if per <= im2colBytes/g.N {
+		return g.N
+	}
 	if b.opts.Im2colBytes == 0 || !wide {
-		if per <= im2colBytes/g.N {
-			return g.N
-		}
 		return 1
 	}
 	best := int64(1)
