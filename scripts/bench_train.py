@@ -7,7 +7,10 @@ OpenMP's does, and would take the other's cores).
 Usage: KILN=path/to/kiln PYTHONPATH=python /usr/bin/python3 scripts/bench_train.py [MODEL...] [--runs N]
        [--threads T] [--profile]
 Models: resnet18 (batch 16, 224x224), fmnist_cnn (batch 32, 28x28), gpt2_block (one GPT-2-small block,
-batch 4, 128 tokens). Prints one line per model; docs/runtime.md keeps the figures."""
+batch 4, 128 tokens). Prints one line per model; docs/runtime.md keeps the figures.
+PyTorch multiplies matrices through whichever libblas.so.3 Debian's alternatives select: the reference
+BLAS (libblas3) makes its linear layers about 20x slower than OpenBLAS (libopenblas0-pthread), so the
+script names the library it found and refuses the reference one unless --any-blas is given."""
 import argparse
 import statistics
 import sys
@@ -62,6 +65,14 @@ def models():
     }
 
 
+def blas_library():
+    """The BLAS this process loaded for PyTorch (after one product), from /proc/self/maps."""
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    with open("/proc/self/maps") as maps:
+        libs = {line.split()[-1] for line in maps if "blas" in line.rsplit("/", 1)[-1]}
+    return sorted(libs)
+
+
 def seconds(fn):
     t = time.perf_counter()
     fn()
@@ -86,8 +97,13 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--any-blas", action="store_true", help="time PyTorch on the reference BLAS too")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    blas = blas_library()
+    print("PyTorch's BLAS:", ", ".join(blas) or "none found", flush=True)
+    if not a.any_blas and not any("openblas" in b or "mkl" in b for b in blas):
+        sys.exit("PyTorch runs on the reference BLAS: install libopenblas0-pthread (or pass --any-blas)")
     table = models()
     for name in a.models:
         model, inputs = table[name]()
