@@ -3,7 +3,9 @@ the same threads: medians of RUNS steps after two warm-up steps, SGD with moment
 Also the forward pass alone (train=False) and, with --profile, Kiln's slowest kernels.
 Kiln's and PyTorch's steps take turns in blocks of ten, so that a shared machine's slow spells weigh on
 both sides alike (not step by step: each side's thread pool spins for a while after its work, as
-OpenMP's does, and would take the other's cores).
+OpenMP's does, and would take the other's cores). PyTorch runs in a process of its own, which this
+one drives through a pipe: in one process its OpenMP workers, spinning, slowed Kiln's ResNet-18 step
+by a quarter (1.25x against 0.83x with OMP_WAIT_POLICY=PASSIVE).
 Usage: KILN=path/to/kiln PYTHONPATH=python /usr/bin/python3 scripts/bench_train.py [MODEL...] [--runs N]
        [--threads T] [--profile]
 Models: resnet18 (batch 16, 224x224), fmnist_cnn (batch 32, 28x28), gpt2_block (one GPT-2-small block,
@@ -13,6 +15,7 @@ BLAS (libblas3) makes its linear layers about 20x slower than OpenBLAS (libopenb
 script names the library it found and refuses the reference one unless --any-blas is given."""
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 
@@ -79,15 +82,60 @@ def seconds(fn):
     return time.perf_counter() - t
 
 
-def alternating(kiln_fn, torch_fn, runs, block=10):
-    """Medians of each side's step times, the sides taking turns in blocks of block steps (each block
-    after one warm-up step), runs steps each in all."""
-    times = {kiln_fn: [], torch_fn: []}
-    while len(times[kiln_fn]) < runs:
-        for fn in (kiln_fn, torch_fn):
-            fn()
-            times[fn] += [seconds(fn) for _ in range(min(block, runs - len(times[fn])))]
-    t_kiln, t_torch = statistics.median(times[kiln_fn]), statistics.median(times[torch_fn])
+def torch_worker(name, threads):
+    """The PyTorch side: builds model name and answers each line "step N" or "forward N" on stdin with
+    the N step times (seconds) on stdout, one warm-up run before them."""
+    torch.set_num_threads(threads)
+    model, inputs = models()[name]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        opt.zero_grad()
+        model(*inputs).backward()
+        opt.step()
+
+    def forward():
+        with torch.no_grad():
+            model(*inputs)
+
+    for line in sys.stdin:
+        what, n = line.split()
+        fn = step if what == "step" else forward
+        model.train(what == "step")
+        fn()
+        print(" ".join(repr(seconds(fn)) for _ in range(int(n))), flush=True)
+
+
+class TorchSide:
+    """A PyTorch worker process for one model; run(what, n) returns its n step times."""
+
+    def __init__(self, name, threads):
+        self.p = subprocess.Popen([sys.executable, __file__, "--torch-worker", name, "--threads", str(threads)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, what, n):
+        self.p.stdin.write(f"{what} {n}\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            sys.exit("the PyTorch worker stopped")
+        return [float(t) for t in line.split()]
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def alternating_processes(kiln_fn, side, what, runs, block=10):
+    """Medians of each side's step times (Kiln's kiln_fn here, PyTorch's what in side's process) and
+    their ratio, the sides taking turns in blocks of block steps (each block after one warm-up step),
+    runs steps each in all."""
+    kiln_times, torch_times = [], []
+    while len(kiln_times) < runs:
+        kiln_fn()
+        kiln_times += [seconds(kiln_fn) for _ in range(min(block, runs - len(kiln_times)))]
+        torch_times += side.run(what, min(block, runs - len(torch_times)))
+    t_kiln, t_torch = statistics.median(kiln_times), statistics.median(torch_times)
     return t_kiln, t_torch, t_kiln / t_torch
 
 
@@ -98,7 +146,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--any-blas", action="store_true", help="time PyTorch on the reference BLAS too")
+    ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.torch_worker:
+        torch_worker(a.torch_worker, a.threads)
+        return
     torch.set_num_threads(a.threads)
     blas = blas_library()
     print("PyTorch's BLAS:", ", ".join(blas) or "none found", flush=True)
@@ -107,15 +159,9 @@ def main():
     table = models()
     for name in a.models:
         model, inputs = table[name]()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-        def torch_step():
-            opt.zero_grad()
-            model(*inputs).backward()
-            opt.step()
-
+        side = TorchSide(name, a.threads)
         step = kiln.compile(model, inputs, optimizer="sgd", lr=0.01, momentum=0.9)
-        t_kiln, t_torch, ratio = alternating(lambda: step(*inputs), torch_step, a.runs)
+        t_kiln, t_torch, ratio = alternating_processes(lambda: step(*inputs), side, "step", a.runs)
         if a.profile:
             step.profile()
             step(*inputs)
@@ -125,14 +171,9 @@ def main():
         step.close()
         model.eval()
         fwd = kiln.compile(model, inputs, train=False)
-
-        def torch_forward():
-            with torch.no_grad():
-                model(*inputs)
-
-        t_kiln_fwd, t_torch_fwd, ratio_fwd = alternating(lambda: fwd(*inputs), torch_forward, a.runs)
+        t_kiln_fwd, t_torch_fwd, ratio_fwd = alternating_processes(lambda: fwd(*inputs), side, "forward", a.runs)
         fwd.close()
-        model.train()
+        side.close()
         print(f"{name}: step kiln {t_kiln * 1e3:.1f} ms, torch {t_torch * 1e3:.1f} ms ({ratio:.2f}x); "
               f"forward kiln {t_kiln_fwd * 1e3:.1f} ms, torch {t_torch_fwd * 1e3:.1f} ms ({ratio_fwd:.2f}x)",
               flush=True)
