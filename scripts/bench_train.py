@@ -126,15 +126,19 @@ class TorchSide:
         self.p.wait()
 
 
-def alternating_processes(kiln_fn, side, what, runs, block=10):
+def alternating_processes(kiln_fn, side, what, runs, block=10, settle=0.5):
     """Medians of each side's step times (Kiln's kiln_fn here, PyTorch's what in side's process) and
-    their ratio, the sides taking turns in blocks of block steps (each block after one warm-up step),
-    runs steps each in all."""
+    their ratio, the sides taking turns in blocks of block steps (each block after one warm-up step and
+    settle seconds in which the other side's spinning threads go to sleep: OpenBLAS's workers spin for
+    tens of milliseconds after a product, longer than ten of the small CNN's forward passes), runs
+    steps each in all."""
     kiln_times, torch_times = [], []
     while len(kiln_times) < runs:
         kiln_fn()
         kiln_times += [seconds(kiln_fn) for _ in range(min(block, runs - len(kiln_times)))]
+        time.sleep(settle)
         torch_times += side.run(what, min(block, runs - len(torch_times)))
+        time.sleep(settle)
     t_kiln, t_torch = statistics.median(kiln_times), statistics.median(torch_times)
     return t_kiln, t_torch, t_kiln / t_torch
 
