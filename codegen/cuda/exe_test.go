@@ -15,7 +15,6 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
@@ -155,7 +154,7 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			// another f32 evaluation of this step lies: a step whose
 			// gradients cancel (BERT's with random weights) moves further
 			// than the f32 model says.
-			p, err := loops.Lower(f)
+			p, err := llvm.Lower(f)
 			require.NoError(t, err)
 			cpu, cpuArgs, err := llvm.Run(p, interp.CloneAll(args))
 			require.NoError(t, err)

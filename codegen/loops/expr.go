@@ -274,8 +274,9 @@ func Children(x Expr) []Expr {
 }
 
 // InvariantReduces are the outermost reductions in r's body that read
-// none of r's variables and are evaluated wherever the body is (not under
-// a Guarded's X): a backend computes each once, before r's loop, rather
+// none of r's variables and are evaluated wherever the body is (not
+// under a Guarded's X, a guarded load's index or another reduction): a
+// backend computes each once, before r's loop, rather
 // than once per term (a max-pool gradient's window maximum, which the
 // search for the first tap equal to it reads at every tap). None when
 // r's domain is empty: the body, and they, are then never evaluated.
@@ -322,13 +323,22 @@ func InvariantReduces(r *Reduce) []*Reduce {
 			return
 		}
 		seen[x] = true
-		if inner, ok := x.(*Reduce); ok && !readsBound(inner) {
-			out = append(out, inner)
+		switch x := x.(type) {
+		case *Reduce:
+			// Inside a reduction that reads r's variables, a term may read
+			// its own (and run zero times): it hoists its own invariants.
+			if !readsBound(x) {
+				out = append(out, x)
+			}
 			return
-		}
-		if g, ok := x.(*Guarded); ok {
-			walk(g.Cond)
+		case *Guarded:
+			walk(x.Cond)
 			return
+		case *Load:
+			if x.Guard != nil {
+				walk(x.Guard) // a backend may compute the index only where the guard holds
+				return
+			}
 		}
 		for _, c := range Children(x) {
 			walk(c)

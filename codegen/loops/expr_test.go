@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/ir/scalar"
 	"github.com/kiln-compiler/kiln/passtest"
 )
@@ -113,4 +114,51 @@ func TestInvariantReduces(t *testing.T) {
 	require.Empty(t, loops.InvariantReduces(outer(guarded, 4)), "a guarded reduction runs only where its guard holds")
 	reads := &loops.Reduce{Op: scalar.Add, Vars: []*loops.Var{w}, Extents: []int64{3}, Body: &loops.Convert{To: loops.F64, X: &loops.Binary{Op: scalar.Add, A: v, B: w}}, Acc: loops.F64}
 	require.Empty(t, loops.InvariantReduces(outer(reads, 4)), "it reads the outer variable")
+	// Σv (v + Σw (w + Σu (w + u))): the innermost reads the middle one's
+	// variable, which is bound only inside it.
+	u := &loops.Var{ID: 3}
+	innermost := &loops.Reduce{Op: scalar.Add, Vars: []*loops.Var{u}, Extents: []int64{2}, Body: &loops.Convert{To: loops.F64, X: &loops.Binary{Op: scalar.Add, A: w, B: u}}, Acc: loops.F64}
+	middle := &loops.Reduce{Op: scalar.Add, Vars: []*loops.Var{w}, Extents: []int64{3}, Acc: loops.F64,
+		Body: &loops.Binary{Op: scalar.Add, A: &loops.Convert{To: loops.F64, X: &loops.Binary{Op: scalar.Add, A: v, B: w}}, B: innermost}}
+	require.Empty(t, loops.InvariantReduces(outer(middle, 4)), "a reduction inside one that reads the outer variable")
+	// A guarded load's index may be computed only where the guard holds.
+	buf := &loops.Buffer{Name: "b", Type: ir.TensorOf(ir.F64, 8)}
+	load := &loops.Load{Buf: buf, Index: []loops.Expr{&loops.Convert{To: loops.I64, X: inner}}, Guard: &loops.Compare{Pred: scalar.Lt, A: v, B: loops.Int{V: 2}}}
+	require.Empty(t, loops.InvariantReduces(outer(load, 4)), "a reduction in a guarded load's index")
+}
+
+// TestNarrowWeightGradsByBackend: a weight gradient of 16 output channels
+// and 72 taps over the batch is dw = DY · colᵀ (rows: the 16 channels)
+// by default, as the CUDA backend's cuBLAS calls expect, and dwᵀ = col ·
+// DYᵀ (rows: the 72 taps) where the backend asks for it.
+func TestNarrowWeightGradsByBackend(t *testing.T) {
+	src := `func @f(%dy: f32[32,16,14,14], %x: f32[32,8,14,14]) -> (f32[16,8,3,3]) {
+  %dw = conv2d_grad_weight(%dy, %x) {pads = [1, 1, 1, 1], weight_shape = [16, 8, 3, 3]} : f32[16,8,3,3]
+  return %dw
+}
+`
+	for _, c := range []struct {
+		opts loops.Options
+		rows int64
+	}{{loops.Options{}, 16}, {loops.Options{Im2colBytes: 8 << 20, TransposeNarrowWeightGrads: true}, 72}} {
+		m := passtest.CheckPipeline(t, src, "assign", 0)
+		p, err := loops.LowerWith(m.Funcs[0], c.opts)
+		require.NoError(t, err)
+		var rows []int64
+		var find func([]loops.Step)
+		find = func(steps []loops.Step) {
+			for _, s := range steps {
+				switch s := s.(type) {
+				case *loops.Loop:
+					find(s.Body)
+				case *loops.Stage:
+					if s.Matmul != nil {
+						rows = append(rows, s.Extents[0])
+					}
+				}
+			}
+		}
+		find(p.Kernels[0].Steps)
+		require.Equal(t, []int64{c.rows}, rows, "%+v", c.opts)
+	}
 }

@@ -28,6 +28,9 @@ func FromBuffer(b *Buffer) Tensor {
 // the flat index again, linear in the loop variables.
 func loadAt(b *Buffer, idx []Expr) *Load {
 	shape := b.Type.Shape
+	if len(idx) != len(shape) {
+		return &Load{Buf: b, Index: idx}
+	}
 	merged := false
 	for k := len(idx) - 2; k >= 0; k-- {
 		y, ok := mergedSplit(idx[k], idx[k+1], shape[k+1])
@@ -54,7 +57,7 @@ func loadAt(b *Buffer, idx []Expr) *Load {
 // q's, indexed by y, whatever the values.
 func mergedSplit(p, q Expr, d int64) (Expr, bool) {
 	pd, ok := p.(*Binary)
-	if !ok || pd.Op != scalar.Div || !isInt(pd.B, d) {
+	if d <= 0 || !ok || pd.Op != scalar.Div || !isInt(pd.B, d) {
 		return nil, false
 	}
 	qr, ok := q.(*Binary)

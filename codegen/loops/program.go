@@ -35,6 +35,13 @@ type Options struct {
 	// 0 keeps one product per image unless the whole batch's im2col fits
 	// im2colBytes.
 	Im2colBytes int64
+	// TransposeNarrowWeightGrads: a weight gradient over several images
+	// with under 32 output channels per group and 32 or more taps is
+	// computed as dwᵀ = col · DYᵀ, its im2col stored along output
+	// positions (contiguous reads of the input), not tap by tap: on the
+	// LLVM backend the product is then a few MFLOP and the scattered
+	// reads of the tap-by-tap im2col cost more than it.
+	TransposeNarrowWeightGrads bool
 }
 
 // LowerWith is Lower for a backend that says what it can do in opts.

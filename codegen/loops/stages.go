@@ -468,7 +468,7 @@ func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 					n, p := imagePos(q, ohw)
 					return DY.At([]Expr{add(n0, n), add(mul(gr, Int{mg}), m), p})
 				}
-				if mg < 32 && kdim >= 32 {
+				if b.opts.TransposeNarrowWeightGrads && mg < 32 && kdim >= 32 {
 					// dwᵀ = col · DYᵀ, the im2col stored along positions: the
 					// product is a few MFLOP and the im2col stored tap by tap
 					// would cost more than it (the Fashion-MNIST CNN's 8 → 16

@@ -33,7 +33,6 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
-	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
@@ -216,7 +215,7 @@ func correctness(dir string, c *Correctness) error {
 	if err != nil {
 		return err
 	}
-	p, err := loops.Lower(f)
+	p, err := llvm.Lower(f)
 	if err != nil {
 		return err
 	}
