@@ -82,6 +82,17 @@ def seconds(fn):
     return time.perf_counter() - t
 
 
+def warm_up(fn, seconds_at_least=0.2):
+    """Runs fn until seconds_at_least have passed (once at least): a block is timed in the steady state
+    of a training loop, its threads and cores awake, not cold after the other side's turn (one warm-up
+    call left the small CNN's 0.8 ms forward pass at 1.6 ms: waking an idle core of this virtual
+    machine costs more than its kernels)."""
+    start = time.perf_counter()
+    fn()
+    while time.perf_counter() - start < seconds_at_least:
+        fn()
+
+
 def torch_worker(name, threads):
     """The PyTorch side: builds model name and answers each line "step N" or "forward N" on stdin with
     the N step times (seconds) on stdout, one warm-up run before them."""
@@ -102,7 +113,7 @@ def torch_worker(name, threads):
         what, n = line.split()
         fn = step if what == "step" else forward
         model.train(what == "step")
-        fn()
+        warm_up(fn)
         print(" ".join(repr(seconds(fn)) for _ in range(int(n))), flush=True)
 
 
@@ -128,13 +139,12 @@ class TorchSide:
 
 def alternating_processes(kiln_fn, side, what, runs, block=10, settle=0.5):
     """Medians of each side's step times (Kiln's kiln_fn here, PyTorch's what in side's process) and
-    their ratio, the sides taking turns in blocks of block steps (each block after one warm-up step and
-    settle seconds in which the other side's spinning threads go to sleep: OpenBLAS's workers spin for
-    tens of milliseconds after a product, longer than ten of the small CNN's forward passes), runs
-    steps each in all."""
+    their ratio, the sides taking turns in blocks of block steps, runs steps each in all. Each block
+    follows settle seconds, in which the other side's spinning threads go to sleep (OpenBLAS's workers
+    spin for tens of milliseconds after a product), and warm_up."""
     kiln_times, torch_times = [], []
     while len(kiln_times) < runs:
-        kiln_fn()
+        warm_up(kiln_fn)
         kiln_times += [seconds(kiln_fn) for _ in range(min(block, runs - len(kiln_times)))]
         time.sleep(settle)
         torch_times += side.run(what, min(block, runs - len(torch_times)))

@@ -72,7 +72,11 @@ func (e *fn) parallelDim(s *loops.Stage) (int, bool) {
 		_, n := matmulChunks(s)
 		return 0, total*s.Matmul.Extent >= parallelWork && n > 1
 	}
-	if total*(1+work(s.Value)) < parallelWork {
+	cost := 1 + work(s.Value)
+	for _, x := range s.Index {
+		cost += work(x) // a scatter's target may be a search (a max-pool gradient's first maximum)
+	}
+	if total*cost < parallelWork {
 		return 0, false
 	}
 	for d, x := range s.Extents {
