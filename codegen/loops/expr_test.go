@@ -130,7 +130,9 @@ func TestInvariantReduces(t *testing.T) {
 // TestNarrowWeightGradsByBackend: a weight gradient of 16 output channels
 // and 72 taps over the batch is dw = DY · colᵀ (rows: the 16 channels)
 // by default, as the CUDA backend's cuBLAS calls expect, and dwᵀ = col ·
-// DYᵀ (rows: the 72 taps) where the backend asks for it.
+// DYᵀ (rows: the 72 taps) where the backend asks for it. Either way its
+// whole batch's im2col (1.8 MiB) fits the default bound, so it is one
+// product over all 32 · 196 positions, not chunks of images.
 func TestNarrowWeightGradsByBackend(t *testing.T) {
 	src := `func @f(%dy: f32[32,16,14,14], %x: f32[32,8,14,14]) -> (f32[16,8,3,3]) {
   %dw = conv2d_grad_weight(%dy, %x) {pads = [1, 1, 1, 1], weight_shape = [16, 8, 3, 3]} : f32[16,8,3,3]
@@ -154,6 +156,7 @@ func TestNarrowWeightGradsByBackend(t *testing.T) {
 				case *loops.Stage:
 					if s.Matmul != nil {
 						rows = append(rows, s.Extents[0])
+						require.Equal(t, int64(32*196), s.Matmul.Extent, "one product over the batch")
 					}
 				}
 			}
