@@ -1,21 +1,25 @@
 package llvm_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/kiln-compiler/kiln/codegen/llvm"
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
+	kir "github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/parser"
 	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/stretchr/testify/require"
 )
 
-// TestConvsOverImageChunks: this backend multiplies a convolution whose
-// per-image product is narrow (14², 196 columns) and whose whole batch's
-// im2col (3.6 MiB) passes the default bound over chunks of images (4 of
-// the batch's 16: 784 columns, each chunk's im2col stored in turn), the
-// weight gradient accumulating chunk by chunk, and the results are the
+// TestConvsOverImageChunks: this backend multiplies a weight gradient
+// whose per-image product is narrow (14², 196 columns of contraction)
+// and whose whole batch's im2col (3.6 MiB) passes the default bound over
+// chunks of images (4 of the batch's 16: 784 positions, each chunk's
+// im2col stored in turn, the gradient accumulating chunk by chunk), and
+// the forward convolution over the whole batch (its B read under the
+// taps, no im2col: TestConvTapPanels), and the results are the
 // interpreter's. Error model: f32 sums of at most K terms (the weight
 // gradient's 16 · 196 positions) differ from the interpreter's by at
 // most K·2⁻²⁴ relative to the result's norm.
@@ -33,9 +37,10 @@ func TestConvsOverImageChunks(t *testing.T) {
 	f := m.Funcs[0]
 	p, err := llvm.Lower(f)
 	require.NoError(t, err)
-	// The forward and weight-gradient kernels loop over 4 chunks of 4
-	// images, each a product of 4 · 196 columns (the weight gradient's
-	// contraction); the input gradient keeps one product per image.
+	// The forward kernel is one product of 16 · 196 columns, the weight
+	// gradient loops over 4 chunks of 4 images, each a product of 4 · 196
+	// positions of contraction; the input gradient keeps one product per
+	// image.
 	for i, k := range p.Kernels[:3] {
 		chunks, extent := 0, int64(0)
 		walkStages(k.Steps, 0, func(s *loops.Stage, loopsAround int64) {
@@ -47,9 +52,9 @@ func TestConvsOverImageChunks(t *testing.T) {
 				}
 			}
 		})
-		want := []int{4, 16, 4}[i]
+		want := []int{1, 16, 4}[i]
 		require.Equal(t, want, chunks, "kernel %s: chunks of images", k.Name)
-		require.Equal(t, []int64{784, 196, 784}[i], extent, "kernel %s: columns (contraction) of its product", k.Name)
+		require.Equal(t, []int64{3136, 196, 784}[i], extent, "kernel %s: columns (contraction) of its product", k.Name)
 	}
 	args := interp.RandomArgs(f, 3)
 	want, err := interp.Run(f, cloneAll(args), interp.Options{})
@@ -75,5 +80,68 @@ func walkStages(steps []loops.Step, outer int64, fn func(*loops.Stage, int64)) {
 		case *loops.Stage:
 			fn(s, outer)
 		}
+	}
+}
+
+// TestConvTapPanels: a stride-1 (along columns) convolution multiplies
+// with B packed straight from its input under the kernel taps (no im2col
+// stored), over geometries that put every case of a run in the panels:
+// zeros before, after and instead of the input's columns, rows wholly
+// in the padding, dilated and strided rows, grouped channels, one-column
+// outputs, runs that split across images; the input an f32 buffer (the
+// vector copy) or bf16 (element by element); and one too small to pack,
+// which reads B's own expression. Results are the
+// interpreter's under the f32 model (K terms: K·2⁻²⁴ relative to the
+// norm; bf16 inputs are exact in f32, the interpreter rounds the same
+// products).
+func TestConvTapPanels(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("in.kir", `func @f(%a: f32[3,4,9,9], %wa: f32[8,4,3,3], %ba: f32[8], %b: f32[2,6,7,5], %wb: f32[8,6,3,2], %c: f32[2,4,8,8], %wc: f32[8,2,1,3], %d: f32[4,4,3,3], %wd: f32[8,4,2,2], %e: f32[4,4,6,3], %we: f32[8,4,3,3], %h: bf16[2,4,9,9], %wh: bf16[8,4,3,3], %r: f32[2,4,9,9], %wr: f32[8,4,3,3], %s: f32[1,2,4,4], %ws: f32[4,2,3,3]) -> (ya: f32[3,8,9,9], yb: f32[2,8,3,7], yc: f32[2,8,8,8], yd: f32[4,8,8,8], ye: f32[4,8,4,1], yh: f32[2,8,7,7], yr: f32[2,8,9,9], ys: f32[1,4,4,4]) {
+  %ya = conv2d(%a, %wa, %ba) {pads = [1, 1, 1, 1]} : f32[3,8,9,9]
+  %yb = conv2d(%b, %wb) {pads = [0, 2, 3, 1], strides = [2, 1], dilations = [2, 1]} : f32[2,8,3,7]
+  %yc = conv2d(%c, %wc) {groups = 2, pads = [0, 1, 0, 1]} : f32[2,8,8,8]
+  %yd = conv2d(%d, %wd) {pads = [3, 3, 3, 3]} : f32[4,8,8,8]
+  %ye = conv2d(%e, %we) : f32[4,8,4,1]
+  %hc = conv2d(%h, %wh) {result_dtype = f32} : f32[2,8,7,7]
+  %yh = add(%hc, %hc) : f32[2,8,7,7]
+  %rr = relu(%r) : f32[2,4,9,9]
+  %yr = conv2d(%rr, %wr) {pads = [1, 1, 1, 1]} : f32[2,8,9,9]
+  %ys = conv2d(%s, %ws) {pads = [1, 1, 1, 1]} : f32[1,4,4,4]
+  return %ya, %yb, %yc, %yd, %ye, %yh, %yr, %ys
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "fuse,assign")
+	f := m.Funcs[0]
+	p, err := llvm.Lower(f)
+	require.NoError(t, err)
+	direct, computed := 0, 0
+	for _, k := range p.Kernels {
+		for _, b := range k.Temps {
+			require.False(t, strings.HasPrefix(b.Name, "col"), "kernel %s stores an im2col", k.Name)
+		}
+		walkStages(k.Steps, 0, func(s *loops.Stage, _ int64) {
+			if s.Matmul == nil {
+				return
+			}
+			require.NotNil(t, s.Matmul.Taps, "kernel %s: product read under the taps", k.Name)
+			if buf, _, ok := s.Matmul.Taps.Row(); ok && buf.Type.DType == kir.F32 {
+				direct++
+			} else {
+				computed++
+			}
+		})
+	}
+	require.Equal(t, 8, direct+computed, "one product per convolution")
+	require.GreaterOrEqual(t, computed, 1, "a bf16 input packs element by element")
+	require.GreaterOrEqual(t, direct, 4, "f32 buffers pack by vector copies")
+	args := interp.RandomArgs(f, 5)
+	want, err := interp.Run(f, cloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	got, _, err := llvm.Run(p, args)
+	require.NoError(t, err)
+	for i, K := range []float64{36, 36, 6, 16, 36, 36, 36, 18} {
+		e := passtest.RelErr(got[i], want[i])
+		require.LessOrEqual(t, e, K*0x1p-24, "result %s", f.ResultName(i))
 	}
 }

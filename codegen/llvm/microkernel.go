@@ -91,7 +91,7 @@ const im2colBytes = 8 << 20
 
 // Lower lowers f, whose values carry arena offsets, for this backend.
 func Lower(f *kir.Func) (*loops.Program, error) {
-	return loops.LowerWith(f, loops.Options{Im2colBytes: im2colBytes, TransposeNarrowWeightGrads: true})
+	return loops.LowerWith(f, loops.Options{Im2colBytes: im2colBytes, TransposeNarrowWeightGrads: true, ConvPanels: true})
 }
 
 // panelWidth is the columns of a packed panel for a matmul of n columns:
@@ -201,6 +201,9 @@ func (e *fn) panelColumns(s *loops.Stage, jb value.Value) (j0, jn value.Value) {
 // j0 and jn.
 func (e *fn) packPanel(s *loops.Stage, panel, jb, k0, kn value.Value) (j0, jn value.Value) {
 	mm := s.Matmul
+	if mm.Taps != nil {
+		return e.packTaps(s, panel, jb, k0, kn)
+	}
 	w := panelWidth(s.Extents[1])
 	nv := s.Vars[1]
 	j0, jn = e.panelColumns(s, jb)
@@ -308,4 +311,124 @@ func (e *fn) vload(p value.Value) value.Value {
 	l := e.cur.NewLoad(vecT, e.cur.NewBitCast(p, vecPtr))
 	l.Align = 4
 	return l
+}
+
+// packTaps is packPanel for a B read under a convolution's kernel taps
+// (loops.Taps): for each row k = (c, kh, kw), the panel's columns are
+// runs of output positions along one output row of one image, and a run
+// reads the input row ih = oh·SH - PT + kh·DH at columns iw = ow·SW - PL
+// + kw·DW: zeros before and after the columns inside the input, a
+// strided (for SW = 1, contiguous) copy between them. The divisions are
+// per run and per k, not per element.
+func (e *fn) packTaps(s *loops.Stage, panel, jb, k0, kn value.Value) (j0, jn value.Value) {
+	t := s.Matmul.Taps
+	g := t.Geometry
+	w := panelWidth(s.Extents[1])
+	j0, jn = e.panelColumns(s, jb)
+	zero := constant.NewFloat(types.Float, 0)
+	zeros := func(at, from, to value.Value) {
+		e.loopFrom(from, to, func(j value.Value) {
+			e.cur.NewStore(zero, e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, j)))
+		})
+	}
+	clamp := func(v, lo, hi value.Value) value.Value {
+		v = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, v, lo), lo, v)
+		return e.cur.NewSelect(e.cur.NewICmp(enum.IPredSGT, v, hi), hi, v)
+	}
+	// The panel's columns cover the output rows R = image·OH + oh from
+	// j0/OW to (j0+jn-1)/OW.
+	// direct: the input is a plain f32 buffer read along its rows (and
+	// SW = 1), so that a run is a masked vector copy.
+	rowBuf, rowIndex, direct := t.Row()
+	direct = direct && g.SW == 1 && rowBuf.Type.DType == kir.F32
+	firstRow := e.cur.NewSDiv(j0, i64(g.OW))
+	rowsSpanned := e.cur.NewAdd(e.cur.NewSub(e.cur.NewSDiv(e.cur.NewAdd(j0, e.cur.NewSub(jn, i64(1))), i64(g.OW)), firstRow), i64(1))
+	e.loop(kn, func(kv value.Value) {
+		k := e.cur.NewAdd(k0, kv)
+		c := e.cur.NewSDiv(k, i64(g.KH*g.KW))
+		kh := e.cur.NewSRem(e.cur.NewSDiv(k, i64(g.KW)), i64(g.KH))
+		kw := e.cur.NewSRem(k, i64(g.KW))
+		dh := e.cur.NewSub(e.cur.NewMul(kh, i64(g.DH)), i64(g.PT))
+		dw := e.cur.NewSub(e.cur.NewMul(kw, i64(g.DW)), i64(g.PL))
+		// Output columns [owLo, owHi) read inside the input: ow·SW + dw
+		// in [0, W).
+		lead := e.cur.NewSub(i64(0), dw)
+		owLo := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSGT, lead, i64(0)),
+			e.cur.NewSDiv(e.cur.NewAdd(lead, i64(g.SW-1)), i64(g.SW)), i64(0))
+		last := e.cur.NewSub(i64(g.W-1), dw)
+		owHi := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSGE, last, i64(0)),
+			e.cur.NewAdd(e.cur.NewSDiv(last, i64(g.SW)), i64(1)), i64(0))
+		row := e.cur.NewMul(kv, i64(w))
+		if direct {
+			// Zero the row first; runs then copy only what the input holds.
+			for j := int64(0); j < w; j += vw {
+				st := e.cur.NewStore(constant.NewZeroInitializer(vecT), e.cur.NewBitCast(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(row, i64(j))), vecPtr))
+				st.Align = 4
+			}
+		}
+		e.loop(rowsSpanned, func(ri value.Value) {
+			R := e.cur.NewAdd(firstRow, ri)
+			img := e.cur.NewSDiv(R, i64(g.OH))
+			oh := e.cur.NewSRem(R, i64(g.OH))
+			rowStart := e.cur.NewMul(R, i64(g.OW))
+			// This run's columns [qs, qe) of the product and its first ow.
+			qs := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSGT, rowStart, j0), rowStart, j0)
+			end := e.cur.NewAdd(j0, jn)
+			rowEnd := e.cur.NewAdd(rowStart, i64(g.OW))
+			qe := e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, rowEnd, end), rowEnd, end)
+			ow0 := e.cur.NewSub(qs, rowStart)
+			n := e.cur.NewSub(qe, qs)
+			at := e.cur.NewAdd(row, e.cur.NewSub(qs, j0))
+			ih := e.cur.NewAdd(e.cur.NewMul(oh, i64(g.SH)), dh)
+			inside := e.cur.NewAnd(e.cur.NewICmp(enum.IPredSGE, ih, i64(0)), e.cur.NewICmp(enum.IPredSLT, ih, i64(g.H)))
+			lo := clamp(e.cur.NewSub(owLo, ow0), i64(0), n)
+			hi := clamp(e.cur.NewSub(owHi, ow0), lo, n)
+			lo = e.cur.NewSelect(inside, lo, n)
+			hi = e.cur.NewSelect(inside, hi, n)
+			e.push()
+			e.bound[t.N], e.bound[t.C], e.bound[t.H] = img, c, ih
+			if direct {
+				e.bound[t.W] = e.cur.NewAdd(e.cur.NewAdd(ow0, lo), dw)
+				src := e.cur.NewGetElementPtr(types.Float, e.base(rowBuf), e.flat(rowBuf, rowIndex))
+				e.copyFloats(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, lo)), src, e.cur.NewSub(hi, lo))
+				e.pop()
+				return
+			}
+			zeros(at, i64(0), lo)
+			e.loopFrom(lo, hi, func(j value.Value) {
+				e.bound[t.W] = e.cur.NewAdd(e.cur.NewMul(e.cur.NewAdd(ow0, j), i64(g.SW)), dw)
+				v := e.convert(e.expr(t.X), t.X.Kind(), loops.F32)
+				e.cur.NewStore(v, e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, j)))
+			})
+			e.pop()
+			zeros(at, hi, n)
+		})
+		zeros(row, jn, i64(w))
+	})
+	return j0, jn
+}
+
+// copyFloats copies n floats from src to dst (which do not overlap), 16
+// at a time under a mask of the lanes below n.
+func (e *fn) copyFloats(dst, src, n value.Value) {
+	maskT := types.NewVector(vw, types.I1)
+	load := e.md.declare("llvm.masked.load.v16f32.p0v16f32", vecT, vecPtr, types.I32, maskT, vecT)
+	store := e.md.declare("llvm.masked.store.v16f32.p0v16f32", types.Void, vecT, vecPtr, types.I32, maskT)
+	lanes := make([]constant.Constant, vw)
+	for i := range lanes {
+		lanes[i] = constant.NewInt(types.I64, int64(i))
+	}
+	iota := constant.NewVector(types.NewVector(vw, types.I64), lanes...)
+	e.loop(e.cur.NewSDiv(e.cur.NewAdd(n, i64(vw-1)), i64(vw)), func(b value.Value) {
+		i := e.cur.NewMul(b, i64(vw))
+		left := e.cur.NewSub(n, i)
+		splat := e.cur.NewShuffleVector(
+			e.cur.NewInsertElement(constant.NewUndef(types.NewVector(vw, types.I64)), left, constant.NewInt(types.I32, 0)),
+			constant.NewUndef(types.NewVector(vw, types.I64)), constant.NewZeroInitializer(types.NewVector(vw, types.I32)))
+		mask := e.cur.NewICmp(enum.IPredSLT, iota, splat)
+		from := e.cur.NewBitCast(e.cur.NewGetElementPtr(types.Float, src, i), vecPtr)
+		to := e.cur.NewBitCast(e.cur.NewGetElementPtr(types.Float, dst, i), vecPtr)
+		v := e.cur.NewCall(load, from, constant.NewInt(types.I32, 4), mask, constant.NewZeroInitializer(vecT))
+		e.cur.NewCall(store, v, to, constant.NewInt(types.I32, 4), mask)
+	})
 }

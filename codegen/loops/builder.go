@@ -32,6 +32,9 @@ func (b *builder) temp(name string, t ir.Type) *Buffer {
 
 func (b *builder) add(s Step) { *b.steps = append(*b.steps, s) }
 
+// lastStage is the step added last, which the caller knows is a stage.
+func (b *builder) lastStage() *Stage { return (*b.steps)[len(*b.steps)-1].(*Stage) }
+
 // loop runs body inside a loop over [0, n) and returns its variable.
 func (b *builder) loop(n int64, body func(v *Var)) {
 	v := b.vars(1)[0]

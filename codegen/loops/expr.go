@@ -234,6 +234,69 @@ type Matmul struct {
 	Extent   int64
 	A, B     Expr
 	Epilogue func(acc Expr) Expr // nil: the sum itself
+	// Taps, when set, restates B as a convolution's input read under its
+	// kernel taps (Options.ConvPanels), so that a backend may copy B's
+	// rows run by run; B stays its whole definition.
+	Taps *Taps
+}
+
+// Taps says that a Matmul's B(k, n) is the convolution input X under
+// kernel tap k = (c, kh, kw) (c counted within the group) at output
+// position n = i·OH·OW + oh·OW + ow of image i: X at N = i, C = c,
+// H = oh·SH - PT + kh·DH, W = ow·SW - PL + kw·DW, and 0
+// where H or W falls outside the input (the padding). X reads the input
+// through the variables N, C, H and W, bound to points inside it.
+type Taps struct {
+	Geometry   ir.ConvGeometry
+	N, C, H, W *Var
+	X          Expr
+}
+
+// Row reports whether X is an unguarded read of a buffer whose index
+// has W as its last component and nowhere else: then X at W = w + i is
+// the element i places after X at W = w, and a row of taps is a run of
+// contiguous elements starting at Index.
+func (t *Taps) Row() (buf *Buffer, index []Expr, ok bool) {
+	l, isLoad := t.X.(*Load)
+	if !isLoad || l.Guard != nil || len(l.Index) == 0 || l.Index[len(l.Index)-1] != Expr(t.W) {
+		return nil, nil, false
+	}
+	for _, x := range l.Index[:len(l.Index)-1] {
+		if reads(x, t.W) {
+			return nil, nil, false
+		}
+	}
+	return l.Buf, l.Index, true
+}
+
+// foreign reports whether x is an expression of a type this package does
+// not define (a backend's own), whose reads it cannot see.
+func foreign(x Expr) bool {
+	switch x.(type) {
+	case *Var, Int, Float, BoolConst, *RankIndex, *Load, *Unary, *Binary, *Compare, *Select, *Convert, *Round, *Mix, *Guarded, *Checked, *Reduce:
+		return false
+	}
+	return true
+}
+
+// reads reports whether x reads the variable v (an expression of a type
+// this package does not know is assumed to).
+func reads(x Expr, v *Var) bool {
+	if x == nil {
+		return false
+	}
+	if w, ok := x.(*Var); ok {
+		return w == v
+	}
+	if foreign(x) {
+		return true
+	}
+	for _, c := range Children(x) {
+		if reads(c, v) {
+			return true
+		}
+	}
+	return false
 }
 
 // Kernel is what one op (or one fused kernel op) becomes.
@@ -299,13 +362,9 @@ func InvariantReduces(r *Reduce) []*Reduce {
 		if v, ok := reads[x]; ok {
 			return v
 		}
-		found := false
-		switch x := x.(type) {
-		case *Var:
-			found = bound[x]
-		case Int, Float, BoolConst, *RankIndex, *Load, *Unary, *Binary, *Compare, *Select, *Convert, *Round, *Mix, *Guarded, *Checked, *Reduce:
-		default:
-			found = true // a backend's own expression: assume it reads them
+		found := foreign(x) // a backend's own expression: assume it reads them
+		if v, ok := x.(*Var); ok {
+			found = bound[v]
 		}
 		for _, c := range Children(x) {
 			if readsBound(c) {

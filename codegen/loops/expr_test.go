@@ -165,3 +165,68 @@ func TestNarrowWeightGradsByBackend(t *testing.T) {
 		require.Equal(t, []int64{c.rows}, rows, "%+v", c.opts)
 	}
 }
+
+// TestConvTapsByBackend: with Options.ConvPanels a convolution whose
+// columns are read at stride 1, with 4 or more output channels per group
+// and f32 (or narrower) values is one product over the batch whose B is
+// restated as Taps (and stores no im2col); without the option, and for
+// column strides, f64 values or fewer output channels, the im2col stays.
+func TestConvTapsByBackend(t *testing.T) {
+	for _, c := range []struct {
+		name, src string
+		taps      bool
+		cols      int64
+	}{
+		{"3x3", `func @f(%x: f32[4,8,10,10], %w: f32[16,8,3,3]) -> (f32[4,16,10,10]) {
+  %y = conv2d(%x, %w) {pads = [1, 1, 1, 1]} : f32[4,16,10,10]
+  return %y
+}
+`, true, 400},
+		{"row stride", `func @f(%x: f32[4,8,10,10], %w: f32[16,8,3,3]) -> (f32[4,16,5,10]) {
+  %y = conv2d(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 1]} : f32[4,16,5,10]
+  return %y
+}
+`, true, 200},
+		{"column stride", `func @f(%x: f32[4,8,10,10], %w: f32[16,8,3,3]) -> (f32[4,16,10,5]) {
+  %y = conv2d(%x, %w) {pads = [1, 1, 1, 1], strides = [1, 2]} : f32[4,16,10,5]
+  return %y
+}
+`, false, 0},
+		{"f64", `func @f(%x: f64[4,8,10,10], %w: f64[16,8,3,3]) -> (f64[4,16,10,10]) {
+  %y = conv2d(%x, %w) {pads = [1, 1, 1, 1]} : f64[4,16,10,10]
+  return %y
+}
+`, false, 0},
+		{"depthwise", `func @f(%x: f32[4,8,10,10], %w: f32[8,1,3,3]) -> (f32[4,8,10,10]) {
+  %y = conv2d(%x, %w) {groups = 8, pads = [1, 1, 1, 1]} : f32[4,8,10,10]
+  return %y
+}
+`, false, 0},
+	} {
+		for _, on := range []bool{false, true} {
+			m := passtest.CheckPipeline(t, c.src, "assign", 0)
+			p, err := loops.LowerWith(m.Funcs[0], loops.Options{ConvPanels: on})
+			require.NoError(t, err)
+			k := p.Kernels[0]
+			taps := 0
+			var find func([]loops.Step)
+			find = func(steps []loops.Step) {
+				for _, s := range steps {
+					switch s := s.(type) {
+					case *loops.Loop:
+						find(s.Body)
+					case *loops.Stage:
+						if s.Matmul != nil && s.Matmul.Taps != nil {
+							taps++
+							require.Equal(t, c.cols, s.Extents[1], "%s: one product over the batch", c.name)
+						}
+					}
+				}
+			}
+			find(k.Steps)
+			want := c.taps && on
+			require.Equal(t, want, taps == 1, "%s, ConvPanels %v: product read under the taps", c.name, on)
+			require.Equal(t, !want, len(k.Temps) > 0, "%s, ConvPanels %v: an im2col stored", c.name, on)
+		}
+	}
+}

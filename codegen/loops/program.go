@@ -42,6 +42,12 @@ type Options struct {
 	// LLVM backend the product is then a few MFLOP and the scattered
 	// reads of the tap-by-tap im2col cost more than it.
 	TransposeNarrowWeightGrads bool
+	// ConvPanels: a convolution of f32 (or narrower) values with 4 or
+	// more output channels per group multiplies over the whole batch,
+	// its B the input read under the kernel taps (Matmul.Taps) rather
+	// than an im2col stored first: the LLVM microkernel packs B's panels
+	// from the input's rows, the im2col's extra pass over memory saved.
+	ConvPanels bool
 }
 
 // LowerWith is Lower for a backend that says what it can do in opts.

@@ -329,6 +329,31 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	cg, mg, kdim, ohw := convDims(g)
 	W := view(w, ir.Shape{g.M, kdim})
 	o := alias(out[0], ir.Shape{g.N, g.M, ohw})
+	if b.opts.ConvPanels && mg >= 4 && g.SW == 1 && ComputeKind(x.Type.DType) == F32 && !pointwise(g) {
+		// One product per group over the whole batch, B read from the
+		// input under the taps (no im2col stored): the backend packs its
+		// panels from the input's rows. (Products over fewer images, each
+		// store of a result linear in its columns, were no faster on
+		// ResNet-18's convolutions, and the Fashion-MNIST CNN's first one,
+		// per image, too small to share among threads.)
+		b.loop(g.Groups, func(gr *Var) {
+			b.matmul(o, mg, g.N*ohw, kdim,
+				func(m, q Expr) []Expr {
+					n, p := imagePos(q, ohw)
+					return []Expr{n, add(mul(gr, Int{mg}), m), p}
+				},
+				func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
+				func(r, q Expr) Expr {
+					n, p := imagePos(q, ohw)
+					return tap(x, g, n, gr, r, div(p, Int{g.OW}), rem(p, Int{g.OW}))
+				},
+				convBias(in, gr, mg), false)
+			vs := b.vars(4)
+			b.lastStage().Matmul.Taps = &Taps{Geometry: g, N: vs[0], C: vs[1], H: vs[2], W: vs[3],
+				X: conv(x.At([]Expr{vs[0], add(mul(gr, Int{cg}), vs[1]), vs[2], vs[3]}), F32)}
+		})
+		return nil
+	}
 	if nb := b.convImages(g, x.Type.DType.Size(), true); nb > 1 {
 		b.imageChunks(g.N, nb, func(n0 Expr) {
 			b.loop(g.Groups, func(gr *Var) {
