@@ -18,11 +18,11 @@ import (
 // and whose whole batch's im2col (3.6 MiB) passes the default bound over
 // chunks of images (4 of the batch's 16: 784 positions, each chunk's
 // im2col stored in turn, the gradient accumulating chunk by chunk), and
-// the forward convolution over the whole batch (its B read under the
-// taps, no im2col: TestConvTapPanels), and the results are the
-// interpreter's. Error model: f32 sums of at most K terms (the weight
-// gradient's 16 · 196 positions) differ from the interpreter's by at
-// most K·2⁻²⁴ relative to the result's norm.
+// the forward convolution and the input gradient over the whole batch
+// (their B read under the taps, no im2col: TestConvTapPanels), and the
+// results are the interpreter's. Error model: f32 sums of at most K
+// terms (the weight gradient's 16 · 196 positions) differ from the
+// interpreter's by at most K·2⁻²⁴ relative to the result's norm.
 func TestConvsOverImageChunks(t *testing.T) {
 	requireClang(t)
 	m, err := parser.Parse("in.kir", `func @f(%x: f32[16,32,14,14], %w: f32[16,32,3,3], %dy: f32[16,16,14,14]) -> (y: f32[16,16,14,14], dx: f32[16,32,14,14], dw: f32[16,32,3,3]) {
@@ -37,10 +37,9 @@ func TestConvsOverImageChunks(t *testing.T) {
 	f := m.Funcs[0]
 	p, err := llvm.Lower(f)
 	require.NoError(t, err)
-	// The forward kernel is one product of 16 · 196 columns, the weight
-	// gradient loops over 4 chunks of 4 images, each a product of 4 · 196
-	// positions of contraction; the input gradient keeps one product per
-	// image.
+	// The forward and input-gradient kernels are one product of 16 · 196
+	// columns, the weight gradient loops over 4 chunks of 4 images, each a
+	// product of 4 · 196 positions of contraction.
 	for i, k := range p.Kernels[:3] {
 		chunks, extent := 0, int64(0)
 		walkStages(k.Steps, 0, func(s *loops.Stage, loopsAround int64) {
@@ -52,9 +51,9 @@ func TestConvsOverImageChunks(t *testing.T) {
 				}
 			}
 		})
-		want := []int{1, 16, 4}[i]
+		want := []int{1, 1, 4}[i]
 		require.Equal(t, want, chunks, "kernel %s: chunks of images", k.Name)
-		require.Equal(t, []int64{3136, 196, 784}[i], extent, "kernel %s: columns (contraction) of its product", k.Name)
+		require.Equal(t, []int64{3136, 3136, 784}[i], extent, "kernel %s: columns (contraction) of its product", k.Name)
 	}
 	args := interp.RandomArgs(f, 3)
 	want, err := interp.Run(f, cloneAll(args), interp.Options{})
@@ -83,9 +82,11 @@ func walkStages(steps []loops.Step, outer int64, fn func(*loops.Stage, int64)) {
 	}
 }
 
-// TestConvTapPanels: a stride-1 (along columns) convolution multiplies
-// with B packed straight from its input under the kernel taps (no im2col
-// stored), over geometries that put every case of a run in the panels:
+// TestConvTapPanels: a stride-1 (along columns) convolution, and the
+// input gradient of a stride-1 one (a convolution of dy with the kernel
+// flipped, its padding (K-1)·D - P, negative where the padding outgrows
+// the kernel), multiply with B packed straight from their input under
+// the kernel taps (no im2col stored), over geometries that put every case of a run in the panels:
 // zeros before, after and instead of the input's columns, rows wholly
 // in the padding, dilated and strided rows, grouped channels, one-column
 // outputs, runs that split across images; the input an f32 buffer (the
@@ -96,7 +97,7 @@ func walkStages(steps []loops.Step, outer int64, fn func(*loops.Stage, int64)) {
 // products).
 func TestConvTapPanels(t *testing.T) {
 	requireClang(t)
-	m, err := parser.Parse("in.kir", `func @f(%a: f32[3,4,9,9], %wa: f32[8,4,3,3], %ba: f32[8], %b: f32[2,6,7,5], %wb: f32[8,6,3,2], %c: f32[2,4,8,8], %wc: f32[8,2,1,3], %d: f32[4,4,3,3], %wd: f32[8,4,2,2], %e: f32[4,4,6,3], %we: f32[8,4,3,3], %h: bf16[2,4,9,9], %wh: bf16[8,4,3,3], %r: f32[2,4,9,9], %wr: f32[8,4,3,3], %s: f32[1,2,4,4], %ws: f32[4,2,3,3]) -> (ya: f32[3,8,9,9], yb: f32[2,8,3,7], yc: f32[2,8,8,8], yd: f32[4,8,8,8], ye: f32[4,8,4,1], yh: f32[2,8,7,7], yr: f32[2,8,9,9], ys: f32[1,4,4,4]) {
+	m, err := parser.Parse("in.kir", `func @f(%a: f32[3,4,9,9], %wa: f32[8,4,3,3], %ba: f32[8], %b: f32[2,6,7,5], %wb: f32[8,6,3,2], %c: f32[2,4,8,8], %wc: f32[8,2,1,3], %d: f32[4,4,3,3], %wd: f32[8,4,2,2], %e: f32[4,4,6,3], %we: f32[8,4,3,3], %h: bf16[2,4,9,9], %wh: bf16[8,4,3,3], %r: f32[2,4,9,9], %wr: f32[8,4,3,3], %s: f32[1,2,4,4], %ws: f32[4,2,3,3], %da: f32[2,8,9,9], %wda: f32[8,4,3,3], %db: f32[2,8,6,7], %wdb: f32[8,6,3,2], %dc: f32[2,8,8,8], %wdc: f32[8,4,1,3], %dd: f32[16,8,8,8], %wdd: f32[8,4,2,2], %de: f32[4,8,4,1], %wde: f32[8,4,3,3]) -> (ya: f32[3,8,9,9], yb: f32[2,8,3,7], yc: f32[2,8,8,8], yd: f32[4,8,8,8], ye: f32[4,8,4,1], yh: f32[2,8,7,7], yr: f32[2,8,9,9], ys: f32[1,4,4,4], xa: f32[2,4,9,9], xb: f32[2,6,7,5], xc: f32[2,8,8,8], xd: f32[16,4,3,3], xe: f32[4,4,6,3]) {
   %ya = conv2d(%a, %wa, %ba) {pads = [1, 1, 1, 1]} : f32[3,8,9,9]
   %yb = conv2d(%b, %wb) {pads = [0, 2, 3, 1], strides = [2, 1], dilations = [2, 1]} : f32[2,8,3,7]
   %yc = conv2d(%c, %wc) {groups = 2, pads = [0, 1, 0, 1]} : f32[2,8,8,8]
@@ -107,7 +108,12 @@ func TestConvTapPanels(t *testing.T) {
   %rr = relu(%r) : f32[2,4,9,9]
   %yr = conv2d(%rr, %wr) {pads = [1, 1, 1, 1]} : f32[2,8,9,9]
   %ys = conv2d(%s, %ws) {pads = [1, 1, 1, 1]} : f32[1,4,4,4]
-  return %ya, %yb, %yc, %yd, %ye, %yh, %yr, %ys
+  %xa = conv2d_grad_input(%da, %wda) {input_shape = [2, 4, 9, 9], pads = [1, 1, 1, 1]} : f32[2,4,9,9]
+  %xb = conv2d_grad_input(%db, %wdb) {input_shape = [2, 6, 7, 5], pads = [0, 2, 3, 1], dilations = [2, 1]} : f32[2,6,7,5]
+  %xc = conv2d_grad_input(%dc, %wdc) {input_shape = [2, 8, 8, 8], groups = 2, pads = [0, 1, 0, 1]} : f32[2,8,8,8]
+  %xd = conv2d_grad_input(%dd, %wdd) {input_shape = [16, 4, 3, 3], pads = [3, 3, 3, 3]} : f32[16,4,3,3]
+  %xe = conv2d_grad_input(%de, %wde) {input_shape = [4, 4, 6, 3]} : f32[4,4,6,3]
+  return %ya, %yb, %yc, %yd, %ye, %yh, %yr, %ys, %xa, %xb, %xc, %xd, %xe
 }
 `)
 	require.NoError(t, err)
@@ -132,7 +138,7 @@ func TestConvTapPanels(t *testing.T) {
 			}
 		})
 	}
-	require.Equal(t, 8, direct+computed, "one product per convolution")
+	require.Equal(t, 13, direct+computed, "one product per convolution")
 	require.GreaterOrEqual(t, computed, 1, "a bf16 input packs element by element")
 	require.GreaterOrEqual(t, direct, 4, "f32 buffers pack by vector copies")
 	args := interp.RandomArgs(f, 5)
@@ -140,7 +146,7 @@ func TestConvTapPanels(t *testing.T) {
 	require.NoError(t, err)
 	got, _, err := llvm.Run(p, args)
 	require.NoError(t, err)
-	for i, K := range []float64{36, 36, 6, 16, 36, 36, 36, 18} {
+	for i, K := range []float64{36, 36, 6, 16, 36, 36, 36, 18, 72, 48, 12, 32, 72} {
 		e := passtest.RelErr(got[i], want[i])
 		require.LessOrEqual(t, e, K*0x1p-24, "result %s", f.ResultName(i))
 	}

@@ -404,6 +404,10 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 		return err
 	}
 	cg, mg, kdim, ohw := convDims(g)
+	if b.opts.ConvPanels && g.SH == 1 && g.SW == 1 && cg >= 4 && ComputeKind(out[0].Type.DType) == F32 && !pointwise(g) {
+		convTransposedTaps(b, dy, w, g, out[0])
+		return nil
+	}
 	W := view(w, ir.Shape{g.M, kdim})
 	DY := view(dy, ir.Shape{g.N, g.M, ohw})
 	// Per image, the product's rows are the kdim taps, many enough to
@@ -449,6 +453,44 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 		})
 	})
 	return nil
+}
+
+// convTransposedTaps stores the input gradient dx of a convolution of
+// stride 1 as the convolution of dy with the kernel flipped and its
+// channels swapped: dx[n, c, ih, iw] = Σ w[m, c, kh, kw] · dy[n, m, ih
+// + PT - kh·DH, iw + PL - kw·DW], and with kh' = KH-1-kh the row read is
+// ih - ((KH-1)·DH - PT) + kh'·DH: taps of dy under padding (KH-1)·DH -
+// PT (and so on). One product per group over the batch, its B read
+// under those taps (Options.ConvPanels) and A the flipped kernel stored
+// first, so no im2col and no col2im pass.
+func convTransposedTaps(b *builder, dy, w Tensor, g ir.ConvGeometry, dx *Buffer) {
+	cg, mg, _, _ := convDims(g)
+	t := ir.ConvGeometry{N: g.N, C: g.M, H: g.OH, W: g.OW, M: g.C, KH: g.KH, KW: g.KW, OH: g.H, OW: g.W,
+		SH: 1, SW: 1, DH: g.DH, DW: g.DW, Groups: g.Groups,
+		PT: (g.KH-1)*g.DH - g.PT, PL: (g.KW-1)*g.DW - g.PL, PB: (g.KH-1)*g.DH - g.PB, PR: (g.KW-1)*g.DW - g.PR}
+	hw, kdim := g.H*g.W, mg*g.KH*g.KW
+	flipped := b.temp("flipped", ir.Type{DType: w.Type.DType, Shape: ir.Shape{g.C, mg, g.KH, g.KW}})
+	b.store(flipped, func(idx []Expr) Expr {
+		gr, c := div(idx[0], Int{cg}), rem(idx[0], Int{cg})
+		return w.At([]Expr{add(mul(gr, Int{mg}), idx[1]), c, sub(Int{g.KH - 1}, idx[2]), sub(Int{g.KW - 1}, idx[3])})
+	})
+	A := FromBuffer(alias(flipped, ir.Shape{g.C, kdim}))
+	o := alias(dx, ir.Shape{g.N, g.C, hw})
+	b.loop(g.Groups, func(gr *Var) {
+		b.matmul(o, cg, g.N*hw, kdim,
+			func(c, q Expr) []Expr {
+				n, p := imagePos(q, hw)
+				return []Expr{n, add(mul(gr, Int{cg}), c), p}
+			},
+			func(c, r Expr) Expr { return A.At([]Expr{add(mul(gr, Int{cg}), c), r}) },
+			func(r, q Expr) Expr {
+				n, p := imagePos(q, hw)
+				return tap(dy, t, n, gr, r, div(p, Int{g.W}), rem(p, Int{g.W}))
+			}, nil, false)
+		vs := b.vars(4)
+		b.lastStage().Matmul.Taps = &Taps{Geometry: t, N: vs[0], C: vs[1], H: vs[2], W: vs[3],
+			X: conv(dy.At([]Expr{vs[0], add(mul(gr, Int{mg}), vs[1]), vs[2], vs[3]}), F32)}
+	})
 }
 
 // col2im is input pixel (c, ih, iw)'s gradient read from the columns
