@@ -209,6 +209,16 @@ func TestConvTapsByBackend(t *testing.T) {
   return %dx
 }
 `, true, 400},
+		{"input gradient, f64", `func @f(%dy: f64[4,16,10,10], %w: f64[16,8,3,3]) -> (f64[4,8,10,10]) {
+  %dx = conv2d_grad_input(%dy, %w) {input_shape = [4, 8, 10, 10], pads = [1, 1, 1, 1]} : f64[4,8,10,10]
+  return %dx
+}
+`, false, 0},
+		{"input gradient, 2 input channels per group", `func @f(%dy: f32[4,16,10,10], %w: f32[16,2,3,3]) -> (f32[4,8,10,10]) {
+  %dx = conv2d_grad_input(%dy, %w) {input_shape = [4, 8, 10, 10], groups = 4, pads = [1, 1, 1, 1]} : f32[4,8,10,10]
+  return %dx
+}
+`, false, 0},
 		{"input gradient, row stride", `func @f(%dy: f32[4,16,5,10], %w: f32[16,8,3,3]) -> (f32[4,8,10,10]) {
   %dx = conv2d_grad_input(%dy, %w) {input_shape = [4, 8, 10, 10], pads = [1, 1, 1, 1], strides = [2, 1]} : f32[4,8,10,10]
   return %dx
