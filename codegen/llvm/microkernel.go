@@ -335,12 +335,12 @@ func (e *fn) packTaps(s *loops.Stage, panel, jb, k0, kn value.Value) (j0, jn val
 		v = e.cur.NewSelect(e.cur.NewICmp(enum.IPredSLT, v, lo), lo, v)
 		return e.cur.NewSelect(e.cur.NewICmp(enum.IPredSGT, v, hi), hi, v)
 	}
+	// direct: the input is a plain f32 buffer read along its rows at
+	// stride 1 or 2, so that a run is a masked vector copy.
+	rowBuf, rowIndex, direct := t.Row()
+	direct = direct && (g.SW == 1 || g.SW == 2) && rowBuf.Type.DType == kir.F32
 	// The panel's columns cover the output rows R = image·OH + oh from
 	// j0/OW to (j0+jn-1)/OW.
-	// direct: the input is a plain f32 buffer read along its rows (and
-	// SW = 1), so that a run is a masked vector copy.
-	rowBuf, rowIndex, direct := t.Row()
-	direct = direct && g.SW == 1 && rowBuf.Type.DType == kir.F32
 	firstRow := e.cur.NewSDiv(j0, i64(g.OW))
 	rowsSpanned := e.cur.NewAdd(e.cur.NewSub(e.cur.NewSDiv(e.cur.NewAdd(j0, e.cur.NewSub(jn, i64(1))), i64(g.OW)), firstRow), i64(1))
 	e.loop(kn, func(kv value.Value) {
@@ -388,9 +388,9 @@ func (e *fn) packTaps(s *loops.Stage, panel, jb, k0, kn value.Value) (j0, jn val
 			e.push()
 			e.bound[t.N], e.bound[t.C], e.bound[t.H] = img, c, ih
 			if direct {
-				e.bound[t.W] = e.cur.NewAdd(e.cur.NewAdd(ow0, lo), dw)
+				e.bound[t.W] = e.cur.NewAdd(e.cur.NewMul(e.cur.NewAdd(ow0, lo), i64(g.SW)), dw)
 				src := e.cur.NewGetElementPtr(types.Float, e.base(rowBuf), e.flat(rowBuf, rowIndex))
-				e.copyFloats(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, lo)), src, e.cur.NewSub(hi, lo))
+				e.copyFloats(e.cur.NewGetElementPtr(types.Float, panel, e.cur.NewAdd(at, lo)), src, e.cur.NewSub(hi, lo), g.SW)
 				e.pop()
 				return
 			}
@@ -408,27 +408,49 @@ func (e *fn) packTaps(s *loops.Stage, panel, jb, k0, kn value.Value) (j0, jn val
 	return j0, jn
 }
 
-// copyFloats copies n floats from src to dst (which do not overlap), 16
-// at a time under a mask of the lanes below n.
-func (e *fn) copyFloats(dst, src, n value.Value) {
+// copyFloats copies n floats from src, stride apart (1 or 2), to dst
+// (contiguous; they do not overlap), 16 at a time: masked loads of the
+// lanes up to the last element read (never past it), for stride 2 two of
+// them and a shuffle keeping the even lanes, and a masked store of the
+// lanes below n.
+func (e *fn) copyFloats(dst, src, n value.Value, stride int64) {
 	maskT := types.NewVector(vw, types.I1)
 	load := e.md.declare("llvm.masked.load.v16f32.p0v16f32", vecT, vecPtr, types.I32, maskT, vecT)
 	store := e.md.declare("llvm.masked.store.v16f32.p0v16f32", types.Void, vecT, vecPtr, types.I32, maskT)
-	lanes := make([]constant.Constant, vw)
-	for i := range lanes {
-		lanes[i] = constant.NewInt(types.I64, int64(i))
+	idxT := types.NewVector(vw, types.I64)
+	lanes := func(from, step int64) constant.Constant {
+		c := make([]constant.Constant, vw)
+		for i := range c {
+			c[i] = constant.NewInt(types.I64, from+int64(i)*step)
+		}
+		return constant.NewVector(idxT, c...)
 	}
-	iota := constant.NewVector(types.NewVector(vw, types.I64), lanes...)
+	below := func(v constant.Constant, bound value.Value) value.Value {
+		splat := e.cur.NewShuffleVector(
+			e.cur.NewInsertElement(constant.NewUndef(idxT), bound, constant.NewInt(types.I32, 0)),
+			constant.NewUndef(idxT), constant.NewZeroInitializer(types.NewVector(vw, types.I32)))
+		return e.cur.NewICmp(enum.IPredSLT, v, splat)
+	}
+	loadAt := func(at, bound value.Value, from int64) value.Value {
+		p := e.cur.NewBitCast(e.cur.NewGetElementPtr(types.Float, src, e.cur.NewAdd(at, i64(from))), vecPtr)
+		return e.cur.NewCall(load, p, constant.NewInt(types.I32, 4), below(lanes(from, 1), bound), constant.NewZeroInitializer(vecT))
+	}
 	e.loop(e.cur.NewSDiv(e.cur.NewAdd(n, i64(vw-1)), i64(vw)), func(b value.Value) {
 		i := e.cur.NewMul(b, i64(vw))
 		left := e.cur.NewSub(n, i)
-		splat := e.cur.NewShuffleVector(
-			e.cur.NewInsertElement(constant.NewUndef(types.NewVector(vw, types.I64)), left, constant.NewInt(types.I32, 0)),
-			constant.NewUndef(types.NewVector(vw, types.I64)), constant.NewZeroInitializer(types.NewVector(vw, types.I32)))
-		mask := e.cur.NewICmp(enum.IPredSLT, iota, splat)
-		from := e.cur.NewBitCast(e.cur.NewGetElementPtr(types.Float, src, i), vecPtr)
+		at := e.cur.NewMul(i, i64(stride))
+		// The elements read are src[at + stride·j] for j < left: offsets
+		// below stride·(left-1) + 1 from at.
+		reach := e.cur.NewAdd(e.cur.NewMul(e.cur.NewSub(left, i64(1)), i64(stride)), i64(1))
+		v := loadAt(at, reach, 0)
+		if stride == 2 {
+			even := make([]constant.Constant, vw)
+			for j := range even {
+				even[j] = constant.NewInt(types.I32, int64(2*j))
+			}
+			v = e.cur.NewShuffleVector(v, loadAt(at, reach, vw), constant.NewVector(types.NewVector(vw, types.I32), even...))
+		}
 		to := e.cur.NewBitCast(e.cur.NewGetElementPtr(types.Float, dst, i), vecPtr)
-		v := e.cur.NewCall(load, from, constant.NewInt(types.I32, 4), mask, constant.NewZeroInitializer(vecT))
-		e.cur.NewCall(store, v, to, constant.NewInt(types.I32, 4), mask)
+		e.cur.NewCall(store, v, to, constant.NewInt(types.I32, 4), below(lanes(0, 1), left))
 	})
 }

@@ -168,7 +168,8 @@ func TestNarrowWeightGradsByBackend(t *testing.T) {
 }
 
 // TestConvTapsByBackend: with Options.ConvPanels a convolution whose
-// columns are read at stride 1, with 4 or more output channels per group
+// columns are read at stride 1 (or 2, from an f32 buffer), with 4 or
+// more output channels per group
 // and f32 (or narrower) values, and the input gradient of one of stride
 // 1, are one product over the batch whose B is restated as Taps (and
 // store no im2col); without the option, and for strides, f64 values or
@@ -189,8 +190,18 @@ func TestConvTapsByBackend(t *testing.T) {
   return %y
 }
 `, true, 200},
-		{"column stride", `func @f(%x: f32[4,8,10,10], %w: f32[16,8,3,3]) -> (f32[4,16,10,5]) {
+		{"column stride 2", `func @f(%x: f32[4,8,10,10], %w: f32[16,8,3,3]) -> (f32[4,16,10,5]) {
   %y = conv2d(%x, %w) {pads = [1, 1, 1, 1], strides = [1, 2]} : f32[4,16,10,5]
+  return %y
+}
+`, true, 200},
+		{"column stride 2, bf16", `func @f(%x: bf16[4,8,10,10], %w: bf16[16,8,3,3]) -> (bf16[4,16,10,5]) {
+  %y = conv2d(%x, %w) {pads = [1, 1, 1, 1], strides = [1, 2]} : bf16[4,16,10,5]
+  return %y
+}
+`, false, 0},
+		{"column stride 3", `func @f(%x: f32[4,8,10,10], %w: f32[16,8,3,3]) -> (f32[4,16,10,4]) {
+  %y = conv2d(%x, %w) {pads = [1, 1, 1, 1], strides = [1, 3]} : f32[4,16,10,4]
   return %y
 }
 `, false, 0},

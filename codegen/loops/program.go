@@ -43,10 +43,12 @@ type Options struct {
 	// reads of the tap-by-tap im2col cost more than it.
 	TransposeNarrowWeightGrads bool
 	// ConvPanels: a convolution of f32 (or narrower) values with 4 or
-	// more output channels per group multiplies over the whole batch,
-	// its B the input read under the kernel taps (Matmul.Taps) rather
-	// than an im2col stored first: the LLVM microkernel packs B's panels
-	// from the input's rows, the im2col's extra pass over memory saved.
+	// more output channels per group, reading its columns at stride 1
+	// (or 2 from an f32 buffer), and the input gradient of a stride-1
+	// one, multiply over the whole batch, their B the input read under
+	// the kernel taps (Matmul.Taps) rather than an im2col stored first:
+	// the LLVM microkernel packs B's panels from the input's rows, the
+	// im2col's extra pass over memory saved.
 	ConvPanels bool
 }
 

@@ -329,7 +329,11 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	cg, mg, kdim, ohw := convDims(g)
 	W := view(w, ir.Shape{g.M, kdim})
 	o := alias(out[0], ir.Shape{g.N, g.M, ohw})
-	if b.opts.ConvPanels && mg >= 4 && g.SW == 1 && ComputeKind(x.Type.DType) == F32 && !pointwise(g) {
+	// Columns read at stride 2 only from an f32 buffer, which the LLVM
+	// packer copies with vector loads and a shuffle (element by element
+	// the strided reads became gathers, slower than the im2col).
+	strideOK := g.SW == 1 || g.SW == 2 && x.Buf != nil && x.Type.DType == ir.F32
+	if b.opts.ConvPanels && mg >= 4 && strideOK && ComputeKind(x.Type.DType) == F32 && !pointwise(g) {
 		// One product per group over the whole batch, B read from the
 		// input under the taps (no im2col stored): the backend packs its
 		// panels from the input's rows. (Products over fewer images, each
