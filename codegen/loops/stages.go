@@ -421,7 +421,7 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 	if nb := b.convImages(g, out[0].Type.DType.Size(), false); nb > 1 {
 		b.imageChunks(g.N, nb, func(n0 Expr) {
 			b.loop(g.Groups, func(gr *Var) {
-				col := b.temp("col", ir.Type{DType: out[0].Type.DType, Shape: ir.Shape{kdim, nb * ohw}})
+				col := b.temp("col", ir.Type{DType: sumDType(out[0].Type.DType), Shape: ir.Shape{kdim, nb * ohw}})
 				b.matmul(col, kdim, nb*ohw, mg, func(r, q Expr) []Expr { return []Expr{r, q} },
 					func(r, m Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
 					func(m, q Expr) Expr {
@@ -446,7 +446,7 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 				b.matmul(o, cg, ohw, mg, func(c, p Expr) []Expr { return []Expr{n, add(mul(gr, Int{cg}), c), p} }, wt, dyg, nil, false)
 				return
 			}
-			col := b.temp("col", ir.Type{DType: out[0].Type.DType, Shape: ir.Shape{kdim, ohw}})
+			col := b.temp("col", ir.Type{DType: sumDType(out[0].Type.DType), Shape: ir.Shape{kdim, ohw}})
 			b.matmul(col, kdim, ohw, mg, func(r, p Expr) []Expr { return []Expr{r, p} }, wt, dyg, nil, false)
 			dx := alias(out[0], ir.Shape{g.N, g.C, g.H, g.W})
 			vs := b.vars(3)
@@ -495,6 +495,16 @@ func convTransposedTaps(b *builder, dy, w Tensor, g ir.ConvGeometry, dx *Buffer)
 		b.lastStage().Matmul.Taps = &Taps{Geometry: t, N: vs[0], C: vs[1], H: vs[2], W: vs[3],
 			X: conv(dy.At([]Expr{vs[0], add(mul(gr, Int{mg}), vs[1]), vs[2], vs[3]}), F32)}
 	})
+}
+
+// sumDType is the dtype of partial sums of a result of dtype d: f32 for
+// the narrow floats (bf16, f16, fp8), whose results round once, when
+// stored, as the interpreter's do; d otherwise.
+func sumDType(d ir.DType) ir.DType {
+	if d.IsFloat() && d != ir.F64 {
+		return ir.F32
+	}
+	return d
 }
 
 // col2im is input pixel (c, ih, iw)'s gradient read from the columns
