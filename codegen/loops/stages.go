@@ -340,22 +340,8 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 		// store of a result linear in its columns, were no faster on
 		// ResNet-18's convolutions, and the Fashion-MNIST CNN's first one,
 		// per image, too small to share among threads.)
-		b.loop(g.Groups, func(gr *Var) {
-			b.matmul(o, mg, g.N*ohw, kdim,
-				func(m, q Expr) []Expr {
-					n, p := imagePos(q, ohw)
-					return []Expr{n, add(mul(gr, Int{mg}), m), p}
-				},
-				func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
-				func(r, q Expr) Expr {
-					n, p := imagePos(q, ohw)
-					return tap(x, g, n, gr, r, div(p, Int{g.OW}), rem(p, Int{g.OW}))
-				},
-				convBias(in, gr, mg), false)
-			vs := b.vars(4)
-			b.lastStage().Matmul.Taps = &Taps{Geometry: g, N: vs[0], C: vs[1], H: vs[2], W: vs[3],
-				X: conv(x.At([]Expr{vs[0], add(mul(gr, Int{cg}), vs[1]), vs[2], vs[3]}), F32)}
-		})
+		tapProduct(b, out[0], x, g, func(gr, m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
+			func(gr Expr) func(acc, m, q Expr) Expr { return convBias(in, gr, mg) })
 		return nil
 	}
 	if nb := b.convImages(g, x.Type.DType.Size(), true); nb > 1 {
@@ -472,28 +458,42 @@ func convTransposedTaps(b *builder, dy, w Tensor, g ir.ConvGeometry, dx *Buffer)
 	t := ir.ConvGeometry{N: g.N, C: g.M, H: g.OH, W: g.OW, M: g.C, KH: g.KH, KW: g.KW, OH: g.H, OW: g.W,
 		SH: 1, SW: 1, DH: g.DH, DW: g.DW, Groups: g.Groups,
 		PT: (g.KH-1)*g.DH - g.PT, PL: (g.KW-1)*g.DW - g.PL, PB: (g.KH-1)*g.DH - g.PB, PR: (g.KW-1)*g.DW - g.PR}
-	hw, kdim := g.H*g.W, mg*g.KH*g.KW
+	kdim := mg * g.KH * g.KW
 	flipped := b.temp("flipped", ir.Type{DType: w.Type.DType, Shape: ir.Shape{g.C, mg, g.KH, g.KW}})
 	b.store(flipped, func(idx []Expr) Expr {
 		gr, c := div(idx[0], Int{cg}), rem(idx[0], Int{cg})
 		return w.At([]Expr{add(mul(gr, Int{mg}), idx[1]), c, sub(Int{g.KH - 1}, idx[2]), sub(Int{g.KW - 1}, idx[3])})
 	})
 	A := FromBuffer(alias(flipped, ir.Shape{g.C, kdim}))
-	o := alias(dx, ir.Shape{g.N, g.C, hw})
+	tapProduct(b, dx, dy, t, func(gr, c, r Expr) Expr { return A.At([]Expr{add(mul(gr, Int{cg}), c), r}) }, nil)
+}
+
+// tapProduct stores the convolution of x (geometry g) as one product per
+// group over the whole batch: out[n, gr·Mg + m, p] = epi(Σr a(gr, m, r) ·
+// x under tap r at output position p of image n), with B read under the
+// taps (Matmul.Taps, Options.ConvPanels) and epi(gr) nil or the
+// epilogue of group gr.
+func tapProduct(b *builder, out *Buffer, x Tensor, g ir.ConvGeometry, a func(gr, m, r Expr) Expr, epi func(gr Expr) func(acc, m, q Expr) Expr) {
+	cg, mg, kdim, ohw := convDims(g)
+	o := alias(out, ir.Shape{g.N, g.M, ohw})
 	b.loop(g.Groups, func(gr *Var) {
-		b.matmul(o, cg, g.N*hw, kdim,
-			func(c, q Expr) []Expr {
-				n, p := imagePos(q, hw)
-				return []Expr{n, add(mul(gr, Int{cg}), c), p}
+		var e func(acc, m, q Expr) Expr
+		if epi != nil {
+			e = epi(gr)
+		}
+		b.matmul(o, mg, g.N*ohw, kdim,
+			func(m, q Expr) []Expr {
+				n, p := imagePos(q, ohw)
+				return []Expr{n, add(mul(gr, Int{mg}), m), p}
 			},
-			func(c, r Expr) Expr { return A.At([]Expr{add(mul(gr, Int{cg}), c), r}) },
+			func(m, r Expr) Expr { return a(gr, m, r) },
 			func(r, q Expr) Expr {
-				n, p := imagePos(q, hw)
-				return tap(dy, t, n, gr, r, div(p, Int{g.W}), rem(p, Int{g.W}))
-			}, nil, false)
+				n, p := imagePos(q, ohw)
+				return tap(x, g, n, gr, r, div(p, Int{g.OW}), rem(p, Int{g.OW}))
+			}, e, false)
 		vs := b.vars(4)
-		b.lastStage().Matmul.Taps = &Taps{Geometry: t, N: vs[0], C: vs[1], H: vs[2], W: vs[3],
-			X: conv(dy.At([]Expr{vs[0], add(mul(gr, Int{mg}), vs[1]), vs[2], vs[3]}), F32)}
+		b.lastStage().Matmul.Taps = &Taps{Geometry: g, N: vs[0], C: vs[1], H: vs[2], W: vs[3],
+			X: conv(x.At([]Expr{vs[0], add(mul(gr, Int{cg}), vs[1]), vs[2], vs[3]}), F32)}
 	})
 }
 
