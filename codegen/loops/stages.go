@@ -472,7 +472,8 @@ func convTransposedTaps(b *builder, dy, w Tensor, g ir.ConvGeometry, dx *Buffer)
 // group over the whole batch: out[n, gr·Mg + m, p] = epi(Σr a(gr, m, r) ·
 // x under tap r at output position p of image n), with B read under the
 // taps (Matmul.Taps, Options.ConvPanels) and epi(gr) nil or the
-// epilogue of group gr.
+// epilogue of group gr. Callers ensure Mg ≥ 4 output channels per group:
+// fewer make matmul emit dot products, which carry no Taps.
 func tapProduct(b *builder, out *Buffer, x Tensor, g ir.ConvGeometry, a func(gr, m, r Expr) Expr, epi func(gr Expr) func(acc, m, q Expr) Expr) {
 	cg, mg, kdim, ohw := convDims(g)
 	o := alias(out, ir.Shape{g.N, g.M, ohw})
