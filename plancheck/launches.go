@@ -68,6 +68,10 @@ type Signature struct {
 	Modes    []string // how each pointer parameter is used: read, write or readwrite
 	Outer    []int64  // extent of each scalar parameter (an outer loop index)
 	Host     bool     // a C function called on the host, not a kernel
+	// Cooperative: the kernel has grid-wide barriers and must be launched
+	// cooperatively (a plain launch of it could wait forever on blocks
+	// that never start).
+	Cooperative bool
 }
 
 // Param is one kernel parameter: a pointer to Elem (Const: read only) or
@@ -79,10 +83,10 @@ type Param struct {
 }
 
 var (
-	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" __global__ void __launch_bounds__\((\d+)\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)( cooperative=1)?\nextern "C" __global__ void __launch_bounds__\((\d+)\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
 	// hostRE is a host function (an update of offloaded parameters).
-	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)\nextern "C" void ()([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
-	paramRE = regexp.MustCompile(`^(const )?([a-z ]+?) \*__restrict__ b\d+$|^long long v\d+$`)
+	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)()\nextern "C" void ()([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	paramRE = regexp.MustCompile(`^(const )?([a-z ]+?) \*(?:__restrict__ )?b\d+$|^long long v\d+$`)
 )
 
 // signatures reads the __global__ kernels of kernels.cu.
@@ -91,11 +95,11 @@ func signatures(src string) (map[string]Signature, error) {
 	kernels := kernelRE.FindAllStringSubmatch(src, -1)
 	var err error
 	for i, m := range append(kernels, hostRE.FindAllStringSubmatch(src, -1)...) {
-		name := m[6]
-		sig := Signature{Host: i >= len(kernels)}
+		name := m[7]
+		sig := Signature{Host: i >= len(kernels), Cooperative: m[5] != ""}
 		if !sig.Host {
-			if sig.MaxBlock, err = strconv.ParseInt(m[5], 10, 64); err != nil || sig.MaxBlock < 1 || sig.MaxBlock > 1024 {
-				return nil, fmt.Errorf("kernel %s: __launch_bounds__(%s) is not 1 to 1024 threads", name, m[5])
+			if sig.MaxBlock, err = strconv.ParseInt(m[6], 10, 64); err != nil || sig.MaxBlock < 1 || sig.MaxBlock > 1024 {
+				return nil, fmt.Errorf("kernel %s: __launch_bounds__(%s) is not 1 to 1024 threads", name, m[6])
 			}
 		}
 		for _, md := range strings.Split(m[3], ",") {
@@ -121,8 +125,8 @@ func signatures(src string) (map[string]Signature, error) {
 			return nil, fmt.Errorf("kernel %s: %v", name, err)
 		}
 		pointers, scalars := 0, 0
-		if strings.TrimSpace(m[7]) != "" {
-			for _, p := range strings.Split(m[7], ", ") {
+		if strings.TrimSpace(m[8]) != "" {
+			for _, p := range strings.Split(m[8], ", ") {
 				pm := paramRE.FindStringSubmatch(p)
 				if pm == nil {
 					return nil, fmt.Errorf("kernel %s: parameter %q is not one kiln writes", name, p)
@@ -148,6 +152,13 @@ func signatures(src string) (map[string]Signature, error) {
 		return nil, fmt.Errorf("%d kernels and host functions, of which %d in the form kiln writes (a launch line above each)", n, len(out))
 	}
 	return out, nil
+}
+
+func cooperativeName(c bool) string {
+	if c {
+		return "cooperatively"
+	}
+	return "plainly"
 }
 
 func intList(s string) ([]int64, error) {
@@ -212,6 +223,9 @@ func launches(p *cuda.Plan, f *ir.Func, kernels map[string]Signature) error {
 		}
 		if len(n.Args) != len(sig.Params) {
 			return fmt.Errorf("node %d: kernel %s takes %d arguments, the launch passes %d", i, n.Kernel, len(sig.Params), len(n.Args))
+		}
+		if n.Cooperative != sig.Cooperative || (n.Cooperative && n.Kind != "kernel") {
+			return fmt.Errorf("node %d launches %s %s, which kernels.cu declares %s", i, n.Kernel, cooperativeName(n.Cooperative), cooperativeName(sig.Cooperative))
 		}
 		if n.Kind == "kernel" {
 			if threads := int64(n.Grid[0]) * int64(n.Grid[1]) * int64(n.Grid[2]) * int64(n.Block[0]) * int64(n.Block[1]) * int64(n.Block[2]); threads < sig.Threads {

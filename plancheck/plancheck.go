@@ -1179,9 +1179,16 @@ func (rr *rankReplay) write(v *ir.Value, t *interp.Tensor) error {
 }
 
 // access checks that node i's reads find what their buffers wrote, in
-// their lifetimes, and records its writes.
+// their lifetimes, and records its writes. A cooperative kernel's
+// accesses are in the order its phases first touch them: each read
+// finds what the node's earlier accesses wrote.
 func (rr *rankReplay) access(i int, n cuda.Node) error {
 	p, mem := rr.p, rr.mem
+	record := func(a *cuda.Access) {
+		if a.Mode != "read" {
+			mem.owner[spaceKey(a.Space, a.Slot)].set(a.Offset, a.Offset+a.SizeBytes, int64(a.Buffer))
+		}
+	}
 	for _, a := range accesses(n) {
 		key := spaceKey(a.Space, a.Slot)
 		o := mem.owner[key]
@@ -1192,22 +1199,24 @@ func (rr *rankReplay) access(i int, n cuda.Node) error {
 		if n.Op >= 0 && (n.Op < buf.FirstOp || n.Op > buf.LastOp) {
 			return fmt.Errorf("%snode %d (%s) at op %d uses %s outside its lifetime (ops %d-%d)%s", rr.name, i, describe(p, n), n.Op, buf.Values[0], buf.FirstOp, buf.LastOp, swappedHint(p, a.Buffer, i))
 		}
-		if a.Mode == "write" {
-			continue
+		if a.Mode != "write" {
+			for _, w := range o.who(a.Offset, a.Offset+a.SizeBytes) {
+				if w == int64(a.Buffer) {
+					continue
+				}
+				if w < 0 {
+					return fmt.Errorf("%snode %d (%s) reads %s [%d, %d), which nothing has written", rr.name, i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes)
+				}
+				return fmt.Errorf("%snode %d (%s) reads %s [%d, %d), but %s wrote those bytes last%s", rr.name, i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes, p.Buffers[w].Values[0], swappedHint(p, a.Buffer, i))
+			}
 		}
-		for _, w := range o.who(a.Offset, a.Offset+a.SizeBytes) {
-			if w == int64(a.Buffer) {
-				continue
-			}
-			if w < 0 {
-				return fmt.Errorf("%snode %d (%s) reads %s [%d, %d), which nothing has written", rr.name, i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes)
-			}
-			return fmt.Errorf("%snode %d (%s) reads %s [%d, %d), but %s wrote those bytes last%s", rr.name, i, describe(p, n), buf.Values[0], a.Offset, a.Offset+a.SizeBytes, p.Buffers[w].Values[0], swappedHint(p, a.Buffer, i))
+		if n.Cooperative {
+			record(a)
 		}
 	}
-	for _, a := range accesses(n) {
-		if a.Mode != "read" {
-			mem.owner[spaceKey(a.Space, a.Slot)].set(a.Offset, a.Offset+a.SizeBytes, int64(a.Buffer))
+	if !n.Cooperative {
+		for _, a := range accesses(n) {
+			record(a)
 		}
 	}
 	return nil

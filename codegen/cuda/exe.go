@@ -177,6 +177,13 @@ func (o *Output) hostSource() (string, error) {
 				return "", err
 			}
 			launches++
+			if n.Cooperative {
+				if n.Grid[1] != 1 || n.Grid[2] != 1 || n.Block[0] != BlockSize || n.Block[1] != 1 || n.Block[2] != 1 || n.SharedBytes != 0 {
+					return "", fmt.Errorf("node %d: a cooperative launch of %s takes a grid of x blocks of %d threads and no dynamic shared memory", n.ID, n.Kernel, BlockSize)
+				}
+				fmt.Fprintf(&body, "  status |= (int)kiln_launch_cooperative(%s, %du, s[%d], %s);\n", n.Kernel, n.Grid[0], n.Stream, args)
+				break
+			}
 			fmt.Fprintf(&body, "  KILN_LAUNCH(%s, dim3(%d, %d, %d), dim3(%d, %d, %d), %d, s[%d], (%s));\n", n.Kernel,
 				n.Grid[0], n.Grid[1], n.Grid[2], n.Block[0], n.Block[1], n.Block[2], n.SharedBytes, n.Stream, args)
 		case "library":

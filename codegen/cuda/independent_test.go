@@ -34,14 +34,13 @@ func TestIndependentAccesses(t *testing.T) {
 }
 
 // TestMergedGridStaysLaunchable: independent launches whose grids would
-// add up past 2^31-1 blocks stay apart.
+// add up past 2^31-1 blocks are not one merged launch (combine makes
+// them a cooperative one, whose grid is the largest stage's).
 func TestMergedGridStaysLaunchable(t *testing.T) {
-	launch := func(off int64) Node {
-		return Node{Kind: "kernel", stage: &stageKernel{name: "k"}, Grid: &[3]int{1 << 30, 1, 1},
+	launch := func(off int64, grid int) Node {
+		return Node{Kind: "kernel", stage: &stageKernel{name: "k"}, Grid: &[3]int{grid, 1, 1},
 			Args: []KArg{{Kind: "pointer", Pointer: &Access{Space: "device", Offset: off, SizeBytes: 8, Mode: "write"}}}}
 	}
-	b := &planner{}
-	out, err := b.mergeIndependent([]Node{launch(0), launch(8), launch(16)})
-	require.NoError(t, err)
-	require.Len(t, out, 3, "2^31 blocks and more are not one launch")
+	require.True(t, mergeable([]Node{launch(0, 1<<30), launch(8, 1<<30-1)}), "2^31-1 blocks")
+	require.False(t, mergeable([]Node{launch(0, 1<<30), launch(8, 1<<30)}), "2^31 blocks are not one merged launch")
 }

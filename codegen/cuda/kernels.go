@@ -69,8 +69,11 @@ type stageKernel struct {
 	// reduction by the fold of its partials).
 	override map[loops.Expr]loops.Expr
 	// body writes the stage as a device function NAME_b that takes its
-	// block index as a last parameter, for a merged launch (merge.go).
+	// block index as a last parameter, for a combined launch (merge.go).
 	body bool
+	// plain are the pointers the device function takes without
+	// __restrict__ (merge.go, unrestrict).
+	plain map[bufKey]bool
 }
 
 // cw writes the C body of one kernel.
@@ -605,7 +608,11 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		if !p.write {
 			q = "const "
 		}
-		params = append(params, fmt.Sprintf("%s%s *__restrict__ %s", q, t, name))
+		restrict := "__restrict__ "
+		if k.body && k.plain[p.key] {
+			restrict = ""
+		}
+		params = append(params, fmt.Sprintf("%s%s *%s%s", q, t, restrict, name))
 	}
 	for _, v := range k.outer {
 		name := fmt.Sprintf("v%d", v.ID)
@@ -745,6 +752,13 @@ func (k *stageKernel) contract() (bytes, modes, ext []string) {
 // launch to: the threads the kernel needs, and its parameters' contract.
 func launchContract(threads int64, bytes, modes, ext []string) string {
 	return fmt.Sprintf("// kiln launch: threads=%d bytes=%s modes=%s outer=%s\n", threads, strings.Join(bytes, ","), strings.Join(modes, ","), strings.Join(ext, ","))
+}
+
+// cooperativeContract is the launch contract of a cooperative kernel
+// (merge.go): one block is enough, since its blocks loop over the work;
+// it must be launched cooperatively.
+func cooperativeContract(bytes, modes []string) string {
+	return strings.TrimSuffix(launchContract(BlockSize, bytes, modes, nil), "\n") + " cooperative=1\n"
 }
 
 // pointerTypes are the C types of k's pointer parameters.

@@ -9,7 +9,8 @@
 // the CPU.
 //
 // KILN_LAUNCH(kernel, grid, block, shared, stream, (args...)) launches a
-// kernel; the host side launches every kernel through it.
+// kernel; the host side launches every kernel through it, but the
+// cooperative ones (kiln_launch_cooperative, below).
 #ifndef KILN_CUDA_H
 #define KILN_CUDA_H
 
@@ -33,6 +34,10 @@ struct dim3 {
 extern const __device__ uint3 threadIdx;
 extern const __device__ uint3 blockIdx;
 extern const __device__ dim3 blockDim;
+extern const __device__ dim3 gridDim;
+#define __shared__ __attribute__((shared))
+extern "C" __device__ void __syncthreads(void);
+extern "C" __device__ void __threadfence(void);
 extern "C" {
 __host__ __device__ float sqrtf(float);
 __host__ __device__ float expf(float);
@@ -87,9 +92,11 @@ __device__ float atomicAdd(float *, float);
 __device__ double atomicAdd(double *, double);
 __device__ int atomicAdd(int *, int);
 __device__ unsigned long long atomicAdd(unsigned long long *, unsigned long long);
+__device__ unsigned int atomicAdd(unsigned int *, unsigned int);
 __device__ unsigned int atomicCAS(unsigned int *, unsigned int, unsigned int);
 
-enum cudaError { cudaSuccess = 0 };
+enum cudaError { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
 typedef enum cudaError cudaError_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
@@ -120,6 +127,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t);
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t);
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int);
 cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void *);
+cudaError_t cudaGetDevice(int *);
+cudaError_t cudaDeviceGetAttribute(int *, enum cudaDeviceAttr, int);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *, const void *, int, size_t);
+cudaError_t cudaLaunchCooperativeKernel(const void *, dim3, dim3, void **, size_t, cudaStream_t);
 cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode);
 cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *);
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *, cudaGraph_t, unsigned long long);
@@ -165,6 +176,68 @@ __device__ int kiln_status;
 // host runtime sets before the step: random ops of data-parallel ranks
 // start their counters from it.
 __device__ long long kiln_world_rank;
+#endif
+
+#ifndef KILN_CUDA_EMULATE  // the emulation has its own barrier and launch
+#ifndef KILN_CUDA_HOST_ONLY
+// kiln_grid_sync is a barrier of every thread of a cooperative launch
+// (whose blocks the GPU holds all at once, so none waits on a block that
+// cannot start): what any thread wrote before it, every thread reads
+// after it. One thread per block arrives; the last to arrive resets the
+// count and opens the next generation, which the others wait for.
+__device__ unsigned int kiln_grid_arrived;
+__device__ unsigned int kiln_grid_generation;
+static __device__ inline void kiln_grid_sync(void) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned int *generation = &kiln_grid_generation;
+    const unsigned int g = *generation;
+    __threadfence();
+    if (atomicAdd(&kiln_grid_arrived, 1u) == gridDim.x - 1) {
+      kiln_grid_arrived = 0;
+      __threadfence();
+      *generation = g + 1;
+    } else {
+      while (*generation == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+template <class... P> static inline cudaError_t kiln_launch_cooperative_as(void (*k)(P...), unsigned int blocks, cudaStream_t s, P... args) {
+  void *argv[] = {(void *)&args...};
+  return cudaLaunchCooperativeKernel((const void *)k, dim3(blocks), dim3(256), argv, 0, s);
+}
+#endif
+#endif
+
+#ifndef KILN_CUDA_HOST_ONLY
+// kiln_cooperative_blocks is how many blocks of 256 threads of kernel k
+// the GPU holds at once (0 if it cannot say), asked once per kernel.
+static inline int kiln_cooperative_blocks(const void *k) {
+  static const void *kernel[4096];
+  static int blocks[4096], known;
+  for (int i = 0; i < known; i++)
+    if (kernel[i] == k) return blocks[i];
+  int device = 0, sms = 0, per = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 256, 0) != cudaSuccess)
+    return 0;
+  if (known < 4096) kernel[known] = k, blocks[known++] = sms * per;
+  return sms * per;
+}
+
+// kiln_launch_cooperative launches kernel k (256 threads a block, whose
+// blocks loop over its work) cooperatively on stream s with at most
+// blocks blocks, and no more than the GPU holds at once.
+template <class... P, class... A> static inline cudaError_t kiln_launch_cooperative(void (*k)(P...), unsigned int blocks, cudaStream_t s, A... args) {
+  const int most = kiln_cooperative_blocks((const void *)k);
+  if (most < 1) return cudaErrorInvalidConfiguration;
+  if (blocks > (unsigned int)most) blocks = (unsigned int)most;
+  return kiln_launch_cooperative_as<P...>(k, blocks, s, (P)args...);
+}
 #endif
 
 // The bits of a float, and back.

@@ -1,52 +1,118 @@
 package cuda_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/onnx"
 	"github.com/kiln-compiler/kiln/plancheck"
 )
 
-// TestIndependentStagesShareALaunch: fuse makes one kernel op of the folds
-// of x and the sum of x+y (siblings reading a large input). Its first
-// three stages (max, min, the add) touch no common bytes and run as one
-// launch, its blocks split between them; the sum reads what the add
-// writes and stays a launch of its own. The program equals the
-// interpreter (max, min and the add exactly; the sum within f32 rounding
-// of 128 terms), and the merged kernel carries the launch contract
-// plan-check reads.
-func TestIndependentStagesShareALaunch(t *testing.T) {
-	dir, out, m := executable(t, "testdata/siblings.kir", "fuse,assign", 0)
-	f := m.Funcs[0]
-	var launches []string
+// kernelLaunches are the kernels out's plan launches, in order.
+func kernelLaunches(out *cuda.Output) []cuda.Node {
+	var ks []cuda.Node
 	for _, n := range out.Plan.Nodes {
 		if n.Kind == "kernel" {
-			launches = append(launches, n.Kernel)
+			ks = append(ks, n)
 		}
 	}
-	require.Len(t, launches, 2, "the independent stages, then the sum: %v", launches)
-	require.True(t, strings.HasSuffix(launches[0], "_m0"), "a merged launch first: %v", launches)
-	require.Regexp(t, `// kiln launch: threads=\d+ bytes=\d+(,\d+)+ modes=[rw,]+ outer=\n`+`extern "C" __global__ void __launch_bounds__\(256\) `+launches[0]+`\(`, out.Kernels)
+	return ks
+}
+
+// TestIndependentStagesShareALaunch: fuse makes one kernel op of the folds
+// of x and x+y, three stages that touch no common bytes: one launch, its
+// blocks split between them, with no barrier. The program equals the
+// interpreter exactly, and the merged kernel carries the launch contract
+// plan-check reads.
+func TestIndependentStagesShareALaunch(t *testing.T) {
+	dir, out, m := executable(t, "testdata/independent.kir", "fuse,assign", 0)
+	f := m.Funcs[0]
+	ks := kernelLaunches(out)
+	require.Len(t, ks, 1, "one launch for the op")
+	require.True(t, strings.HasSuffix(ks[0].Kernel, "_m0") && !ks[0].Cooperative, "a merged launch: %+v", ks[0])
+	require.Regexp(t, `// kiln launch: threads=\d+ bytes=\d+(,\d+)+ modes=[rw,]+ outer=\n`+`extern "C" __global__ void __launch_bounds__\(256\) `+ks[0].Kernel+`\(`, out.Kernels)
 	require.Equal(t, 6, strings.Count(out.Kernels, "_b("), "three device functions, each defined and called once")
+	require.NotContains(t, out.Kernels, "kiln_grid_sync()", "no barrier")
 	lp, err := plancheck.LoadDir(dir)
 	require.NoError(t, err)
-	require.Contains(t, lp.Kernels, launches[0], "plan-check reads the merged kernel's signature")
+	require.Contains(t, lp.Kernels, ks[0].Kernel, "plan-check reads the merged kernel's signature")
 	_, err = plancheck.CheckPlan(lp, 1)
 	require.NoError(t, err, "plan-check")
 	args := interp.RandomArgs(f, 3)
 	want, err := interp.Run(f, interp.CloneAll(args), interp.Options{})
 	require.NoError(t, err)
 	got, _, _ := runProgram(t, dir, f, args, 1)
+	for i := range want {
+		require.Equal(t, want[i].F, got[i].F, "result %s", f.ResultName(i))
+	}
+}
+
+// TestKernelOpIsOneLaunch: the same op with the sum of x+y too. The sum
+// reads what the add writes, so the op is one cooperative launch: the
+// three independent stages, a grid-wide barrier, the sum. The program
+// equals the interpreter (the sum within f32 rounding of 128 terms);
+// plan-check refuses the node launched plainly; and without its barrier
+// the emulated program (which runs each block up to the barrier in turn,
+// on a grid of 3) reads sums of x+y not yet written.
+func TestKernelOpIsOneLaunch(t *testing.T) {
+	dir, out, m := executable(t, "testdata/siblings.kir", "fuse,assign", 0)
+	f := m.Funcs[0]
+	ks := kernelLaunches(out)
+	require.Len(t, ks, 1, "one launch for the op")
+	k := ks[0]
+	require.True(t, k.Cooperative, "a cooperative launch")
+	require.Equal(t, 128, k.Grid[0], "its grid is the add's 128 blocks, the largest phase")
+	src := out.Kernels[strings.Index(out.Kernels, "__global__ void __launch_bounds__(256) "+k.Kernel+"("):]
+	src = src[:strings.Index(src, "\n}\n")]
+	require.Equal(t, 1, strings.Count(src, "kiln_grid_sync();"), "one barrier, before the sum: %s", src)
+	require.Less(t, strings.Index(src, "_s2_b("), strings.Index(src, "kiln_grid_sync();"), "the add before the barrier")
+	require.Greater(t, strings.Index(src, "_s3_b("), strings.Index(src, "kiln_grid_sync();"), "the sum after it")
+	require.Regexp(t, `// kiln launch: threads=256 bytes=[\d,]+ modes=[rw,]+ outer= cooperative=1\nextern "C" __global__ void __launch_bounds__\(256\) `+k.Kernel+`\(`, out.Kernels)
+
+	lp, err := plancheck.LoadDir(dir)
+	require.NoError(t, err)
+	require.True(t, lp.Kernels[k.Kernel].Cooperative, "plan-check reads the contract")
+	_, err = plancheck.CheckPlan(lp, 1)
+	require.NoError(t, err, "plan-check")
+	plain := *lp.Plan
+	plain.Nodes = append([]cuda.Node{}, lp.Plan.Nodes...)
+	for i := range plain.Nodes {
+		plain.Nodes[i].Cooperative = false
+	}
+	lp2 := *lp
+	lp2.Plan = &plain
+	_, err = plancheck.CheckStructure(&lp2)
+	require.ErrorContains(t, err, "declares cooperatively", "a plain launch of a kernel with barriers")
+
+	args := interp.RandomArgs(f, 3)
+	want, err := interp.Run(f, interp.CloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	got, _, report := runProgram(t, dir, f, args, 1)
 	require.Equal(t, want[0].F, got[0].F, "max")
 	require.Equal(t, want[1].F, got[1].F, "min")
 	require.Equal(t, want[2].F, got[2].F, "x + y")
 	for i := range want[3].F {
 		require.InDelta(t, want[3].F[i], got[3].F[i], 128*6e-8*maxAbs(want[2].F), "sum %d", i)
 	}
+	mm := emulated.FindStringSubmatch(report)
+	require.NotNil(t, mm, report)
+	require.Equal(t, "1", mm[6], "one launch issued: %s", report)
+
+	// The same program without its barrier.
+	kernels := filepath.Join(dir, "kernels.cu")
+	raw, err := os.ReadFile(kernels)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(kernels, []byte(strings.Replace(string(raw), "  kiln_grid_sync();\n", "", 1)), 0o644))
+	rebuild(t, dir)
+	broken, _, _ := runProgram(t, dir, f, args, 1)
+	require.Equal(t, want[2].F, broken[2].F, "x + y is still right")
+	require.NotEqual(t, want[3].F, broken[3].F, "without the barrier the sums read rows of x + y not written yet")
 }
 
 func maxAbs(xs []float64) float64 {

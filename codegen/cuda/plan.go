@@ -124,6 +124,10 @@ type Node struct {
 	SharedBytes int     `json:"shared_bytes"`
 	Args        []KArg  `json:"args,omitempty"`
 	Last        bool    `json:"last_of_op,omitempty"` // the op's last launch
+	// Cooperative: the kernel loops over its work with grid-wide
+	// barriers, so it runs with cudaLaunchCooperativeKernel on a grid
+	// of at most Grid[0] blocks that the GPU holds at once.
+	Cooperative bool    `json:"cooperative,omitempty"`
 	Seconds     float64 `json:"seconds"`
 	// copies
 	Direction string  `json:"direction,omitempty"` // device_to_host or host_to_device
@@ -410,7 +414,7 @@ func (b *planner) nodes(arena int64) (int64, error) {
 			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
 		}
 		ws = max(ws, b.splitTop-arena)
-		merged, err := b.mergeIndependent(b.raw[first:])
+		merged, err := b.combine(b.raw[first:])
 		if err != nil {
 			return 0, fmt.Errorf("op %s at position %d: %v", op.Kind, i, err)
 		}

@@ -40,8 +40,9 @@ extern const kilnrt_cuda_plan_info kilnrt_cuda_plan;
 
 /* kilnrt_cuda_issue issues every node of the plan, in order, on c's
    streams: launches, library calls, copies, host functions, event
-   records and waits. It returns 0, or nonzero when a library call
-   refused (launch errors show in cudaGetLastError). */
+   records and waits. It returns 0, or nonzero when a library call or a
+   cooperative launch refused (other launches' errors show in
+   cudaGetLastError). */
 int kilnrt_cuda_issue(const kilnrt_cuda_ctx *c);
 
 /* kilnrt_cuda_status_address is the device address of kiln_status. */

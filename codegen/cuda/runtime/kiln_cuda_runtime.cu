@@ -246,7 +246,7 @@ static int capture(kiln_step *s) {
 	}
 	if (refused) {
 		cudaGraphDestroy(g);
-		return fail(s, "cuBLAS refused a call of the step (status %d)", refused);
+		return fail(s, "cuBLAS or a cooperative launch refused a call of the step (status %d)", refused);
 	}
 	cudaError_t e = cudaGraphInstantiateWithFlags(&s->graph, g, 0);
 	cudaGraphDestroy(g);
@@ -268,7 +268,7 @@ int kiln_run(kiln_step *s) {
 		if (check(s, cudaGraphLaunch(s->graph, s->ctx.streams[0]), "launching the step") != 0) return -1;
 	} else if (kilnrt_cuda_issue(&s->ctx) != 0) {
 		cudaDeviceSynchronize();
-		return fail(s, "cuBLAS refused a call of the step");
+		return fail(s, "cuBLAS or a cooperative launch refused a call of the step");
 	}
 	if (check(s, cudaDeviceSynchronize(), "running the step") != 0 || check(s, cudaGetLastError(), "running the step") != 0) return -1;
 	s->ran = 1;

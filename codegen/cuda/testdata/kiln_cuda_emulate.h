@@ -5,7 +5,14 @@
 // .cu files as C++17.
 //
 // Semantics: one host thread runs everything in issue order. A launch
-// runs every thread of every block in turn (kernels have no barriers);
+// runs every thread of every block in turn; a cooperative launch runs
+// each thread as a fiber (ucontext) that yields at its barriers: the
+// threads of one block until all wait at __syncthreads (which releases
+// them) or at kiln_grid_sync, then the next block, and the grid barrier
+// releases when every thread of the grid waits at it. A barrier that
+// some threads pass by (they return, or wait at the other kind) fails
+// the launch. The emulated GPU holds 3 blocks at once (3 SMs, one block
+// each), so a cooperative grid of more fails to launch, as on a GPU;
 // atomics are plain read-modify-writes; streams and events only order
 // what already runs in order; a host function runs when issued. Stream
 // capture records each operation (a launch's arguments as they were when
@@ -30,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <functional>
 #include <vector>
 
@@ -37,6 +46,9 @@
 #define __device__
 #define __host__
 #define __launch_bounds__(n)
+// One block runs at a time between barriers, so a block's shared memory
+// can be one static object.
+#define __shared__ static
 
 struct uint3 {
   unsigned int x, y, z;
@@ -60,6 +72,7 @@ static inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned
 }
 
 enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
+                 cudaErrorLaunchFailure = 719, cudaErrorCooperativeLaunchTooLarge = 720,
                  cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureUnjoined = 904 };
 typedef enum cudaError cudaError_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
@@ -135,6 +148,115 @@ template <class... P, class... A> static inline void kiln_emu_launch(cudaStream_
               }
   });
 }
+// The emulated GPU: kiln_emu_sms multiprocessors holding one block of
+// 256 threads each.
+inline int kiln_emu_sms = 3;
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+static inline cudaError_t cudaGetDevice(int *d) {
+  *d = 0;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int) {
+  if (a != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+  *v = kiln_emu_sms;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int block, size_t) {
+  *n = block <= 256 ? 1 : 0;
+  return cudaSuccess;
+}
+
+// Fibers of a cooperative launch: state 0 runnable, 1 waiting at
+// __syncthreads, 2 at kiln_grid_sync, 3 returned.
+struct kiln_emu_fiber {
+  ucontext_t context;
+  char *stack;
+  int state;
+  uint3 block, thread;
+};
+enum { kiln_emu_stack_bytes = 1 << 18 };
+inline std::vector<kiln_emu_fiber> kiln_emu_fibers;
+inline ucontext_t kiln_emu_scheduler;
+inline int kiln_emu_running = -1;  // the fiber running, or -1 outside a cooperative launch
+inline std::function<void()> kiln_emu_thread;  // what each fiber runs
+
+static void kiln_emu_fiber_main() {
+  kiln_emu_thread();
+  kiln_emu_fibers[kiln_emu_running].state = 3;  // uc_link resumes the scheduler
+}
+static inline void kiln_emu_wait(int state) {
+  if (kiln_emu_running < 0) {  // a barrier in a kernel launched without fibers
+    kiln_emu_error = cudaErrorLaunchFailure;
+    return;
+  }
+  kiln_emu_fiber &f = kiln_emu_fibers[kiln_emu_running];
+  f.state = state;
+  swapcontext(&f.context, &kiln_emu_scheduler);
+}
+static inline void __syncthreads() { kiln_emu_wait(1); }
+static inline void __threadfence() {}
+static inline void kiln_grid_sync() { kiln_emu_wait(2); }
+
+// kiln_emu_cooperative runs thread over grid blocks of 256 fibers; false
+// if a barrier is not reached by every thread it must hold.
+static inline bool kiln_emu_cooperative(unsigned int grid, std::function<void()> thread) {
+  const size_t n = (size_t)grid * 256;
+  while (kiln_emu_fibers.size() < n) {
+    void *stack = mmap(NULL, kiln_emu_stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stack == MAP_FAILED) return false;
+    kiln_emu_fibers.push_back(kiln_emu_fiber{{}, (char *)stack, 3, {}, {}});
+  }
+  kiln_emu_thread = thread;
+  for (size_t i = 0; i < n; i++) {
+    kiln_emu_fiber &f = kiln_emu_fibers[i];
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kiln_emu_stack_bytes;
+    f.context.uc_link = &kiln_emu_scheduler;
+    makecontext(&f.context, kiln_emu_fiber_main, 0);
+    f.state = 0;
+    f.block = uint3{(unsigned)(i / 256), 0, 0}, f.thread = uint3{(unsigned)(i % 256), 0, 0};
+  }
+  gridDim = dim3(grid), blockDim = dim3(256);
+  for (;;) {
+    for (unsigned b = 0; b < grid; b++) {
+      for (;;) {  // block b until each of its threads waits at the grid barrier or returned
+        int at[4] = {0, 0, 0, 0};
+        for (size_t i = (size_t)b * 256; i < (size_t)(b + 1) * 256; i++) {
+          kiln_emu_fiber &f = kiln_emu_fibers[i];
+          if (f.state == 0) {
+            kiln_emu_running = (int)i;
+            blockIdx = f.block, threadIdx = f.thread;
+            swapcontext(&kiln_emu_scheduler, &f.context);
+            kiln_emu_running = -1;
+          }
+          at[f.state]++;
+        }
+        if (at[1] == 0) break;
+        if (at[1] != 256) return false;
+        for (size_t i = (size_t)b * 256; i < (size_t)(b + 1) * 256; i++) kiln_emu_fibers[i].state = 0;
+      }
+    }
+    size_t waiting = 0, done = 0;
+    for (size_t i = 0; i < n; i++) waiting += kiln_emu_fibers[i].state == 2, done += kiln_emu_fibers[i].state == 3;
+    if (done == n) return true;
+    if (waiting != n) return false;
+    for (size_t i = 0; i < n; i++) kiln_emu_fibers[i].state = 0;
+  }
+}
+
+// kiln_launch_cooperative_as runs (or records) kernel k cooperatively
+// over blocks blocks, which the emulated GPU must hold at once.
+template <class... P> static inline cudaError_t kiln_launch_cooperative_as(void (*k)(P...), unsigned int blocks, cudaStream_t s, P... args) {
+  kiln_emu.launches++;
+  if (blocks == 0) return cudaErrorInvalidConfiguration;
+  if (blocks > (unsigned)kiln_emu_sms) return cudaErrorCooperativeLaunchTooLarge;
+  kiln_emu_issue(s, [=] {
+    if (!kiln_emu_cooperative(blocks, [=] { k(args...); })) kiln_emu_error = cudaErrorLaunchFailure;
+  });
+  return cudaSuccess;
+}
+
 #define KILN_UNPAREN(...) __VA_ARGS__
 #define KILN_LAUNCH(k, grid, block, shared, stream, args) kiln_emu_launch(stream, grid, block, k, KILN_UNPAREN args)
 
