@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/ir"
@@ -222,5 +223,51 @@ func TestFusionOnZoo(t *testing.T) {
 	fmt.Printf("geometric means: kernels %.0f%% of ops, traffic %.0f%%\n", 100*gk, 100*gt)
 	if gk > 0.6 || gt > 0.7 {
 		t.Errorf("fusion targets missed: kernels %.2f (want <= 0.60), traffic %.2f (want <= 0.70)", gk, gt)
+	}
+}
+
+// TestZooLaunchesPerKernelOp: the CUDA plan of every zoo SGD training
+// step, CI-sized and full-sized, launches at most one kernel and makes
+// at most one library call per kernel op of the fused IR (a kernel op's
+// stages are one cooperative kernel, convolutions one product over the
+// whole batch), and its workspace holds no im2col.
+func TestZooLaunchesPerKernelOp(t *testing.T) {
+	for _, name := range append(append([]string{}, CIModels...), Models...) {
+		m, _, _ := TrainingStep(t, name)
+		run(t, m, "optimizer{kind=sgd,lr=0.01},canonicalize,dce,cse,fuse,reorder,assign")
+		out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		kernels, library := map[int]int{}, map[int]int{}
+		nk, nl := 0, 0
+		for _, n := range out.Plan.Nodes {
+			switch n.Kind {
+			case "kernel":
+				kernels[n.Op]++
+				nk++
+			case "library":
+				library[n.Op]++
+				nl++
+			}
+		}
+		for op, n := range kernels {
+			if n > 1 {
+				t.Errorf("%s: op %d (%s) launches %d kernels", name, op, m.Funcs[0].Body[op].Kind, n)
+			}
+		}
+		for op, n := range library {
+			if n > 1 {
+				t.Errorf("%s: op %d (%s) makes %d library calls", name, op, m.Funcs[0].Body[op].Kind, n)
+			}
+		}
+		for _, b := range out.Plan.Buffers {
+			for _, v := range b.Values {
+				if strings.HasSuffix(v, ".col") {
+					t.Errorf("%s: an im2col in the workspace: %s", name, v)
+				}
+			}
+		}
+		fmt.Printf("%s: %d kernel launches and %d library calls for %d ops; workspace %.1f MiB\n", name, nk, nl, len(m.Funcs[0].Body), mib(out.Plan.Workspace.SizeBytes))
 	}
 }

@@ -209,7 +209,7 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 			}
 			require.Positive(t, library, "library calls in the plan")
 			if c.batch == 32 {
-				require.Contains(t, out.Kernels, "_partial_b(", "reductions split into partial sums (a phase of a cooperative kernel)")
+				require.Contains(t, out.Kernels, "= kiln_block_fold(", "reductions folded by blocks")
 			}
 			if strings.Contains(c.pipeline, "saved=fp8") {
 				require.Regexp(t, `= kiln_f32_to_f8e4m3\(`, out.Kernels, "kernels that store fp8")

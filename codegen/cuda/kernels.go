@@ -74,10 +74,23 @@ type stageKernel struct {
 	// plain are the pointers the device function takes without
 	// __restrict__ (merge.go, unrestrict).
 	plain map[bufKey]bool
+	// tile, for a product stage, makes it a tiled device function
+	// (tiled.go), which only a cooperative kernel calls: its blocks
+	// synchronise.
+	tile *tiling
+	// fold, when set, is the reduction of the stage that a block of
+	// threads folds together, a block per point (fold.go); only a
+	// cooperative kernel calls such a stage.
+	fold *loops.Reduce
 }
+
+// barriers says whether k's device function synchronises its block, so
+// that only a cooperative kernel may call it.
+func (k *stageKernel) barriers() bool { return k.tile != nil || k.fold != nil }
 
 // cw writes the C body of one kernel.
 type cw struct {
+	fold   *loops.Reduce // folded by the block (stageKernel.fold)
 	b      strings.Builder
 	indent int
 	n      int
@@ -305,6 +318,9 @@ func (w *cw) emit(x loops.Expr) string {
 		w.vars[x.Var] = name
 		return w.expr(x.Body)
 	case *loops.Reduce:
+		if x == w.fold {
+			return w.blockFold(x)
+		}
 		for _, inner := range loops.InvariantReduces(x) {
 			w.expr(inner) // computed once, before the loop
 		}
@@ -595,7 +611,7 @@ func f16Bits(v float64, d ir.DType) uint16 {
 
 // kernelSource writes the CUDA C of one stage.
 func kernelSource(k *stageKernel, consts *constTable) (string, error) {
-	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host, override: k.override}
+	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host, override: k.override, fold: k.fold}
 	var params []string
 	for i, p := range k.ptrs {
 		name := fmt.Sprintf("b%d", i)
@@ -627,13 +643,26 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	}
 	w.push()
 	s := k.stage
+	if k.tile != nil {
+		w.tiled(k)
+		w.pop()
+		if w.err != nil {
+			return "", fmt.Errorf("kernel %s: %v", k.name, w.err)
+		}
+		return tiledSignature(k, params, w.b.String()), nil
+	}
 	if !k.host {
 		block := "(long long)blockIdx.x"
 		if k.body {
 			block = "kiln_block"
 		}
-		w.line("const long long kiln_i = %s * blockDim.x + threadIdx.x;", block)
-		w.line("if (kiln_i >= %dLL) return;", k.threads)
+		if k.fold != nil {
+			// A point per block; every thread stays for the fold's barriers.
+			w.line("const long long kiln_i = %s;", block)
+		} else {
+			w.line("const long long kiln_i = %s * blockDim.x + threadIdx.x;", block)
+			w.line("if (kiln_i >= %dLL) return;", k.threads)
+		}
 	}
 	rest := "kiln_i"
 	for i := len(s.Vars) - 1; i >= 0; i-- {
@@ -682,6 +711,9 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 	at := w.flat(s.Out, idx)
 	out := w.ptr(s.Out)
 	d := s.Out.Type.DType
+	if k.fold != nil {
+		w.line("if (threadIdx.x != 0) return; // every thread holds the fold; one stores")
+	}
 	switch {
 	case !s.Accumulate:
 		w.line("%s[%s] = %s;", out, at, toStorage(value, d))

@@ -214,6 +214,26 @@ template <class... P> static inline cudaError_t kiln_launch_cooperative_as(void 
 #endif
 
 #ifndef KILN_CUDA_HOST_ONLY
+// kiln_block_fold folds v over the 256 threads of the block (op 0: sum,
+// 1: max, 2: min; a NaN wins a max or min, as in the kernels) and gives
+// every thread the result. Every thread of the block must call it.
+template <class T> static __device__ inline T kiln_fold2(T a, T b, int op) {
+  if (op == 0) return a + b;
+  if (op == 1) return (a != a || a > b) ? a : b;
+  return (a != a || a < b) ? a : b;
+}
+template <class T> static __device__ inline T kiln_block_fold(T v, int op) {
+  __shared__ T kiln_folding[256];
+  __syncthreads();  // the last fold's result has been read
+  kiln_folding[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned int h = 128; h > 0; h >>= 1) {
+    if (threadIdx.x < h) kiln_folding[threadIdx.x] = kiln_fold2(kiln_folding[threadIdx.x], kiln_folding[threadIdx.x + h], op);
+    __syncthreads();
+  }
+  return kiln_folding[0];
+}
+
 // kiln_cooperative_blocks is how many blocks of 256 threads of kernel k
 // the GPU holds at once (0 if it cannot say), asked once per kernel.
 static inline int kiln_cooperative_blocks(const void *k) {

@@ -56,7 +56,10 @@ func (b *planner) combine(nodes []Node) ([]Node, error) {
 	}
 	// A stage inside a loop runs either in cooperative kernels at every
 	// iteration or in launches of its own at every one: plan-check holds
-	// a kernel with loop indices to one launch per point of its loops.
+	// a kernel with loop indices to one launch per point of its loops. A
+	// stage whose blocks synchronise (a tiled product, a block fold)
+	// always runs in a cooperative kernel, which the emulation runs with
+	// barriers.
 	looped := map[string]bool{}
 	for _, g := range groups {
 		if len(g) > 1 && !mergeable(g) {
@@ -70,7 +73,7 @@ func (b *planner) combine(nodes []Node) ([]Node, error) {
 	var out []Node
 	for _, g := range groups {
 		switch {
-		case len(g) == 1 && !(g[0].stage != nil && looped[g[0].stage.name]):
+		case len(g) == 1 && !(g[0].stage != nil && (looped[g[0].stage.name] || g[0].stage.barriers())):
 			out = append(out, g[0])
 		case len(g) > 1 && mergeable(g):
 			m, err := b.merged(g)
@@ -96,12 +99,12 @@ func combinable(n Node) bool { return n.Kind == "kernel" && n.stage != nil }
 
 // mergeable says whether group can be one merged launch: stages outside
 // loops (plan-check holds a kernel with loop indices to one launch per
-// point of its loops), none touching bytes another writes, and a grid of
-// at most 2^31-1 blocks in all.
+// point of its loops), none that synchronises its block, none touching bytes another writes,
+// and a grid of at most 2^31-1 blocks in all.
 func mergeable(group []Node) bool {
 	blocks := int64(0)
 	for i, n := range group {
-		if len(n.stage.outer) > 0 || !independent(group[:i], n) {
+		if len(n.stage.outer) > 0 || n.stage.barriers() || !independent(group[:i], n) {
 			return false
 		}
 		blocks += int64(n.Grid[0])

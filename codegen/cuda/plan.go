@@ -247,7 +247,7 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 			return nil, fmt.Errorf("data input %s is in host memory (swap left it there to reach the budget), and launch plans take inputs in device memory only", a.Ref())
 		}
 	}
-	prog, err := loops.Lower(f)
+	prog, err := loops.LowerWith(f, loops.Options{ImplicitGemm: true})
 	if err != nil {
 		return nil, err
 	}
@@ -537,6 +537,29 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				threads *= e
 			}
 			sk := &stageKernel{name: name, stage: st, outer: outer, extents: extents, ptrs: pointers(st, b.override[st]), threads: threads, host: b.host, override: b.override[st]}
+			if st.Matmul != nil && !b.host && threads > 0 {
+				sk.tile = tile(st)
+				if sk.tile.parts > 1 {
+					// The parts add into the result, zeroed first.
+					zero := &loops.Stage{Vars: st.Vars, Extents: st.Extents, Out: st.Out, Index: st.Index,
+						Value: loops.Float{V: 0, K: loops.ComputeKind(st.Out.Type.DType)}}
+					b.alias[zero] = name + "_zero"
+					if err := b.launches(op, k, []loops.Step{zero}, outer, extents, iter, temps); err != nil {
+						return err
+					}
+					for _, p := range sk.ptrs {
+						if p.key == keyOf(st.Out) {
+							p.read = true
+						}
+					}
+				}
+				threads = sk.tile.blocks() * BlockSize
+				sk.threads = threads
+			} else if !b.host && threads > 0 {
+				if sk.fold = blockFoldOf(st, b.override[st]); sk.fold != nil {
+					threads *= BlockSize // a block per point
+				}
+			}
 			if b.host {
 				if err := b.emitStage(sk); err != nil {
 					return err

@@ -50,6 +50,13 @@ type Options struct {
 	// the LLVM microkernel packs B's panels from the input's rows, the
 	// im2col's extra pass over memory saved.
 	ConvPanels bool
+	// ImplicitGemm: every convolution, its input gradient and its weight
+	// gradient is one product per group over the whole batch whose
+	// operands read the input, the kernel and dy under the taps
+	// (implicitConv): no im2col or col2im stored, no loop over images.
+	// A pointwise one of one group is a product per image whose operands
+	// are plain loads, which a backend may hand to a strided-batched GEMM.
+	ImplicitGemm bool
 }
 
 // LowerWith is Lower for a backend that says what it can do in opts.

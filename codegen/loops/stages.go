@@ -329,6 +329,10 @@ func lowerConv(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	cg, mg, kdim, ohw := convDims(g)
 	W := view(w, ir.Shape{g.M, kdim})
 	o := alias(out[0], ir.Shape{g.N, g.M, ohw})
+	if b.opts.ImplicitGemm {
+		implicitConv(b, in, g, out[0])
+		return nil
+	}
 	// Columns read at stride 2 only from an f32 buffer, which the LLVM
 	// packer copies with vector loads and a shuffle (element by element
 	// the strided reads became gathers, slower than the im2col).
@@ -394,6 +398,10 @@ func lowerConvGradInput(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error
 		return err
 	}
 	cg, mg, kdim, ohw := convDims(g)
+	if b.opts.ImplicitGemm {
+		implicitConvGradInput(b, dy, w, g, out[0])
+		return nil
+	}
 	if b.opts.ConvPanels && g.SH == 1 && g.SW == 1 && cg >= 4 && ComputeKind(out[0].Type.DType) == F32 && !pointwise(g) {
 		convTransposedTaps(b, dy, w, g, out[0])
 		return nil
@@ -498,6 +506,100 @@ func tapProduct(b *builder, out *Buffer, x Tensor, g ir.ConvGeometry, a func(gr,
 	})
 }
 
+// implicitConv stores the convolution of in[0] by in[1] (bias in[2])
+// for Options.ImplicitGemm: one product per group over the whole batch,
+// B the input under the taps. A pointwise convolution of one group is a
+// product per image with B the image itself.
+func implicitConv(b *builder, in []Tensor, g ir.ConvGeometry, out *Buffer) {
+	x, w := in[0], in[1]
+	_, mg, kdim, ohw := convDims(g)
+	W := view(w, ir.Shape{g.M, kdim})
+	o := alias(out, ir.Shape{g.N, g.M, ohw})
+	if pointwise(g) && g.Groups == 1 {
+		xs := view(x, ir.Shape{g.N, g.C, ohw})
+		b.loop(g.N, func(n *Var) {
+			b.matmul(o, g.M, ohw, g.C, func(m, p Expr) []Expr { return []Expr{n, m, p} },
+				func(m, r Expr) Expr { return W.At([]Expr{m, r}) },
+				func(r, p Expr) Expr { return xs.At([]Expr{n, r, p}) }, convBias(in, Int{0}, mg), false)
+		})
+		return
+	}
+	b.perGroup(g.Groups, func(gr Expr) {
+		b.matmul(o, mg, g.N*ohw, kdim,
+			func(m, q Expr) []Expr {
+				n, p := imagePos(q, ohw)
+				return []Expr{n, add(mul(gr, Int{mg}), m), p}
+			},
+			func(m, r Expr) Expr { return W.At([]Expr{add(mul(gr, Int{mg}), m), r}) },
+			func(r, q Expr) Expr {
+				n, p := imagePos(q, ohw)
+				return tap(x, g, n, gr, r, div(p, Int{g.OW}), rem(p, Int{g.OW}))
+			}, convBias(in, gr, mg), false)
+	})
+}
+
+// implicitConvGradInput stores the input gradient dx of a convolution
+// (geometry g) of kernel w for Options.ImplicitGemm: per group, dx[n,
+// gr·Cg + c, ih, iw] = Σ over k = (m, kh, kw) of w[gr·Mg + m, c, kh, kw]
+// · dy[n, gr·Mg + m, oh, ow] where ih + PT - kh·DH = oh·SH and iw + PL -
+// kw·DW = ow·SW inside dy (0 elsewhere): one product over the whole
+// batch, any stride, no col2im. A pointwise one of one group is wᵀ · dy
+// per image.
+func implicitConvGradInput(b *builder, dy, w Tensor, g ir.ConvGeometry, dx *Buffer) {
+	cg, mg, _, ohw := convDims(g)
+	DY := view(dy, ir.Shape{g.N, g.M, ohw})
+	if pointwise(g) && g.Groups == 1 {
+		W := view(w, ir.Shape{g.M, g.C})
+		o := alias(dx, ir.Shape{g.N, g.C, ohw})
+		b.loop(g.N, func(n *Var) {
+			b.matmul(o, g.C, ohw, g.M, func(c, p Expr) []Expr { return []Expr{n, c, p} },
+				func(c, m Expr) Expr { return W.At([]Expr{m, c}) },
+				func(m, p Expr) Expr { return DY.At([]Expr{n, m, p}) }, nil, false)
+		})
+		return
+	}
+	hw := g.H * g.W
+	o := alias(dx, ir.Shape{g.N, g.C, hw})
+	taps := ir.Shape{mg, g.KH, g.KW}
+	b.perGroup(g.Groups, func(gr Expr) {
+		b.matmul(o, cg, g.N*hw, mg*g.KH*g.KW,
+			func(c, q Expr) []Expr {
+				n, s := imagePos(q, hw)
+				return []Expr{n, add(mul(gr, Int{cg}), c), s}
+			},
+			func(c, k Expr) Expr {
+				t := unflatten(k, taps)
+				return w.At([]Expr{add(mul(gr, Int{mg}), t[0]), c, t[1], t[2]})
+			},
+			func(k, q Expr) Expr {
+				t := unflatten(k, taps)
+				n, s := imagePos(q, hw)
+				dh := sub(add(div(s, Int{g.W}), Int{g.PT}), mul(t[1], Int{g.DH}))
+				dw := sub(add(rem(s, Int{g.W}), Int{g.PL}), mul(t[2], Int{g.DW}))
+				oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
+				ok := and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
+				if g.SH != 1 {
+					ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
+				}
+				if g.SW != 1 {
+					ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
+				}
+				at := add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW))
+				return &Guarded{Cond: ok, X: DY.At([]Expr{n, add(mul(gr, Int{mg}), t[0]), at})}
+			}, nil, false)
+	})
+}
+
+// perGroup runs body for each group gr of a convolution: once, with gr
+// = 0, for one group (no loop around it).
+func (b *builder) perGroup(groups int64, body func(gr Expr)) {
+	if groups == 1 {
+		body(Int{0})
+		return
+	}
+	b.loop(groups, func(gr *Var) { body(gr) })
+}
+
 // sumDType is the dtype of partial sums of a result of dtype d: f32 for
 // the narrow floats (bf16, f16, fp8), whose results round once, when
 // stored, as the interpreter's do; d otherwise.
@@ -539,6 +641,23 @@ func lowerConvGradWeight(b *builder, op *ir.Op, in []Tensor, out []*Buffer) erro
 	cg, mg, kdim, ohw := convDims(g)
 	dw := alias(out[0], ir.Shape{g.M, kdim})
 	DY := view(dy, ir.Shape{g.N, g.M, ohw})
+	if b.opts.ImplicitGemm {
+		// dw[gr·Mg + m, r] = Σ over images n and positions p of dy[n,
+		// gr·Mg + m, p] · x under tap r at p: one product of K = N·OH·OW.
+		b.perGroup(g.Groups, func(gr Expr) {
+			b.matmul(dw, mg, kdim, g.N*ohw,
+				func(m, r Expr) []Expr { return []Expr{add(mul(gr, Int{mg}), m), r} },
+				func(m, k Expr) Expr {
+					n, p := imagePos(k, ohw)
+					return DY.At([]Expr{n, add(mul(gr, Int{mg}), m), p})
+				},
+				func(k, r Expr) Expr {
+					n, p := imagePos(k, ohw)
+					return tap(x, g, n, gr, r, div(p, Int{g.OW}), rem(p, Int{g.OW}))
+				}, nil, false)
+		})
+		return nil
+	}
 	transposedForm := !pointwise(g) && mg >= 32 && ohw >= 128
 	if nb := b.convImages(g, x.Type.DType.Size(), !transposedForm); nb > 1 {
 		if nb < g.N {

@@ -1,0 +1,126 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
+	"github.com/kiln-compiler/kiln/ir/scalar"
+)
+
+// A stage of few points whose value folds a long reduction (a batch
+// norm's statistics, a loss's sum, a layer norm's row statistics) runs a
+// block of threads per point: each thread folds every 256th term of the
+// reduction, and the block folds the 256 partial results in shared
+// memory (kiln_block_fold), a tree of halvings with a barrier between.
+// The order of the fold changes (as any GPU reduction's does); what is
+// folded does not.
+const (
+	foldMaxPoints = 16384 // stages of more points have threads enough
+	foldMinTerms  = 512   // shorter reductions stay in one thread
+)
+
+// blockFoldOf is the reduction of stage st that a block should fold
+// together, or nil: a stage of at most foldMaxPoints points (no guard,
+// no product) whose longest reduction that every thread reaches (not
+// under a guard, not in the index of a guarded read) folds at least
+// foldMinTerms floating terms by a sum, max or min.
+func blockFoldOf(st *loops.Stage, override map[loops.Expr]loops.Expr) *loops.Reduce {
+	if st.Matmul != nil || st.Guard != nil {
+		return nil
+	}
+	points := int64(1)
+	for _, e := range st.Extents {
+		points *= e
+	}
+	if points > foldMaxPoints || points == 0 {
+		return nil
+	}
+	var best *loops.Reduce
+	var n int64
+	seen := map[loops.Expr]bool{}
+	var walk func(x loops.Expr)
+	walk = func(x loops.Expr) {
+		if x == nil || seen[x] {
+			return
+		}
+		seen[x] = true
+		if o, ok := override[x]; ok {
+			walk(o)
+			return
+		}
+		switch x := x.(type) {
+		case *loops.Reduce:
+			total := int64(1)
+			for _, e := range x.Extents {
+				total *= e
+			}
+			if total > n {
+				best, n = x, total
+			}
+			return // a reduction inside it runs per term
+		case *loops.Guarded:
+			walk(x.Cond) // X runs only where Cond holds
+			return
+		case *loops.Load:
+			if x.Guard != nil {
+				walk(x.Guard) // the index is computed only where the guard holds
+				return
+			}
+		}
+		for _, c := range children(x) {
+			walk(c)
+		}
+	}
+	walk(st.Value)
+	for _, i := range st.Index {
+		walk(i)
+	}
+	if best == nil || n < foldMinTerms || !best.Acc.IsFloat() {
+		return nil
+	}
+	switch best.Op {
+	case scalar.Add, scalar.Max, scalar.Min:
+		return best
+	}
+	return nil
+}
+
+// foldOps are kiln_block_fold's codes of the folds.
+var foldOps = map[scalar.Prim]int{scalar.Add: 0, scalar.Max: 1, scalar.Min: 2}
+
+// blockFold writes reduction r folded by the block: each thread's share
+// (terms threadIdx.x, +256, ...) then kiln_block_fold, whose result every
+// thread holds.
+func (w *cw) blockFold(r *loops.Reduce) string {
+	for _, inner := range loops.InvariantReduces(r) {
+		w.expr(inner) // computed once, before the loop
+	}
+	total := int64(1)
+	for _, e := range r.Extents {
+		total *= e
+	}
+	t := w.tmp()
+	w.line("%s %s = %s;", cType(r.Acc), t, identity(r.Op, r.Acc))
+	w.line("for (long long kiln_q = threadIdx.x; kiln_q < %dLL; kiln_q += %d) {", total, BlockSize)
+	w.indent++
+	w.push()
+	rest := "kiln_q"
+	for i := len(r.Vars) - 1; i >= 0; i-- {
+		name := fmt.Sprintf("v%d", r.Vars[i].ID)
+		w.vars[r.Vars[i]] = name
+		if i == 0 {
+			w.line("const long long %s = %s;", name, rest)
+			continue
+		}
+		w.line("const long long %s = %s %% %dLL;", name, rest, r.Extents[i])
+		next := w.tmp()
+		w.line("const long long %s = %s / %dLL;", next, rest, r.Extents[i])
+		rest = next
+	}
+	v := w.expr(r.Body)
+	w.line("%s = %s;", t, w.binary(r.Op, r.Acc, t, v))
+	w.pop()
+	w.indent--
+	w.line("}")
+	return w.def(r.Acc, fmt.Sprintf("kiln_block_fold(%s, %d)", t, foldOps[r.Op]))
+}
