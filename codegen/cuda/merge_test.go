@@ -104,6 +104,19 @@ func TestKernelOpIsOneLaunch(t *testing.T) {
 	require.NotNil(t, mm, report)
 	require.Equal(t, "1", mm[6], "one launch issued: %s", report)
 
+	// Three steps: the second captures a graph and launches it, as the
+	// third does.
+	// Where CUDA cannot capture a cooperative launch, the runtime says so
+	// and issues the nodes each step, with the same results.
+	graphed, _, report := runProgram(t, dir, f, args, 3)
+	require.Contains(t, report, " 2 graph launches", report)
+	direct, _, report := runProgram(t, dir, f, args, 3, "KILN_EMU_NO_COOPERATIVE_CAPTURE=1")
+	require.Contains(t, report, "could not be captured into a CUDA graph")
+	require.Contains(t, report, " 0 graph launches", report)
+	for i := range graphed {
+		require.Equal(t, graphed[i].F, direct[i].F, "result %s", f.ResultName(i))
+	}
+
 	// The same program without its barrier.
 	kernels := filepath.Join(dir, "kernels.cu")
 	raw, err := os.ReadFile(kernels)

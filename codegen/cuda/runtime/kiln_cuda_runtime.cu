@@ -227,7 +227,9 @@ extern "C" long long kiln_cuda_memory(kiln_step *s, int which) {
 }
 
 /* capture records the plan into a CUDA graph: every other stream joins
-   stream 0's capture through the fork event and rejoins it at the end. */
+   stream 0's capture through the fork event and rejoins it at the end.
+   It returns 0 when the graph is ready, 1 when CUDA could not capture the
+   step (its nodes are then issued each run), -1 on a refused call. */
 static int capture(kiln_step *s) {
 	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
 	cudaStream_t s0 = s->ctx.streams[0];
@@ -240,18 +242,26 @@ static int capture(kiln_step *s) {
 		cudaStreamWaitEvent(s0, s->join[i], 0);
 	}
 	cudaGraph_t g = NULL;
-	if (check(s, cudaStreamEndCapture(s0, &g), "capturing the step") != 0) {
-		if (g) cudaGraphDestroy(g);
-		return -1;
-	}
-	if (refused) {
+	cudaError_t e = cudaStreamEndCapture(s0, &g);
+	if (e == cudaSuccess && refused) {
 		cudaGraphDestroy(g);
 		return fail(s, "cuBLAS or a cooperative launch refused a call of the step (status %d)", refused);
 	}
-	cudaError_t e = cudaGraphInstantiateWithFlags(&s->graph, g, 0);
-	cudaGraphDestroy(g);
-	if (e != cudaSuccess) s->graph = NULL;
-	return check(s, e, "instantiating the step's graph");
+	if (e == cudaSuccess) {
+		e = cudaGraphInstantiateWithFlags(&s->graph, g, 0);
+		cudaGraphDestroy(g);
+		if (e == cudaSuccess) return 0;
+		s->graph = NULL;
+	} else if (g) {
+		cudaGraphDestroy(g);
+	}
+	/* A CUDA that cannot capture some node (a cooperative launch, on
+	   older drivers) still runs the step: its nodes are issued each run,
+	   as with KILN_CUDA_GRAPH=0. */
+	cudaGetLastError();
+	fprintf(stderr, "kiln: the step could not be captured into a CUDA graph (%s); its nodes are issued each run\n", cudaGetErrorString(e));
+	s->use_graph = 0;
+	return 1;
 }
 
 int kiln_run(kiln_step *s) {
@@ -263,8 +273,13 @@ int kiln_run(kiln_step *s) {
 			return -1;
 		s->dirty[i] = 0;
 	}
+	int captured = 0;
 	if (s->use_graph && s->ran) {
-		if (!s->graph && capture(s) != 0) return -1;
+		const int c = s->graph ? 0 : capture(s);
+		if (c < 0) return -1;
+		captured = c == 0;
+	}
+	if (captured) {
 		if (check(s, cudaGraphLaunch(s->graph, s->ctx.streams[0]), "launching the step") != 0) return -1;
 	} else if (kilnrt_cuda_issue(&s->ctx) != 0) {
 		cudaDeviceSynchronize();

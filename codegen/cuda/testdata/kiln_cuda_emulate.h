@@ -72,7 +72,7 @@ static inline unsigned int atomicCAS(unsigned int *p, unsigned int cmp, unsigned
 }
 
 enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9,
-                 cudaErrorLaunchFailure = 719, cudaErrorCooperativeLaunchTooLarge = 720,
+                 cudaErrorLaunchFailure = 719, cudaErrorCooperativeLaunchTooLarge = 720, cudaErrorStreamCaptureUnsupported = 900,
                  cudaErrorStreamCaptureIsolation = 905, cudaErrorStreamCaptureUnjoined = 904 };
 typedef enum cudaError cudaError_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
@@ -247,10 +247,16 @@ static inline bool kiln_emu_cooperative(unsigned int grid, std::function<void()>
 
 // kiln_launch_cooperative_as runs (or records) kernel k cooperatively
 // over blocks blocks, which the emulated GPU must hold at once.
+// With KILN_EMU_NO_COOPERATIVE_CAPTURE set, a cooperative launch during a
+// capture fails the capture, as on a CUDA that cannot capture one.
 template <class... P> static inline cudaError_t kiln_launch_cooperative_as(void (*k)(P...), unsigned int blocks, cudaStream_t s, P... args) {
   kiln_emu.launches++;
   if (blocks == 0) return cudaErrorInvalidConfiguration;
   if (blocks > (unsigned)kiln_emu_sms) return cudaErrorCooperativeLaunchTooLarge;
+  if (kiln_emu_capture && getenv("KILN_EMU_NO_COOPERATIVE_CAPTURE")) {
+    kiln_emu_error = cudaErrorStreamCaptureUnsupported;
+    return cudaErrorStreamCaptureUnsupported;
+  }
   kiln_emu_issue(s, [=] {
     if (!kiln_emu_cooperative(blocks, [=] { k(args...); })) kiln_emu_error = cudaErrorLaunchFailure;
   });
@@ -423,6 +429,9 @@ static inline const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidConfiguration: return "invalid configuration argument";
   case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
   case cudaErrorStreamCaptureUnjoined: return "capture operation not joined to the origin stream";
+  case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
   }
   return "emulated error";
 }
