@@ -19,12 +19,17 @@ const (
 	foldMinTerms  = 512   // shorter reductions stay in one thread
 )
 
-// blockFoldOf is the reduction of stage st that a block should fold
-// together, or nil: a stage of at most foldMaxPoints points (no guard,
-// no product) whose longest reduction that every thread reaches (not
-// under a guard, not in the index of a guarded read) folds at least
-// foldMinTerms floating terms by a sum, max or min.
-func blockFoldOf(st *loops.Stage, override map[loops.Expr]loops.Expr) *loops.Reduce {
+// blockFolds are the reductions of stage st that a block should fold
+// together, or nil: for a stage of at most foldMaxPoints points (no
+// guard, no product), each reduction that every thread reaches (not
+// under a guard, not in the index of a guarded read, not inside another
+// reduction) and that folds at least foldMinTerms floating terms by a
+// sum, max or min (a layer norm's mean and mean square both).
+//
+// The kernel folds them first, in this order, before anything else of
+// the stage: a reduction that the value also reads under a guard is then
+// already computed there, and every thread reaches every barrier.
+func blockFolds(st *loops.Stage, override map[loops.Expr]loops.Expr) []*loops.Reduce {
 	if st.Matmul != nil || st.Guard != nil {
 		return nil
 	}
@@ -35,8 +40,7 @@ func blockFoldOf(st *loops.Stage, override map[loops.Expr]loops.Expr) *loops.Red
 	if points > foldMaxPoints || points == 0 {
 		return nil
 	}
-	var best *loops.Reduce
-	var n int64
+	var out []*loops.Reduce
 	seen := map[loops.Expr]bool{}
 	var walk func(x loops.Expr)
 	walk = func(x loops.Expr) {
@@ -54,8 +58,8 @@ func blockFoldOf(st *loops.Stage, override map[loops.Expr]loops.Expr) *loops.Red
 			for _, e := range x.Extents {
 				total *= e
 			}
-			if total > n {
-				best, n = x, total
+			if _, ok := foldOps[x.Op]; ok && total >= foldMinTerms && x.Acc.IsFloat() {
+				out = append(out, x)
 			}
 			return // a reduction inside it runs per term
 		case *loops.Guarded:
@@ -75,14 +79,7 @@ func blockFoldOf(st *loops.Stage, override map[loops.Expr]loops.Expr) *loops.Red
 	for _, i := range st.Index {
 		walk(i)
 	}
-	if best == nil || n < foldMinTerms || !best.Acc.IsFloat() {
-		return nil
-	}
-	switch best.Op {
-	case scalar.Add, scalar.Max, scalar.Min:
-		return best
-	}
-	return nil
+	return out
 }
 
 // foldOps are kiln_block_fold's codes of the folds.

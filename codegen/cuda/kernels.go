@@ -78,10 +78,10 @@ type stageKernel struct {
 	// (tiled.go), which only a cooperative kernel calls: its blocks
 	// synchronise.
 	tile *tiling
-	// fold, when set, is the reduction of the stage that a block of
+	// fold, when set, are the reductions of the stage that a block of
 	// threads folds together, a block per point (fold.go); only a
 	// cooperative kernel calls such a stage.
-	fold *loops.Reduce
+	fold []*loops.Reduce
 }
 
 // barriers says whether k's device function synchronises its block, so
@@ -90,7 +90,7 @@ func (k *stageKernel) barriers() bool { return k.tile != nil || k.fold != nil }
 
 // cw writes the C body of one kernel.
 type cw struct {
-	fold   *loops.Reduce // folded by the block (stageKernel.fold)
+	fold   map[*loops.Reduce]bool // folded by the block (stageKernel.fold)
 	b      strings.Builder
 	indent int
 	n      int
@@ -318,7 +318,7 @@ func (w *cw) emit(x loops.Expr) string {
 		w.vars[x.Var] = name
 		return w.expr(x.Body)
 	case *loops.Reduce:
-		if x == w.fold {
+		if w.fold[x] {
 			return w.blockFold(x)
 		}
 		for _, inner := range loops.InvariantReduces(x) {
@@ -611,7 +611,10 @@ func f16Bits(v float64, d ir.DType) uint16 {
 
 // kernelSource writes the CUDA C of one stage.
 func kernelSource(k *stageKernel, consts *constTable) (string, error) {
-	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host, override: k.override, fold: k.fold}
+	w := &cw{vars: map[*loops.Var]string{}, ptrs: map[bufKey]string{}, consts: consts, host: k.host, override: k.override, fold: map[*loops.Reduce]bool{}}
+	for _, r := range k.fold {
+		w.fold[r] = true
+	}
 	var params []string
 	for i, p := range k.ptrs {
 		name := fmt.Sprintf("b%d", i)
@@ -676,6 +679,9 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		next := w.tmp()
 		w.line("const long long %s = %s / %dLL;", next, rest, s.Extents[i])
 		rest = next
+	}
+	for _, r := range k.fold {
+		w.expr(r) // every thread, before anything that might branch
 	}
 	outKind := loops.ComputeKind(s.Out.Type.DType)
 	if s.Guard != nil {

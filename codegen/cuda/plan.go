@@ -556,7 +556,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 				threads = sk.tile.blocks() * BlockSize
 				sk.threads = threads
 			} else if !b.host && threads > 0 {
-				if sk.fold = blockFoldOf(st, b.override[st]); sk.fold != nil {
+				if sk.fold = blockFolds(st, b.override[st]); sk.fold != nil {
 					threads *= BlockSize // a block per point
 				}
 			}
