@@ -21,6 +21,7 @@ import (
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
 	_ "github.com/kiln-compiler/kiln/passes/fuse"
 	_ "github.com/kiln-compiler/kiln/passes/optimizer"
+	_ "github.com/kiln-compiler/kiln/passes/parallel"
 	_ "github.com/kiln-compiler/kiln/passes/precision"
 	_ "github.com/kiln-compiler/kiln/passes/reorder"
 	"github.com/kiln-compiler/kiln/passes/swap"
@@ -93,8 +94,10 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false},
 		// u64: unsigned division, comparison, conversion and reduction.
 		{"testdata/uint64.kir", "fuse,assign", false},
+		// Two data-parallel ranks with ZeRO-3: NCCL calls, MPI start-up.
+		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=adam,placement=early},parallel{dp=2,zero=3},canonicalize,dce,cse,fuse,reorder,assign", false},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7}, k) {
+		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7, 9}, k) {
 			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values
 		}
 		dir, out, _ := compile(t, c.model, c.pipeline)
@@ -108,8 +111,12 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 		for name, b := range files {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
 		}
+		flags := []string{"-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch=" + cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version"}
+		if out.Plan.Ranks > 1 {
+			flags = append(flags, append([]string{"-DKILN_NCCL=1"}, mpiIncludes(t)...)...)
+		}
 		for _, name := range []string{"kernels.cu", "step.cu", "kiln_cuda_runtime.cu"} {
-			cmd := exec.Command(clang, "-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch="+cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version", filepath.Join(dir, name))
+			cmd := exec.Command(clang, append(flags, filepath.Join(dir, name))...)
 			outb, err := cmd.CombinedOutput()
 			if err != nil {
 				src, _ := os.ReadFile(filepath.Join(dir, name))
@@ -146,4 +153,18 @@ func TestSwapBudgetCountsWorkspace(t *testing.T) {
 		}
 		require.LessOrEqual(t, device, budget, "%s: arguments, arena and workspace (%d bytes) within the budget", model, out.Plan.Workspace.SizeBytes)
 	}
+}
+
+// mpiIncludes are the -I flags of Open MPI's headers (mpicc says where).
+func mpiIncludes(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("mpicc", "--showme:incdirs").Output()
+	if err != nil {
+		passtest.Missing(t, "mpicc is not installed (.ci/run installs libopenmpi-dev)")
+	}
+	var flags []string
+	for _, d := range strings.Fields(string(out)) {
+		flags = append(flags, "-I"+d)
+	}
+	return flags
 }

@@ -1,9 +1,12 @@
 package cuda
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
 )
 
 // TestIndependentAccesses: a launch joins a merge only if it neither
@@ -43,4 +46,29 @@ func TestMergedGridStaysLaunchable(t *testing.T) {
 	}
 	require.True(t, mergeable([]Node{launch(0, 1<<30), launch(8, 1<<30-1)}), "2^31-1 blocks")
 	require.False(t, mergeable([]Node{launch(0, 1<<30), launch(8, 1<<30)}), "2^31 blocks are not one merged launch")
+}
+
+// TestCombinedSharedMemoryFits: a combined kernel declares at most 48 KiB
+// of static shared memory: five f32 tiled products (8,256 bytes of tiles
+// each) and folds of f32 and f64 (1 and 2 KiB, once per type however
+// many stages fold) fit; a sixth product does not.
+func TestCombinedSharedMemoryFits(t *testing.T) {
+	product := func(name string) *stageKernel {
+		return &stageKernel{name: name, tile: &tiling{}, stage: &loops.Stage{Matmul: &loops.Matmul{A: loops.Float{K: loops.F32}}}}
+	}
+	fold := func(k loops.Kind) *stageKernel {
+		return &stageKernel{name: "f", fold: []*loops.Reduce{{Acc: k}}}
+	}
+	s := newSharedSet()
+	for i := 0; i < 5; i++ {
+		require.True(t, s.add(product(fmt.Sprint("p", i))), "product %d", i)
+	}
+	require.True(t, s.add(product("p0")), "a product already counted")
+	for i := 0; i < 3; i++ {
+		require.True(t, s.add(fold(loops.F32)), "f32 folds share one array")
+	}
+	require.True(t, s.add(fold(loops.F64)))
+	require.Equal(t, int64(5*8256+1024+2048), s.bytes)
+	require.False(t, s.add(product("p5")), "a sixth product's tiles pass 48 KiB")
+	require.Equal(t, int64(5*8256+1024+2048), s.bytes, "a refused stage adds nothing")
 }

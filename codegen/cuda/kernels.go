@@ -292,7 +292,7 @@ func (w *cw) emit(x loops.Expr) string {
 		if w.host {
 			w.fail(fmt.Errorf("a host function cannot read the rank (it lives on the device)"))
 		}
-		return w.def(loops.I64, fmt.Sprintf("((kiln_world_rank / %dLL) %% %dLL)", max(1, x.Stride), max(1, x.Size)))
+		return w.def(loops.I64, fmt.Sprintf("((kiln_device_rank / %dLL) %% %dLL)", max(1, x.Stride), max(1, x.Size)))
 	case *loops.Checked:
 		if w.host {
 			// kiln_status lives in device memory.

@@ -17,6 +17,9 @@
 #if defined(__NVCC__) || defined(__CUDA_ARCH_LIST__) || defined(KILN_USE_CUDA_HEADERS)
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#if KILN_NCCL
+#include <nccl.h>
+#endif
 #define KILN_LAUNCH(k, grid, block, shared, stream, args) k<<<grid, block, shared, stream>>> args
 #elif defined(KILN_CUDA_EMULATE)
 #include "kiln_cuda_emulate.h"
@@ -158,6 +161,29 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cub
                                           long long, const void *, cudaDataType, int, long long, const void *, void *, cudaDataType, int, long long, int,
                                           cublasComputeType_t, cublasGemmAlgo_t);
 }
+// NCCL, for a program of several ranks (NCCL 2.18's signatures).
+typedef struct ncclComm *ncclComm_t;
+typedef struct {
+  char internal[128];
+} ncclUniqueId;
+typedef enum { ncclSuccess = 0 } ncclResult_t;
+typedef enum { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
+typedef struct ncclConfig_v21700 ncclConfig_t;
+extern "C" {
+ncclResult_t ncclGetUniqueId(ncclUniqueId *);
+ncclResult_t ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
+ncclResult_t ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+ncclResult_t ncclCommDestroy(ncclComm_t);
+const char *ncclGetErrorString(ncclResult_t);
+ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+ncclResult_t ncclReduceScatter(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+ncclResult_t ncclAllGather(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+ncclResult_t ncclBroadcast(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+cudaError_t cudaGetDeviceCount(int *);
+cudaError_t cudaSetDevice(int);
+cudaError_t cudaMemcpyToSymbol(const void *, const void *, size_t, size_t, enum cudaMemcpyKind);
+}
 #define cublasCreate cublasCreate_v2
 #define cublasDestroy cublasDestroy_v2
 #define cublasSetStream cublasSetStream_v2
@@ -172,10 +198,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cub
 // (cudaMemcpyFromSymbol) and treats a nonzero status as a failed step.
 __device__ int kiln_status;
 
-// kiln_world_rank is this process's rank among the plan's ranks, which the
-// host runtime sets before the step: random ops of data-parallel ranks
-// start their counters from it.
-__device__ long long kiln_world_rank;
+// kiln_device_rank is this process's rank among the plan's ranks, which
+// the host runtime copies there from the driver's kiln_world_rank before
+// the first step: random ops of data-parallel ranks start their counters
+// from it.
+__device__ long long kiln_device_rank;
 #endif
 
 #ifndef KILN_CUDA_EMULATE  // the emulation has its own barrier and launch
@@ -184,7 +211,9 @@ __device__ long long kiln_world_rank;
 // (whose blocks the GPU holds all at once, so none waits on a block that
 // cannot start): what any thread wrote before it, every thread reads
 // after it. One thread per block arrives; the last to arrive resets the
-// count and opens the next generation, which the others wait for.
+// count and opens the next generation, which the others wait for. The
+// count is the module's: cooperative kernels run one at a time, all on
+// the compute stream.
 __device__ unsigned int kiln_grid_arrived;
 __device__ unsigned int kiln_grid_generation;
 static __device__ inline void kiln_grid_sync(void) {
@@ -237,15 +266,15 @@ template <class T> static __device__ inline T kiln_block_fold(T v, int op) {
 // kiln_cooperative_blocks is how many blocks of 256 threads of kernel k
 // the GPU holds at once (0 if it cannot say), asked once per kernel.
 static inline int kiln_cooperative_blocks(const void *k) {
-  static const void *kernel[4096];
-  static int blocks[4096], known;
+  static const void *kernel[65536];
+  static int blocks[65536], known;
   for (int i = 0; i < known; i++)
     if (kernel[i] == k) return blocks[i];
   int device = 0, sms = 0, per = 0;
   if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 256, 0) != cudaSuccess)
     return 0;
-  if (known < 4096) kernel[known] = k, blocks[known++] = sms * per;
+  if (known < 65536) kernel[known] = k, blocks[known++] = sms * per;
   return sms * per;
 }
 

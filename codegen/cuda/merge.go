@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kiln-compiler/kiln/codegen/loops"
 )
 
 // maxMergedParams bounds the parameters of a combined launch (8 bytes
@@ -34,18 +36,20 @@ const maxPhaseCalls = 1024
 //     after its statistics). Independent neighbours share a phase.
 //
 // A run stops before a launch that would take the kernel past
-// maxMergedParams parameters or maxPhaseCalls stage calls, or a merged
-// grid past 2^31-1 blocks.
+// maxMergedParams parameters, maxPhaseCalls stage calls or
+// maxSharedBytes of static shared memory, or a merged grid past 2^31-1
+// blocks.
 func (b *planner) combine(nodes []Node) ([]Node, error) {
 	b.unrestrict(nodes)
 	var groups [][]Node
 	for i := 0; i < len(nodes); {
 		j := i + 1
 		if combinable(nodes[i]) {
-			params := newParamSet()
+			params, shared := newParamSet(), newSharedSet()
 			params.add(nodes[i])
+			shared.add(nodes[i].stage)
 			for j < len(nodes) && combinable(nodes[j]) && nodes[j].Stream == nodes[i].Stream && j-i < maxPhaseCalls {
-				if !params.add(nodes[j]) {
+				if !shared.add(nodes[j].stage) || !params.add(nodes[j]) {
 					break
 				}
 				j++
@@ -374,4 +378,52 @@ func (b *planner) cooperative(group []Node) (Node, error) {
 		fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s\n}\n", BlockSize, name, strings.Join(decl, ", "), strings.Join(calls, "\n")))
 	b.argTypes[name] = types
 	return m, nil
+}
+
+// maxSharedBytes is the static shared memory a kernel may declare (48
+// KiB on every architecture, without the opt-in of dynamic memory).
+const maxSharedBytes = 48 << 10
+
+// sharedSet is the static shared memory of a combined kernel's stages:
+// each tiled product's tiles, and kiln_block_fold's array, once per type
+// it folds.
+type sharedSet struct {
+	seen  map[string]bool
+	bytes int64
+}
+
+func newSharedSet() *sharedSet { return &sharedSet{seen: map[string]bool{}} }
+
+// add counts stage k's shared memory in, unless that would pass
+// maxSharedBytes.
+func (s *sharedSet) add(k *stageKernel) bool {
+	fresh := map[string]int64{}
+	if k.tile != nil {
+		fresh["tile:"+k.name] = (tileK*(tileM+1) + tileK*tileN) * kindBytes(k.stage.Matmul.A.Kind())
+	}
+	for _, r := range k.fold {
+		fresh["fold:"+cType(r.Acc)] = BlockSize * kindBytes(r.Acc)
+	}
+	total := s.bytes
+	for key, n := range fresh {
+		if !s.seen[key] {
+			total += n
+		}
+	}
+	if total > maxSharedBytes {
+		return false
+	}
+	for key := range fresh {
+		s.seen[key] = true
+	}
+	s.bytes = total
+	return true
+}
+
+// kindBytes is the size of a C value of kind k.
+func kindBytes(k loops.Kind) int64 {
+	if k == loops.F32 {
+		return 4
+	}
+	return 8
 }

@@ -549,7 +549,7 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 					}
 					for _, p := range sk.ptrs {
 						if p.key == keyOf(st.Out) {
-							p.read = true
+							p.read = true // atomicAdd reads what it adds to
 						}
 					}
 				}

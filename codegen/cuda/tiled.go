@@ -23,7 +23,9 @@ import (
 // parts, a block per tile and part, each adding its partial sums into
 // the result with atomicAdd after a stage that zeroes it: the result's
 // order of summation varies from run to run on a GPU, within the f32
-// error model. Only an f32 or f64 result without epilogue splits.
+// error model. Only an f32 or f64 result without epilogue splits (a
+// 16-bit one would round at every add), and not one that accumulates
+// into its result, which the CUDA lowering of products never asks.
 const (
 	tileM, tileN, tileK = 64, 64, 16
 	// splitKBlocks is the blocks a split product aims at: two per

@@ -24,7 +24,14 @@ typedef struct {
 	cudaStream_t *streams;
 	cudaEvent_t *events;
 	cublasHandle_t blas; /* on stream 0, with its own workspace; NULL when the plan calls no library */
+	void **comms;        /* per group of the plan: its ncclComm_t (a program of several ranks) */
 } kilnrt_cuda_ctx;
+
+/* A group of ranks a collective runs over: size ranks, stride apart,
+   holding this rank. */
+typedef struct {
+	long long size, stride;
+} kilnrt_cuda_group;
 
 typedef struct {
 	long long arena_bytes; /* the arena and the workspace after it */
@@ -34,6 +41,8 @@ typedef struct {
 	int nstreams, nevents, nnodes, nlaunches, nlibrary;
 	const int *param_host;            /* per parameter slot: 1 when it lives in pinned host memory (offloaded) */
 	const kilnrt_cuda_place *results; /* per result */
+	int ranks, ngroups;               /* the plan's ranks (mpirun -np), and its groups */
+	const kilnrt_cuda_group *groups;
 } kilnrt_cuda_plan_info;
 
 extern const kilnrt_cuda_plan_info kilnrt_cuda_plan;
@@ -45,7 +54,9 @@ extern const kilnrt_cuda_plan_info kilnrt_cuda_plan;
    cudaGetLastError). */
 int kilnrt_cuda_issue(const kilnrt_cuda_ctx *c);
 
-/* kilnrt_cuda_status_address is the device address of kiln_status. */
+/* kilnrt_cuda_status_address is the device address of kiln_status;
+   kilnrt_cuda_rank_address that of kiln_device_rank. */
 int *kilnrt_cuda_status_address(void);
+long long *kilnrt_cuda_rank_address(void);
 
 #endif

@@ -22,6 +22,9 @@
 #include <string.h>
 
 #define KILN_CUDA_HOST_ONLY
+#if KILN_NCCL
+#include <mpi.h>
+#endif
 #include "kiln_cuda_program.h"
 #include "kiln_program.h"
 #include "kiln_runtime.h"
@@ -44,6 +47,7 @@ struct kiln_step {
 	int use_graph, ran;
 	int *status;             /* device address of kiln_status */
 	long long own, measured; /* device bytes: allocated by the runtime, and cudaMemGetInfo's difference */
+	void *world;             /* the NCCL communicator of every rank, which the groups' split from */
 	char err[512];
 };
 
@@ -110,9 +114,56 @@ static void fill(void *dst, const void *value, long long elem, long long n) {
 	for (long long done = elem; done < n; done *= 2) memcpy(d + done, d, (size_t)(done < n - done ? done : n - done));
 }
 
+#if KILN_NCCL
+/* The rank this process runs (MPI's; the driver initialised MPI). */
+static int world_rank(void) {
+	int rank = 0;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	return rank;
+}
+
+/* communicators makes the NCCL communicator of all the plan's ranks (its
+   id from rank 0, over MPI) and one per group of the plan's collectives,
+   split from it: the group of size ranks, stride apart, that holds this
+   rank. It copies the rank to kiln_device_rank. */
+static int communicators(kiln_step *s) {
+	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
+	int rank = world_rank(), size = 0;
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	if (size != plan->ranks) return fail(s, "this program runs as %d ranks (mpirun -np %d), not %d", plan->ranks, plan->ranks, size);
+	ncclUniqueId id;
+	memset(&id, 0, sizeof id);
+	int got = rank != 0 || ncclGetUniqueId(&id) == ncclSuccess;
+	MPI_Bcast(&got, 1, MPI_INT, 0, MPI_COMM_WORLD);
+	if (!got) return fail(s, "NCCL could not make a communicator id");
+	MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+	ncclComm_t world;
+	if (ncclCommInitRank(&world, size, id, rank) != ncclSuccess) return fail(s, "NCCL could not join rank %d of %d", rank, size);
+	s->world = world;
+	s->ctx.comms = (void **)calloc((size_t)plan->ngroups + 1, sizeof(void *));
+	if (!s->ctx.comms) return fail(s, "out of memory");
+	for (int g = 0; g < plan->ngroups; g++) {
+		const long long n = plan->groups[g].size, stride = plan->groups[g].stride;
+		const int color = (int)((rank / (n * stride)) * stride + rank % stride), key = (int)((rank / stride) % n);
+		ncclComm_t c;
+		if (ncclCommSplit(world, color, key, &c, NULL) != ncclSuccess) return fail(s, "NCCL could not make the group of %lld ranks %lld apart", n, stride);
+		s->ctx.comms[g] = c;
+	}
+	long long r = rank, *at = kilnrt_cuda_rank_address();
+	if (!at || cudaMemcpy(at, &r, sizeof r, cudaMemcpyHostToDevice) != cudaSuccess) return fail(s, "cannot set the device's rank");
+	return 0;
+}
+#endif
+
 void kiln_destroy(kiln_step *s) {
 	if (!s) return;
 	cudaDeviceSynchronize();
+#if KILN_NCCL
+	for (int g = 0; s->ctx.comms && g < kilnrt_cuda_plan.ngroups; g++)
+		if (s->ctx.comms[g]) ncclCommDestroy((ncclComm_t)s->ctx.comms[g]);
+	if (s->world) ncclCommDestroy((ncclComm_t)s->world);
+	free(s->ctx.comms);
+#endif
 	if (s->graph) cudaGraphExecDestroy(s->graph);
 	if (s->ctx.blas) cublasDestroy(s->ctx.blas);
 	if (s->blas_workspace) cudaFree(s->blas_workspace);
@@ -153,6 +204,11 @@ kiln_step *kiln_create(int threads) {
 	(void)threads;
 	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
 	size_t free0 = 0, free1 = 0, total = 0;
+#if KILN_NCCL
+	/* A GPU per rank, before anything makes a context. */
+	int devices = 0;
+	if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1 || cudaSetDevice(world_rank() % devices) != cudaSuccess) return NULL;
+#endif
 	/* The first call makes the CUDA context, so free0 is measured after it. */
 	if (cudaMemGetInfo(&free0, &total) != cudaSuccess) return NULL;
 	long long need = plan->arena_bytes + (plan->nlibrary ? plan->blas_workspace_bytes : 0);
@@ -197,6 +253,9 @@ kiln_step *kiln_create(int threads) {
 		ok = cudaMemcpy(device(s, i), s->mirror[i], (size_t)t->bytes, cudaMemcpyDefault) == cudaSuccess;
 		s->valid[i] = 1;
 	}
+#if KILN_NCCL
+	ok = ok && communicators(s) == 0;
+#endif
 	int *status = ok ? kilnrt_cuda_status_address() : NULL;
 	ok = ok && status && cudaMemset(status, 0, sizeof(int)) == cudaSuccess;
 	ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemGetInfo(&free1, &total) == cudaSuccess;
@@ -245,7 +304,7 @@ static int capture(kiln_step *s) {
 	cudaError_t e = cudaStreamEndCapture(s0, &g);
 	if (e == cudaSuccess && refused) {
 		cudaGraphDestroy(g);
-		return fail(s, "cuBLAS or a cooperative launch refused a call of the step (status %d)", refused);
+		return fail(s, "cuBLAS, NCCL or a cooperative launch refused a call of the step (status %d)", refused);
 	}
 	if (e == cudaSuccess) {
 		e = cudaGraphInstantiateWithFlags(&s->graph, g, 0);
@@ -283,7 +342,7 @@ int kiln_run(kiln_step *s) {
 		if (check(s, cudaGraphLaunch(s->graph, s->ctx.streams[0]), "launching the step") != 0) return -1;
 	} else if (kilnrt_cuda_issue(&s->ctx) != 0) {
 		cudaDeviceSynchronize();
-		return fail(s, "cuBLAS or a cooperative launch refused a call of the step");
+		return fail(s, "cuBLAS, NCCL or a cooperative launch refused a call of the step");
 	}
 	if (check(s, cudaDeviceSynchronize(), "running the step") != 0 || check(s, cudaGetLastError(), "running the step") != 0) return -1;
 	s->ran = 1;

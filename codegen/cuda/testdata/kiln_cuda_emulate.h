@@ -516,4 +516,95 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublas
   return CUBLAS_STATUS_SUCCESS;
 }
 
+static inline cudaError_t cudaGetDeviceCount(int *n) {
+  *n = 1;
+  return cudaSuccess;
+}
+static inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+
+#if KILN_NCCL
+// NCCL over MPI: each rank is an MPI process; a communicator is an MPI
+// communicator, and a collective runs (or is recorded) in issue order on
+// its stream, as a launch does, through the MPI collective of the same
+// meaning. The operands are copied first, so that NCCL's in-place forms
+// need no MPI_IN_PLACE.
+#include <mpi.h>
+struct ncclComm {
+  MPI_Comm comm;
+};
+typedef ncclComm *ncclComm_t;
+typedef struct {
+  char internal[128];
+} ncclUniqueId;
+typedef enum { ncclSuccess = 0, ncclInvalidArgument = 4 } ncclResult_t;
+typedef enum { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
+typedef struct ncclConfig_v21700 ncclConfig_t;
+inline long long kiln_emu_comms;  // communicators held
+static inline ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+  memset(id, 7, sizeof *id);
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclCommInitRank(ncclComm_t *c, int n, ncclUniqueId id, int rank) {
+  int size = 0, me = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  if (n != size || rank != me || id.internal[0] != 7) return ncclInvalidArgument;
+  *c = new ncclComm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &(*c)->comm);
+  kiln_emu_comms++;
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *) {
+  *out = new ncclComm;
+  MPI_Comm_split(c->comm, color, key, &(*out)->comm);
+  kiln_emu_comms++;
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclCommDestroy(ncclComm_t c) {
+  MPI_Comm_free(&c->comm);
+  delete c;
+  kiln_emu_comms--;
+  return ncclSuccess;
+}
+static inline MPI_Datatype kiln_emu_mpi_type(ncclDataType_t t) { return t == ncclFloat32 ? MPI_FLOAT : t == ncclFloat64 ? MPI_DOUBLE : MPI_LONG_LONG; }
+static inline size_t kiln_emu_nccl_size(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 8; }
+static inline MPI_Op kiln_emu_mpi_op(ncclRedOp_t op) { return op == ncclSum ? MPI_SUM : op == ncclProd ? MPI_PROD : op == ncclMax ? MPI_MAX : MPI_MIN; }
+static inline int kiln_emu_comm_size(ncclComm_t c) {
+  int n = 0;
+  MPI_Comm_size(c->comm, &n);
+  return n;
+}
+static inline ncclResult_t ncclAllReduce(const void *src, void *dst, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+  kiln_emu_issue(s, [=] {
+    std::vector<char> in((const char *)src, (const char *)src + n * kiln_emu_nccl_size(t));
+    MPI_Allreduce(in.data(), dst, (int)n, kiln_emu_mpi_type(t), kiln_emu_mpi_op(op), c->comm);
+  });
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclReduceScatter(const void *src, void *dst, size_t recv, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+  kiln_emu_issue(s, [=] {
+    std::vector<char> in((const char *)src, (const char *)src + recv * kiln_emu_comm_size(c) * kiln_emu_nccl_size(t));
+    MPI_Reduce_scatter_block(in.data(), dst, (int)recv, kiln_emu_mpi_type(t), kiln_emu_mpi_op(op), c->comm);
+  });
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclAllGather(const void *src, void *dst, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
+  kiln_emu_issue(s, [=] {
+    std::vector<char> in((const char *)src, (const char *)src + n * kiln_emu_nccl_size(t));
+    MPI_Allgather(in.data(), (int)n, kiln_emu_mpi_type(t), dst, (int)n, kiln_emu_mpi_type(t), c->comm);
+  });
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclBroadcast(const void *src, void *dst, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t s) {
+  kiln_emu_issue(s, [=] {
+    int me = 0;
+    MPI_Comm_rank(c->comm, &me);
+    if (me == root) memmove(dst, src, n * kiln_emu_nccl_size(t));
+    MPI_Bcast(dst, (int)n, kiln_emu_mpi_type(t), root, c->comm);
+  });
+  return ncclSuccess;
+}
+#endif
+
 #endif
