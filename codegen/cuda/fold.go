@@ -33,10 +33,7 @@ func blockFolds(st *loops.Stage, override map[loops.Expr]loops.Expr) []*loops.Re
 	if st.Matmul != nil || st.Guard != nil {
 		return nil
 	}
-	points := int64(1)
-	for _, e := range st.Extents {
-		points *= e
-	}
+	points := product(st.Extents)
 	if points > foldMaxPoints || points == 0 {
 		return nil
 	}
@@ -54,10 +51,7 @@ func blockFolds(st *loops.Stage, override map[loops.Expr]loops.Expr) []*loops.Re
 		}
 		switch x := x.(type) {
 		case *loops.Reduce:
-			total := int64(1)
-			for _, e := range x.Extents {
-				total *= e
-			}
+			total := product(x.Extents)
 			if _, ok := foldOps[x.Op]; ok && total >= foldMinTerms && x.Acc.IsFloat() {
 				out = append(out, x)
 			}
@@ -92,28 +86,13 @@ func (w *cw) blockFold(r *loops.Reduce) string {
 	for _, inner := range loops.InvariantReduces(r) {
 		w.expr(inner) // computed once, before the loop
 	}
-	total := int64(1)
-	for _, e := range r.Extents {
-		total *= e
-	}
+	total := product(r.Extents)
 	t := w.tmp()
 	w.line("%s %s = %s;", cType(r.Acc), t, identity(r.Op, r.Acc))
 	w.line("for (long long kiln_q = threadIdx.x; kiln_q < %dLL; kiln_q += %d) {", total, BlockSize)
 	w.indent++
 	w.push()
-	rest := "kiln_q"
-	for i := len(r.Vars) - 1; i >= 0; i-- {
-		name := fmt.Sprintf("v%d", r.Vars[i].ID)
-		w.vars[r.Vars[i]] = name
-		if i == 0 {
-			w.line("const long long %s = %s;", name, rest)
-			continue
-		}
-		w.line("const long long %s = %s %% %dLL;", name, rest, r.Extents[i])
-		next := w.tmp()
-		w.line("const long long %s = %s / %dLL;", next, rest, r.Extents[i])
-		rest = next
-	}
+	w.unflatten(r.Vars, r.Extents, "kiln_q")
 	v := w.expr(r.Body)
 	w.line("%s = %s;", t, w.binary(r.Op, r.Acc, t, v))
 	w.pop()

@@ -667,19 +667,7 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 			w.line("if (kiln_i >= %dLL) return;", k.threads)
 		}
 	}
-	rest := "kiln_i"
-	for i := len(s.Vars) - 1; i >= 0; i-- {
-		name := fmt.Sprintf("v%d", s.Vars[i].ID)
-		w.vars[s.Vars[i]] = name
-		if i == 0 {
-			w.line("const long long %s = %s;", name, rest)
-			continue
-		}
-		w.line("const long long %s = %s %% %dLL;", name, rest, s.Extents[i])
-		next := w.tmp()
-		w.line("const long long %s = %s / %dLL;", next, rest, s.Extents[i])
-		rest = next
-	}
+	w.unflatten(s.Vars, s.Extents, "kiln_i")
 	for _, r := range k.fold {
 		w.expr(r) // every thread, before anything that might branch
 	}
@@ -761,6 +749,24 @@ func kernelSource(k *stageKernel, consts *constTable) (string, error) {
 		return contract + fmt.Sprintf("extern \"C\" void %s(%s) {\n%s}\n", k.name, strings.Join(params, ", "), w.b.String()), nil
 	}
 	return contract + fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s}\n", BlockSize, k.name, strings.Join(params, ", "), w.b.String()), nil
+}
+
+// unflatten binds vars to the row-major position of flat (a C
+// expression) in extents.
+func (w *cw) unflatten(vars []*loops.Var, extents []int64, flat string) {
+	rest := flat
+	for i := len(vars) - 1; i >= 0; i-- {
+		name := fmt.Sprintf("v%d", vars[i].ID)
+		w.vars[vars[i]] = name
+		if i == 0 {
+			w.line("const long long %s = %s;", name, rest)
+			continue
+		}
+		w.line("const long long %s = %s %% %dLL;", name, rest, extents[i])
+		next := w.tmp()
+		w.line("const long long %s = %s / %dLL;", next, rest, extents[i])
+		rest = next
+	}
 }
 
 // children are the expressions x reads directly (nil where absent),

@@ -55,10 +55,7 @@ func longReduce(x loops.Expr) (*loops.Reduce, int64) {
 		}
 		seen[x] = true
 		if r, ok := x.(*loops.Reduce); ok {
-			total := int64(1)
-			for _, e := range r.Extents {
-				total *= e
-			}
+			total := product(r.Extents)
 			if total > n {
 				best, n = r, total
 			}
@@ -98,10 +95,7 @@ func splitReduce(st *loops.Stage, partial func(t ir.Type) *loops.Buffer) (*loops
 	if st.Matmul != nil || st.Guard != nil {
 		return nil, nil
 	}
-	points := int64(1)
-	for _, e := range st.Extents {
-		points *= e
-	}
+	points := product(st.Extents)
 	if points > splitMaxPoints || points == 0 {
 		return nil, nil
 	}
@@ -194,4 +188,13 @@ func (b *planner) split(op int, k *loops.Kernel, st *loops.Stage, outer []*loops
 	b.alias[&folded] = base + "_folded"
 	b.override[&folded] = override
 	return true, b.launches(op, k, []loops.Step{part, &folded}, outer, extents, iter, temps)
+}
+
+// product is the product of extents: the points of a domain.
+func product(extents []int64) int64 {
+	n := int64(1)
+	for _, e := range extents {
+		n *= e
+	}
+	return n
 }

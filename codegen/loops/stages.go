@@ -574,17 +574,7 @@ func implicitConvGradInput(b *builder, dy, w Tensor, g ir.ConvGeometry, dx *Buff
 			func(k, q Expr) Expr {
 				t := unflatten(k, taps)
 				n, s := imagePos(q, hw)
-				dh := sub(add(div(s, Int{g.W}), Int{g.PT}), mul(t[1], Int{g.DH}))
-				dw := sub(add(rem(s, Int{g.W}), Int{g.PL}), mul(t[2], Int{g.DW}))
-				oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
-				ok := and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
-				if g.SH != 1 {
-					ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
-				}
-				if g.SW != 1 {
-					ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
-				}
-				at := add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW))
+				at, ok := outputUnder(g, div(s, Int{g.W}), rem(s, Int{g.W}), t[1], t[2])
 				return &Guarded{Cond: ok, X: DY.At([]Expr{n, add(mul(gr, Int{mg}), t[0]), at})}
 			}, nil, false)
 	})
@@ -610,24 +600,33 @@ func sumDType(d ir.DType) ir.DType {
 	return d
 }
 
+// outputUnder is the output position (oh·OW + ow, clamped inside the
+// output) whose tap (kh, kw) reads input pixel (ih, iw), and whether
+// there is one: ih + PT - kh·DH = oh·SH and iw + PL - kw·DW = ow·SW
+// inside the output.
+func outputUnder(g ir.ConvGeometry, ih, iw, kh, kw Expr) (at, ok Expr) {
+	dh := sub(add(ih, Int{g.PT}), mul(kh, Int{g.DH}))
+	dw := sub(add(iw, Int{g.PL}), mul(kw, Int{g.DW}))
+	oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
+	ok = and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
+	if g.SH != 1 {
+		ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
+	}
+	if g.SW != 1 {
+		ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
+	}
+	return add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW)), ok
+}
+
 // col2im is input pixel (c, ih, iw)'s gradient read from the columns
 // col[r, base + p] of the input gradient's product: a gather (each pixel
 // sums the taps that read it), so that no two threads add into one.
 func col2im(b *builder, g ir.ConvGeometry, col *Buffer, c, ih, iw, base Expr, k Kind) Expr {
 	cg := g.C / g.Groups
 	return b.reduce(scalar.Add, k, []int64{g.KH, g.KW}, func(t []Expr) Expr {
-		dh := sub(add(ih, Int{g.PT}), mul(t[0], Int{g.DH}))
-		dw := sub(add(iw, Int{g.PL}), mul(t[1], Int{g.DW}))
-		oh, ow := div(dh, Int{g.SH}), div(dw, Int{g.SW})
-		ok := and(and(cmp(scalar.Ge, dh, Int{0}), cmp(scalar.Ge, dw, Int{0})), and(inRange(oh, g.OH), inRange(ow, g.OW)))
-		if g.SH != 1 {
-			ok = and(ok, cmp(scalar.Eq, rem(dh, Int{g.SH}), Int{0}))
-		}
-		if g.SW != 1 {
-			ok = and(ok, cmp(scalar.Eq, rem(dw, Int{g.SW}), Int{0}))
-		}
+		at, ok := outputUnder(g, ih, iw, t[0], t[1])
 		r := flatten([]Expr{c, t[0], t[1]}, ir.Shape{cg, g.KH, g.KW})
-		p := add(base, add(mul(clamp(oh, g.OH), Int{g.OW}), clamp(ow, g.OW)))
+		p := add(base, at)
 		return &Load{Buf: col, Index: []Expr{r, p}, Guard: ok}
 	})
 }
