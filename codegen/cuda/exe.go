@@ -37,7 +37,9 @@ if [ "$RANKS" = 1 ]; then
 	for d in $(mpicc --showme:libdirs); do MPI_LIB="$MPI_LIB -L$d"; done
 	for l in $(mpicc --showme:libs); do MPI_LIB="$MPI_LIB -l$l"; done
 	NCCL_LIB=-lnccl
-	DEFS=-DKILN_NCCL=1
+	# The C API only: Open MPI's mpi.h would otherwise pull in its C++
+	# bindings, which mpicc's libraries do not hold.
+	DEFS="-DKILN_NCCL=1 -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1"
 fi
 $CC $C_FLAGS -DKILN_CUDA=1 -DKILN_MPI=$RANKS $MPI_INC -c driver.c -o driver.o
 $CC $C_FLAGS -c checkpoint.c -o checkpoint.o

@@ -292,83 +292,101 @@ func head(x *interp.Tensor) []float64 {
 	return out
 }
 
-// TestSeveralRanksMatchTheInterpreter: the CUDA program of a training
-// step over two data-parallel ranks with ZeRO-3 (parameters, gradients
-// and Adam's moments sharded: all-gathers, reduce-scatters and an
-// all-reduce of the loss, NCCL calls on the communication stream), built
-// as its emulation with NCCL over MPI and run under mpirun, gives each
-// rank the interpreter's results and updates within the f32 error model,
-// its first step issued and its second launched as a captured graph.
+// TestSeveralRanksMatchTheInterpreter: the CUDA programs of training
+// steps over several ranks, built as their emulation with NCCL over MPI
+// and run under mpirun, give each rank the interpreter's results and
+// updates within the f32 error model, their first step issued and their
+// second launched as a captured graph: two data-parallel ranks with
+// ZeRO-3 (parameters, gradients and Adam's moments sharded: all-gathers,
+// reduce-scatters and an all-reduce of the loss), and four ranks of two
+// data-parallel groups of two tensor-parallel ones (groups of ranks one
+// and two apart: each rank's communicators split by color and key).
 func TestSeveralRanksMatchTheInterpreter(t *testing.T) {
 	mpirun, err := exec.LookPath("mpirun")
 	if err != nil {
 		passtest.Missing(t, "mpirun is not installed (.ci/run installs openmpi-bin)")
 	}
-	dir, out, m := executable(t, "testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=adam,placement=early},parallel{dp=2,zero=3},canonicalize,dce,cse,fuse,reorder,assign", 0)
-	f := m.Funcs[0]
-	require.Equal(t, 2, out.Plan.Ranks)
-	calls := 0
-	for _, n := range out.Plan.Nodes {
-		if n.Kind == "collective" {
-			calls++
-		}
-	}
-	require.GreaterOrEqual(t, calls, 4, "NCCL calls in the plan")
-	args := [][]*interp.Tensor{interp.RandomArgs(f, 11), interp.RandomArgs(f, 12)}
-	for _, rargs := range args {
-		for i, a := range f.Args {
-			if a.Arg.Attrs.String("role", "") == "optimizer_state" {
-				rargs[i] = interp.New(a.Type) // Adam's moments start at 0 (a random v < 0 has no square root)
-			}
-		}
-	}
-	run := filepath.Join(dir, "ranks")
-	for r, rargs := range args {
-		in := filepath.Join(run, "in", fmt.Sprintf("rank%d", r))
-		require.NoError(t, os.MkdirAll(in, 0o755))
-		for i, a := range f.Args {
-			w, err := os.Create(filepath.Join(in, llvm.FileName(a.Name)+".npy"))
-			require.NoError(t, err)
-			require.NoError(t, npy.Write(w, rargs[i]))
-			require.NoError(t, w.Close())
-		}
-	}
-	// One step from the files, then two in one process (the second a
-	// graph launch), against the interpreter's one and two steps.
-	for _, steps := range []int{1, 2} {
-		want, wantArgs, err := interp.RunRanks(f, [][]*interp.Tensor{interp.CloneAll(args[0]), interp.CloneAll(args[1])}, interp.Options{})
-		require.NoError(t, err)
-		if steps == 2 {
-			want, wantArgs, err = interp.RunRanks(f, wantArgs, interp.Options{})
-			require.NoError(t, err)
-		}
-		o := filepath.Join(run, fmt.Sprintf("out%d", steps))
-		cmdArgs := []string{"-np", "2", "--oversubscribe"}
-		if os.Geteuid() == 0 {
-			cmdArgs = append(cmdArgs, "--allow-run-as-root")
-		}
-		cmd := exec.Command(mpirun, append(cmdArgs, filepath.Join(dir, "step"), "--inputs", filepath.Join(run, "in"), "--output-dir", o, "--steps", fmt.Sprint(steps))...)
-		cmd.Env = append(os.Environ(), "KILN_EMU_REPORT=1")
-		msg, err := cmd.CombinedOutput()
-		require.NoError(t, err, "mpirun: %s", msg)
-		require.Contains(t, string(msg), fmt.Sprintf(" %d graph launches", steps-1))
-		acc := float64(steps) * passtest.F32Bound(f)
-		for r := range args {
-			rd := filepath.Join(o, fmt.Sprintf("rank%d", r))
-			for i := range f.Results {
-				got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName(f.ResultName(i))+".npy"))
-				require.LessOrEqual(t, passtest.RelErr(got, want[r][i]), acc, "rank %d, %d steps: result %s", r, steps, f.ResultName(i))
-			}
-			for i, a := range f.Args {
-				if !a.Arg.InOut {
-					continue
+	for _, c := range []struct {
+		parallel string
+		ranks    int
+		groups   int
+	}{
+		{"dp=2,zero=3", 2, 1},
+		{"dp=2,tp=2", 4, 2},
+	} {
+		t.Run(c.parallel, func(t *testing.T) {
+			dir, out, m := executable(t, "testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=adam,placement=early},parallel{"+c.parallel+"},canonicalize,dce,cse,fuse,reorder,assign", 0)
+			f := m.Funcs[0]
+			require.Equal(t, c.ranks, out.Plan.Ranks)
+			groups := map[[2]int64]bool{}
+			for _, n := range out.Plan.Nodes {
+				if n.Kind == "collective" {
+					groups[[2]int64{n.Collective.Size, n.Collective.Stride}] = true
 				}
-				got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName("updated."+a.Name)+".npy"))
-				bound := acc + passtest.F32Resolution(wantArgs[r][i], args[r][i])
-				e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
-				require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
-				require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s", r, steps, a.Name)
 			}
-		}
+			require.Len(t, groups, c.groups, "groups of ranks the collectives run over: %v", groups)
+			args := make([][]*interp.Tensor, c.ranks)
+			for r := range args {
+				args[r] = interp.RandomArgs(f, uint64(11+r))
+				for i, a := range f.Args {
+					if a.Arg.Attrs.String("role", "") == "optimizer_state" {
+						args[r][i] = interp.New(a.Type) // Adam's moments start at 0 (a random v < 0 has no square root)
+					}
+				}
+			}
+			run := filepath.Join(dir, "ranks")
+			for r, rargs := range args {
+				in := filepath.Join(run, "in", fmt.Sprintf("rank%d", r))
+				require.NoError(t, os.MkdirAll(in, 0o755))
+				for i, a := range f.Args {
+					w, err := os.Create(filepath.Join(in, llvm.FileName(a.Name)+".npy"))
+					require.NoError(t, err)
+					require.NoError(t, npy.Write(w, rargs[i]))
+					require.NoError(t, w.Close())
+				}
+			}
+			// One step from the files, then two in one process (the second a
+			// graph launch), against the interpreter's one and two steps.
+			for _, steps := range []int{1, 2} {
+				cloned := make([][]*interp.Tensor, len(args))
+				for r := range args {
+					cloned[r] = interp.CloneAll(args[r])
+				}
+				want, wantArgs, err := interp.RunRanks(f, cloned, interp.Options{})
+				require.NoError(t, err)
+				if steps == 2 {
+					want, wantArgs, err = interp.RunRanks(f, wantArgs, interp.Options{})
+					require.NoError(t, err)
+				}
+				o := filepath.Join(run, fmt.Sprintf("out%d", steps))
+				cmdArgs := []string{"-np", fmt.Sprint(c.ranks), "--oversubscribe"}
+				if os.Geteuid() == 0 {
+					cmdArgs = append(cmdArgs, "--allow-run-as-root")
+				}
+				cmd := exec.Command(mpirun, append(cmdArgs, filepath.Join(dir, "step"), "--inputs", filepath.Join(run, "in"), "--output-dir", o, "--steps", fmt.Sprint(steps))...)
+				cmd.Env = append(os.Environ(), "KILN_EMU_REPORT=1")
+				msg, err := cmd.CombinedOutput()
+				require.NoError(t, err, "mpirun: %s", msg)
+				require.Equal(t, c.ranks, strings.Count(string(msg), fmt.Sprintf(" %d graph launches", steps-1)), "%s", msg)
+				acc := float64(steps) * passtest.F32Bound(f)
+				for r := range args {
+					rd := filepath.Join(o, fmt.Sprintf("rank%d", r))
+					for i := range f.Results {
+						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName(f.ResultName(i))+".npy"))
+						require.LessOrEqual(t, passtest.RelErr(got, want[r][i]), acc, "rank %d, %d steps: result %s", r, steps, f.ResultName(i))
+					}
+					for i, a := range f.Args {
+						if !a.Arg.InOut {
+							continue
+						}
+						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName("updated."+a.Name)+".npy"))
+						bound := acc + passtest.F32Resolution(wantArgs[r][i], args[r][i])
+						e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
+						require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
+						require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s", r, steps, a.Name)
+					}
+				}
+			}
+		})
 	}
 }

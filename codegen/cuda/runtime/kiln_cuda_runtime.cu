@@ -122,6 +122,17 @@ static int world_rank(void) {
 	return rank;
 }
 
+/* node_rank is this process's rank among those on its node: its GPU is
+   that one (mod the node's GPUs), however mpirun placed the ranks. */
+static int node_rank(void) {
+	MPI_Comm node;
+	int rank = 0;
+	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) return world_rank();
+	MPI_Comm_rank(node, &rank);
+	MPI_Comm_free(&node);
+	return rank;
+}
+
 /* communicators makes the NCCL communicator of all the plan's ranks (its
    id from rank 0, over MPI) and one per group of the plan's collectives,
    split from it: the group of size ranks, stride apart, that holds this
@@ -158,13 +169,13 @@ static int communicators(kiln_step *s) {
 void kiln_destroy(kiln_step *s) {
 	if (!s) return;
 	cudaDeviceSynchronize();
+	if (s->graph) cudaGraphExecDestroy(s->graph); /* before the communicators its NCCL nodes use */
 #if KILN_NCCL
 	for (int g = 0; s->ctx.comms && g < kilnrt_cuda_plan.ngroups; g++)
 		if (s->ctx.comms[g]) ncclCommDestroy((ncclComm_t)s->ctx.comms[g]);
 	if (s->world) ncclCommDestroy((ncclComm_t)s->world);
 	free(s->ctx.comms);
 #endif
-	if (s->graph) cudaGraphExecDestroy(s->graph);
 	if (s->ctx.blas) cublasDestroy(s->ctx.blas);
 	if (s->blas_workspace) cudaFree(s->blas_workspace);
 	for (int i = 0; s->ctx.params && i < NPARAMS; i++) {
@@ -207,7 +218,10 @@ kiln_step *kiln_create(int threads) {
 #if KILN_NCCL
 	/* A GPU per rank, before anything makes a context. */
 	int devices = 0;
-	if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1 || cudaSetDevice(world_rank() % devices) != cudaSuccess) return NULL;
+	if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1 || cudaSetDevice(node_rank() % devices) != cudaSuccess) {
+		fprintf(stderr, "kiln: rank %d finds no GPU to run on\n", world_rank());
+		return NULL;
+	}
 #endif
 	/* The first call makes the CUDA context, so free0 is measured after it. */
 	if (cudaMemGetInfo(&free0, &total) != cudaSuccess) return NULL;
@@ -260,6 +274,7 @@ kiln_step *kiln_create(int threads) {
 	ok = ok && status && cudaMemset(status, 0, sizeof(int)) == cudaSuccess;
 	ok = ok && cudaDeviceSynchronize() == cudaSuccess && cudaMemGetInfo(&free1, &total) == cudaSuccess;
 	if (!ok) {
+		if (s->err[0]) fprintf(stderr, "kiln: %s\n", s->err); /* kiln_create has no step to say it with */
 		kiln_destroy(s);
 		return NULL;
 	}

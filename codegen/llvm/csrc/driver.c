@@ -64,6 +64,14 @@ static void report(const char *fmt, const char *a, const char *b, const char *ta
 
 static void die(const char *fmt, const char *a, const char *b) {
 	report(fmt, a, b, "");
+#if KILN_MPI
+	/* The other ranks may wait in a collective for this one: end them
+	   too, whatever launched the job. */
+	int started = 0, ended = 0;
+	MPI_Initialized(&started);
+	MPI_Finalized(&ended);
+	if (started && !ended) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
 	exit(1);
 }
 
