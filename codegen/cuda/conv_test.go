@@ -13,12 +13,12 @@ import (
 
 // TestConvolutionsAsImplicitGemm: convolutions, input gradients and
 // weight gradients of many geometries (padding, strides, dilations,
-// groups, 1×1, bf16 operands) each run as one product over the whole
-// batch read under the taps: no im2col or col2im in the workspace, at
-// most one kernel launch per op (a pointwise one of one group is one
-// strided-batched GEMM over the images instead), a weight
-// gradient of few output tiles split along its contraction (atomic adds
-// after a zeroing stage). plan-check passes, and the emulated program
+// groups, 1×1, bf16 operands: on the tensor cores) each run as one
+// product over the whole batch read under the taps: no im2col or col2im
+// in the workspace, at most one kernel launch per op (a pointwise one of
+// one group is one strided-batched GEMM over the images instead), a
+// weight gradient of few output tiles split along its contraction
+// (atomic adds after a zeroing stage). plan-check passes, and the emulated program
 // equals the interpreter within the f32 error model: sums of K terms
 // differ from the interpreter's by at most K·2⁻²⁴ relative to the
 // result's norm.
@@ -45,6 +45,7 @@ func TestConvolutionsAsImplicitGemm(t *testing.T) {
 	}
 	require.Equal(t, 2, library, "the pointwise convolution and input gradient: a strided-batched GEMM each, over the batch")
 	require.Contains(t, out.Kernels, "atomicAdd(&", "the long weight gradient split along K")
+	require.Equal(t, 2, strings.Count(out.Kernels, "nvcuda::wmma::mma_sync("), "the bf16 convolution on the tensor cores (two fragments a warp)")
 	lp, err := plancheck.LoadDir(dir)
 	require.NoError(t, err)
 	_, err = plancheck.CheckPlan(lp, 1)

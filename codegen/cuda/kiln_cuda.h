@@ -17,6 +17,9 @@
 #if defined(__NVCC__) || defined(__CUDA_ARCH_LIST__) || defined(KILN_USE_CUDA_HEADERS)
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
 #if KILN_NCCL
 #include <nccl.h>
 #endif
@@ -39,6 +42,33 @@ extern const __device__ uint3 blockIdx;
 extern const __device__ dim3 blockDim;
 extern const __device__ dim3 gridDim;
 #define __shared__ __attribute__((shared))
+#define __align__(n) __attribute__((aligned(n)))
+// The 16-bit types and the warp matrix functions (mma.h) the tiled
+// products of 16-bit operands use.
+struct __half {
+  unsigned short x;
+};
+struct __nv_bfloat16 {
+  unsigned short x;
+};
+namespace nvcuda {
+namespace wmma {
+struct matrix_a;
+struct matrix_b;
+struct accumulator;
+struct row_major;
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+  T x[8];
+};
+template <class Use, int M, int N, int K, class T, class L> __device__ void load_matrix_sync(fragment<Use, M, N, K, T, L> &, const T *, unsigned);
+template <class Use, int M, int N, int K, class T, class L> __device__ void fill_fragment(fragment<Use, M, N, K, T, L> &, const T &);
+template <int M, int N, int K, class T>
+__device__ void mma_sync(fragment<accumulator, M, N, K, float> &, const fragment<matrix_a, M, N, K, T, row_major> &, const fragment<matrix_b, M, N, K, T, row_major> &,
+                         const fragment<accumulator, M, N, K, float> &);
+template <int M, int N, int K> __device__ void store_matrix_sync(float *, const fragment<accumulator, M, N, K, float> &, unsigned, layout_t);
+}  // namespace wmma
+}  // namespace nvcuda
 extern "C" __device__ void __syncthreads(void);
 extern "C" __device__ void __threadfence(void);
 extern "C" {

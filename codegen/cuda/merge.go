@@ -399,7 +399,7 @@ func newSharedSet() *sharedSet { return &sharedSet{seen: map[string]bool{}} }
 func (s *sharedSet) add(k *stageKernel) bool {
 	fresh := map[string]int64{}
 	if k.tile != nil {
-		fresh["tile:"+k.name] = (tileK*(tileM+1) + tileK*tileN) * kindBytes(k.stage.Matmul.A.Kind())
+		fresh["tile:"+k.name] = k.tile.sharedBytes(k.stage.Matmul.A.Kind())
 	}
 	for _, r := range k.fold {
 		fresh["fold:"+cType(r.Acc)] = BlockSize * kindBytes(r.Acc)

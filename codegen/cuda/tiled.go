@@ -41,12 +41,49 @@ type tiling struct {
 	tiles  int64 // tiles of the result
 	parts  int64 // parts of K (1: not split)
 	chunk  int64 // contraction per part
+	// wide is the 16-bit dtype (bf16 or f16) both operands hold exactly
+	// (reads of buffers of that dtype, 0 where guarded), or Invalid:
+	// then the tiles are staged as 16-bit values and multiplied on the
+	// tensor cores (WMMA, f32 sums), 8 warps of 16 × 32 outputs each.
+	wide ir.DType
+}
+
+// exact16 is the 16-bit float dtype x reads exactly: a read of a bf16 or
+// f16 buffer (0 where a guard fails), possibly under a guard with 0
+// elsewhere or converted to f32; else Invalid.
+func exact16(x loops.Expr) ir.DType {
+	switch x := x.(type) {
+	case *loops.Load:
+		if d := x.Buf.Type.DType; (d == ir.BF16 || d == ir.F16) && (x.Guard == nil || x.Else == 0) {
+			return d
+		}
+	case *loops.Guarded:
+		if x.Else == 0 {
+			return exact16(x.X)
+		}
+	case *loops.Convert:
+		if x.To == loops.F32 {
+			return exact16(x.X)
+		}
+	}
+	return ir.Invalid
+}
+
+// sharedBytes is the static shared memory of a tiled function.
+func (t *tiling) sharedBytes(acc loops.Kind) int64 {
+	if t.wide != ir.Invalid {
+		return (tileM*tileK+tileK*tileN)*2 + tileM*tileN*4
+	}
+	return (tileK*(tileM+1) + tileK*tileN) * kindBytes(acc)
 }
 
 // tile is the tiling of product stage st.
 func tile(st *loops.Stage) *tiling {
 	M, N, K := st.Extents[0], st.Extents[1], st.Matmul.Extent
 	t := &tiling{tilesN: (N + tileN - 1) / tileN, parts: 1, chunk: K}
+	if a := exact16(st.Matmul.A); a != ir.Invalid && a == exact16(st.Matmul.B) && st.Matmul.A.Kind() == loops.F32 {
+		t.wide = a
+	}
 	t.tiles = (M + tileM - 1) / tileM * t.tilesN
 	d := st.Out.Type.DType
 	if t.tiles < splitKBlocks && K >= 2*splitKMin && st.Matmul.Epilogue == nil && !st.Accumulate && st.Guard == nil && (d == ir.F32 || d == ir.F64) {
@@ -70,8 +107,14 @@ func (w *cw) tiled(k *stageKernel) {
 	M, N := s.Extents[0], s.Extents[1]
 	vm, vn, vk := s.Vars[0], s.Vars[1], m.K
 	acc := cType(m.A.Kind())
-	w.line("__shared__ %s kiln_as[%d][%d];", acc, tileK, tileM+1)
-	w.line("__shared__ %s kiln_bs[%d][%d];", acc, tileK, tileN)
+	if t.wide != ir.Invalid {
+		w.line("__shared__ __align__(32) unsigned short kiln_as[%d][%d];", tileM, tileK)
+		w.line("__shared__ __align__(32) unsigned short kiln_bs[%d][%d];", tileK, tileN)
+		w.line("__shared__ __align__(32) float kiln_cs[%d][%d];", tileM, tileN)
+	} else {
+		w.line("__shared__ %s kiln_as[%d][%d];", acc, tileK, tileM+1)
+		w.line("__shared__ %s kiln_bs[%d][%d];", acc, tileK, tileN)
+	}
 	w.line("const long long kiln_tile = kiln_block %% %dLL, kiln_part = kiln_block / %dLL;", t.tiles, t.tiles)
 	w.line("const long long kiln_m0 = kiln_tile / %dLL * %d, kiln_n0 = kiln_tile %% %dLL * %d;", t.tilesN, tileM, t.tilesN, tileN)
 	w.line("const long long kiln_k0 = kiln_part * %dLL;", t.chunk)
@@ -80,14 +123,18 @@ func (w *cw) tiled(k *stageKernel) {
 	w.line("%s kiln_acc[4][4];", acc)
 	w.line("for (int i = 0; i < 4; i++)")
 	w.line("  for (int j = 0; j < 4; j++) kiln_acc[i][j] = %s;", floatLit(0, m.A.Kind()))
+	if t.wide != ir.Invalid {
+		w.wmma(k)
+		return
+	}
 	w.line("for (long long kiln_kt = kiln_k0; kiln_kt < kiln_k1; kiln_kt += %d) {", tileK)
 	w.indent++
 	// A: consecutive threads take consecutive k (A is mostly a row of
 	// the kernel per output channel); B: consecutive n.
 	w.operand("kiln_as", m.A, vm, vk, fmt.Sprintf("kiln_m0 + kiln_e / %d", tileK), fmt.Sprintf("kiln_kt + kiln_e %% %d", tileK), M,
-		fmt.Sprintf("kiln_e %% %d", tileK), fmt.Sprintf("kiln_e / %d", tileK))
+		fmt.Sprintf("kiln_e %% %d", tileK), fmt.Sprintf("kiln_e / %d", tileK), "")
 	w.operand("kiln_bs", m.B, vn, vk, fmt.Sprintf("kiln_n0 + kiln_e %% %d", tileN), fmt.Sprintf("kiln_kt + kiln_e / %d", tileN), N,
-		fmt.Sprintf("kiln_e / %d", tileN), fmt.Sprintf("kiln_e %% %d", tileN))
+		fmt.Sprintf("kiln_e / %d", tileN), fmt.Sprintf("kiln_e %% %d", tileN), "")
 	w.line("__syncthreads();")
 	w.line("for (int kk = 0; kk < %d; kk++) {", tileK)
 	w.line("  %s a[4], b[4];", acc)
@@ -98,7 +145,58 @@ func (w *cw) tiled(k *stageKernel) {
 	w.line("__syncthreads();")
 	w.indent--
 	w.line("}")
-	// The stores: each thread's 4 × 4 outputs.
+	w.stores(k)
+}
+
+// wmma writes the K loop of a tiled product of 16-bit operands: A's tile
+// staged row-major (64 × 16) and B's (16 × 64) as 16-bit values, each
+// warp's 16 × 32 outputs summed by two accumulator fragments on the
+// tensor cores, which then go through shared memory into each thread's
+// 4 × 4 outputs, as the f32 tiles leave them.
+func (w *cw) wmma(k *stageKernel) {
+	s, m, t := k.stage, k.stage.Matmul, k.tile
+	M, N := s.Extents[0], s.Extents[1]
+	vm, vn, vk := s.Vars[0], s.Vars[1], m.K
+	elem := map[ir.DType]string{ir.BF16: "__nv_bfloat16", ir.F16: "__half"}[t.wide]
+	narrow := map[ir.DType]string{ir.BF16: "kiln_f32_to_bf16", ir.F16: "kiln_f32_to_f16"}[t.wide]
+	w.line("const int kiln_warp = threadIdx.x / 32, kiln_wm = kiln_warp / 2 * 16, kiln_wn = kiln_warp %% 2 * 32;")
+	w.line("nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> kiln_c0, kiln_c1;")
+	w.line("nvcuda::wmma::fill_fragment(kiln_c0, 0.0f);")
+	w.line("nvcuda::wmma::fill_fragment(kiln_c1, 0.0f);")
+	w.line("for (long long kiln_kt = kiln_k0; kiln_kt < kiln_k1; kiln_kt += %d) {", tileK)
+	w.indent++
+	// The values are the operands' own 16-bit ones, so narrowing them
+	// back is exact.
+	w.operand("kiln_as", m.A, vm, vk, fmt.Sprintf("kiln_m0 + kiln_e / %d", tileK), fmt.Sprintf("kiln_kt + kiln_e %% %d", tileK), M,
+		fmt.Sprintf("kiln_e / %d", tileK), fmt.Sprintf("kiln_e %% %d", tileK), narrow)
+	w.operand("kiln_bs", m.B, vn, vk, fmt.Sprintf("kiln_n0 + kiln_e %% %d", tileN), fmt.Sprintf("kiln_kt + kiln_e / %d", tileN), N,
+		fmt.Sprintf("kiln_e / %d", tileN), fmt.Sprintf("kiln_e %% %d", tileN), narrow)
+	w.line("__syncthreads();")
+	w.line("nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, %s, nvcuda::wmma::row_major> kiln_a;", elem)
+	w.line("nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, %s, nvcuda::wmma::row_major> kiln_b0, kiln_b1;", elem)
+	w.line("nvcuda::wmma::load_matrix_sync(kiln_a, (const %s *)&kiln_as[kiln_wm][0], %d);", elem, tileK)
+	w.line("nvcuda::wmma::load_matrix_sync(kiln_b0, (const %s *)&kiln_bs[0][kiln_wn], %d);", elem, tileN)
+	w.line("nvcuda::wmma::load_matrix_sync(kiln_b1, (const %s *)&kiln_bs[0][kiln_wn + 16], %d);", elem, tileN)
+	w.line("nvcuda::wmma::mma_sync(kiln_c0, kiln_a, kiln_b0, kiln_c0);")
+	w.line("nvcuda::wmma::mma_sync(kiln_c1, kiln_a, kiln_b1, kiln_c1);")
+	w.line("__syncthreads();")
+	w.indent--
+	w.line("}")
+	w.line("nvcuda::wmma::store_matrix_sync(&kiln_cs[kiln_wm][kiln_wn], kiln_c0, %d, nvcuda::wmma::mem_row_major);", tileN)
+	w.line("nvcuda::wmma::store_matrix_sync(&kiln_cs[kiln_wm][kiln_wn + 16], kiln_c1, %d, nvcuda::wmma::mem_row_major);", tileN)
+	w.line("__syncthreads();")
+	w.line("for (int i = 0; i < 4; i++)")
+	w.line("  for (int j = 0; j < 4; j++) kiln_acc[i][j] = kiln_cs[kiln_ty * 4 + i][kiln_tx * 4 + j];")
+	w.line("__syncthreads(); // the next tile's stores into kiln_cs wait for these reads")
+	w.stores(k)
+}
+
+// stores writes each thread's 4 × 4 outputs of a tiled product from
+// kiln_acc: the epilogue, then a store (an atomic add for a split).
+func (w *cw) stores(k *stageKernel) {
+	s, m, t := k.stage, k.stage.Matmul, k.tile
+	M, N := s.Extents[0], s.Extents[1]
+	vm, vn := s.Vars[0], s.Vars[1]
 	w.line("for (int kiln_r = 0; kiln_r < 16; kiln_r++) {")
 	w.indent++
 	w.push()
@@ -137,8 +235,8 @@ func (w *cw) tiled(k *stageKernel) {
 // output's, and k) into shared array dst: element e of the block's 1024
 // takes row index rowAt and contraction index kAt (C expressions of
 // kiln_e), within extent rows and [kiln_k0, kiln_k1), 0 outside, and
-// lands at dst[dk][dr].
-func (w *cw) operand(dst string, x loops.Expr, row, k *loops.Var, rowAt, kAt string, rows int64, dk, dr string) {
+// lands at dst[i][j] (narrowed by the function narrow, unless "").
+func (w *cw) operand(dst string, x loops.Expr, row, k *loops.Var, rowAt, kAt string, rows int64, i, j, narrow string) {
 	w.line("for (int kiln_e = threadIdx.x; kiln_e < %d; kiln_e += 256) {", tileK*tileM)
 	w.indent++
 	w.push()
@@ -154,7 +252,10 @@ func (w *cw) operand(dst string, x loops.Expr, row, k *loops.Var, rowAt, kAt str
 	w.pop()
 	w.indent--
 	w.line("}")
-	w.line("%s[%s][%s] = %s;", dst, dk, dr, t)
+	if narrow != "" {
+		t = narrow + "(" + t + ")"
+	}
+	w.line("%s[%s][%s] = %s;", dst, i, j, t)
 	delete(w.vars, row) // bound again where the stores use it
 	delete(w.vars, k)
 	w.pop()

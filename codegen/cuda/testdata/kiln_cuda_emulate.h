@@ -49,6 +49,60 @@
 // One block runs at a time between barriers, so a block's shared memory
 // can be one static object.
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+// The warp matrix functions (mma.h) by their definition: every thread of
+// a warp calls them with the same arguments, so each thread here holds
+// the whole 16 × 16 matrix of a fragment and computes all of it (the
+// accumulator's sums in f32, k ascending). The 16-bit operands are stored
+// bits; kiln_cuda.h converts them.
+struct __half {
+  unsigned short x;
+};
+struct __nv_bfloat16 {
+  unsigned short x;
+};
+static inline float kiln_bf16_to_f32(unsigned short);
+static inline float kiln_f16_to_f32(unsigned short);
+static inline float kiln_emu_wide(__nv_bfloat16 h) { return kiln_bf16_to_f32(h.x); }
+static inline float kiln_emu_wide(__half h) { return kiln_f16_to_f32(h.x); }
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulation has 16 x 16 x 16 fragments only");
+  float v[16 * 16];
+};
+template <class Use, class T, class L> static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm) {
+  static_assert(sizeof(L) > 0, "row-major operands only");
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 16; j++) f.v[i * 16 + j] = kiln_emu_wide(p[i * ldm + j]);
+}
+template <class Use, class T, class L> static inline void fill_fragment(fragment<Use, 16, 16, 16, T, L> &f, float x) {
+  for (float &e : f.v) e = x;
+}
+template <class T>
+static inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, row_major> &a,
+                            const fragment<matrix_b, 16, 16, 16, T, row_major> &b, const fragment<accumulator, 16, 16, 16, float> &c) {
+  float out[16 * 16];
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 16; j++) {
+      float sum = c.v[i * 16 + j];
+      for (int k = 0; k < 16; k++) sum += a.v[i * 16 + k] * b.v[k * 16 + j];
+      out[i * 16 + j] = sum;
+    }
+  memcpy(d.v, out, sizeof out);
+}
+static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t) {
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 16; j++) p[i * ldm + j] = f.v[i * 16 + j];
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 struct uint3 {
   unsigned int x, y, z;
