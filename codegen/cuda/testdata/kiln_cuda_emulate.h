@@ -51,6 +51,17 @@
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
+};
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
 // The warp matrix functions (mma.h) by their definition: every thread of
 // a warp calls them with the same arguments, so each thread here holds
 // the whole 16 × 16 matrix of a fragment and computes all of it (the
@@ -77,8 +88,18 @@ template <class Use, int M, int N, int K, class T, class Layout = void> struct f
   static_assert(M == 16 && N == 16 && K == 16, "the emulation has 16 x 16 x 16 fragments only");
   float v[16 * 16];
 };
+// kiln_emu_wmma_check fails the program where CUDA's rules for a warp
+// matrix function are broken: a block of whole warps, a 256-bit aligned
+// pointer, a leading dimension of whole 16-byte rows.
+static inline void kiln_emu_wmma_check(const void *p, unsigned ldm, size_t elem) {
+  if (blockDim.x % 32 != 0 || ((unsigned long long)p & 31) != 0 || (ldm * elem) % 16 != 0) {
+    fprintf(stderr, "emulated: a warp matrix function at %p with ldm %u breaks its alignment rules\n", p, ldm);
+    abort();
+  }
+}
 template <class Use, class T, class L> static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm) {
   static_assert(sizeof(L) > 0, "row-major operands only");
+  kiln_emu_wmma_check(p, ldm, sizeof(T));
   for (int i = 0; i < 16; i++)
     for (int j = 0; j < 16; j++) f.v[i * 16 + j] = kiln_emu_wide(p[i * ldm + j]);
 }
@@ -98,21 +119,12 @@ static inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const f
   memcpy(d.v, out, sizeof out);
 }
 static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t) {
+  kiln_emu_wmma_check(p, ldm, sizeof(float));
   for (int i = 0; i < 16; i++)
     for (int j = 0; j < 16; j++) p[i * ldm + j] = f.v[i * 16 + j];
 }
 }  // namespace wmma
 }  // namespace nvcuda
-
-struct uint3 {
-  unsigned int x, y, z;
-};
-struct dim3 {
-  unsigned int x, y, z;
-  dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
-};
-inline uint3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
 
 template <class T> static inline T atomicAdd(T *p, T v) {
   T old = *p;
