@@ -61,13 +61,7 @@ func runProgram(t *testing.T, dir string, f *ir.Func, args []*interp.Tensor, ste
 	run, err := os.MkdirTemp(dir, "run")
 	require.NoError(t, err)
 	in := filepath.Join(run, "in")
-	require.NoError(t, os.Mkdir(in, 0o755))
-	for i, a := range f.Args {
-		w, err := os.Create(filepath.Join(in, llvm.FileName(a.Name)+".npy"))
-		require.NoError(t, err)
-		require.NoError(t, npy.Write(w, args[i]))
-		require.NoError(t, w.Close())
-	}
+	writeArgs(t, in, f, args)
 	out := filepath.Join(run, "out")
 	cmd := exec.Command(filepath.Join(dir, "step"), "--inputs", in, "--output-dir", out, "--steps", fmt.Sprint(steps), "--report-memory")
 	cmd.Env = append(append(os.Environ(), "KILN_EMU_REPORT=1"), env...)
@@ -85,6 +79,18 @@ func runProgram(t *testing.T, dir string, f *ir.Func, args []*interp.Tensor, ste
 		}
 	}
 	return res, final, errb.String()
+}
+
+// writeArgs writes f's arguments as DIR/NAME.npy files, the folder made.
+func writeArgs(t *testing.T, dir string, f *ir.Func, args []*interp.Tensor) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for i, a := range f.Args {
+		w, err := os.Create(filepath.Join(dir, llvm.FileName(a.Name)+".npy"))
+		require.NoError(t, err)
+		require.NoError(t, npy.Write(w, args[i]))
+		require.NoError(t, w.Close())
+	}
 }
 
 // batchArg names f's first floating data input with three rows or more
@@ -336,14 +342,7 @@ func TestSeveralRanksMatchTheInterpreter(t *testing.T) {
 			}
 			run := filepath.Join(dir, "ranks")
 			for r, rargs := range args {
-				in := filepath.Join(run, "in", fmt.Sprintf("rank%d", r))
-				require.NoError(t, os.MkdirAll(in, 0o755))
-				for i, a := range f.Args {
-					w, err := os.Create(filepath.Join(in, llvm.FileName(a.Name)+".npy"))
-					require.NoError(t, err)
-					require.NoError(t, npy.Write(w, rargs[i]))
-					require.NoError(t, w.Close())
-				}
+				writeArgs(t, filepath.Join(run, "in", fmt.Sprintf("rank%d", r)), f, rargs)
 			}
 			// One step from the files, then two in one process (the second a
 			// graph launch), against the interpreter's one and two steps.
