@@ -4,9 +4,13 @@
 // and the ordered nodes (kernel launches, host-device copies, event
 // records and waits) with explicit dependencies, so that it maps one to
 // one onto a CUDA graph; kernels.cu holds a CUDA C kernel per launch
-// kind. Each stage of the loop program (codegen/loops) is one kernel with
-// one thread per point of its domain; the loops around a stage are
-// launches with the loop variable as a scalar argument. Copies (swap_out,
+// kind. Each stage of the loop program (codegen/loops, lowered with
+// implicit-GEMM convolutions) is a device function with one thread per
+// point of its domain (a tiled product: a block per 64 × 64 outputs; a
+// block fold: a block per point), and the stages of a kernel op that run
+// back to back are one launch (merge.go: merged, or cooperative with
+// grid-wide barriers); products of plain loads are cuBLAS calls and
+// collectives NCCL calls. Copies (swap_out,
 // swap_in) run on the stream their op names; kernels on stream 0. Events
 // are inserted wherever a node on one stream touches memory that a node
 // on another stream touched before (read after write, write after read
