@@ -112,6 +112,10 @@ def timing(root, case, built):
             return res
         secs[steps] = float(m.group(2))
         res["memory"] = memory(stderr)
+        # A CUDA that cannot capture a cooperative launch runs the nodes
+        # directly (the runtime says so): the timing then includes each
+        # launch's issue.
+        res["graph"] = "could not be captured into a CUDA graph" not in stderr
     # The first step captures the graph: the difference of two runs is the steady step.
     res["kiln_seconds"] = (12 * secs[12] - 2 * secs[2]) / 10
     try:
