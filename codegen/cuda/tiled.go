@@ -69,10 +69,14 @@ func exact16(x loops.Expr) ir.DType {
 	return ir.Invalid
 }
 
+// The leading dimensions of a 16-bit tile's shared arrays: A (64 × 16),
+// B (16 × 64) and the f32 results (64 × 64), padded.
+const wideLDA, wideLDB, wideLDC = tileK + 8, tileN + 8, tileN + 4
+
 // sharedBytes is the static shared memory of a tiled function.
 func (t *tiling) sharedBytes(acc loops.Kind) int64 {
 	if t.wide != ir.Invalid {
-		return (tileM*tileK+tileK*tileN)*2 + tileM*tileN*4
+		return (tileM*wideLDA+tileK*wideLDB)*2 + tileM*wideLDC*4
 	}
 	return (tileK*(tileM+1) + tileK*tileN) * kindBytes(acc)
 }
@@ -108,9 +112,12 @@ func (w *cw) tiled(k *stageKernel) {
 	vm, vn, vk := s.Vars[0], s.Vars[1], m.K
 	acc := cType(m.A.Kind())
 	if t.wide != ir.Invalid {
-		w.line("__shared__ __align__(32) unsigned short kiln_as[%d][%d];", tileM, tileK)
-		w.line("__shared__ __align__(32) unsigned short kiln_bs[%d][%d];", tileK, tileN)
-		w.line("__shared__ __align__(32) float kiln_cs[%d][%d];", tileM, tileN)
+		// Rows padded against bank conflicts, keeping every fragment's
+		// pointer 32-byte aligned and its leading dimension whole 16-byte
+		// rows (mma.h's rules; the emulation checks them).
+		w.line("__shared__ __align__(32) unsigned short kiln_as[%d][%d];", tileM, wideLDA)
+		w.line("__shared__ __align__(32) unsigned short kiln_bs[%d][%d];", tileK, wideLDB)
+		w.line("__shared__ __align__(32) float kiln_cs[%d][%d];", tileM, wideLDC)
 	} else {
 		w.line("__shared__ %s kiln_as[%d][%d];", acc, tileK, tileM+1)
 		w.line("__shared__ %s kiln_bs[%d][%d];", acc, tileK, tileN)
@@ -174,16 +181,16 @@ func (w *cw) wmma(k *stageKernel) {
 	w.line("__syncthreads();")
 	w.line("nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, %s, nvcuda::wmma::row_major> kiln_a;", elem)
 	w.line("nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, %s, nvcuda::wmma::row_major> kiln_b0, kiln_b1;", elem)
-	w.line("nvcuda::wmma::load_matrix_sync(kiln_a, (const %s *)&kiln_as[kiln_wm][0], %d);", elem, tileK)
-	w.line("nvcuda::wmma::load_matrix_sync(kiln_b0, (const %s *)&kiln_bs[0][kiln_wn], %d);", elem, tileN)
-	w.line("nvcuda::wmma::load_matrix_sync(kiln_b1, (const %s *)&kiln_bs[0][kiln_wn + 16], %d);", elem, tileN)
+	w.line("nvcuda::wmma::load_matrix_sync(kiln_a, (const %s *)&kiln_as[kiln_wm][0], %d);", elem, wideLDA)
+	w.line("nvcuda::wmma::load_matrix_sync(kiln_b0, (const %s *)&kiln_bs[0][kiln_wn], %d);", elem, wideLDB)
+	w.line("nvcuda::wmma::load_matrix_sync(kiln_b1, (const %s *)&kiln_bs[0][kiln_wn + 16], %d);", elem, wideLDB)
 	w.line("nvcuda::wmma::mma_sync(kiln_c0, kiln_a, kiln_b0, kiln_c0);")
 	w.line("nvcuda::wmma::mma_sync(kiln_c1, kiln_a, kiln_b1, kiln_c1);")
 	w.line("__syncthreads();")
 	w.indent--
 	w.line("}")
-	w.line("nvcuda::wmma::store_matrix_sync(&kiln_cs[kiln_wm][kiln_wn], kiln_c0, %d, nvcuda::wmma::mem_row_major);", tileN)
-	w.line("nvcuda::wmma::store_matrix_sync(&kiln_cs[kiln_wm][kiln_wn + 16], kiln_c1, %d, nvcuda::wmma::mem_row_major);", tileN)
+	w.line("nvcuda::wmma::store_matrix_sync(&kiln_cs[kiln_wm][kiln_wn], kiln_c0, %d, nvcuda::wmma::mem_row_major);", wideLDC)
+	w.line("nvcuda::wmma::store_matrix_sync(&kiln_cs[kiln_wm][kiln_wn + 16], kiln_c1, %d, nvcuda::wmma::mem_row_major);", wideLDC)
 	w.line("__syncthreads();")
 	w.line("for (int i = 0; i < 4; i++)")
 	w.line("  for (int j = 0; j < 4; j++) kiln_acc[i][j] = kiln_cs[kiln_ty * 4 + i][kiln_tx * 4 + j];")
