@@ -28,7 +28,7 @@ const maxPhaseCalls = 1024
 //     loops, is a merged launch: its grid is the stages' grids end to
 //     end, each stage a device function taking its block index
 //     (mergedSource);
-//   - any other run is a cooperative launch (cooperativeSource): every
+//   - any other run is a cooperative launch (cooperative): every
 //     block of a grid the GPU holds at once loops over the blocks of each
 //     stage, and a grid-wide barrier (kiln_grid_sync) separates a stage
 //     from the first later one that touches bytes it writes or writes
@@ -103,8 +103,8 @@ func combinable(n Node) bool { return n.Kind == "kernel" && n.stage != nil }
 
 // mergeable says whether group can be one merged launch: stages outside
 // loops (plan-check holds a kernel with loop indices to one launch per
-// point of its loops), none that synchronises its block, none touching bytes another writes,
-// and a grid of at most 2^31-1 blocks in all.
+// point of its loops), none that synchronises its block, none touching
+// bytes another writes, and a grid of at most 2^31-1 blocks in all.
 func mergeable(group []Node) bool {
 	blocks := int64(0)
 	for i, n := range group {
