@@ -72,6 +72,18 @@ type Signature struct {
 	// cooperatively (a plain launch of it could wait forever on blocks
 	// that never start).
 	Cooperative bool
+	// Calls are a cooperative kernel's stage calls in order: the phase
+	// each runs in (phases are separated by grid-wide barriers) and the
+	// parameters it touches, with how.
+	Calls []Call
+}
+
+// Call is one stage call of a cooperative kernel: its phase, and the
+// pointer parameters it touches (indices) with their modes.
+type Call struct {
+	Phase  int
+	Params []int
+	Modes  []string
 }
 
 // Param is one kernel parameter: a pointer to Elem (Const: read only) or
@@ -83,9 +95,9 @@ type Param struct {
 }
 
 var (
-	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)( cooperative=1)?\nextern "C" __global__ void __launch_bounds__\((\d+)\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	kernelRE = regexp.MustCompile(`(?m)^// kiln launch: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)( cooperative=1 phases=([\d:rw./]*))?\nextern "C" __global__ void __launch_bounds__\((\d+)\) ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
 	// hostRE is a host function (an update of offloaded parameters).
-	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)()\nextern "C" void ()([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
+	hostRE  = regexp.MustCompile(`(?m)^// kiln host: threads=(\d+) bytes=([\d,]*) modes=([rw,]*) outer=([\d,]*)()()\nextern "C" void ()([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\) \{$`)
 	paramRE = regexp.MustCompile(`^(const )?([a-z ]+?) \*(?:__restrict__ )?b\d+$|^long long v\d+$`)
 )
 
@@ -95,11 +107,16 @@ func signatures(src string) (map[string]Signature, error) {
 	kernels := kernelRE.FindAllStringSubmatch(src, -1)
 	var err error
 	for i, m := range append(kernels, hostRE.FindAllStringSubmatch(src, -1)...) {
-		name := m[7]
+		name := m[8]
 		sig := Signature{Host: i >= len(kernels), Cooperative: m[5] != ""}
 		if !sig.Host {
-			if sig.MaxBlock, err = strconv.ParseInt(m[6], 10, 64); err != nil || sig.MaxBlock < 1 || sig.MaxBlock > 1024 {
-				return nil, fmt.Errorf("kernel %s: __launch_bounds__(%s) is not 1 to 1024 threads", name, m[6])
+			if sig.MaxBlock, err = strconv.ParseInt(m[7], 10, 64); err != nil || sig.MaxBlock < 1 || sig.MaxBlock > 1024 {
+				return nil, fmt.Errorf("kernel %s: __launch_bounds__(%s) is not 1 to 1024 threads", name, m[7])
+			}
+		}
+		if sig.Cooperative {
+			if sig.Calls, err = calls(m[6]); err != nil {
+				return nil, fmt.Errorf("kernel %s: %v", name, err)
 			}
 		}
 		for _, md := range strings.Split(m[3], ",") {
@@ -125,8 +142,8 @@ func signatures(src string) (map[string]Signature, error) {
 			return nil, fmt.Errorf("kernel %s: %v", name, err)
 		}
 		pointers, scalars := 0, 0
-		if strings.TrimSpace(m[8]) != "" {
-			for _, p := range strings.Split(m[8], ", ") {
+		if strings.TrimSpace(m[9]) != "" {
+			for _, p := range strings.Split(m[9], ", ") {
 				pm := paramRE.FindStringSubmatch(p)
 				if pm == nil {
 					return nil, fmt.Errorf("kernel %s: parameter %q is not one kiln writes", name, p)
@@ -143,6 +160,13 @@ func signatures(src string) (map[string]Signature, error) {
 		if pointers != len(sig.Bytes) || pointers != len(sig.Modes) || scalars != len(sig.Outer) {
 			return nil, fmt.Errorf("kernel %s: its launch line gives %d sizes and %d extents for %d pointers and %d scalars", name, len(sig.Bytes), len(sig.Outer), pointers, scalars)
 		}
+		for _, c := range sig.Calls {
+			for _, j := range c.Params {
+				if j >= pointers {
+					return nil, fmt.Errorf("kernel %s: a stage call touches parameter %d of %d", name, j, pointers)
+				}
+			}
+		}
 		if _, dup := out[name]; dup {
 			return nil, fmt.Errorf("kernel %s is defined twice", name)
 		}
@@ -152,6 +176,57 @@ func signatures(src string) (map[string]Signature, error) {
 		return nil, fmt.Errorf("%d kernels and host functions, of which %d in the form kiln writes (a launch line above each)", n, len(out))
 	}
 	return out, nil
+}
+
+// calls reads a cooperative kernel's phases=: its stage calls, each
+// PHASE:PARAM MODE.PARAM MODE..., separated by '/', phases not
+// decreasing.
+func calls(s string) ([]Call, error) {
+	var out []Call
+	for _, c := range strings.Split(s, "/") {
+		ph, params, ok := strings.Cut(c, ":")
+		n, err := strconv.Atoi(ph)
+		if !ok || err != nil || n < 0 || (len(out) > 0 && n < out[len(out)-1].Phase) {
+			return nil, fmt.Errorf("stage call %q is not PHASE:PARAMS in order", c)
+		}
+		call := Call{Phase: n}
+		for _, p := range strings.Split(params, ".") {
+			digits := strings.TrimRight(p, "rw")
+			j, err := strconv.Atoi(digits)
+			mode, known := map[string]string{"r": "read", "w": "write", "rw": "readwrite"}[p[len(digits):]]
+			if err != nil || j < 0 || !known {
+				return nil, fmt.Errorf("stage call %q: parameter %q is not INDEX MODE", c, p)
+			}
+			call.Params, call.Modes = append(call.Params, j), append(call.Modes, mode)
+		}
+		out = append(out, call)
+	}
+	return out, nil
+}
+
+// barriers checks that a cooperative launch's stage calls that touch a
+// common byte, one writing, run in different phases: only the grid-wide
+// barrier between phases orders one block's work against another's.
+func barriers(i int, n cuda.Node, sig Signature) error {
+	for a, c := range sig.Calls {
+		for _, d := range sig.Calls[a+1:] {
+			if d.Phase != c.Phase {
+				break
+			}
+			for x, pj := range c.Params {
+				for y, qj := range d.Params {
+					p, q := n.Args[pj].Pointer, n.Args[qj].Pointer
+					if p == nil || q == nil || (c.Modes[x] == "read" && d.Modes[y] == "read") {
+						continue
+					}
+					if p.Space == q.Space && p.Slot == q.Slot && p.Offset < q.Offset+q.SizeBytes && q.Offset < p.Offset+p.SizeBytes {
+						return fmt.Errorf("node %d: kernel %s runs two stages touching %s in phase %d, one writing, with no barrier between", i, n.Kernel, describeAccess(p), c.Phase)
+					}
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func cooperativeName(c bool) string {
@@ -226,6 +301,11 @@ func launches(p *cuda.Plan, f *ir.Func, kernels map[string]Signature) error {
 		}
 		if n.Cooperative != sig.Cooperative || (n.Cooperative && n.Kind != "kernel") {
 			return fmt.Errorf("node %d launches %s %s, which kernels.cu declares %s", i, n.Kernel, cooperativeName(n.Cooperative), cooperativeName(sig.Cooperative))
+		}
+		if sig.Cooperative && len(n.Args) == len(sig.Params) {
+			if err := barriers(i, n, sig); err != nil {
+				return err
+			}
 		}
 		if n.Kind == "kernel" {
 			if threads := int64(n.Grid[0]) * int64(n.Grid[1]) * int64(n.Grid[2]) * int64(n.Block[0]) * int64(n.Block[1]) * int64(n.Block[2]); threads < sig.Threads {
@@ -338,4 +418,9 @@ func constName(c bool) string {
 		return "read only (const)"
 	}
 	return "written"
+}
+
+// describeAccess names an access's bytes.
+func describeAccess(a *cuda.Access) string {
+	return fmt.Sprintf("[%d, %d) of %s/%d", a.Offset, a.Offset+a.SizeBytes, a.Space, a.Slot)
 }

@@ -800,9 +800,12 @@ func launchContract(threads int64, bytes, modes, ext []string) string {
 
 // cooperativeContract is the launch contract of a cooperative kernel
 // (merge.go): one block is enough, since its blocks loop over the work;
-// it must be launched cooperatively.
-func cooperativeContract(bytes, modes []string) string {
-	return strings.TrimSuffix(launchContract(BlockSize, bytes, modes, nil), "\n") + " cooperative=1\n"
+// it must be launched cooperatively; and phases lists its stage calls in
+// order, each as PHASE:PARAM MODE.PARAM MODE... (phases apart are
+// separated by a grid-wide barrier), which plan-check holds against the
+// launch's accesses.
+func cooperativeContract(bytes, modes, phases []string) string {
+	return strings.TrimSuffix(launchContract(BlockSize, bytes, modes, nil), "\n") + " cooperative=1 phases=" + strings.Join(phases, "/") + "\n"
 }
 
 // pointerTypes are the C types of k's pointer parameters.

@@ -326,13 +326,15 @@ func (b *planner) cooperative(group []Node) (Node, error) {
 		params.add(n)
 	}
 	elem := make([]string, len(params.acc)) // element types, from the stages' parameters
-	var calls []string
-	blocks, start := 0, 0 // start: the first launch of the phase
+	var calls, phases []string
+	blocks, start, phase := 0, 0, 0 // start: the first launch of the phase
 	for i, n := range group {
 		if i > 0 && !independent(group[start:i], n) {
 			calls = append(calls, "  kiln_grid_sync();")
 			start = i
+			phase++
 		}
+		var touched []string // this call's parameters and how it uses them, for plan-check
 		types, err := b.body(n)
 		if err != nil {
 			return Node{}, err
@@ -351,8 +353,10 @@ func (b *planner) cooperative(group []Node) (Node, error) {
 			}
 			elem[j] = e
 			args = append(args, fmt.Sprintf("b%d", j))
+			touched = append(touched, fmt.Sprintf("%d%s", j, shortMode[a.Pointer.Mode]))
 			p++
 		}
+		phases = append(phases, fmt.Sprintf("%d:%s", phase, strings.Join(touched, ".")))
 		// The scalars follow the pointers in the device function's
 		// parameters, as in the node's arguments.
 		calls = append(calls, fmt.Sprintf("  for (long long kiln_b = blockIdx.x; kiln_b < %dLL; kiln_b += gridDim.x) %s_b(%s);",
@@ -371,10 +375,10 @@ func (b *planner) cooperative(group []Node) (Node, error) {
 		types = append(types, t)
 		decl = append(decl, fmt.Sprintf("%sb%d", t, j))
 		bytes = append(bytes, strconv.FormatInt(a.SizeBytes, 10))
-		modes = append(modes, map[string]string{"read": "r", "write": "w", "readwrite": "rw"}[a.Mode])
+		modes = append(modes, shortMode[a.Mode])
 		m.Args = append(m.Args, KArg{Kind: "pointer", Pointer: &a})
 	}
-	b.kernels = append(b.kernels, cooperativeContract(bytes, modes)+
+	b.kernels = append(b.kernels, cooperativeContract(bytes, modes, phases)+
 		fmt.Sprintf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n%s\n}\n", BlockSize, name, strings.Join(decl, ", "), strings.Join(calls, "\n")))
 	b.argTypes[name] = types
 	return m, nil
@@ -427,3 +431,6 @@ func kindBytes(k loops.Kind) int64 {
 	}
 	return 8
 }
+
+// shortMode is how a launch contract writes an access mode.
+var shortMode = map[string]string{"read": "r", "write": "w", "readwrite": "rw"}

@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -59,7 +60,9 @@ func TestIndependentStagesShareALaunch(t *testing.T) {
 // equals the interpreter (the sum within f32 rounding of 128 terms);
 // plan-check refuses the node launched plainly; and without its barrier
 // the emulated program (which runs each block up to the barrier in turn,
-// on a grid of 3) reads sums of x+y not yet written.
+// on a grid of 3) reads sums of x+y not yet written; and plan-check,
+// reading the stage calls' phases from the launch contract, refuses a
+// contract that puts the sum in the add's phase.
 func TestKernelOpIsOneLaunch(t *testing.T) {
 	dir, out, m := executable(t, "testdata/siblings.kir", "fuse,assign", 0)
 	f := m.Funcs[0]
@@ -73,7 +76,7 @@ func TestKernelOpIsOneLaunch(t *testing.T) {
 	require.Equal(t, 1, strings.Count(src, "kiln_grid_sync();"), "one barrier, before the sum: %s", src)
 	require.Less(t, strings.Index(src, "_s2_b("), strings.Index(src, "kiln_grid_sync();"), "the add before the barrier")
 	require.Greater(t, strings.Index(src, "_s3_b("), strings.Index(src, "kiln_grid_sync();"), "the sum after it")
-	require.Regexp(t, `// kiln launch: threads=256 bytes=[\d,]+ modes=[rw,]+ outer= cooperative=1\nextern "C" __global__ void __launch_bounds__\(256\) `+k.Kernel+`\(`, out.Kernels)
+	require.Regexp(t, `// kiln launch: threads=256 bytes=[\d,]+ modes=[rw,]+ outer= cooperative=1 phases=[\d:rw./]+\nextern "C" __global__ void __launch_bounds__\(256\) `+k.Kernel+`\(`, out.Kernels)
 
 	lp, err := plancheck.LoadDir(dir)
 	require.NoError(t, err)
@@ -89,6 +92,25 @@ func TestKernelOpIsOneLaunch(t *testing.T) {
 	lp2.Plan = &plain
 	_, err = plancheck.CheckStructure(&lp2)
 	require.ErrorContains(t, err, "declares cooperatively", "a plain launch of a kernel with barriers")
+	var phases []int
+	for _, c := range lp.Kernels[k.Kernel].Calls {
+		phases = append(phases, c.Phase)
+	}
+	require.Equal(t, []int{0, 0, 0, 1}, phases, "plan-check reads the stage calls' phases")
+	// A contract that puts the sum in the add's phase: plan-check finds
+	// the two stages touching the sum's operand with no barrier between.
+	kernelsFile := filepath.Join(dir, "kernels.cu")
+	raw, err := os.ReadFile(kernelsFile)
+	require.NoError(t, err)
+	contract := regexp.MustCompile(`phases=(\S*)/1:`).FindStringSubmatchIndex(string(raw))
+	require.NotNil(t, contract)
+	moved := string(raw[:contract[1]-2]) + "0:" + string(raw[contract[1]:])
+	require.NoError(t, os.WriteFile(kernelsFile, []byte(moved), 0o644))
+	lp3, err := plancheck.LoadDir(dir)
+	require.NoError(t, err)
+	_, err = plancheck.CheckStructure(lp3)
+	require.ErrorContains(t, err, "with no barrier between", "a conflict within a phase")
+	require.NoError(t, os.WriteFile(kernelsFile, raw, 0o644))
 
 	args := interp.RandomArgs(f, 3)
 	want, err := interp.Run(f, interp.CloneAll(args), interp.Options{})
@@ -118,10 +140,7 @@ func TestKernelOpIsOneLaunch(t *testing.T) {
 	}
 
 	// The same program without its barrier.
-	kernels := filepath.Join(dir, "kernels.cu")
-	raw, err := os.ReadFile(kernels)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(kernels, []byte(strings.Replace(string(raw), "  kiln_grid_sync();\n", "", 1)), 0o644))
+	require.NoError(t, os.WriteFile(kernelsFile, []byte(strings.Replace(string(raw), "  kiln_grid_sync();\n", "", 1)), 0o644))
 	rebuild(t, dir)
 	broken, _, _ := runProgram(t, dir, f, args, 1)
 	require.Equal(t, want[2].F, broken[2].F, "x + y is still right")
