@@ -35,11 +35,26 @@ type gemmMatrix struct {
 func matrices(n cuda.Node) ([3]gemmMatrix, error) {
 	l := n.Library
 	var ms [3]gemmMatrix
-	if l == nil || l.Call != cuda.GemmCall {
-		return ms, fmt.Errorf("a library node must call %s", cuda.GemmCall)
+	if l == nil || l.Call != cuda.GemmCall && l.Call != cuda.LtCall {
+		return ms, fmt.Errorf("a library node must call %s or %s", cuda.GemmCall, cuda.LtCall)
 	}
-	if len(n.Args) != 3 || n.Args[0].Pointer == nil || n.Args[1].Pointer == nil || n.Args[2].Pointer == nil {
-		return ms, fmt.Errorf("%s takes three pointers (A, B, C)", l.Call)
+	switch {
+	case l.Call == cuda.GemmCall && l.Epilogue != "":
+		return ms, fmt.Errorf("%s has no epilogue (%s)", l.Call, l.Epilogue)
+	case l.Call == cuda.LtCall && l.Epilogue != cuda.BiasEpilogue:
+		return ms, fmt.Errorf("%s with epilogue %q: Kiln calls it with %q only", l.Call, l.Epilogue, cuda.BiasEpilogue)
+	}
+	want := 3
+	if l.Epilogue != "" {
+		want = 4
+	}
+	if len(n.Args) != want {
+		return ms, fmt.Errorf("%s takes %d pointers (A, B, C, and a bias with its epilogue), not %d", l.Call, want, len(n.Args))
+	}
+	for _, a := range n.Args {
+		if a.Pointer == nil {
+			return ms, fmt.Errorf("%s takes pointers only", l.Call)
+		}
 	}
 	stored := func(trans string, rows, cols int64) (int64, int64, bool, error) {
 		switch trans {
@@ -117,6 +132,23 @@ func libraryNode(i int, n cuda.Node) error {
 	if c := ms[2]; l.Batch > 1 && c.stride < (c.cols-1)*c.ld+c.rows {
 		return fmt.Errorf("node %d: batches of C, %d elements apart, overlap (each spans %d)", i, c.stride, (c.cols-1)*c.ld+c.rows)
 	}
+	if l.Epilogue != "" {
+		// The bias epilogue: one f32 per row of C, read, for one
+		// product that overwrites C.
+		bias := n.Args[3].Pointer
+		if l.Batch != 1 || l.Beta != 0 || l.CType != "f32" {
+			return fmt.Errorf("node %d: a bias epilogue on a batch of %d with beta %g into %s (Kiln fuses it into one f32 product that overwrites C)", i, l.Batch, l.Beta, l.CType)
+		}
+		if bias.Mode != "read" {
+			return fmt.Errorf("node %d: the bias's access is %q, but the call reads it", i, bias.Mode)
+		}
+		if l.M*4 > bias.SizeBytes {
+			return fmt.Errorf("node %d: the bias is read for %d rows (%d bytes), but its argument holds %d", i, l.M, l.M*4, bias.SizeBytes)
+		}
+		if c := ms[2].access; c.Space == bias.Space && c.Slot == bias.Slot && c.Offset < bias.Offset+bias.SizeBytes && bias.Offset < c.Offset+c.SizeBytes {
+			return fmt.Errorf("node %d: the bias [%d, %d) overlaps C [%d, %d), which the call writes while it reads the bias", i, bias.Offset, bias.Offset+bias.SizeBytes, c.Offset, c.Offset+c.SizeBytes)
+		}
+	}
 	return nil
 }
 
@@ -141,7 +173,9 @@ func element(raw []byte, off int64, typ string) float64 {
 // the stored values), rounded to C's type: it may differ from the
 // interpreter's, summed in another order, by the rounding of C's type
 // (relative, or one subnormal step) and K·2^-52 of the sum of the
-// products' magnitudes.
+// products' magnitudes. A bias epilogue adds bias[row] to the sum (one
+// more term); the interpreter may round the product to C's type before
+// adding it, so the bound also has the rounding of the product.
 func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Tensor) error {
 	l := n.Library
 	if l.Beta != 0 {
@@ -201,6 +235,14 @@ func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Ten
 					sum += p
 					mag += math.Abs(p)
 				}
+				terms, product, tiny := float64(l.K), 0.0, ct.tiny
+				if l.Epilogue == cuda.BiasEpilogue {
+					bias := n.Args[3].Pointer
+					x := element(raw(bias), bias.Offset+r*4, "f32")
+					product, terms, tiny = math.Abs(sum), terms+1, 2*ct.tiny
+					sum += x
+					mag += math.Abs(x)
+				}
 				byteAt := ms[2].access.Offset + (b*l.StrideC+r+j*l.LDC)*ct.bytes - roff
 				if byteAt < 0 || byteAt+ct.bytes > int64(len(wantRaw)) {
 					return fmt.Errorf("%snode %d (%s) writes element (%d, %d) of batch %d outside %s", rr.name, i, describe(rr.p, n), r, j, b, result.Ref())
@@ -209,7 +251,7 @@ func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Ten
 				if math.IsNaN(w) && math.IsNaN(sum) {
 					continue
 				}
-				if d := math.Abs(sum - w); !(d <= ct.u*math.Abs(w)+ct.tiny+float64(l.K)*0x1p-52*mag) {
+				if d := math.Abs(sum - w); !(d <= ct.u*(math.Abs(w)+product)+tiny+terms*0x1p-52*mag) {
 					return fmt.Errorf("%snode %d (%s) computes %g at element (%d, %d) of batch %d of %s, where the interpreter has %g", rr.name, i, describe(rr.p, n), sum, r, j, b, result.Ref(), w)
 				}
 			}

@@ -302,3 +302,69 @@ func TestLibraryCallsReplay(t *testing.T) {
 		require.ErrorContains(t, check(t, dir, q), c.want, c.name)
 	}
 }
+
+// TestBiasEpilogueReplays: linear layers whose bias cuBLASLt adds in the
+// GEMM's epilogue (codegen/cuda/testdata/bias.kir); the replay adds the
+// bias it reads and compares with the interpreter, so a bias read from
+// the wrong place, or dropped, is caught, and so are a bias argument
+// too short for the rows, one that overlaps C, and epilogues the
+// runtime does not call.
+func TestBiasEpilogueReplays(t *testing.T) {
+	src, err := os.ReadFile("../codegen/cuda/testdata/bias.kir")
+	require.NoError(t, err)
+	m := passtest.Parse(t, string(src))
+	passtest.Run(t, m, "fuse,reorder,assign")
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
+	validate(t, dir)
+	p, f, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	r, err := plancheck.Check(p, f, 3)
+	require.NoError(t, err)
+	fused := []int{}
+	for i, n := range p.Nodes {
+		if n.Kind == "library" && n.Library.Call == cuda.LtCall {
+			require.Equal(t, cuda.BiasEpilogue, n.Library.Epilogue)
+			fused = append(fused, i)
+		}
+	}
+	// The gemm's product goes to a temporary of the op that squares and
+	// sums it, which the replay does not compute; the add's is the op's
+	// result.
+	require.Len(t, fused, 2, "the add after a matmul and the gemm's bias")
+	require.Equal(t, 1, r.GEMMsChecked, "library calls recomputed")
+	for _, i := range fused {
+		for _, c := range []struct {
+			name   string
+			apply  func(n *cuda.Node)
+			want   string
+			replay bool // caught by the recomputation
+		}{
+			{"the bias read from A", func(n *cuda.Node) { a := *n.Args[0].Pointer; a.SizeBytes = 4 * n.Library.M; n.Args[3].Pointer = &a }, "where the interpreter has", true},
+			{"no bias", func(n *cuda.Node) { n.Library.Call, n.Library.Epilogue, n.Args = cuda.GemmCall, "", n.Args[:3] }, "where the interpreter has", true},
+			{"a bias short of the rows", func(n *cuda.Node) { n.Args[3].Pointer.SizeBytes = 4 * (n.Library.M - 1) }, "the bias is read for", false},
+			{"a bias over C", func(n *cuda.Node) { a := *n.Args[2].Pointer; a.Mode = "read"; n.Args[3].Pointer = &a }, "overlaps C", false},
+			{"cuBLAS with an epilogue", func(n *cuda.Node) { n.Library.Call = cuda.GemmCall }, "has no epilogue", false},
+			{"a ReLU epilogue", func(n *cuda.Node) { n.Library.Epilogue = "relu_bias" }, "with epilogue", false},
+			{"a batch of 2", func(n *cuda.Node) { n.Library.Batch, n.Library.StrideC = 2, 0 }, "batch", false},
+		} {
+			if c.replay && !p.Nodes[i].Last {
+				continue
+			}
+			q := load(t, dir)
+			nd := &q.Nodes[i]
+			lib := *nd.Library
+			nd.Library = &lib
+			args := append([]cuda.KArg(nil), nd.Args...)
+			for j := range args {
+				a := *args[j].Pointer
+				args[j].Pointer = &a
+			}
+			nd.Args = args
+			c.apply(nd)
+			require.ErrorContains(t, check(t, dir, q), c.want, "node %d: %s", i, c.name)
+		}
+	}
+}

@@ -96,9 +96,13 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 		{"testdata/uint64.kir", "fuse,assign", false},
 		// Two data-parallel ranks with ZeRO-3: NCCL calls, MPI start-up.
 		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=adam,placement=early},parallel{dp=2,zero=3},canonicalize,dce,cse,fuse,reorder,assign", false},
+		// A pipeline's first stage: NCCL sends and receives.
+		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=momentum,lr=0.1},parallel{pp=2,microbatches=2},canonicalize,dce,cse,fuse,reorder,assign", false},
+		// cuBLASLt calls with bias epilogues.
+		{"testdata/bias.kir", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7, 9}, k) {
-			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values
+		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7, 9, 10, 11}, k) {
+			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values, several ranks, cuBLASLt
 		}
 		dir, out, _ := compile(t, c.model, c.pipeline)
 		src, err := os.ReadFile(filepath.Join(dir, "kernels.cu"))
@@ -112,7 +116,7 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
 		}
 		flags := []string{"-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-gpu-arch=" + cuda.Arch, "-fsyntax-only", "-Werror", "-Wno-unknown-cuda-version"}
-		if out.Plan.Ranks > 1 {
+		if out.Plan.Ranks > 1 || out.Plan.Stages > 1 {
 			flags = append(flags, append([]string{"-DKILN_NCCL=1"}, mpiIncludes(t)...)...)
 		}
 		for _, name := range []string{"kernels.cu", "step.cu", "kiln_cuda_runtime.cu"} {

@@ -55,7 +55,7 @@ else
 	ARCH=${KILN_CUDA_ARCH:-sm_90}
 	$NVCC -O3 -std=c++17 -arch="$ARCH" $DEFS $MPI_INC -c step.cu -o step.o
 	$NVCC -O3 -std=c++17 -arch="$ARCH" $DEFS $MPI_INC -c kiln_cuda_runtime.cu -o runtime.o
-	$NVCC -arch="$ARCH" step.o runtime.o program.o driver.o checkpoint.o -o step -lcublas $NCCL_LIB $MPI_LIB -lm -lpthread
+	$NVCC -arch="$ARCH" step.o runtime.o program.o driver.o checkpoint.o -o step -lcublasLt -lcublas $NCCL_LIB $MPI_LIB -lm -lpthread
 fi
 `
 
@@ -66,11 +66,11 @@ fi
 // the tables, driver and checkpoints the CPU runtime shares (program.c,
 // driver.c, checkpoint.c and their headers, the embedded initial values)
 // and build.sh. threads is the driver's thread count (host functions run
-// on one).
+// on one). A pipeline stage's program is one of several that mpirun runs
+// together (mpirun -np R stage0/step : -np R stage1/step …): it checks
+// that the world has every stage's ranks, and its sends and receives are
+// NCCL calls on communicators of the two ranks they join.
 func (o *Output) Executable(threads int) (map[string][]byte, error) {
-	if o.Plan.Stages > 1 {
-		return nil, fmt.Errorf("a CUDA executable runs the ranks of one program: this plan is stage %d of a pipeline of %d (its sends and receives have no CUDA program yet)", o.Plan.Stage, o.Plan.Stages)
-	}
 	for i, b := range o.Plan.Params {
 		if i >= len(o.prog.Params) || o.prog.Params[i].Name != b.Name {
 			return nil, fmt.Errorf("parameter slot %d is %s in the plan but not in the loop program", i, b.Name)
@@ -87,7 +87,7 @@ func (o *Output) Executable(threads int) (map[string][]byte, error) {
 	files["step.cu"] = []byte(src)
 	files["kiln_cuda_runtime.cu"] = []byte(runtimeSource)
 	files["kiln_cuda_program.h"] = []byte(programHeader)
-	files["build.sh"] = []byte(fmt.Sprintf(buildScript, min(1, max(0, o.Plan.Ranks-1))))
+	files["build.sh"] = []byte(fmt.Sprintf(buildScript, min(1, max(0, llvm.Ranks(o.prog)-1))))
 	return files, nil
 }
 
@@ -182,7 +182,7 @@ func (o *Output) hostSource() (string, error) {
 		results = append(results, s)
 	}
 	launches, blas := 0, 0
-	groups := ncclGroups(plan)
+	groups, channels := ncclGroups(plan), p2pChannels(plan)
 	for i := range plan.Nodes {
 		n := &plan.Nodes[i]
 		switch n.Kind {
@@ -203,18 +203,19 @@ func (o *Output) hostSource() (string, error) {
 				n.Grid[0], n.Grid[1], n.Grid[2], n.Block[0], n.Block[1], n.Block[2], n.SharedBytes, n.Stream, args)
 		case "library":
 			l := n.Library
-			if l == nil || l.Call != GemmCall || len(n.Args) != 3 {
-				return "", fmt.Errorf("node %d: a library node needs a %s call on three pointers", n.ID, GemmCall)
+			lt := l != nil && l.Call == LtCall && l.Epilogue == BiasEpilogue && len(n.Args) == 4 && l.Batch == 1 && l.Beta == 0 && l.CType == "f32"
+			if l == nil || !lt && (l.Call != GemmCall || len(n.Args) != 3 || l.Epilogue != "") {
+				return "", fmt.Errorf("node %d: a library node needs a %s call on three pointers, or a %s call with a bias epilogue on four", n.ID, GemmCall, LtCall)
 			}
 			if n.Stream != 0 {
 				return "", fmt.Errorf("node %d: a library call on stream %d (the runtime's cuBLAS handle runs on stream 0)", n.ID, n.Stream)
 			}
-			var ptrs [3]string
+			var ptrs [4]string
 			for j, a := range n.Args {
 				if a.Pointer == nil {
 					return "", fmt.Errorf("node %d: argument %d is not a pointer", n.ID, j)
 				}
-				q, err := pointer(a.Pointer, map[bool]string{true: "const char *", false: "char *"}[j < 2])
+				q, err := pointer(a.Pointer, map[bool]string{true: "const char *", false: "char *"}[j != 2])
 				if err != nil {
 					return "", err
 				}
@@ -223,6 +224,11 @@ func (o *Output) hostSource() (string, error) {
 			blas++
 			if l.Alpha != 1 || (l.Beta != 0 && l.Beta != 1) {
 				return "", fmt.Errorf("node %d: a GEMM with alpha %g and beta %g (step.cu passes 1, and 0 or 1)", n.ID, l.Alpha, l.Beta)
+			}
+			if lt {
+				fmt.Fprintf(&body, "  status |= kilnrt_cuda_lt_bias(c, CUBLAS_OP_%s, CUBLAS_OP_%s, %d, %d, %d, %s, %s, %d, %s, %s, %d, (float *)%s, %d, (const float *)%s);\n",
+					l.TransA, l.TransB, l.M, l.N, l.K, ptrs[0], cudaType[l.AType], l.LDA, ptrs[1], cudaType[l.BType], l.LDB, ptrs[2], l.LDC, ptrs[3])
+				break
 			}
 			beta := "kiln_zero"
 			if l.Beta == 1 {
@@ -248,7 +254,7 @@ func (o *Output) hostSource() (string, error) {
 			}
 			fmt.Fprintf(&body, "  cudaMemcpyAsync(%s, %s, %dULL, cudaMemcpyDefault, s[%d]);\n", dst, src, n.Src.SizeBytes, n.Stream)
 		case "collective":
-			call, err := ncclCall(n, groups)
+			call, err := ncclCall(n, groups, channels)
 			if err != nil {
 				return "", err
 			}
@@ -276,9 +282,18 @@ func (o *Output) hostSource() (string, error) {
 		gs = append(gs, fmt.Sprintf("{%d, %d}", g[0], g[1]))
 	}
 	fmt.Fprintf(&head, "static const kilnrt_cuda_group groups[] = {%s};\n", strings.Join(append(gs, "{0, 0}"), ", "))
-	fmt.Fprintf(&head, "const kilnrt_cuda_plan_info kilnrt_cuda_plan = {%dLL, %dLL, %dLL, %dLL, %d, %d, %d, %d, %d, param_host, results, %d, %d, groups};\n\n",
+	var cs []string
+	for _, c := range channels.list {
+		send := 0
+		if c.send {
+			send = 1
+		}
+		cs = append(cs, fmt.Sprintf("{%d, %d}", c.peer, send))
+	}
+	fmt.Fprintf(&head, "static const kilnrt_cuda_channel channels[] = {%s};\n", strings.Join(append(cs, "{0, 0}"), ", "))
+	fmt.Fprintf(&head, "const kilnrt_cuda_plan_info kilnrt_cuda_plan = {%dLL, %dLL, %dLL, %dLL, %d, %d, %d, %d, %d, param_host, results, %d, %d, groups, %d, channels};\n\n",
 		plan.Arena.SizeBytes, plan.Workspace.SizeBytes, plan.Host.SizeBytes, blasBytes, len(plan.Streams), plan.Events, len(plan.Nodes), launches, blas,
-		max(1, plan.Ranks), len(groups.list))
+		llvm.Ranks(o.prog), len(groups.list), len(channels.list))
 	head.WriteString("static const float kiln_one = 1.0f, kiln_zero = 0.0f;\n\n")
 	head.WriteString("int *kilnrt_cuda_status_address(void) {\n  void *p = 0;\n  return cudaGetSymbolAddress(&p, kiln_status) == cudaSuccess ? (int *)p : 0;\n}\n\n")
 	head.WriteString("long long *kilnrt_cuda_rank_address(void) {\n  void *p = 0;\n  return cudaGetSymbolAddress(&p, kiln_device_rank) == cudaSuccess ? (long long *)p : 0;\n}\n\n")
@@ -316,15 +331,73 @@ func ncclGroups(p *Plan) *ncclGroupSet {
 	return g
 }
 
+// p2pChannel is a direction a pipeline stage's sends (send) or receives
+// go: to or from rank r+peer. The runtime makes a communicator of the
+// two ranks for each, the sender rank 0 of it, so that a communicator
+// carries one direction between two ranks, on one stream at each end.
+type p2pChannel struct {
+	peer int64
+	send bool
+}
+
+type p2pChannelSet struct {
+	index map[p2pChannel]int
+	list  []p2pChannel
+}
+
+func p2pChannels(p *Plan) *p2pChannelSet {
+	s := &p2pChannelSet{index: map[p2pChannel]int{}}
+	for _, n := range p.Nodes {
+		if c := n.Collective; n.Kind == "collective" && c != nil && (c.Call == "ncclSend" || c.Call == "ncclRecv") {
+			k := p2pChannel{peer: c.Peer, send: c.Call == "ncclSend"}
+			if _, ok := s.index[k]; !ok {
+				s.index[k] = len(s.list)
+				s.list = append(s.list, k)
+			}
+		}
+	}
+	return s
+}
+
 // ncclTypes name the dtypes NCCL moves.
 var ncclTypes = map[string]string{"f32": "ncclFloat32", "f64": "ncclFloat64", "i64": "ncclInt64"}
 
-// ncclCall is the NCCL call of collective node n on the communication
-// stream, its status added to the issue's.
-func ncclCall(n *Node, groups *ncclGroupSet) (string, error) {
+// ncclCall is the NCCL call of collective node n on its stream, its
+// status added to the issue's. A send or receive moves its bytes as
+// ncclUint8, whatever their dtype, to or from the other rank of its
+// channel's communicator.
+func ncclCall(n *Node, groups *ncclGroupSet, channels *p2pChannelSet) (string, error) {
 	c := n.Collective
-	if c == nil || n.Src == nil || n.Dst == nil {
-		return "", fmt.Errorf("node %d: a collective without its call, source or destination", n.ID)
+	if c == nil {
+		return "", fmt.Errorf("node %d: a collective without its call", n.ID)
+	}
+	stream := fmt.Sprintf("s[%d]", n.Stream)
+	if c.Call == "ncclSend" || c.Call == "ncclRecv" {
+		send := c.Call == "ncclSend"
+		a := n.Dst
+		if send {
+			a = n.Src
+		}
+		if a == nil || c.Peer == 0 {
+			return "", fmt.Errorf("node %d: %s without its buffer or peer", n.ID, c.Call)
+		}
+		ch := channels.index[p2pChannel{peer: c.Peer, send: send}]
+		comm := fmt.Sprintf("(ncclComm_t)c->p2p[%d]", ch)
+		if send {
+			src, err := pointer(a, "const void *")
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("  status |= (int)ncclSend(%s, %dULL, ncclUint8, 1, %s, %s);\n", src, a.SizeBytes, comm, stream), nil
+		}
+		dst, err := pointer(a, "void *")
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("  status |= (int)ncclRecv(%s, %dULL, ncclUint8, 0, %s, %s);\n", dst, a.SizeBytes, comm, stream), nil
+	}
+	if n.Src == nil || n.Dst == nil {
+		return "", fmt.Errorf("node %d: a collective without its source or destination", n.ID)
 	}
 	t, ok := ncclTypes[c.DType]
 	if !ok {
@@ -332,7 +405,7 @@ func ncclCall(n *Node, groups *ncclGroupSet) (string, error) {
 	}
 	g, ok := groups.index[[2]int64{c.Size, max(1, c.Stride)}]
 	if !ok {
-		return "", fmt.Errorf("node %d: %s has no CUDA program yet (a pipeline's send or receive)", n.ID, c.Call)
+		return "", fmt.Errorf("node %d: %s over a group the plan does not list", n.ID, c.Call)
 	}
 	src, err := pointer(n.Src, "const void *")
 	if err != nil {
@@ -343,7 +416,6 @@ func ncclCall(n *Node, groups *ncclGroupSet) (string, error) {
 		return "", err
 	}
 	comm := fmt.Sprintf("(ncclComm_t)c->comms[%d]", g)
-	stream := fmt.Sprintf("s[%d]", n.Stream)
 	switch c.Call {
 	case "ncclAllReduce":
 		return fmt.Sprintf("  status |= (int)ncclAllReduce(%s, %s, %dULL, %s, %s, %s, %s);\n", src, dst, c.Count, t, c.Reduce, comm, stream), nil

@@ -15,10 +15,13 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/costmodel"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/npy"
 	"github.com/kiln-compiler/kiln/onnx"
+	"github.com/kiln-compiler/kiln/parser"
+	"github.com/kiln-compiler/kiln/passes/parallel"
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
@@ -108,7 +111,8 @@ var emulated = regexp.MustCompile(`emulated: (\d+) bytes in (\d+) allocations, (
 
 // TestExecutableMatchesInterpreter builds the CUDA programs of training
 // steps (with swaps, events, host functions for offloaded parameters,
-// f16 and bf16 with fp8 saved values) as their CPU emulation, which runs
+// f16 and bf16 with fp8 saved values, cuBLASLt bias epilogues) as their
+// CPU emulation, which runs
 // the generated kernels, step.cu and the runtime as written (one thread,
 // in issue order), and checks:
 //   - one step's results and updates equal the interpreter's within the
@@ -142,8 +146,10 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 		// fp8 saved values: the narrowing (max and min folds, a division
 		// rounded to e4m3), the restores and the scaled products.
 		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4},
+		// Linear layers whose biases cuBLASLt adds in the GEMMs' epilogues.
+		{"testdata/bias.kir", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 0},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 1, 3}, k) {
+		if testing.Short() && !slices.Contains([]int{0, 1, 3, 6}, k) {
 			continue
 		}
 		t.Run(fmt.Sprint(k), func(t *testing.T) {
@@ -214,6 +220,16 @@ func TestExecutableMatchesInterpreter(t *testing.T) {
 				}
 			}
 			require.Positive(t, library, "library calls in the plan")
+			if strings.HasSuffix(c.model, "bias.kir") {
+				lt := 0
+				for _, n := range out.Plan.Nodes {
+					if n.Kind == "library" && n.Library.Call == cuda.LtCall {
+						lt++
+					}
+				}
+				require.Equal(t, 2, lt, "GEMMs with a bias epilogue")
+				require.NotContains(t, out.Kernels, "_epilogue(", "a GEMM epilogue left in a kernel")
+			}
 			if c.batch == 32 {
 				require.Contains(t, out.Kernels, "= kiln_block_fold(", "reductions folded by blocks")
 			}
@@ -383,6 +399,123 @@ func TestSeveralRanksMatchTheInterpreter(t *testing.T) {
 						e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
 						require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
 						require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s", r, steps, a.Name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestPipelineStagesMatchTheInterpreter builds the CUDA programs of a
+// pipeline's stages (each an emulation linked with MPI and NCCL over
+// MPI) and runs them together under mpirun (mpirun -np R stage0/step :
+// -np R stage1/step), one step from files and two in one process (the
+// second a graph launch), against the interpreter's run of the stage
+// functions together (interp.RunPrograms) within the f32 error model:
+// two stages of one rank with two microbatches (activations sent
+// forward and gradients back, 1F1B), and two stages of two
+// data-parallel ranks (sends two ranks apart, beside each stage's
+// all-reduces, whose communicators every rank of the world splits
+// together).
+func TestPipelineStagesMatchTheInterpreter(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		passtest.Missing(t, "mpirun is not installed (.ci/run installs openmpi-bin)")
+	}
+	for _, c := range []struct {
+		parallel string
+		ranks    int // each stage's
+	}{
+		{"pp=2,microbatches=2", 1},
+		{"dp=2,pp=2", 2},
+	} {
+		t.Run(c.parallel, func(t *testing.T) {
+			if testing.Short() && c.ranks > 1 {
+				t.Skip("-short runs the pipeline of one rank a stage")
+			}
+			src, err := os.ReadFile("testdata/mlp.kir")
+			require.NoError(t, err)
+			m, err := parser.Parse("mlp.kir", string(src))
+			require.NoError(t, err)
+			passtest.Run(t, m, "autodiff{loss=sum},optimizer{kind=momentum,lr=0.1},parallel{"+c.parallel+"},canonicalize,dce,cse,fuse,reorder,assign")
+			stages := parallel.Stages(m)
+			require.Len(t, stages, 2)
+			dir := t.TempDir()
+			var funcs []*ir.Func // the function each world rank runs
+			var args [][]*interp.Tensor
+			cmdArgs := []string{"--oversubscribe"}
+			if os.Geteuid() == 0 {
+				cmdArgs = append(cmdArgs, "--allow-run-as-root")
+			}
+			run := filepath.Join(dir, "run")
+			sends := 0
+			for s, f := range stages {
+				out, err := cuda.Lower(f, costmodel.Default)
+				require.NoError(t, err)
+				for _, n := range out.Plan.Nodes {
+					if n.Kind == "collective" && (n.Collective.Call == "ncclSend" || n.Collective.Call == "ncclRecv") {
+						require.Equal(t, int64(c.ranks)*map[bool]int64{true: 1, false: -1}[s == 0], n.Collective.Peer, "stage %d's %s", s, n.Collective.Call)
+						sends++
+					}
+				}
+				files, err := out.Executable(1)
+				require.NoError(t, err)
+				sd := filepath.Join(dir, fmt.Sprintf("stage%d", s))
+				require.NoError(t, cuda.Write(sd, out, m, files, nil))
+				rebuild(t, sd)
+				for range c.ranks {
+					r := len(funcs)
+					funcs = append(funcs, f)
+					args = append(args, interp.RandomArgs(f, uint64(31+r)))
+					writeArgs(t, filepath.Join(run, "in", fmt.Sprintf("rank%d", r)), f, args[r])
+				}
+				if s > 0 {
+					cmdArgs = append(cmdArgs, ":")
+				}
+				cmdArgs = append(cmdArgs, "-np", fmt.Sprint(c.ranks), filepath.Join(sd, "step"), "--inputs", filepath.Join(run, "in"))
+			}
+			require.GreaterOrEqual(t, sends, 8, "sends and receives: activations and gradients of 2 microbatches, each way")
+			for _, steps := range []int{1, 2} {
+				cloned := make([][]*interp.Tensor, len(args))
+				for r := range args {
+					cloned[r] = interp.CloneAll(args[r])
+				}
+				want, wantArgs, err := interp.RunPrograms(funcs, cloned, interp.Options{})
+				require.NoError(t, err)
+				if steps == 2 {
+					want, wantArgs, err = interp.RunPrograms(funcs, wantArgs, interp.Options{})
+					require.NoError(t, err)
+				}
+				o := filepath.Join(run, fmt.Sprintf("out%d", steps))
+				var line []string
+				for _, a := range cmdArgs {
+					line = append(line, a)
+					if strings.HasSuffix(a, "/step") {
+						line = append(line, "--output-dir", o, "--steps", fmt.Sprint(steps))
+					}
+				}
+				cmd := exec.Command(mpirun, line...)
+				cmd.Env = append(os.Environ(), "KILN_EMU_REPORT=1")
+				msg, err := cmd.CombinedOutput()
+				require.NoError(t, err, "mpirun: %s", msg)
+				require.Equal(t, len(funcs), strings.Count(string(msg), fmt.Sprintf(" %d graph launches", steps-1)), "%s", msg)
+				require.Equal(t, len(funcs), strings.Count(string(msg), "emulated: 0 bytes in 0 allocations, 0 streams, 0 events, 0 graphs held"), "what the ranks left: %s", msg)
+				for r, f := range funcs {
+					acc := float64(steps) * passtest.F32Bound(f)
+					rd := filepath.Join(o, fmt.Sprintf("rank%d", r))
+					for i := range f.Results {
+						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName(f.ResultName(i))+".npy"))
+						require.LessOrEqual(t, passtest.RelErr(got, want[r][i]), acc, "rank %d, %d steps: result %s", r, steps, f.ResultName(i))
+					}
+					for i, a := range f.Args {
+						if !a.Arg.InOut {
+							continue
+						}
+						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName("updated."+a.Name)+".npy"))
+						bound := acc + passtest.F32Resolution(wantArgs[r][i], args[r][i])
+						e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
+						require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
+						require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s: %v, want %v, from %v", r, steps, a.Name, head(got), head(wantArgs[r][i]), head(args[r][i]))
 					}
 				}
 			}

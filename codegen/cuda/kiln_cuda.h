@@ -17,6 +17,7 @@
 #if defined(__NVCC__) || defined(__CUDA_ARCH_LIST__) || defined(KILN_USE_CUDA_HEADERS)
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -191,13 +192,41 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cub
                                           long long, const void *, cudaDataType, int, long long, const void *, void *, cudaDataType, int, long long, int,
                                           cublasComputeType_t, cublasGemmAlgo_t);
 }
+// cuBLASLt, for GEMMs with a bias epilogue (CUDA 12's signatures).
+typedef struct cublasLtContext *cublasLtHandle_t;
+typedef struct cublasLtMatmulDescOpaque_t *cublasLtMatmulDesc_t;
+typedef struct cublasLtMatrixLayoutOpaque_t *cublasLtMatrixLayout_t;
+typedef struct {
+  unsigned long long data[8];
+} cublasLtMatmulAlgo_t;
+typedef enum {
+  CUBLASLT_MATMUL_DESC_TRANSA = 3,
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26
+} cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+extern "C" {
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *, cudaDataType, unsigned long long, unsigned long long, long long);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t, const void *,
+                              cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t,
+                              const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t);
+}
 // NCCL, for a program of several ranks (NCCL 2.18's signatures).
 typedef struct ncclComm *ncclComm_t;
 typedef struct {
   char internal[128];
 } ncclUniqueId;
 typedef enum { ncclSuccess = 0 } ncclResult_t;
-typedef enum { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclUint8 = 1, ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+#define NCCL_SPLIT_NOCOLOR -1
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef struct ncclConfig_v21700 ncclConfig_t;
 extern "C" {
@@ -210,6 +239,8 @@ ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRed
 ncclResult_t ncclReduceScatter(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
 ncclResult_t ncclAllGather(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
 ncclResult_t ncclBroadcast(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+ncclResult_t ncclRecv(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 cudaError_t cudaGetDeviceCount(int *);
 cudaError_t cudaSetDevice(int);
 cudaError_t cudaMemcpyToSymbol(const void *, const void *, size_t, size_t, enum cudaMemcpyKind);

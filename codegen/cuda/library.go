@@ -9,8 +9,9 @@ import (
 	"github.com/kiln-compiler/kiln/ir/scalar"
 )
 
-// Library is a library call of a plan node (kind "library"): today
-// cublasGemmStridedBatchedEx, in cuBLAS's column-major terms. For each
+// Library is a library call of a plan node (kind "library"):
+// cublasGemmStridedBatchedEx, or cublasLtMatmul when the GEMM carries an
+// epilogue, in cuBLAS's column-major terms. For each
 // batch b < Batch: C_b = Alpha·op(A_b)·op(B_b) + Beta·C_b, C_b an M × N
 // matrix with column stride LDC (element (i, j) at C + b·StrideC + i +
 // j·LDC), op(X) = X or Xᵀ (TransA, TransB "N" or "T") of the matrix
@@ -21,6 +22,13 @@ import (
 // and C (written; read and written when Beta is not 0), as pointer
 // arguments, so that events, races and lifetimes see them like a
 // kernel's.
+//
+// Epilogue "bias" (Call cublasLtMatmul, CUBLASLT_EPILOGUE_BIAS; Batch 1,
+// Alpha 1, Beta 0, CType f32) adds bias[i] to every element of row i of
+// C after the product, in f32, before C is stored: the node's fourth Arg
+// is bias, M f32 elements read. It is the only epilogue Kiln fuses:
+// cuBLASLt's ReLU is max(x, 0), which would turn a NaN into 0 where
+// Kiln's relu (and PyTorch's) keeps it.
 type Library struct {
 	Call           string  `json:"call"`
 	TransA         string  `json:"trans_a"`
@@ -40,11 +48,19 @@ type Library struct {
 	AType          string  `json:"a_type"`
 	BType          string  `json:"b_type"`
 	CType          string  `json:"c_type"`
+	Epilogue       string  `json:"epilogue,omitempty"`
 	WorkspaceBytes int64   `json:"-"`
 }
 
-// GemmCall is the cuBLAS function library nodes call.
-const GemmCall = "cublasGemmStridedBatchedEx"
+// GemmCall is the cuBLAS function library nodes call; LtCall the
+// cuBLASLt one of a GEMM with an epilogue.
+const (
+	GemmCall = "cublasGemmStridedBatchedEx"
+	LtCall   = "cublasLtMatmul"
+)
+
+// BiasEpilogue is Library.Epilogue of a GEMM that adds a bias per row.
+const BiasEpilogue = "bias"
 
 // BLASWorkspace is the device memory the runtime gives cuBLAS
 // (cublasSetWorkspace), so that a step captured into a graph allocates
@@ -187,6 +203,43 @@ type gemmPlan struct {
 	lib              *Library
 	a, b             *loops.Load
 	offA, offB, offC int64
+	vars             [2]*loops.Var // the stage's variables (m, n)
+	extents          [2]int64
+	rows             *loops.Var // the one along cuBLAS's rows of C
+	out              *loops.Buffer
+	outOffset        affine // the stage's element offset into out
+	fixed            map[*loops.Var]int64
+}
+
+// at is a with the variables of fixed replaced by their values.
+func (a affine) at(fixed map[*loops.Var]int64) affine {
+	out := affine{coef: map[*loops.Var]int64{}, c: a.c}
+	for v, c := range a.coef {
+		if val, ok := fixed[v]; ok {
+			out.c += c * val
+		} else if c != 0 {
+			out.coef[v] = c
+		}
+	}
+	return out
+}
+
+// equal reports whether a and b are the same form.
+func (a affine) equal(b affine) bool {
+	if a.c != b.c {
+		return false
+	}
+	for v, c := range a.coef {
+		if b.coef[v] != c {
+			return false
+		}
+	}
+	for v, c := range b.coef {
+		if a.coef[v] != c {
+			return false
+		}
+	}
+	return true
 }
 
 func gemm(st *loops.Stage, batch *loops.Var, batchN int64, fixed map[*loops.Var]int64) (*gemmPlan, bool) {
@@ -291,10 +344,11 @@ func gemm(st *loops.Stage, batch *loops.Var, batchN int64, fixed map[*loops.Var]
 			return nil, false
 		}
 	}
-	p := &gemmPlan{lib: lib, a: first, b: second, offC: oc}
+	p := &gemmPlan{lib: lib, a: first, b: second, offC: oc, vars: [2]*loops.Var{mv, nv}, extents: [2]int64{M, N}, rows: mv, out: st.Out, outOffset: fc, fixed: fixed}
 	p.offA, p.offB = oa, ob
 	if first == lb {
 		p.offA, p.offB = ob, oa
+		p.rows = nv
 	}
 	return p, true
 }
@@ -316,6 +370,9 @@ func (b *planner) library(op int, k *loops.Kernel, st *loops.Stage, batch *loops
 	g, ok := gemm(st, batch, batchN, fixed)
 	if !ok {
 		return false, nil
+	}
+	if batch != nil && batchN == 1 {
+		fixed[batch] = 0 // the epilogue's bias may be read at it
 	}
 	access := func(lb *loops.Buffer, elems int64, mode string) (*Access, error) {
 		skip := elems * lb.Type.DType.Size()
@@ -342,16 +399,42 @@ func (b *planner) library(op int, k *loops.Kernel, st *loops.Stage, batch *loops
 	if err != nil {
 		return false, err
 	}
-	b.raw = append(b.raw, Node{Kind: "library", Stream: 0, Op: op, Library: g.lib,
-		Args: []KArg{{Kind: "pointer", Pointer: x}, {Kind: "pointer", Pointer: y}, {Kind: "pointer", Pointer: c}}})
+	node := Node{Kind: "library", Stream: 0, Op: op, Library: g.lib,
+		Args: []KArg{{Kind: "pointer", Pointer: x}, {Kind: "pointer", Pointer: y}, {Kind: "pointer", Pointer: c}}}
+	b.plainGemm = nil
 	if st.Matmul.Epilogue == nil {
+		b.raw = append(b.raw, node)
+		if batch == nil || batchN == 1 {
+			b.plainGemm = g
+		}
 		return true, nil
 	}
-	// The epilogue, on the product the library left in Out (f32, as the
-	// kernel's accumulator is).
 	idx := st.Index
 	if idx == nil {
 		idx = []loops.Expr{st.Vars[0], st.Vars[1]}
+	}
+	// What the epilogue reads beside the product (a probe stands for it):
+	// C's own elements at each point make the call accumulate (beta 1);
+	// any other read of C's bytes would find the product there, written
+	// over what the epilogue needs, so the stage stays a kernel.
+	probe := &loops.Buffer{Name: "kiln.product", Type: st.Out.Type, Storage: loops.Temp}
+	probed := st.Matmul.Epilogue(&loops.Load{Buf: probe, Index: idx})
+	if g.lib.Beta == 0 && accumulates(g, probed, probe) {
+		g.lib.Beta, c.Mode = 1, "readwrite"
+		b.raw = append(b.raw, node)
+		return true, nil
+	}
+	for _, p := range pointers(&loops.Stage{Vars: st.Vars, Extents: st.Extents, Out: probe, Index: idx, Value: probed}, nil) {
+		if p.key == keyOf(probe) || !p.read {
+			continue
+		}
+		a, err := b.pointerAccess(k, p.buf, p.size, "read", temps)
+		if err != nil {
+			return false, err
+		}
+		if overlap(a, c) {
+			return false, nil
+		}
 	}
 	kind := loops.ComputeKind(st.Out.Type.DType)
 	epi := &loops.Stage{Vars: st.Vars, Extents: st.Extents, Out: st.Out, Index: idx,
@@ -359,10 +442,191 @@ func (b *planner) library(op int, k *loops.Kernel, st *loops.Stage, batch *loops
 	if v := epi.Value; v.Kind() != kind {
 		epi.Value = &loops.Convert{To: kind, X: v}
 	}
+	if batch == nil || batchN == 1 {
+		if ok, err := b.fuseBias(k, &node, g, epi, temps); ok || err != nil {
+			b.raw = append(b.raw, node)
+			return err == nil, err
+		}
+	}
+	b.raw = append(b.raw, node)
+	// The epilogue, on the product the library left in Out (f32, as the
+	// kernel's accumulator is).
 	if batch != nil {
 		epi.Vars = append([]*loops.Var{batch}, st.Vars...)
 		epi.Extents = append([]int64{batchN}, st.Extents...)
 	}
 	b.alias[epi] = fmt.Sprintf("%s_s%d_epilogue", k.Name, b.stageIndex(k, st))
 	return true, b.launches(op, k, []loops.Step{epi}, outer, extents, iter, temps)
+}
+
+// sameMemory reports whether a and b are one buffer, perhaps under two
+// shapes (loops.alias): the same memory, read as the same dtype.
+func sameMemory(a, b *loops.Buffer) bool {
+	return keyOf(a) == keyOf(b) && a.Type.DType == b.Type.DType
+}
+
+// accumulates reports whether the epilogue value (of the product, read
+// from probe) is the product plus the element of C at the same point
+// (multiplications by 1 aside): what cuBLAS computes with beta 1.
+func accumulates(g *gemmPlan, value loops.Expr, probe *loops.Buffer) bool {
+	sum, ok := withoutUnits(value).(*loops.Binary)
+	if !ok || sum.Op != scalar.Add {
+		return false
+	}
+	a, b := withoutUnits(sum.A), withoutUnits(sum.B)
+	if l, ok := b.(*loops.Load); ok && l.Buf == probe {
+		a, b = b, a
+	}
+	la, okA := a.(*loops.Load)
+	lc, okC := b.(*loops.Load)
+	if !okA || !okC || la.Buf != probe || lc.Guard != nil || !sameMemory(lc.Buf, g.out) {
+		return false
+	}
+	f, ok := elementOffset(lc.Buf, lc.Index)
+	return ok && f.at(g.fixed).equal(g.outOffset.at(g.fixed))
+}
+
+// withoutUnits is x without multiplications by 1 and conversions to its
+// own kind around it.
+func withoutUnits(x loops.Expr) loops.Expr {
+	for {
+		switch y := x.(type) {
+		case *loops.Binary:
+			if f, ok := y.B.(loops.Float); ok && y.Op == scalar.Mul && f.V == 1 {
+				x = y.A
+				continue
+			}
+		case *loops.Convert:
+			if y.To == y.X.Kind() {
+				x = y.X
+				continue
+			}
+		}
+		return x
+	}
+}
+
+// fuseNext fuses the stage that follows a library call, first of rest,
+// into it when it adds a bias in place to the product (biasOf): it
+// reports whether it did.
+func (b *planner) fuseNext(k *loops.Kernel, rest []loops.Step, temps map[string]int64) (bool, error) {
+	g := b.plainGemm
+	if g == nil || len(rest) == 0 {
+		return false, nil
+	}
+	next, ok := rest[0].(*loops.Stage)
+	if _, made := b.alias[next]; !ok || made || b.override[next] != nil {
+		return false, nil
+	}
+	return b.fuseBias(k, &b.raw[len(b.raw)-1], g, next, temps)
+}
+
+// fuseBias makes the GEMM node n (of plan g) a cuBLASLt call with a bias
+// epilogue when biasOf finds the stage ep to be one; it reports false,
+// changing nothing, when ep is anything else.
+func (b *planner) fuseBias(k *loops.Kernel, n *Node, g *gemmPlan, ep *loops.Stage, temps map[string]int64) (bool, error) {
+	buf, off, ok := biasOf(g, ep)
+	if !ok {
+		return false, nil
+	}
+	skip := off * 4
+	a, err := b.pointerAccess(k, buf, buf.Type.SizeBytes()-skip, "read", temps)
+	if err != nil {
+		return false, err
+	}
+	a.Offset += skip
+	a.SizeBytes = g.lib.M * 4
+	if c := n.Args[2].Pointer; overlap(a, c) {
+		return false, nil // cuBLASLt would read the bias while it writes C
+	}
+	g.lib.Call, g.lib.Epilogue = LtCall, BiasEpilogue
+	n.Args = append(n.Args, KArg{Kind: "pointer", Pointer: a})
+	return true, nil
+}
+
+// biasOf reports whether the stage ep, run right after the product g,
+// is a bias epilogue cuBLASLt can apply: at every point of the product's
+// domain (ep's variables standing for the product's, in order) it
+// stores exactly Out[point] + bias[row] in f32, in place (multiplications
+// by 1 aside; row the variable along cuBLAS's rows), with bias an
+// unguarded f32 buffer other than Out read contiguously along the rows
+// from element off; and the product is one f32 GEMM that overwrites C.
+func biasOf(g *gemmPlan, ep *loops.Stage) (bias *loops.Buffer, off int64, ok bool) {
+	l := g.lib
+	if ep == nil || l.Batch != 1 || l.Beta != 0 || l.Alpha != 1 || l.CType != "f32" || ep.Out.Type.DType != ir.F32 ||
+		ep.Guard != nil || ep.Matmul != nil || ep.Accumulate || len(ep.Vars) != 2 || len(ep.Extents) != 2 {
+		return nil, 0, false
+	}
+	ren := map[*loops.Var]*loops.Var{}
+	for i, v := range ep.Vars {
+		if ep.Extents[i] != g.extents[i] {
+			return nil, 0, false
+		}
+		ren[v] = g.vars[i]
+	}
+	offset := func(buf *loops.Buffer, index []loops.Expr) (affine, bool) {
+		f, ok := elementOffset(buf, index)
+		if !ok {
+			return affine{}, false
+		}
+		out := affine{coef: map[*loops.Var]int64{}, c: f.c}
+		for v, c := range f.coef {
+			if r, ok := ren[v]; ok {
+				v = r
+			}
+			out.coef[v] += c
+		}
+		return out.at(g.fixed), true
+	}
+	idx := ep.Index
+	if idx == nil {
+		idx = []loops.Expr{ep.Vars[0], ep.Vars[1]}
+	}
+	same := func(buf *loops.Buffer, index []loops.Expr) bool {
+		f, ok := offset(buf, index)
+		return ok && sameMemory(buf, g.out) && f.equal(g.outOffset.at(g.fixed))
+	}
+	if !same(ep.Out, idx) {
+		return nil, 0, false
+	}
+	term := withoutUnits
+	sum, isSum := term(ep.Value).(*loops.Binary)
+	if !isSum || sum.Op != scalar.Add || sum.Kind() != loops.F32 {
+		return nil, 0, false
+	}
+	acc, other := term(sum.A), term(sum.B)
+	if la, ok := acc.(*loops.Load); !ok || la.Guard != nil || !same(la.Buf, la.Index) {
+		acc, other = other, acc
+	}
+	la, okA := acc.(*loops.Load)
+	lb, okB := other.(*loops.Load)
+	if !okA || !okB || la.Guard != nil || !same(la.Buf, la.Index) || lb.Guard != nil || lb.Buf.Type.DType != ir.F32 || sameMemory(lb.Buf, g.out) {
+		return nil, 0, false
+	}
+	fb, ok := offset(lb.Buf, lb.Index)
+	if !ok {
+		return nil, 0, false
+	}
+	// bias[row]: unit stride along the rows, no other variable but fixed
+	// ones.
+	off = fb.c
+	for v, c := range fb.coef {
+		switch {
+		case c == 0:
+		case v == g.rows:
+			if c != 1 && l.M > 1 {
+				return nil, 0, false
+			}
+		default:
+			val, isFixed := g.fixed[v]
+			if !isFixed {
+				return nil, 0, false
+			}
+			off += c * val
+		}
+	}
+	if l.M > 1 && fb.coef[g.rows] != 1 || off < 0 || off+l.M > lb.Buf.Type.NumElements() {
+		return nil, 0, false
+	}
+	return lb.Buf, off, true
 }

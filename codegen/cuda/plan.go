@@ -305,6 +305,7 @@ type planner struct {
 	raw       []Node // nodes before events
 	argTypes  map[string][]string
 	alias     map[*loops.Stage]string // names of stages made here (GEMM epilogues, split reductions)
+	plainGemm *gemmPlan               // the GEMM the last library call made, when it has no epilogue and no batch loop
 	// mergedName names the kernel of each merge of independent stage
 	// launches (merge.go) by its stages and grids; bodySrc says which
 	// stages' device functions kernels.cu has.
@@ -488,7 +489,8 @@ func (b *planner) valueAccess(v *ir.Value, size int64, mode string) (*Access, er
 
 // launches adds one node per stage and iteration of the loops around it.
 func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []*loops.Var, extents, iter []int64, temps map[string]int64) error {
-	for _, st := range steps {
+	for si := 0; si < len(steps); si++ {
+		st := steps[si]
 		switch st := st.(type) {
 		case *loops.Loop:
 			if len(st.Body) == 1 && !b.host {
@@ -499,6 +501,13 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 						return err
 					}
 					if done {
+						fused, err := b.fuseNext(k, steps[si+1:], temps)
+						if err != nil {
+							return err
+						}
+						if fused {
+							si++
+						}
 						continue
 					}
 				}
@@ -520,6 +529,13 @@ func (b *planner) launches(op int, k *loops.Kernel, steps []loops.Step, outer []
 					return err
 				}
 				if done {
+					fused, err := b.fuseNext(k, steps[si+1:], temps)
+					if err != nil {
+						return err
+					}
+					if fused {
+						si++
+					}
 					continue
 				}
 			}

@@ -133,10 +133,29 @@ static int node_rank(void) {
 	return rank;
 }
 
-/* communicators makes the NCCL communicator of all the plan's ranks (its
-   id from rank 0, over MPI) and one per group of the plan's collectives,
-   split from it: the group of size ranks, stride apart, that holds this
-   rank. It copies the rank to kiln_device_rank. */
+/* comm_key names a communicator: kind 0 the groups of size a ranks, b
+   apart; kind 1 the pair of world ranks a (sending) and b (receiving). */
+typedef struct {
+	long long kind, a, b;
+} comm_key;
+
+static int comm_key_cmp(const void *x, const void *y) {
+	const comm_key *p = (const comm_key *)x, *q = (const comm_key *)y;
+	if (p->kind != q->kind) return p->kind < q->kind ? -1 : 1;
+	if (p->a != q->a) return p->a < q->a ? -1 : 1;
+	if (p->b != q->b) return p->b < q->b ? -1 : 1;
+	return 0;
+}
+
+/* communicators makes the NCCL communicator of the world (its id from
+   rank 0, over MPI), then, split from it, one per group of the plan's
+   collectives (the group of size ranks, stride apart, that holds this
+   rank) and one per send or receive direction (this rank and its peer,
+   the sender first). ncclCommSplit is collective over the whole world,
+   and the stages of a pipeline have different plans: every rank gathers
+   every rank's keys (MPI_Allgatherv) and splits once per distinct key,
+   in sorted order, taking no part (NCCL_SPLIT_NOCOLOR) in the ones its
+   plan does not use. It copies the rank to kiln_device_rank. */
 static int communicators(kiln_step *s) {
 	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
 	int rank = world_rank(), size = 0;
@@ -151,15 +170,59 @@ static int communicators(kiln_step *s) {
 	ncclComm_t world;
 	if (ncclCommInitRank(&world, size, id, rank) != ncclSuccess) return fail(s, "NCCL could not join rank %d of %d", rank, size);
 	s->world = world;
+	const int mine = plan->ngroups + plan->nchannels;
 	s->ctx.comms = (void **)calloc((size_t)plan->ngroups + 1, sizeof(void *));
-	if (!s->ctx.comms) return fail(s, "out of memory");
-	for (int g = 0; g < plan->ngroups; g++) {
-		const long long n = plan->groups[g].size, stride = plan->groups[g].stride;
-		const int color = (int)((rank / (n * stride)) * stride + rank % stride), key = (int)((rank / stride) % n);
-		ncclComm_t c;
-		if (ncclCommSplit(world, color, key, &c, NULL) != ncclSuccess) return fail(s, "NCCL could not make the group of %lld ranks %lld apart", n, stride);
-		s->ctx.comms[g] = c;
+	s->ctx.p2p = (void **)calloc((size_t)plan->nchannels + 1, sizeof(void *));
+	comm_key *own = (comm_key *)calloc((size_t)mine + 1, sizeof(comm_key));
+	int *counts = (int *)calloc((size_t)size, sizeof(int)), *displs = (int *)calloc((size_t)size, sizeof(int));
+	if (!s->ctx.comms || !s->ctx.p2p || !own || !counts || !displs) {
+		free(own), free(counts), free(displs);
+		return fail(s, "out of memory");
 	}
+	for (int g = 0; g < plan->ngroups; g++) own[g] = (comm_key){0, plan->groups[g].size, plan->groups[g].stride};
+	for (int c = 0; c < plan->nchannels; c++) {
+		const long long peer = rank + plan->channels[c].peer;
+		if (peer < 0 || peer >= size) {
+			free(own), free(counts), free(displs);
+			return fail(s, "rank %d sends to or receives from rank %lld, outside the %d ranks", rank, peer, size);
+		}
+		own[plan->ngroups + c] = plan->channels[c].send ? (comm_key){1, rank, peer} : (comm_key){1, peer, rank};
+	}
+	int n3 = 3 * mine, total = 0;
+	MPI_Allgather(&n3, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD);
+	for (int r = 0; r < size; r++) displs[r] = total, total += counts[r];
+	comm_key *all = (comm_key *)calloc((size_t)total / 3 + 1, sizeof(comm_key));
+	if (!all) {
+		free(own), free(counts), free(displs);
+		return fail(s, "out of memory");
+	}
+	MPI_Allgatherv(own, n3, MPI_LONG_LONG, all, counts, displs, MPI_LONG_LONG, MPI_COMM_WORLD);
+	qsort(all, (size_t)total / 3, sizeof(comm_key), comm_key_cmp);
+	int bad = 0;
+	for (int k = 0; k < total / 3 && !bad; k++) {
+		if (k > 0 && comm_key_cmp(&all[k], &all[k - 1]) == 0) continue;
+		const comm_key *u = &all[k];
+		int slot = -1;
+		for (int j = 0; j < mine; j++)
+			if (comm_key_cmp(&own[j], u) == 0) slot = j;
+		int color = NCCL_SPLIT_NOCOLOR, key = 0;
+		if (slot >= 0 && u->kind == 0) {
+			const long long n = u->a, stride = u->b;
+			color = (int)((rank / (n * stride)) * stride + rank % stride), key = (int)((rank / stride) % n);
+		} else if (slot >= 0) {
+			color = 0, key = rank == u->a ? 0 : 1;
+		}
+		ncclComm_t c = NULL;
+		if (ncclCommSplit(world, color, key, &c, NULL) != ncclSuccess) {
+			bad = fail(s, u->kind == 0 ? "NCCL could not make the group of %lld ranks %lld apart" : "NCCL could not join ranks %lld and %lld", u->a, u->b);
+			break;
+		}
+		if (slot < 0) continue;
+		if (slot < plan->ngroups) s->ctx.comms[slot] = c;
+		else s->ctx.p2p[slot - plan->ngroups] = c;
+	}
+	free(all), free(own), free(counts), free(displs);
+	if (bad) return bad;
 	long long r = rank, *at = kilnrt_cuda_rank_address();
 	if (!at || cudaMemcpy(at, &r, sizeof r, cudaMemcpyHostToDevice) != cudaSuccess) return fail(s, "cannot set the device's rank");
 	return 0;
@@ -173,10 +236,14 @@ void kiln_destroy(kiln_step *s) {
 #if KILN_NCCL
 	for (int g = 0; s->ctx.comms && g < kilnrt_cuda_plan.ngroups; g++)
 		if (s->ctx.comms[g]) ncclCommDestroy((ncclComm_t)s->ctx.comms[g]);
+	for (int c = 0; s->ctx.p2p && c < kilnrt_cuda_plan.nchannels; c++)
+		if (s->ctx.p2p[c]) ncclCommDestroy((ncclComm_t)s->ctx.p2p[c]);
+	free(s->ctx.p2p);
 	if (s->world) ncclCommDestroy((ncclComm_t)s->world);
 	free(s->ctx.comms);
 #endif
 	if (s->ctx.blas) cublasDestroy(s->ctx.blas);
+	if (s->ctx.lt) cublasLtDestroy(s->ctx.lt);
 	if (s->blas_workspace) cudaFree(s->blas_workspace);
 	for (int i = 0; s->ctx.params && i < NPARAMS; i++) {
 		if (!s->ctx.params[i]) continue;
@@ -198,6 +265,33 @@ void kiln_destroy(kiln_step *s) {
 	free(s->mirror), free(s->bound), free(s->valid), free(s->dirty), free(s->join);
 	free(s->ctx.params), free(s->ctx.inputs), free(s->ctx.streams), free(s->ctx.events);
 	free(s);
+}
+
+int kilnrt_cuda_lt_bias(const kilnrt_cuda_ctx *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A, cudaDataType at,
+                        int lda, const void *B, cudaDataType bt, int ldb, float *C, int ldc, const float *bias) {
+	cublasLtMatmulDesc_t op = NULL;
+	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+	cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+	cudaDataType bias_type = CUDA_R_32F;
+	const float one = 1.0f, zero = 0.0f;
+	int bad = !c->lt || cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS;
+	bad = bad || cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type) != CUBLAS_STATUS_SUCCESS;
+	/* The layouts are of the matrices as stored: op(X) transposes. */
+	bad = bad || cublasLtMatrixLayoutCreate(&la, at, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda) != CUBLAS_STATUS_SUCCESS;
+	bad = bad || cublasLtMatrixLayoutCreate(&lb, bt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb) != CUBLAS_STATUS_SUCCESS;
+	bad = bad || cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc) != CUBLAS_STATUS_SUCCESS;
+	bad = bad || cublasLtMatmul(c->lt, op, &one, A, la, B, lb, &zero, C, lc, C, lc, NULL, c->blas_workspace, (size_t)c->blas_workspace_bytes,
+	                            c->streams[0]) != CUBLAS_STATUS_SUCCESS;
+	/* cuBLASLt reads the descriptors when the call is issued. */
+	if (lc) cublasLtMatrixLayoutDestroy(lc);
+	if (lb) cublasLtMatrixLayoutDestroy(lb);
+	if (la) cublasLtMatrixLayoutDestroy(la);
+	if (op) cublasLtMatmulDescDestroy(op);
+	return bad;
 }
 
 /* device_alloc allocates n bytes (at least one) of device memory, or of
@@ -253,7 +347,10 @@ kiln_step *kiln_create(int threads) {
 		   captured step allocates nothing. */
 		ok = (s->blas_workspace = device_alloc(s, plan->blas_workspace_bytes, 0)) != NULL && cublasCreate(&s->ctx.blas) == CUBLAS_STATUS_SUCCESS &&
 		     cublasSetStream(s->ctx.blas, s->ctx.streams[0]) == CUBLAS_STATUS_SUCCESS &&
-		     cublasSetWorkspace(s->ctx.blas, s->blas_workspace, (size_t)plan->blas_workspace_bytes) == CUBLAS_STATUS_SUCCESS;
+		     cublasSetWorkspace(s->ctx.blas, s->blas_workspace, (size_t)plan->blas_workspace_bytes) == CUBLAS_STATUS_SUCCESS &&
+		     cublasLtCreate(&s->ctx.lt) == CUBLAS_STATUS_SUCCESS;
+		s->ctx.blas_workspace = s->blas_workspace;
+		s->ctx.blas_workspace_bytes = plan->blas_workspace_bytes;
 	}
 	for (int i = 0; ok && i < NTENSORS; i++) {
 		const kiln_tensor_info *t = &tensors[i];

@@ -556,15 +556,15 @@ static inline void kiln_emu_set(void *p, cudaDataType t, long long i, float v) {
   default: ((float *)p)[i] = v;
   }
 }
-static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
-                                                        const void *A, cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb,
-                                                        long long sb, const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch,
-                                                        cublasComputeType_t, cublasGemmAlgo_t) {
+// kiln_emu_gemm issues C_b = alpha·op(A_b)·op(B_b) (+ beta·C_b) (+ bias[i]
+// on row i, in f32 before C's rounding) for each batch b.
+static inline cublasStatus_t kiln_emu_gemm(cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float al, const void *A,
+                                           cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb, long long sb, float be, void *C,
+                                           cudaDataType ct, int ldc, long long sc, int batch, const float *bias) {
   if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (ta == CUBLAS_OP_N ? m : k) || lda < 1 || ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
     return CUBLAS_STATUS_INVALID_VALUE;
-  float al = *(const float *)alpha, be = *(const float *)beta;
   kiln_emu.launches++;
-  kiln_emu_issue(h->stream, [=] {
+  kiln_emu_issue(stream, [=] {
     for (long long b = 0; b < batch; b++)
       for (long long j = 0; j < n; j++)
         for (long long i = 0; i < m; i++) {
@@ -576,10 +576,123 @@ static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublas
           }
           long long at_c = b * sc + i + j * ldc;
           // beta = 0 ignores C, NaN included, as cuBLAS does.
-          kiln_emu_set(C, ct, at_c, be == 0 ? al * acc : al * acc + be * kiln_emu_get(C, ct, at_c));
+          float v = be == 0 ? al * acc : al * acc + be * kiln_emu_get(C, ct, at_c);
+          if (bias) v += bias[i];
+          kiln_emu_set(C, ct, at_c, v);
         }
   });
   return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                                                        const void *A, cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb,
+                                                        long long sb, const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch,
+                                                        cublasComputeType_t, cublasGemmAlgo_t) {
+  return kiln_emu_gemm(h->stream, ta, tb, m, n, k, *(const float *)alpha, A, at, lda, sa, B, bt, ldb, sb, *(const float *)beta, C, ct, ldc, sc, batch, nullptr);
+}
+
+// cuBLASLt: the matmul descriptor's transpositions and bias epilogue, and
+// layouts of column-major matrices; cublasLtMatmul checks that the
+// layouts are the operands' as the descriptor takes them, D is C, and
+// runs kiln_emu_gemm. Handles and descriptors count as handles to free.
+typedef struct kiln_emu_lt *cublasLtHandle_t;
+struct kiln_emu_lt {};
+struct kiln_emu_lt_desc {
+  cublasComputeType_t compute;
+  cudaDataType scale;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int epilogue = 1;
+  const float *bias = nullptr;
+  cudaDataType bias_type = CUDA_R_32F;
+};
+typedef kiln_emu_lt_desc *cublasLtMatmulDesc_t;
+struct kiln_emu_lt_layout {
+  cudaDataType type;
+  unsigned long long rows, cols;
+  long long ld;
+};
+typedef kiln_emu_lt_layout *cublasLtMatrixLayout_t;
+typedef struct {
+  unsigned long long data[8];
+} cublasLtMatmulAlgo_t;
+typedef enum {
+  CUBLASLT_MATMUL_DESC_TRANSA = 3,
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26
+} cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  *h = new kiln_emu_lt{};
+  kiln_emu.graphs++;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  delete h;
+  kiln_emu.graphs--;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType scale) {
+  *d = new kiln_emu_lt_desc{compute, scale};
+  kiln_emu.graphs++;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  kiln_emu.graphs--;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+  switch (a) {
+  case CUBLASLT_MATMUL_DESC_TRANSA:
+    if (n != sizeof d->ta) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->ta, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_TRANSB:
+    if (n != sizeof d->tb) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->tb, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE:
+    if (n != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->epilogue, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    if (n != sizeof d->bias) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->bias, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    if (n != sizeof d->bias_type) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->bias_type, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, unsigned long long rows, unsigned long long cols, long long ld) {
+  *l = new kiln_emu_lt_layout{t, rows, cols, ld};
+  kiln_emu.graphs++;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  kiln_emu.graphs--;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la,
+                                            const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D,
+                                            cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t stream) {
+  if (!h || !d || !la || !lb || !lc || C != D || lc != ld || d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  unsigned long long m = lc->rows, n = lc->cols, k = d->ta == CUBLAS_OP_N ? la->cols : la->rows;
+  if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||
+      (d->tb == CUBLAS_OP_N ? lb->cols : lb->rows) != n || la->type != lb->type)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const float *bias = nullptr;
+  if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    if (!d->bias || d->bias_type != CUDA_R_32F || lc->type != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
+    bias = d->bias;
+  } else if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return kiln_emu_gemm(stream, d->ta, d->tb, (int)m, (int)n, (int)k, *(const float *)alpha, A, la->type, (int)la->ld, 0, B, lb->type, (int)lb->ld, 0,
+                       *(const float *)beta, D, lc->type, (int)lc->ld, 0, 1, bias);
 }
 
 static inline cudaError_t cudaGetDeviceCount(int *n) {
@@ -597,13 +710,15 @@ static inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : c
 #include <mpi.h>
 struct ncclComm {
   MPI_Comm comm;
+  std::vector<std::pair<MPI_Request, std::vector<char> *>> sends;  // ncclSend's, in flight
 };
 typedef ncclComm *ncclComm_t;
 typedef struct {
   char internal[128];
 } ncclUniqueId;
 typedef enum { ncclSuccess = 0, ncclInvalidArgument = 4 } ncclResult_t;
-typedef enum { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclUint8 = 1, ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+#define NCCL_SPLIT_NOCOLOR -1
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef struct ncclConfig_v21700 ncclConfig_t;
 inline long long kiln_emu_comms;  // communicators held
@@ -622,19 +737,29 @@ static inline ncclResult_t ncclCommInitRank(ncclComm_t *c, int n, ncclUniqueId i
   return ncclSuccess;
 }
 static inline ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *) {
+  MPI_Comm comm;
+  MPI_Comm_split(c->comm, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &comm);
+  *out = nullptr;
+  if (comm == MPI_COMM_NULL) return ncclSuccess;  // this rank is in none of the new communicators
   *out = new ncclComm;
-  MPI_Comm_split(c->comm, color, key, &(*out)->comm);
+  (*out)->comm = comm;
   kiln_emu_comms++;
   return ncclSuccess;
 }
 static inline ncclResult_t ncclCommDestroy(ncclComm_t c) {
+  for (auto &p : c->sends) {
+    MPI_Wait(&p.first, MPI_STATUS_IGNORE);
+    delete p.second;
+  }
   MPI_Comm_free(&c->comm);
   delete c;
   kiln_emu_comms--;
   return ncclSuccess;
 }
-static inline MPI_Datatype kiln_emu_mpi_type(ncclDataType_t t) { return t == ncclFloat32 ? MPI_FLOAT : t == ncclFloat64 ? MPI_DOUBLE : MPI_LONG_LONG; }
-static inline size_t kiln_emu_nccl_size(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 8; }
+static inline MPI_Datatype kiln_emu_mpi_type(ncclDataType_t t) {
+  return t == ncclUint8 ? MPI_BYTE : t == ncclFloat32 ? MPI_FLOAT : t == ncclFloat64 ? MPI_DOUBLE : MPI_LONG_LONG;
+}
+static inline size_t kiln_emu_nccl_size(ncclDataType_t t) { return t == ncclUint8 ? 1 : t == ncclFloat32 ? 4 : 8; }
 static inline MPI_Op kiln_emu_mpi_op(ncclRedOp_t op) { return op == ncclSum ? MPI_SUM : op == ncclProd ? MPI_PROD : op == ncclMax ? MPI_MAX : MPI_MIN; }
 static inline int kiln_emu_comm_size(ncclComm_t c) {
   int n = 0;
@@ -659,6 +784,46 @@ static inline ncclResult_t ncclAllGather(const void *src, void *dst, size_t n, n
   kiln_emu_issue(s, [=] {
     std::vector<char> in((const char *)src, (const char *)src + n * kiln_emu_nccl_size(t));
     MPI_Allgather(in.data(), (int)n, kiln_emu_mpi_type(t), dst, (int)n, kiln_emu_mpi_type(t), c->comm);
+  });
+  return ncclSuccess;
+}
+// ncclSend and ncclRecv: NCCL pairs a communicator's sends and receives
+// between two ranks in issue order, as MPI does one source's messages of
+// one tag. A send copies its bytes and goes at once (MPI_Isend, complete
+// by the time its communicator is destroyed), so that a rank that runs
+// its streams' work in issue order does not wait on it; a receive
+// waits. The peer is a rank of the communicator, and the counts match.
+static inline ncclResult_t ncclSend(const void *src, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+  if (peer < 0 || peer >= kiln_emu_comm_size(c) || n * kiln_emu_nccl_size(t) > 2147483647u) return ncclInvalidArgument;
+  kiln_emu_issue(s, [=] {
+    auto *copy = new std::vector<char>((const char *)src, (const char *)src + n * kiln_emu_nccl_size(t));
+    MPI_Request req;
+    MPI_Isend(copy->data(), (int)copy->size(), MPI_BYTE, peer, 0, c->comm, &req);
+    for (size_t i = 0; i < c->sends.size();) {  // drop the copies of sends that have gone
+      int done = 0;
+      MPI_Test(&c->sends[i].first, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        i++;
+        continue;
+      }
+      delete c->sends[i].second;
+      c->sends.erase(c->sends.begin() + (long)i);
+    }
+    c->sends.push_back({req, copy});
+  });
+  return ncclSuccess;
+}
+static inline ncclResult_t ncclRecv(void *dst, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+  if (peer < 0 || peer >= kiln_emu_comm_size(c) || n * kiln_emu_nccl_size(t) > 2147483647u) return ncclInvalidArgument;
+  kiln_emu_issue(s, [=] {
+    MPI_Status st;
+    int got = -1;
+    MPI_Recv(dst, (int)(n * kiln_emu_nccl_size(t)), MPI_BYTE, peer, 0, c->comm, &st);
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (got != (int)(n * kiln_emu_nccl_size(t))) {
+      fprintf(stderr, "emulated ncclRecv: %d bytes came, %zu expected\n", got, n * kiln_emu_nccl_size(t));
+      abort();
+    }
   });
   return ncclSuccess;
 }
