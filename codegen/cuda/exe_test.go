@@ -383,24 +383,11 @@ func TestSeveralRanksMatchTheInterpreter(t *testing.T) {
 				msg, err := cmd.CombinedOutput()
 				require.NoError(t, err, "mpirun: %s", msg)
 				require.Equal(t, c.ranks, strings.Count(string(msg), fmt.Sprintf(" %d graph launches", steps-1)), "%s", msg)
-				acc := float64(steps) * passtest.F32Bound(f)
-				for r := range args {
-					rd := filepath.Join(o, fmt.Sprintf("rank%d", r))
-					for i := range f.Results {
-						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName(f.ResultName(i))+".npy"))
-						require.LessOrEqual(t, passtest.RelErr(got, want[r][i]), acc, "rank %d, %d steps: result %s", r, steps, f.ResultName(i))
-					}
-					for i, a := range f.Args {
-						if !a.Arg.InOut {
-							continue
-						}
-						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName("updated."+a.Name)+".npy"))
-						bound := acc + passtest.F32Resolution(wantArgs[r][i], args[r][i])
-						e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
-						require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
-						require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s", r, steps, a.Name)
-					}
+				funcs := make([]*ir.Func, len(args))
+				for r := range funcs {
+					funcs[r] = f
 				}
+				checkRanks(t, o, funcs, args, want, wantArgs, steps)
 			}
 		})
 	}
@@ -500,25 +487,34 @@ func TestPipelineStagesMatchTheInterpreter(t *testing.T) {
 				require.NoError(t, err, "mpirun: %s", msg)
 				require.Equal(t, len(funcs), strings.Count(string(msg), fmt.Sprintf(" %d graph launches", steps-1)), "%s", msg)
 				require.Equal(t, len(funcs), strings.Count(string(msg), "emulated: 0 bytes in 0 allocations, 0 streams, 0 events, 0 graphs held"), "what the ranks left: %s", msg)
-				for r, f := range funcs {
-					acc := float64(steps) * passtest.F32Bound(f)
-					rd := filepath.Join(o, fmt.Sprintf("rank%d", r))
-					for i := range f.Results {
-						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName(f.ResultName(i))+".npy"))
-						require.LessOrEqual(t, passtest.RelErr(got, want[r][i]), acc, "rank %d, %d steps: result %s", r, steps, f.ResultName(i))
-					}
-					for i, a := range f.Args {
-						if !a.Arg.InOut {
-							continue
-						}
-						got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName("updated."+a.Name)+".npy"))
-						bound := acc + passtest.F32Resolution(wantArgs[r][i], args[r][i])
-						e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
-						require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
-						require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s: %v, want %v, from %v", r, steps, a.Name, head(got), head(wantArgs[r][i]), head(args[r][i]))
-					}
-				}
+				checkRanks(t, o, funcs, args, want, wantArgs, steps)
 			}
 		})
+	}
+}
+
+// checkRanks compares what each rank r (running funcs[r] from args[r]
+// for steps steps) wrote under dir/rankR with the interpreter's results
+// want[r] and updated arguments wantArgs[r], within the f32 error model
+// of that many steps.
+func checkRanks(t *testing.T, dir string, funcs []*ir.Func, args, want, wantArgs [][]*interp.Tensor, steps int) {
+	t.Helper()
+	for r, f := range funcs {
+		acc := float64(steps) * passtest.F32Bound(f)
+		rd := filepath.Join(dir, fmt.Sprintf("rank%d", r))
+		for i := range f.Results {
+			got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName(f.ResultName(i))+".npy"))
+			require.LessOrEqual(t, passtest.RelErr(got, want[r][i]), acc, "rank %d, %d steps: result %s", r, steps, f.ResultName(i))
+		}
+		for i, a := range f.Args {
+			if !a.Arg.InOut {
+				continue
+			}
+			got := passtest.LoadNpy(t, filepath.Join(rd, llvm.FileName("updated."+a.Name)+".npy"))
+			bound := acc + passtest.F32Resolution(wantArgs[r][i], args[r][i])
+			e := passtest.UpdateErr(got, wantArgs[r][i], args[r][i])
+			require.False(t, math.IsNaN(e), "rank %d, %d steps: the update of %s: %v, want %v", r, steps, a.Name, head(got), head(wantArgs[r][i]))
+			require.LessOrEqual(t, e, bound, "rank %d, %d steps: the update of %s: %v, want %v, from %v", r, steps, a.Name, head(got), head(wantArgs[r][i]), head(args[r][i]))
+		}
 	}
 }

@@ -102,17 +102,7 @@ func TestGemmMappingIsTheStage(t *testing.T) {
 		for bi := int64(0); bi < l.Batch; bi++ {
 			for j := int64(0); j < l.N; j++ {
 				for i := int64(0); i < l.M; i++ {
-					sum := 0.0
-					for p := int64(0); p < l.K; p++ {
-						ia, ib := i+p*l.LDA, p+j*l.LDB
-						if l.TransA == "T" {
-							ia = p + i*l.LDA
-						}
-						if l.TransB == "T" {
-							ib = j + p*l.LDB
-						}
-						sum += x[g.offA+bi*l.StrideA+ia] * y[g.offB+bi*l.StrideB+ib]
-					}
+					sum := gemmElement(g, x, y, bi, i, j)
 					o := g.offC + bi*l.StrideC + i + j*l.LDC
 					require.False(t, written[o], "trial %d: %s writes element %d twice", trial, l, o)
 					written[o] = true
@@ -236,22 +226,30 @@ func TestBiasEpilogueIsTheStage(t *testing.T) {
 		x, y := arrays[g.a.Buf], arrays[g.b.Buf]
 		for j := int64(0); j < l.N; j++ {
 			for i := int64(0); i < l.M; i++ {
-				s := 0.0
-				for pp := int64(0); pp < l.K; pp++ {
-					ia, ib := i+pp*l.LDA, pp+j*l.LDB
-					if l.TransA == "T" {
-						ia = pp + i*l.LDA
-					}
-					if l.TransB == "T" {
-						ib = j + pp*l.LDB
-					}
-					s += x[g.offA+ia] * y[g.offB+ib]
-				}
-				res[g.offC+i+j*l.LDC] = s + biasv[off+i]
+				res[g.offC+i+j*l.LDC] = gemmElement(g, x, y, 0, i, j) + biasv[off+i]
 			}
 		}
 		require.Equal(t, want, res, "trial %d: %s with bias from %d", trial, l, off)
 	}
 	require.Greater(t, fused, 500, "stages fused")
 	require.Greater(t, refused, 500, "stages refused")
+}
+
+// gemmElement is element (i, j) of batch bi of g's product as cuBLAS
+// defines it (column-major, op N or T, leading dimensions, batch
+// strides), A and B read from x and y.
+func gemmElement(g *gemmPlan, x, y []float64, bi, i, j int64) float64 {
+	l := g.lib
+	sum := 0.0
+	for p := int64(0); p < l.K; p++ {
+		ia, ib := i+p*l.LDA, p+j*l.LDB
+		if l.TransA == "T" {
+			ia = p + i*l.LDA
+		}
+		if l.TransB == "T" {
+			ib = j + p*l.LDB
+		}
+		sum += x[g.offA+bi*l.StrideA+ia] * y[g.offB+bi*l.StrideB+ib]
+	}
+	return sum
 }
