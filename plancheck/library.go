@@ -142,6 +142,9 @@ func libraryNode(i int, n cuda.Node) error {
 		if bias.Mode != "read" {
 			return fmt.Errorf("node %d: the bias's access is %q, but the call reads it", i, bias.Mode)
 		}
+		if bias.Offset%cuda.BiasAlignment != 0 {
+			return fmt.Errorf("node %d: the bias at offset %d is not %d-byte aligned, which cuBLASLt's bias loads may need", i, bias.Offset, cuda.BiasAlignment)
+		}
 		if l.M*4 > bias.SizeBytes {
 			return fmt.Errorf("node %d: the bias is read for %d rows (%d bytes), but its argument holds %d", i, l.M, l.M*4, bias.SizeBytes)
 		}
@@ -173,12 +176,14 @@ func element(raw []byte, off int64, typ string) float64 {
 // the stored values), rounded to C's type: it may differ from the
 // interpreter's, summed in another order, by the rounding of C's type
 // (relative, or one subnormal step) and K·2^-52 of the sum of the
-// products' magnitudes. A bias epilogue adds bias[row] to the sum (one
-// more term); the interpreter may round the product to C's type before
-// adding it, so the bound also has the rounding of the product.
+// products' magnitudes. A bias epilogue adds bias[row] to the sum, and
+// beta 1 C's element (when C holds an operand of the op, which is the
+// call's alone): one more term; the interpreter may round the product to
+// C's type before adding it, so the bound also has the rounding of the
+// product.
 func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Tensor) error {
 	l := n.Library
-	if l.Beta != 0 {
+	if l.Beta != 0 && (l.Beta != 1 || !rr.onlyNodeOfOp(i)) {
 		return nil
 	}
 	holds := func(a *cuda.Access, vals []*ir.Value) *ir.Value {
@@ -195,7 +200,7 @@ func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Ten
 	if err != nil {
 		return err
 	}
-	if holds(ms[0].access, op.Operands) == nil || holds(ms[1].access, op.Operands) == nil {
+	if holds(ms[0].access, op.Operands) == nil || holds(ms[1].access, op.Operands) == nil || l.Beta != 0 && holds(ms[2].access, op.Operands) == nil {
 		return nil
 	}
 	res := -1
@@ -236,14 +241,20 @@ func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Ten
 					mag += math.Abs(p)
 				}
 				terms, product, tiny := float64(l.K), 0.0, ct.tiny
+				byteAt := ms[2].access.Offset + (b*l.StrideC+r+j*l.LDC)*ct.bytes - roff
+				var add []float64 // the bias, or C's operand
 				if l.Epilogue == cuda.BiasEpilogue {
 					bias := n.Args[3].Pointer
-					x := element(raw(bias), bias.Offset+r*4, "f32")
+					add = append(add, element(raw(bias), bias.Offset+r*4, "f32"))
+				}
+				if l.Beta == 1 {
+					add = append(add, element(raw(ms[2].access), byteAt+roff, l.CType))
+				}
+				for _, x := range add {
 					product, terms, tiny = math.Abs(sum), terms+1, 2*ct.tiny
 					sum += x
 					mag += math.Abs(x)
 				}
-				byteAt := ms[2].access.Offset + (b*l.StrideC+r+j*l.LDC)*ct.bytes - roff
 				if byteAt < 0 || byteAt+ct.bytes > int64(len(wantRaw)) {
 					return fmt.Errorf("%snode %d (%s) writes element (%d, %d) of batch %d outside %s", rr.name, i, describe(rr.p, n), r, j, b, result.Ref())
 				}
@@ -259,4 +270,17 @@ func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Ten
 	}
 	rr.gemmsChecked++
 	return nil
+}
+
+// onlyNodeOfOp reports whether node i is the one node its op issues
+// (events aside): then the plan's memory holds the op's operands, as
+// nothing of the op has written it yet.
+func (rr *rankReplay) onlyNodeOfOp(i int) bool {
+	op := rr.p.Nodes[i].Op
+	for j, n := range rr.p.Nodes {
+		if j != i && n.Op == op && n.Kind != "event_record" && n.Kind != "event_wait" {
+			return false
+		}
+	}
+	return true
 }

@@ -307,8 +307,8 @@ func TestLibraryCallsReplay(t *testing.T) {
 // GEMM's epilogue (codegen/cuda/testdata/bias.kir); the replay adds the
 // bias it reads and compares with the interpreter, so a bias read from
 // the wrong place, or dropped, is caught, and so are a bias argument
-// too short for the rows, one that overlaps C, and epilogues the
-// runtime does not call.
+// too short for the rows, one that overlaps C or is not 16-byte aligned,
+// and epilogues the runtime does not call.
 func TestBiasEpilogueReplays(t *testing.T) {
 	src, err := os.ReadFile("../codegen/cuda/testdata/bias.kir")
 	require.NoError(t, err)
@@ -344,6 +344,7 @@ func TestBiasEpilogueReplays(t *testing.T) {
 		}{
 			{"the bias read from A", func(n *cuda.Node) { a := *n.Args[0].Pointer; a.SizeBytes = 4 * n.Library.M; n.Args[3].Pointer = &a }, "where the interpreter has", true},
 			{"no bias", func(n *cuda.Node) { n.Library.Call, n.Library.Epilogue, n.Args = cuda.GemmCall, "", n.Args[:3] }, "where the interpreter has", true},
+			{"a bias off its alignment", func(n *cuda.Node) { n.Args[3].Pointer.Offset += 4 }, "aligned", false},
 			{"a bias short of the rows", func(n *cuda.Node) { n.Args[3].Pointer.SizeBytes = 4 * (n.Library.M - 1) }, "the bias is read for", false},
 			{"a bias over C", func(n *cuda.Node) { a := *n.Args[2].Pointer; a.Mode = "read"; n.Args[3].Pointer = &a }, "overlaps C", false},
 			{"cuBLAS with an epilogue", func(n *cuda.Node) { n.Library.Call = cuda.GemmCall }, "has no epilogue", false},
@@ -366,5 +367,50 @@ func TestBiasEpilogueReplays(t *testing.T) {
 			c.apply(nd)
 			require.ErrorContains(t, check(t, dir, q), c.want, "node %d: %s", i, c.name)
 		}
+	}
+}
+
+// TestAccumulatingGemmReplays: microbatches sum the weight gradients
+// with gemms that add their C operand in place, which are cuBLAS calls
+// with beta 1; the replay adds the operand it finds in C and compares
+// with the interpreter, so a sum of one term fewer is caught, and so is
+// the call made with beta 0 (the operand overwritten, not added).
+func TestAccumulatingGemmReplays(t *testing.T) {
+	src, err := os.ReadFile("../codegen/cuda/testdata/mlp.kir")
+	require.NoError(t, err)
+	m := passtest.Parse(t, string(src))
+	passtest.Run(t, m, "autodiff{loss=sum},microbatch{n=2},fuse,reorder,assign")
+	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
+	p, f, err := plancheck.Load(dir)
+	require.NoError(t, err)
+	r, err := plancheck.Check(p, f, 3)
+	require.NoError(t, err)
+	var sums []int
+	for i, n := range p.Nodes {
+		if n.Kind == "library" && n.Library.Beta == 1 {
+			sums = append(sums, i)
+		}
+	}
+	require.Len(t, sums, 2, "the two weight gradients' sums over the microbatches")
+	require.GreaterOrEqual(t, r.GEMMsChecked, 2+len(sums), "library calls recomputed, the sums among them")
+	for _, i := range sums {
+		// One term fewer, and beta 0 (the operand overwritten).
+		q := load(t, dir)
+		lib := *q.Nodes[i].Library
+		lib.K--
+		q.Nodes[i].Library = &lib
+		require.ErrorContains(t, check(t, dir, q), "where the interpreter has", "node %d with a term fewer", i)
+		q = load(t, dir)
+		lib = *q.Nodes[i].Library
+		lib.Beta = 0
+		q.Nodes[i].Library = &lib
+		c := *q.Nodes[i].Args[2].Pointer
+		c.Mode = "write"
+		q.Nodes[i].Args = append([]cuda.KArg(nil), q.Nodes[i].Args...)
+		q.Nodes[i].Args[2].Pointer = &c
+		require.ErrorContains(t, check(t, dir, q), "where the interpreter has", "node %d with beta 0", i)
 	}
 }

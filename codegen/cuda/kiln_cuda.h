@@ -207,7 +207,27 @@ typedef enum {
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26
 } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+typedef struct cublasLtMatmulPreferenceOpaque_t *cublasLtMatmulPreference_t;
+typedef enum {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
+typedef struct {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
 extern "C" {
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *, size_t);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t);

@@ -59,8 +59,15 @@ const (
 	LtCall   = "cublasLtMatmul"
 )
 
-// BiasEpilogue is Library.Epilogue of a GEMM that adds a bias per row.
-const BiasEpilogue = "bias"
+// BiasEpilogue is Library.Epilogue of a GEMM that adds a bias per row;
+// BiasAlignment the bytes a fused bias's offset in its memory is a
+// multiple of. cuBLASLt's heuristic takes the alignment of A, B and C as
+// a preference but not the bias's, and some of its kernels load the bias
+// 16 bytes at a time; every memory space starts at least that aligned.
+const (
+	BiasEpilogue  = "bias"
+	BiasAlignment = 16
+)
 
 // BLASWorkspace is the device memory the runtime gives cuBLAS
 // (cublasSetWorkspace), so that a step captured into a graph allocates
@@ -536,8 +543,11 @@ func (b *planner) fuseBias(k *loops.Kernel, n *Node, g *gemmPlan, ep *loops.Stag
 	}
 	a.Offset += skip
 	a.SizeBytes = g.lib.M * 4
-	if c := n.Args[2].Pointer; overlap(a, c) {
-		return false, nil // cuBLASLt would read the bias while it writes C
+	if c := n.Args[2].Pointer; overlap(a, c) || a.Offset%BiasAlignment != 0 {
+		// cuBLASLt would read the bias while it writes C, or might pick a
+		// kernel that assumes an aligned bias (no preference says
+		// otherwise).
+		return false, nil
 	}
 	g.lib.Call, g.lib.Epilogue = LtCall, BiasEpilogue
 	n.Args = append(n.Args, KArg{Kind: "pointer", Pointer: a})
@@ -549,8 +559,8 @@ func (b *planner) fuseBias(k *loops.Kernel, n *Node, g *gemmPlan, ep *loops.Stag
 // domain (ep's variables standing for the product's, in order) it
 // stores exactly Out[point] + bias[row] in f32, in place (multiplications
 // by 1 aside; row the variable along cuBLAS's rows), with bias an
-// unguarded f32 buffer other than Out read contiguously along the rows
-// from element off; and the product is one f32 GEMM that overwrites C.
+// unguarded f32 buffer in memory (not a constant of the kernel) other
+// than Out read contiguously along the rows from element off; and the product is one f32 GEMM that overwrites C.
 func biasOf(g *gemmPlan, ep *loops.Stage) (bias *loops.Buffer, off int64, ok bool) {
 	l := g.lib
 	if ep == nil || l.Batch != 1 || l.Beta != 0 || l.Alpha != 1 || l.CType != "f32" || ep.Out.Type.DType != ir.F32 ||
@@ -600,7 +610,7 @@ func biasOf(g *gemmPlan, ep *loops.Stage) (bias *loops.Buffer, off int64, ok boo
 	}
 	la, okA := acc.(*loops.Load)
 	lb, okB := other.(*loops.Load)
-	if !okA || !okB || la.Guard != nil || !same(la.Buf, la.Index) || lb.Guard != nil || lb.Buf.Type.DType != ir.F32 || sameMemory(lb.Buf, g.out) {
+	if !okA || !okB || la.Guard != nil || !same(la.Buf, la.Index) || lb.Guard != nil || lb.Buf.Type.DType != ir.F32 || lb.Buf.Storage == loops.Const || sameMemory(lb.Buf, g.out) {
 		return nil, 0, false
 	}
 	fb, ok := offset(lb.Buf, lb.Index)

@@ -126,7 +126,8 @@ func TestGemmMappingIsTheStage(t *testing.T) {
 // place (or at other elements, or elsewhere): wherever biasOf takes it for cuBLASLt's bias
 // epilogue, the call (the product, then bias[off + i] on row i) computes
 // exactly what the two stages compute; and every stage whose bias does
-// not follow the rows alone, or that stores elsewhere, is refused.
+// not follow the rows alone or is a constant of the kernel, or that
+// stores elsewhere, is refused.
 func TestBiasEpilogueIsTheStage(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	fused, refused := 0, 0
@@ -167,6 +168,10 @@ func TestBiasEpilogueIsTheStage(t *testing.T) {
 			wide := &loops.Buffer{Name: C.Name, Type: ir.Type{DType: ir.F32, Shape: []int64{2, 2048}}, Storage: loops.Arena}
 			acc = &loops.Load{Buf: wide, Index: []loops.Expr{loops.Int{V: 0}, outIdx[0]}}
 		}
+		constant := r.IntN(16) == 0
+		if constant {
+			Bias.Storage = loops.Const // a constant of the kernel: no pointer to give cuBLASLt
+		}
 		sb := map[*loops.Var]int64{p: r.Int64N(4) - 1, q: r.Int64N(4) - 1}
 		cbias := 4 + r.Int64N(4)
 		var bias loops.Expr = &loops.Load{Buf: Bias, Index: []loops.Expr{affineIndex(cbias, sb)}}
@@ -186,7 +191,7 @@ func TestBiasEpilogueIsTheStage(t *testing.T) {
 			refused++
 			continue
 		}
-		require.True(t, out == C && along && across, "trial %d: fused a stage that stores elsewhere or reads the bias off the rows", trial)
+		require.True(t, out == C && along && across && !constant, "trial %d: fused a stage that stores elsewhere, reads the bias off the rows or from a constant", trial)
 		require.Same(t, Bias, got)
 		fused++
 		av, bv, biasv := make([]float64, 4096), make([]float64, 4096), make([]float64, 4096)

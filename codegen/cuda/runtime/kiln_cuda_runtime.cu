@@ -155,7 +155,9 @@ static int comm_key_cmp(const void *x, const void *y) {
    and the stages of a pipeline have different plans: every rank gathers
    every rank's keys (MPI_Allgatherv) and splits once per distinct key,
    in sorted order, taking no part (NCCL_SPLIT_NOCOLOR) in the ones its
-   plan does not use. It copies the rank to kiln_device_rank. */
+   plan does not use; each pair then moves one byte, so that NCCL has
+   connected it before a capture. It copies the rank to
+   kiln_device_rank. */
 static int communicators(kiln_step *s) {
 	const kilnrt_cuda_plan_info *plan = &kilnrt_cuda_plan;
 	int rank = world_rank(), size = 0;
@@ -218,8 +220,19 @@ static int communicators(kiln_step *s) {
 			break;
 		}
 		if (slot < 0) continue;
-		if (slot < plan->ngroups) s->ctx.comms[slot] = c;
-		else s->ctx.p2p[slot - plan->ngroups] = c;
+		if (slot < plan->ngroups) {
+			s->ctx.comms[slot] = c;
+			continue;
+		}
+		s->ctx.p2p[slot - plan->ngroups] = c;
+		/* NCCL connects the pair on its first send and receive, a host
+		   handshake with the peer: done here, in key order on both, and
+		   not during a capture, where two ranks that first used two
+		   pairs in opposite orders would wait for each other. One byte
+		   of the arena, which holds nothing before the first step. */
+		ncclResult_t e = rank == u->a ? ncclSend(s->ctx.arena, 1, ncclUint8, 1, c, s->ctx.streams[0]) : ncclRecv(s->ctx.arena, 1, ncclUint8, 0, c, s->ctx.streams[0]);
+		if (e != ncclSuccess || cudaStreamSynchronize(s->ctx.streams[0]) != cudaSuccess)
+			bad = fail(s, "NCCL could not connect ranks %lld and %lld", u->a, u->b);
 	}
 	free(all), free(own), free(counts), free(displs);
 	if (bad) return bad;
@@ -267,6 +280,15 @@ void kiln_destroy(kiln_step *s) {
 	free(s);
 }
 
+/* pointer_alignment is the largest power of two up to 256 that divides
+   p's address. */
+static unsigned int pointer_alignment(const void *p) {
+	unsigned long long a = (unsigned long long)(size_t)p;
+	unsigned int align = 1;
+	while (align < 256 && a % (2ull * align) == 0) align *= 2;
+	return align;
+}
+
 int kilnrt_cuda_lt_bias(const kilnrt_cuda_ctx *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A, cudaDataType at,
                         int lda, const void *B, cudaDataType bt, int ldb, float *C, int ldc, const float *bias) {
 	cublasLtMatmulDesc_t op = NULL;
@@ -284,9 +306,24 @@ int kilnrt_cuda_lt_bias(const kilnrt_cuda_ctx *c, cublasOperation_t ta, cublasOp
 	bad = bad || cublasLtMatrixLayoutCreate(&la, at, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda) != CUBLAS_STATUS_SUCCESS;
 	bad = bad || cublasLtMatrixLayoutCreate(&lb, bt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb) != CUBLAS_STATUS_SUCCESS;
 	bad = bad || cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc) != CUBLAS_STATUS_SUCCESS;
-	bad = bad || cublasLtMatmul(c->lt, op, &one, A, la, B, lb, &zero, C, lc, C, lc, NULL, c->blas_workspace, (size_t)c->blas_workspace_bytes,
+	/* The algorithm for these pointers' alignments (the heuristic assumes
+	   256 bytes unless told) and the workspace there is. */
+	cublasLtMatmulPreference_t pref = NULL;
+	unsigned long long workspace = (unsigned long long)c->blas_workspace_bytes;
+	unsigned int align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_c = pointer_alignment(C);
+	cublasLtMatmulHeuristicResult_t heuristic;
+	int found = 0;
+	bad = bad || cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c) != CUBLAS_STATUS_SUCCESS ||
+	      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c) != CUBLAS_STATUS_SUCCESS;
+	bad = bad || cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &heuristic, &found) != CUBLAS_STATUS_SUCCESS || found < 1;
+	bad = bad || cublasLtMatmul(c->lt, op, &one, A, la, B, lb, &zero, C, lc, C, lc, &heuristic.algo, c->blas_workspace, (size_t)c->blas_workspace_bytes,
 	                            c->streams[0]) != CUBLAS_STATUS_SUCCESS;
 	/* cuBLASLt reads the descriptors when the call is issued. */
+	if (pref) cublasLtMatmulPreferenceDestroy(pref);
 	if (lc) cublasLtMatrixLayoutDestroy(lc);
 	if (lb) cublasLtMatrixLayoutDestroy(lb);
 	if (la) cublasLtMatrixLayoutDestroy(la);

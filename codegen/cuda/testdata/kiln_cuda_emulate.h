@@ -677,10 +677,74 @@ static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t 
   kiln_emu.graphs--;
   return CUBLAS_STATUS_SUCCESS;
 }
+// Preferences and the heuristic: the minimum alignments of A, B, C and D
+// must hold of the pointers the call gets, and the bias must be 16-byte
+// aligned (no preference covers it; some of cuBLASLt's kernels need it).
+struct kiln_emu_lt_pref {
+  unsigned long long workspace = 0;
+  unsigned int align[4] = {256, 256, 256, 256};
+};
+typedef kiln_emu_lt_pref *cublasLtMatmulPreference_t;
+typedef enum {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
+typedef struct {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  *p = new kiln_emu_lt_pref;
+  kiln_emu.graphs++;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  kiln_emu.graphs--;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
+  if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && n == sizeof p->workspace) {
+    memcpy(&p->workspace, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES && n == sizeof(unsigned int)) {
+    memcpy(&p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], v, n);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                                            cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t p, int want,
+                                                            cublasLtMatmulHeuristicResult_t *res, int *found) {
+  if (!h || !d || !p || want < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  memset(res, 0, sizeof *res);
+  memcpy(res->algo.data, p->align, sizeof p->align);  // the alignments promised, for the call to check
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
 static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la,
                                             const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D,
-                                            cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t stream) {
+                                            cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t stream) {
   if (!h || !d || !la || !lb || !lc || C != D || lc != ld || d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  unsigned int align[4] = {256, 256, 256, 256};
+  if (algo) memcpy(align, algo->data, sizeof align);
+  const void *ptrs[4] = {A, B, C, D};
+  for (int i = 0; i < 4; i++)
+    if (align[i] == 0 || (unsigned long long)ptrs[i] % align[i] != 0) {
+      fprintf(stderr, "emulated cublasLtMatmul: operand %d at %p is not %u-byte aligned as its algorithm assumes\n", i, ptrs[i], align[i]);
+      abort();
+    }
+  if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && (unsigned long long)d->bias % 16 != 0) {
+    fprintf(stderr, "emulated cublasLtMatmul: the bias at %p is not 16-byte aligned\n", (const void *)d->bias);
+    abort();
+  }
   unsigned long long m = lc->rows, n = lc->cols, k = d->ta == CUBLAS_OP_N ? la->cols : la->rows;
   if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||
       (d->tb == CUBLAS_OP_N ? lb->cols : lb->rows) != n || la->type != lb->type)
