@@ -560,7 +560,8 @@ func (b *planner) fuseBias(k *loops.Kernel, n *Node, g *gemmPlan, ep *loops.Stag
 // stores exactly Out[point] + bias[row] in f32, in place (multiplications
 // by 1 aside; row the variable along cuBLAS's rows), with bias an
 // unguarded f32 buffer in memory (not a constant of the kernel) other
-// than Out read contiguously along the rows from element off; and the product is one f32 GEMM that overwrites C.
+// than Out read contiguously along the rows from element off; and the
+// product is one f32 GEMM that overwrites C.
 func biasOf(g *gemmPlan, ep *loops.Stage) (bias *loops.Buffer, off int64, ok bool) {
 	l := g.lib
 	if ep == nil || l.Batch != 1 || l.Beta != 0 || l.Alpha != 1 || l.CType != "f32" || ep.Out.Type.DType != ir.F32 ||
@@ -599,12 +600,11 @@ func biasOf(g *gemmPlan, ep *loops.Stage) (bias *loops.Buffer, off int64, ok boo
 	if !same(ep.Out, idx) {
 		return nil, 0, false
 	}
-	term := withoutUnits
-	sum, isSum := term(ep.Value).(*loops.Binary)
+	sum, isSum := withoutUnits(ep.Value).(*loops.Binary)
 	if !isSum || sum.Op != scalar.Add || sum.Kind() != loops.F32 {
 		return nil, 0, false
 	}
-	acc, other := term(sum.A), term(sum.B)
+	acc, other := withoutUnits(sum.A), withoutUnits(sum.B)
 	if la, ok := acc.(*loops.Load); !ok || la.Guard != nil || !same(la.Buf, la.Index) {
 		acc, other = other, acc
 	}
