@@ -19,6 +19,7 @@
    for a CUDA program the device bytes, kiln_cuda_memory);
    --profile the time of every kernel (the runtime's kiln_profile). */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -79,6 +80,22 @@ static void die(const char *fmt, const char *a, const char *b) {
 static void misuse(const char *fmt, const char *a, const char *b) {
 	report(fmt, a, b, " (--help lists the arguments)");
 	exit(2);
+}
+
+/* count_arg is the value of flag, a count from 1 to INT_MAX written in
+   decimal digits alone (no sign, exponent, fraction or trailing text), or
+   a misuse. */
+static int count_arg(const char *flag, const char *v) {
+	long long n = 0;
+	int digits = 0;
+	for (const char *p = v; *p; p++) {
+		if (*p < '0' || *p > '9') misuse("%s needs a positive whole count, not %s", flag, v);
+		n = n * 10 + (*p - '0');
+		digits++;
+		if (n > INT_MAX) misuse("%s %s is more than this program counts", flag, v);
+	}
+	if (!digits || n < 1) misuse("%s needs a positive whole count, not %s", flag, v);
+	return (int)n;
 }
 
 /* must_alloc allocates n zeroed bytes, or dies naming what they were for. */
@@ -686,11 +703,8 @@ int main(int argc, char **argv) {
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--output-dir") == 0 && i + 1 < argc) dir = argv[++i];
 		else if (strncmp(argv[i], "--output-dir=", 13) == 0) dir = argv[i] + 13;
-		else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = atoi(argv[++i]), timed = 1;
-		else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-			steps = atoi(argv[++i]);
-			if (steps < 1) misuse("--steps needs a positive count%s%s", "", "");
-		}
+		else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = count_arg("--repeat", argv[++i]), timed = 1;
+		else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = count_arg("--steps", argv[++i]);
 		else if (strcmp(argv[i], "--report-memory") == 0) report_memory = 1;
 		else if (strcmp(argv[i], "--report-time") == 0) report_time = 1;
 		else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
@@ -704,7 +718,7 @@ int main(int argc, char **argv) {
 		else if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc) in_dir = argv[++i];
 		else if (strncmp(argv[i], "--inputs=", 9) == 0) in_dir = argv[i] + 9;
 		else if (strcmp(argv[i], "--input") == 0) i++;
-		else if (strncmp(argv[i], "--input=", 8) != 0) die("unknown argument %s%s", argv[i], "");
+		else if (strncmp(argv[i], "--input=", 8) != 0) misuse("unknown argument %s%s", argv[i], "");
 	}
 	if (!dir) misuse("--output-dir is required%s%s", "", "");
 	if (in_dir) {
@@ -740,7 +754,6 @@ int main(int argc, char **argv) {
 		if (v && kiln_set(s, i, v, t->bytes) != 0) die("%s%s", kiln_error(s), "");
 		free(v);
 	}
-	if (repeat < 1) misuse("--repeat needs a positive count%s%s", "", "");
 	if (steps && timed) misuse("--steps and --repeat exclude each other%s%s", "", "");
 	if (steps) repeat = steps;
 	check_outputs(argc, argv, dir, in_dir);

@@ -1,0 +1,65 @@
+package llvm_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kiln-compiler/kiln/codegen/llvm"
+	"github.com/kiln-compiler/kiln/parser"
+)
+
+// TestExecutableCounts: --steps and --repeat take a positive whole count
+// in decimal digits and nothing else; anything else (an exponent, a
+// fraction, trailing text, a count past INT_MAX that would wrap, a
+// missing value) and an unknown flag are misuses of the command line,
+// exit 2, with nothing run.
+func TestExecutableCounts(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("t.kir", `func @f(%x: f32[4], %w: f32[4] {param}) -> (f32[]) {
+  %p = mul(%x, %w) : f32[4]
+  %l = reduce_sum(%p) : f32[]
+  return %l
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "autodiff,optimizer{kind=sgd,lr=0.1},assign")
+	p, err := llvm.Lower(m.Funcs[0])
+	require.NoError(t, err)
+	exe, err := llvm.Build(p, "exe", llvm.Options{})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "step")
+	require.NoError(t, os.WriteFile(bin, exe, 0o755))
+	run := func(args ...string) (int, string) {
+		out := filepath.Join(dir, "out")
+		require.NoError(t, os.RemoveAll(out))
+		cmd := exec.Command(bin, append([]string{"--seed", "1", "--output-dir", out}, args...)...)
+		b, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), string(b)
+		}
+		require.NoError(t, err, "%s", b)
+		return 0, string(b)
+	}
+	for _, args := range [][]string{
+		{"--steps", "1e3"}, {"--steps", "3x"}, {"--steps", "4294967298"}, {"--steps", "-2"}, {"--steps", "0"},
+		{"--steps", "+3"}, {"--steps", ""}, {"--steps", " 3"}, {"--repeat", "2.9"}, {"--repeat", "0x10"},
+		{"--bogus"}, {"--steps"}, {"--repeat"},
+	} {
+		code, out := run(args...)
+		require.Equal(t, 2, code, "%q: %s", args, out)
+		require.Contains(t, out, "--help lists the arguments", "%q", args)
+		_, err := os.Stat(filepath.Join(dir, "out", "loss.npy"))
+		require.True(t, os.IsNotExist(err), "%q ran the step", args)
+	}
+	code, out := run("--steps", "3")
+	require.Equal(t, 0, code, out)
+	code, out = run("--repeat", "2")
+	require.Equal(t, 0, code, out)
+}
