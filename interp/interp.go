@@ -247,9 +247,10 @@ func describe(op *ir.Op) string {
 	return s
 }
 
-// IndexBound returns, for an integer argument used as indices (gather
-// indices or cross-entropy labels), the exclusive upper bound of valid
-// values (lerp_gather's index vectors too); ok is false for other
+// IndexBound returns, for an integer argument used as indices (the
+// operands that op records declare as run-time indices: gather indices,
+// cross-entropy labels, lerp_gather's index vectors), the exclusive upper
+// bound of the values valid for every use; ok is false for other
 // arguments.
 func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 	found := false
@@ -264,52 +265,9 @@ func IndexBound(f *ir.Func, arg *ir.Value) (bound int64, ok bool) {
 				}
 			}
 		}
-		switch {
-		case op.Kind == "gather" && uses[op.Operands[1]]:
-			ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), op.Operands[0].Type.Rank())
-			if err == nil {
-				d := op.Operands[0].Type.Shape[ax]
-				if !found || d < bound {
-					bound, found = d, true
-				}
-			}
-		case (op.Kind == "gather_elements" || op.Kind == "gather_elements_grad") && uses[op.Operands[1]]:
-			shape := op.Operands[0].Type.Shape
-			if op.Kind == "gather_elements_grad" {
-				shape = ir.Shape(op.Attr().Ints("data_shape"))
-			}
-			if ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(shape)); err == nil {
-				if d := shape[ax]; !found || d < bound {
-					bound, found = d, true
-				}
-			}
-		case op.Kind == "gather_grad" && uses[op.Operands[1]]:
-			ds := op.Attr().Ints("data_shape")
-			ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(ds))
-			if err == nil {
-				if d := ds[ax]; !found || d < bound {
-					bound, found = d, true
-				}
-			}
-		case (op.Kind == "lerp_gather" || op.Kind == "lerp_gather_grad") && (uses[op.Operands[1]] || uses[op.Operands[2]]):
-			shape := op.Operands[0].Type.Shape
-			if op.Kind == "lerp_gather_grad" {
-				shape = ir.Shape(op.Attr().Ints("data_shape"))
-			}
-			if ax, err := ir.NormalizeAxis(op.Attr().Int("axis"), len(shape)); err == nil {
-				if d := shape[ax]; !found || d < bound {
-					bound, found = d, true
-				}
-			}
-		case op.Kind == "softmax_cross_entropy" && uses[op.Operands[1]]:
-			d := op.Operands[0].Type.Shape[1]
-			if !found || d < bound {
-				bound, found = d, true
-			}
-		case op.Kind == "softmax_cross_entropy_grad" && uses[op.Operands[2]]:
-			d := op.Operands[1].Type.Shape[1]
-			if !found || d < bound {
-				bound, found = d, true
+		for _, x := range ir.IndexOperands(op) {
+			if uses[op.Operands[x.Operand]] && (!found || x.Bound < bound) {
+				bound, found = x.Bound, true
 			}
 		}
 	})

@@ -134,7 +134,7 @@ func init() {
 		for o := int64(0); o < outer; o++ {
 			for k := int64(0); k < ni; k++ {
 				j := idx.I[k]
-				if j < 0 {
+				if j < 0 && op.Attr().Bool(ir.AttrNegative) {
 					j += d
 				}
 				if j < 0 || j >= d {
@@ -168,7 +168,7 @@ func init() {
 		o := newOdometer(idx.Type.Shape)
 		for i := int64(0); i < n; i++ {
 			k := idx.I[i]
-			if k < 0 {
+			if k < 0 && op.Attr().Bool(ir.AttrNegative) {
 				k += data[ax]
 			}
 			if k < 0 || k >= data[ax] {

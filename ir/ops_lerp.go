@@ -30,7 +30,8 @@ func init() {
 	Register(&OpDef{
 		Name: "lerp_gather", Summary: "linear interpolation along axis: y = x[lo] + w * (x[hi] - x[lo]) (x, lo, hi, w)",
 		MinOperands: 4, MaxOperands: 4,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}},
+		Attrs:   []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}},
+		Indices: func(in []Type, a AttrValues) []IndexOperand { return lerpIndices(in[0].Shape, a) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if err := floatOperand(in[0]); err != nil {
 				return nil, err
@@ -53,7 +54,8 @@ func init() {
 	Register(&OpDef{
 		Name: "lerp_gather_grad", Summary: "scatter-add dy * (1 - w) at lo and dy * w at hi into zeros of data_shape along axis (dy, lo, hi, w)",
 		MinOperands: 4, MaxOperands: 4,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}, {Name: "data_shape", Kind: AttrList, Required: true}},
+		Attrs:   []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}, {Name: "data_shape", Kind: AttrList, Required: true}},
+		Indices: func(_ []Type, a AttrValues) []IndexOperand { return lerpIndices(a.Ints("data_shape"), a) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if err := floatOperand(in[0]); err != nil {
 				return nil, err
@@ -87,4 +89,14 @@ func init() {
 		},
 		Linear: linearIn([]int{0}), ShapeAttr: "data_shape",
 	})
+}
+
+// lerpIndices says that lo and hi (operands 1 and 2) index axis "axis"
+// of data from 0.
+func lerpIndices(data []int64, a AttrValues) []IndexOperand {
+	ax, err := NormalizeAxis(a.Int("axis"), len(data))
+	if err != nil {
+		return nil
+	}
+	return []IndexOperand{{Operand: 1, Bound: data[ax]}, {Operand: 2, Bound: data[ax]}}
 }

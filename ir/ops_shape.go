@@ -323,8 +323,9 @@ func init() {
 		Linear: linearIn([]int{0}), ShapeAttr: "input_shape",
 	})
 	Register(&OpDef{
-		Name: "gather", Summary: "take entries of data along axis at integer indices (embeddings)", MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}},
+		Name: "gather", Summary: "take entries of data along axis at integer indices (embeddings); negative = false: an index below 0 is out of range", MinOperands: 2, MaxOperands: 2,
+		Attrs:   []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}, negativeAttr},
+		Indices: func(in []Type, a AttrValues) []IndexOperand { return axisIndices(1, in[0].Shape, a) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			s, err := GatherShape(in[0].Shape, in[1], a.Int("axis"))
 			return []Type{{DType: in[0].DType, Shape: s}}, err
@@ -352,7 +353,8 @@ func init() {
 	})
 	Register(&OpDef{
 		Name: "gather_grad", Summary: "scatter-add dy into zeros of data_shape at the gathered indices", MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}, ResultDTypeAttr},
+		Attrs:   []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}, ResultDTypeAttr, negativeAttr},
+		Indices: func(_ []Type, a AttrValues) []IndexOperand { return axisIndices(1, a.Ints("data_shape"), a) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			ds := Shape(a.Ints("data_shape"))
 			s, err := GatherShape(ds, in[1], a.Int("axis"))
@@ -394,7 +396,8 @@ func init() {
 	Register(&OpDef{
 		Name: "gather_elements", Summary: "ONNX GatherElements: y[i] = data[i with i[axis] replaced by indices[i]]; y has the indices' shape",
 		MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}},
+		Attrs:   []AttrSpec{{Name: "axis", Kind: AttrInt, Default: IntAttr(0)}, negativeAttr},
+		Indices: func(in []Type, a AttrValues) []IndexOperand { return axisIndices(1, in[0].Shape, a) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if err := checkElementIndices(in[0].Shape, in[1], a.Int("axis")); err != nil {
 				return nil, err
@@ -414,7 +417,8 @@ func init() {
 	Register(&OpDef{
 		Name: "gather_elements_grad", Summary: "scatter-add dy into zeros of data_shape at gather_elements' indices",
 		MinOperands: 2, MaxOperands: 2,
-		Attrs: []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}},
+		Attrs:   []AttrSpec{{Name: "axis", Kind: AttrInt}, {Name: "data_shape", Kind: AttrList, Required: true}, negativeAttr},
+		Indices: func(_ []Type, a AttrValues) []IndexOperand { return axisIndices(1, a.Ints("data_shape"), a) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			ds := Shape(a.Ints("data_shape"))
 			if err := checkElementIndices(ds, in[1], a.Int("axis")); err != nil {
@@ -623,3 +627,15 @@ func SliceOf(in Shape, a AttrValues) (Slice, error) {
 }
 
 func clamp(x, lo, hi int64) int64 { return max(lo, min(x, hi)) }
+
+// axisIndices says that operand k indexes axis "axis" of data (a
+// gather's), negative indices counting from the end unless the op's
+// "negative" is false. An axis out of range declares nothing (Infer
+// refuses the op).
+func axisIndices(k int, data []int64, a AttrValues) []IndexOperand {
+	ax, err := NormalizeAxis(a.Int("axis"), len(data))
+	if err != nil {
+		return nil
+	}
+	return []IndexOperand{{Operand: k, Bound: data[ax], Negative: a.Bool(AttrNegative)}}
+}

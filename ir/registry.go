@@ -131,6 +131,11 @@ type OpDef struct {
 	// Update: an optimizer update, which reads a gradient and writes the
 	// parameter and its state in place (Writes).
 	Update bool
+	// Indices lists the operands whose integer values index a dimension
+	// at run time (gather indices, cross-entropy labels): an element
+	// outside the range IndexOperand states fails the run (the
+	// interpreter returns an error, compiled code a status). nil: none.
+	Indices func(in []Type, a AttrValues) []IndexOperand
 	// Running maps an operand that holds a running statistic to the
 	// result that is its new value (batch_norm_train's running mean and
 	// variance): a training step writes the result back into the operand
@@ -195,6 +200,32 @@ type OpDef struct {
 	// of the op for a part of its result sets it to the part's shape).
 	ShapeAttr string
 }
+
+// IndexOperand is an operand whose elements index a dimension of Bound
+// entries at run time: each must lie in [0, Bound), or in [-Bound, Bound)
+// where Negative (an index below 0 counts from the end, as ONNX's Gather).
+type IndexOperand struct {
+	Operand  int
+	Bound    int64
+	Negative bool
+}
+
+// Allows reports whether the index value v is in range.
+func (x IndexOperand) Allows(v int64) bool {
+	if x.Negative && v < 0 {
+		v += x.Bound
+	}
+	return v >= 0 && v < x.Bound
+}
+
+// AttrNegative is the bool attribute of the gathers and their gradients
+// that says whether an index below 0 counts from the end (the default,
+// ONNX's Gather and GatherElements) or is out of range (labels, batch
+// indices, positions a pooling recorded).
+const AttrNegative = "negative"
+
+// negativeAttr is the AttrSpec of AttrNegative.
+var negativeAttr = AttrSpec{Name: AttrNegative, Kind: AttrBool, Default: BoolAttr(true)}
 
 // AttrValues reads an op's attributes, with the declared default where
 // one is absent. Reading a name the op does not declare panics: that is
@@ -604,6 +635,20 @@ func DrawsRandom(op *Op) bool {
 		in[i] = x.Type
 	}
 	return d.Random(in)
+}
+
+// IndexOperands returns what op's record says of the operands it reads
+// as run-time indices (OpDef.Indices), nil for none.
+func IndexOperands(op *Op) []IndexOperand {
+	d := op.Def()
+	if d == nil || d.Indices == nil {
+		return nil
+	}
+	in := make([]Type, len(op.Operands))
+	for i, x := range op.Operands {
+		in[i] = x.Type
+	}
+	return d.Indices(in, op.Attr())
 }
 
 // IsRandomKey reports whether t is the type of a random key operand: the

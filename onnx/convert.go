@@ -575,7 +575,9 @@ func (im *importer) nllLoss(n *node, in []entry, reduction string) (entry, error
 	if err != nil {
 		return entry{}, err
 	}
-	picked, err := im.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(1)}, x, idx)
+	// A label counts from 0: -1 is out of range (PyTorch raises), not the
+	// last class.
+	picked, err := im.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(1), ir.AttrNegative: ir.BoolAttr(false)}, x, idx)
 	if err != nil {
 		return entry{}, err
 	}
@@ -589,7 +591,7 @@ func (im *importer) nllLoss(n *node, in []entry, reduction string) (entry, error
 		if in[2].typ().Rank() != 1 || in[2].typ().Shape[0] != xt.Shape[1] {
 			return entry{}, im.errorf("class weights %s must have one entry per class (%d)", in[2].typ(), xt.Shape[1])
 		}
-		g, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(0)}, in[2], safe)
+		g, err := im.one("gather", ir.Attrs{"axis": ir.IntAttr(0), ir.AttrNegative: ir.BoolAttr(false)}, in[2], safe)
 		if err != nil {
 			return entry{}, err
 		}

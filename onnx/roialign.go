@@ -135,7 +135,9 @@ func init() {
 				pos := c.op("add", nil, base, c.op("add", nil, c.op("mul", nil, col3(yy.at), scalarConst(ir.I64, float64(W))), row3(xx.at)))
 				w := c.op("where", nil, inside, c.op("mul", nil, col3(yy.w), row3(xx.w)), f64(0))
 				w = c.op("unsqueeze", ir.Attrs{"axes": ir.IntsAttr(3)}, c.cast(w, x.typ().DType)) // [R, A, B, 1]
-				v := c.op("gather", ir.Attrs{"axis": ir.IntAttr(0)}, table, pos)                  // [R, A, B, C]
+				// A batch index below 0 (or past N) leaves every position
+				// out of range: the run fails rather than pool another image.
+				v := c.op("gather", ir.Attrs{"axis": ir.IntAttr(0), ir.AttrNegative: ir.BoolAttr(false)}, table, pos) // [R, A, B, C]
 				corners = append(corners, c.op("mul", nil, v, w))
 			}
 		}

@@ -130,7 +130,8 @@ func init() {
 		m := x.typ().NumElements()
 		flatX := c.op("reshape", ir.Attrs{"shape": ir.IntsAttr(m)}, x)
 		flatI := c.op("reshape", ir.Attrs{"shape": ir.IntsAttr(m)}, ix)
-		a := ir.Attrs{"axis": ir.IntAttr(0), "data_shape": ir.IntsAttr(total)}
+		// The indices are MaxPool's: positions from 0, none below.
+		a := ir.Attrs{"axis": ir.IntAttr(0), "data_shape": ir.IntsAttr(total), ir.AttrNegative: ir.BoolAttr(false)}
 		sum := c.op("gather_grad", a, flatX, flatI)
 		ones := c.cast(c.op("eq", nil, flatI, flatI), x.typ().DType) // 1 per value of X
 		count := c.op("gather_grad", a, ones, flatI)

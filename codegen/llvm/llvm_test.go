@@ -322,12 +322,16 @@ func TestSoftmaxLargeLogits(t *testing.T) {
 // TestIndexOutOfRangeIsAnError: an embedding index or a label outside its
 // dimension is an error of the compiled program, as it is of the
 // interpreter, and never a read outside a buffer. In-range indices
-// (negative ones count from the end) run normally.
+// (negative ones count from the end, unless the gather says negative =
+// false) run normally.
 func TestIndexOutOfRangeIsAnError(t *testing.T) {
 	requireClang(t)
-	m, err := parser.Parse("in.kir", `func @f(%e: f32[5,3] {param}, %i: i64[4], %x: f32[4,6], %y: i64[4]) -> (f32[]) {
+	m, err := parser.Parse("in.kir", `func @f(%e: f32[5,3] {param}, %i: i64[4], %x: f32[4,6], %y: i64[4], %j: i64[2]) -> (f32[]) {
   %g = gather(%e, %i) {axis = 0} : f32[4,3]
-  %s = reduce_sum(%g) : f32[]
+  %k = gather(%e, %j) {axis = 0, negative = false} : f32[2,3]
+  %gs = reduce_sum(%g) : f32[]
+  %ks = reduce_sum(%k) : f32[]
+  %s = add(%gs, %ks) : f32[]
   %l = softmax_cross_entropy(%x, %y) : f32[]
   %t = add(%s, %l) : f32[]
   return %t
@@ -343,7 +347,8 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 	ints := func(v ...int64) *interp.Tensor {
 		return interp.FromInts(ir.TensorOf(ir.I64, int64(len(v))), v)
 	}
-	good := []*interp.Tensor{e, ints(0, 4, -1, 2), x, ints(0, 5, 3, 1)}
+	j := ints(4, 0)
+	good := []*interp.Tensor{e, ints(0, 4, -1, 2), x, ints(0, 5, 3, 1), j}
 	want, err := interp.Run(f, good, interp.Options{})
 	require.NoError(t, err)
 	exe, err := llvm.Compile(p, llvm.Options{})
@@ -353,10 +358,12 @@ func TestIndexOutOfRangeIsAnError(t *testing.T) {
 	require.NoError(t, err)
 	require.InDelta(t, want[0].F[0], got[0].F[0], 1e-4)
 	for _, bad := range [][]*interp.Tensor{
-		{e, ints(0, 5, 1, 2), x, ints(0, 1, 2, 3)},
-		{e, ints(0, -6, 1, 2), x, ints(0, 1, 2, 3)},
-		{e, ints(0, 1, 1, 2), x, ints(0, 6, 2, 3)},
-		{e, ints(0, 1, 1, 2), x, ints(0, -1, 2, 3)},
+		{e, ints(0, 5, 1, 2), x, ints(0, 1, 2, 3), j},
+		{e, ints(0, -6, 1, 2), x, ints(0, 1, 2, 3), j},
+		{e, ints(0, 1, 1, 2), x, ints(0, 6, 2, 3), j},
+		{e, ints(0, 1, 1, 2), x, ints(0, -1, 2, 3), j},
+		{e, ints(0, 1, 1, 2), x, ints(0, 1, 2, 3), ints(-1, 0)},
+		{e, ints(0, 1, 1, 2), x, ints(0, 1, 2, 3), ints(0, 5)},
 	} {
 		_, err := interp.Run(f, bad, interp.Options{})
 		require.Error(t, err)

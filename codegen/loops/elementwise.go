@@ -273,7 +273,7 @@ func init() {
 		d := data.Type.Shape[ax]
 		return []accessor{func(idx []Expr) Expr {
 			j := conv(ind.At(idx[ax:ax+ir_]), I64)
-			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			j = indexInto(j, d, op.Attr().Bool(ir.AttrNegative))
 			src := append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+ir_:]...)
 			return data.At(src)
 		}}, nil
@@ -284,7 +284,7 @@ func init() {
 		d := data.Type.Shape[ax]
 		return []accessor{func(idx []Expr) Expr {
 			j := conv(ind.At(idx), I64)
-			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			j = indexInto(j, d, op.Attr().Bool(ir.AttrNegative))
 			src := append([]Expr(nil), idx...)
 			src[ax] = j
 			return data.At(src)

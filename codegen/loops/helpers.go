@@ -244,6 +244,16 @@ func checkedIndex(i Expr, n int64) Expr {
 	return &Checked{Cond: inRange(i, n), X: clamp(i, n)}
 }
 
+// indexInto is the index j into a dimension of d entries, counted from
+// the end where it is below 0 and negative allows that, checked and
+// clamped into [0, d-1].
+func indexInto(j Expr, d int64, negative bool) Expr {
+	if negative {
+		j = sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j)
+	}
+	return checkedIndex(j, d)
+}
+
 // inRange is 0 <= i < n.
 func inRange(i Expr, n int64) Expr {
 	return and(cmp(scalar.Ge, i, Int{0}), cmp(scalar.Lt, i, Int{n}))

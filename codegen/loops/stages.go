@@ -870,7 +870,7 @@ func lowerGatherGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) error {
 	b.scatter(out[0], dy.Type.Shape.Clone(),
 		func(idx []Expr) []Expr {
 			j := conv(ind.At(idx[ax:ax+r]), I64)
-			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			j = indexInto(j, d, op.Attr().Bool(ir.AttrNegative))
 			return append(append(append([]Expr(nil), idx[:ax]...), j), idx[ax+r:]...)
 		},
 		nil,
@@ -927,7 +927,7 @@ func lowerGatherElementsGrad(b *builder, op *ir.Op, in []Tensor, out []*Buffer) 
 	b.scatter(out[0], ind.Type.Shape.Clone(),
 		func(idx []Expr) []Expr {
 			j := conv(ind.At(idx), I64)
-			j = checkedIndex(sel(cmp(scalar.Lt, j, Int{0}), add(j, Int{d}), j), d)
+			j = indexInto(j, d, op.Attr().Bool(ir.AttrNegative))
 			dst := append([]Expr(nil), idx...)
 			dst[ax] = j
 			return dst

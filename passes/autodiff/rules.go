@@ -518,14 +518,14 @@ func init() {
 		return []*ir.Value{b.one("slice_grad", a, grad(op), dys[0])}
 	}
 	rules["gather_elements"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		a := ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis")), "data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)}
+		a := indexing(op, ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis")), "data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)})
 		return []*ir.Value{b.one("gather_elements_grad", a, grad(op), dys[0], x(op, 1)), nil}
 	}
 	rules["gather_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.one("gather", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1)), nil}
+		return []*ir.Value{b.one("gather", indexing(op, ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}), grad(op), dys[0], x(op, 1)), nil}
 	}
 	rules["gather_elements_grad"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		return []*ir.Value{b.one("gather_elements", ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}, grad(op), dys[0], x(op, 1)), nil}
+		return []*ir.Value{b.one("gather_elements", indexing(op, ir.Attrs{"axis": ir.IntAttr(op.Attr().Int("axis"))}), grad(op), dys[0], x(op, 1)), nil}
 	}
 	rules["lerp_gather"] = func(b *builder, op *ir.Op, dys []*ir.Value, need []bool) []*ir.Value {
 		xv := x(op, 0)
@@ -547,7 +547,7 @@ func init() {
 		return out
 	}
 	rules["gather"] = func(b *builder, op *ir.Op, dys []*ir.Value, _ []bool) []*ir.Value {
-		a := ir.Attrs{"data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)}
+		a := indexing(op, ir.Attrs{"data_shape": ir.IntsAttr(x(op, 0).Type.Shape...)})
 		if v, ok := op.Attrs["axis"]; ok {
 			a["axis"] = v
 		}
@@ -561,6 +561,15 @@ func init() {
 		}
 		return []*ir.Value{b.one("pad", ir.Attrs{"pads": ir.IntsAttr(neg...)}, grad(op), dys[0])}
 	}
+}
+
+// indexing is a with op's "negative" (how the gathers read an index
+// below 0) where op sets it: a gradient reads the indices as the op did.
+func indexing(op *ir.Op, a ir.Attrs) ir.Attrs {
+	if v, ok := op.Attrs[ir.AttrNegative]; ok {
+		a[ir.AttrNegative] = v
+	}
+	return a
 }
 
 // swapLast transposes the last two dimensions of v.
