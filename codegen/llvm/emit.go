@@ -95,6 +95,14 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		}
 		kernels = append(kernels, f)
 	}
+	var restores []*ir.Func
+	for _, k := range p.Restore {
+		f, err := md.kernel(k)
+		if err != nil {
+			return nil, err
+		}
+		restores = append(restores, f)
+	}
 	arena, params, inputs, outputs := ir.NewParam("arena", i8p), ir.NewParam("params", i8pp), ir.NewParam("inputs", i8pp), ir.NewParam("outputs", i8pp)
 	entry := md.m.NewFunc(EntryName(p.Func), types.I32, arena, params, inputs, outputs)
 	blk := entry.NewBlock("")
@@ -104,10 +112,25 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 	}
 	ws, free := fe.allocWorkspace()
 	enter, exit := md.profileHook("kiln_profile_enter"), md.profileHook("kiln_profile_exit")
+	// A failure restores the backups taken before it, the last first.
+	onFailure := func(backups int) func() {
+		return func() {
+			for j := backups - 1; j >= 0; j-- {
+				fe.cur.NewCall(restores[j], arena, params, inputs, ws)
+			}
+			free()
+		}
+	}
 	for i, k := range kernels {
+		if p.Kernels[i].TestStatus && md.status != nil {
+			fe.returnOnFailure(onFailure(p.Kernels[i].Backups))
+		}
 		fe.cur.NewCall(enter, constant.NewInt(types.I64, int64(i)))
 		fe.cur.NewCall(k, arena, params, inputs, ws)
 		fe.cur.NewCall(exit, constant.NewInt(types.I64, int64(i)))
+	}
+	if len(restores) > 0 && md.status != nil {
+		fe.returnOnFailure(onFailure(len(restores))) // a check after the last test failed
 	}
 	free()
 	blk = fe.cur
@@ -122,6 +145,20 @@ func Emit(p *loops.Program, opts ...Options) (*ir.Module, error) {
 		blk.NewRet(blk.NewLoad(types.I32, md.status))
 	}
 	return md.m, nil
+}
+
+// returnOnFailure ends the entry point when the run's status is not 0
+// (an index check failed), after cleanup (the arguments written so far
+// restored, the workspace released): the kernels after it, which write
+// arguments, do not run.
+func (e *fn) returnOnFailure(cleanup func()) {
+	st := e.cur.NewLoad(types.I32, e.md.status)
+	fail, next := e.f.NewBlock(""), e.f.NewBlock("")
+	e.cur.NewCondBr(e.cur.NewICmp(enum.IPredNE, st, constant.NewInt(types.I32, 0)), fail, next)
+	e.cur = fail
+	cleanup()
+	e.cur.NewRet(st)
+	e.cur = next
 }
 
 // profileHook emits a weak kiln_profile_enter(kernel) or

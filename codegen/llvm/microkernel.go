@@ -91,7 +91,7 @@ const im2colBytes = 8 << 20
 
 // Lower lowers f, whose values carry arena offsets, for this backend.
 func Lower(f *kir.Func) (*loops.Program, error) {
-	return loops.LowerWith(f, loops.Options{Im2colBytes: im2colBytes, TransposeNarrowWeightGrads: true, ConvPanels: true})
+	return loops.LowerWith(f, loops.Options{Im2colBytes: im2colBytes, TransposeNarrowWeightGrads: true, ConvPanels: true, Transactional: true})
 }
 
 // panelWidth is the columns of a packed panel for a matmul of n columns:

@@ -210,7 +210,10 @@ func tables(p *loops.Program, threads int, wrapper bool) (string, error) {
 		data.Tensors = append(data.Tensors, pt)
 	}
 	for _, k := range p.Kernels {
-		c := kir.OpCost(k.Op)
+		var c kir.Cost
+		if k.Op != nil {
+			c = kir.OpCost(k.Op)
+		}
 		data.Kernels = append(data.Kernels, programKernel{Name: cString(k.Name), Bytes: c.BytesRead + c.BytesWritten, FLOPs: c.FLOPs})
 	}
 	var b strings.Builder

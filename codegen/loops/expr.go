@@ -302,9 +302,16 @@ func reads(x Expr, v *Var) bool {
 // Kernel is what one op (or one fused kernel op) becomes.
 type Kernel struct {
 	Name  string
-	Op    *ir.Op
+	Op    *ir.Op // nil for a check kernel (Options.Transactional)
 	Steps []Step
 	Temps []*Buffer
+	// TestStatus: the kernel writes an argument, and the run ends before
+	// it, nothing written, when an index check so far has failed
+	// (Options.Transactional).
+	TestStatus bool
+	// Backups is how many of the program's backups (Program.Restore) are
+	// taken when this kernel starts: those a failure found here restores.
+	Backups int
 }
 
 // Children are the expressions x reads directly (nil where absent).

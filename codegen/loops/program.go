@@ -20,6 +20,13 @@ type Program struct {
 	Kernels    []*Kernel
 	ArenaBytes int64
 	HostBytes  int64 // the host arena of swapped-out tensors
+	// Restore[j] copies back the argument of the run's j-th backup (a
+	// copy past the planned arena, BackupBytes in all, in ArenaBytes),
+	// taken before the argument's first write: when an index check fails,
+	// a backend runs the restores of the backups taken so far, the last
+	// first (Options.Transactional).
+	Restore     []*Kernel
+	BackupBytes int64
 }
 
 // Lower turns f, whose values carry arena offsets (the assign pass), into
@@ -57,6 +64,10 @@ type Options struct {
 	// A pointwise one of one group is a product per image whose operands
 	// are plain loads, which a backend may hand to a strided-batched GEMM.
 	ImplicitGemm bool
+	// Transactional: a run that fails an index check changes no argument
+	// (transaction.go): writing kernels test the status first, and index
+	// checks after the first write are proved or hoisted before it.
+	Transactional bool
 }
 
 // LowerWith is Lower for a backend that says what it can do in opts.
@@ -107,6 +118,11 @@ func LowerWith(f *ir.Func, opts Options) (*Program, error) {
 	}
 	for _, r := range f.Results {
 		p.Results = append(p.Results, store[r.Value])
+	}
+	if opts.Transactional {
+		if err := p.transactional(store); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }

@@ -4,11 +4,14 @@
    CUDA runtime (kiln_cuda_runtime.cu, which passes host copies of the
    device tensors), so it is valid C and C++. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kiln_program.h"
 
@@ -171,15 +174,29 @@ static int load_member(char *err, size_t errlen, const kiln_tensor_info *t, cons
 	if (!d || d[0] != '\'' || strncmp(d + 1, t->descr, dl) != 0 || d[1 + dl] != '\'') return ckfail(err, errlen, "%s.npy: wrong dtype (want %s)", t->name, t->descr);
 	if (!o || strncmp(o, "False", 5) != 0) return ckfail(err, errlen, "%s.npy: Fortran order is not supported", t->name);
 	if (!sh || *sh != '(') return ckfail(err, errlen, "%s.npy: no shape", t->name);
-	sh++;
-	for (int i = 0; i < t->rank; i++) {
+	const char *lp = sh++;
+	int same = 1;
+	for (int i = 0; i < t->rank && same; i++) {
 		char *e;
 		long long v = strtoll(sh, &e, 10);
-		if (e == sh || v != t->shape[i]) return ckfail(err, errlen, "%s.npy: wrong shape", t->name);
+		if (e == sh || v != t->shape[i]) same = 0;
 		for (sh = e; *sh == ',' || *sh == ' '; sh++) {
 		}
 	}
-	if (*sh != ')') return ckfail(err, errlen, "%s.npy: wrong shape", t->name);
+	if (!same || *sh != ')') {
+		/* Both shapes, as numpy writes them: the file's up to its ')'. */
+		const char *rp = strchr(lp, ')');
+		int found = rp ? (int)(rp - lp + 1) : (int)strlen(lp);
+		char want[640];
+		size_t at = 0;
+		want[0] = 0;
+		for (int i = 0; i < t->rank && at < sizeof want; i++) {
+			int w = snprintf(want + at, sizeof want - at, i ? ", %lld" : "%lld", t->shape[i]);
+			if (w < 0) break;
+			at += (size_t)w;
+		}
+		return ckfail(err, errlen, "%s.npy: shape %.*s, the step holds (%s%s)", t->name, found > 200 ? 200 : found, lp, want, t->rank == 1 ? "," : "");
+	}
 	if (n - start - hl != (unsigned long long)t->bytes) return ckfail(err, errlen, "%s.npy: %llu data bytes, want %lld", t->name, n - start - hl, t->bytes);
 	memcpy(dst, b + start + hl, (size_t)t->bytes);
 	return 0;
@@ -192,8 +209,20 @@ static int fits(unsigned long long at, unsigned long long n, long size) {
 }
 
 int kilnrt_load(void *const *pv, const char *path, char *err, size_t errlen) {
-	FILE *f = fopen(path, "rb");
-	if (!f) return ckfail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+	/* A regular file only: opened without blocking (a FIFO would wait for
+	   a writer) and checked before anything is read. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) return ckfail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return ckfail(err, errlen, "%s is not a regular file", path);
+	}
+	FILE *f = fdopen(fd, "rb");
+	if (!f) {
+		close(fd);
+		return ckfail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+	}
 	unsigned char *all = NULL;
 	long size = -1;
 	if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
