@@ -1,6 +1,10 @@
 package ir
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kiln-compiler/kiln/ir/scalar"
+)
 
 // Neural-network ops: convolution, pooling, normalisation, softmax,
 // dropout, losses.
@@ -232,6 +236,21 @@ func init() {
 		Axes:    func(in, out []Type, _ AttrValues) Axes { return channelAxes(in, out, Mixed) },
 		PerPart: func(in, out []Type, _ AttrValues) Axes { return channelAxes(in, out, Parallel) },
 	})
+	// ema is a running statistic's update written out (a batch norm
+	// decomposed into its sums, as microbatch's exact-bn and data
+	// parallelism do): its record says, as batch_norm_train's does, that
+	// the result is the new value of operand 0, which a training step
+	// writes back when operand 0 is state.
+	registerBinary(&OpDef{
+		Name: "ema", Summary: "a running statistic's update: old * momentum + new * (1 - momentum) (old, new)",
+		Attrs:   []AttrSpec{{Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)}},
+		Running: map[int]int{0: 0},
+		Scalar: func(a AttrValues, _ []Type, _ Type) *scalar.Expr {
+			m := a.Float("momentum")
+			return x0.Mul(num(m)).Add(x1.Mul(num(1 - m)))
+		},
+		KeepF32: true, Grad: NoGrad,
+	})
 	Register(&OpDef{
 		Name: "batch_norm_infer", Summary: "batch normalisation with given statistics: (x, scale, bias, mean, var) -> y",
 		MinOperands: 5, MaxOperands: 5, Attrs: []AttrSpec{{Name: "epsilon", Kind: AttrFloat, Default: FloatAttr(1e-5)}},
@@ -436,6 +455,7 @@ func init() {
 	Register(&OpDef{
 		Name: "softmax_cross_entropy", Summary: "softmax cross-entropy of logits[N,K] (or [N,K,...]) with integer labels[N] (or [N,...]); reduction mean or sum",
 		MinOperands: 2, MaxOperands: 2, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}, ResultDTypeAttr},
+		Indices: func(in []Type, _ AttrValues) []IndexOperand { return labelIndices(1, in[0]) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if err := crossEntropyShapes(in[0], in[1]); err != nil {
 				return nil, err
@@ -460,6 +480,7 @@ func init() {
 	Register(&OpDef{
 		Name: "softmax_cross_entropy_grad", Summary: "gradient of softmax_cross_entropy: (dloss, logits, labels) -> dlogits",
 		MinOperands: 3, MaxOperands: 3, Attrs: []AttrSpec{{Name: "reduction", Kind: AttrString, Default: StringAttr("mean"), Enum: []string{"mean", "sum"}}, ResultDTypeAttr},
+		Indices: func(in []Type, _ AttrValues) []IndexOperand { return labelIndices(2, in[1]) },
 		Infer: func(in []Type, a AttrValues) ([]Type, error) {
 			if in[0].Rank() != 0 {
 				return nil, fmt.Errorf("dloss must be a scalar, got %s", in[0])
@@ -788,4 +809,13 @@ func crossEntropyAxes(s Shape, rows LoopKind) Axes {
 	x.Loops[1].Kind = Mixed
 	x.Operands = [][]Index{identity(0, len(s)), labels}
 	return x
+}
+
+// labelIndices says that operand k holds class labels of the logits x,
+// from 0 to x's class dimension (1).
+func labelIndices(k int, x Type) []IndexOperand {
+	if x.Rank() < 2 {
+		return nil
+	}
+	return []IndexOperand{{Operand: k, Bound: x.Shape[1]}}
 }

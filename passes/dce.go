@@ -26,7 +26,7 @@ func RemoveDeadOps(f *ir.Func) int {
 	keep := make([]bool, len(f.Body))
 	for i := len(f.Body) - 1; i >= 0; i-- {
 		op := f.Body[i]
-		live := len(op.Results) == 0 || isImpure(op)
+		live := len(op.Results) == 0 || isImpure(op) || updatesState(op)
 		for _, r := range op.Results {
 			live = live || used[r]
 		}
@@ -52,6 +52,22 @@ func RemoveDeadOps(f *ir.Func) int {
 	}
 	f.Body = out
 	return removed
+}
+
+// updatesState reports whether op computes the new value of a state
+// argument (its record's Running: a running statistic), which a training
+// step's optimizer pass writes back: dead code until then, kept.
+func updatesState(op *ir.Op) bool {
+	d := op.Def()
+	if d == nil {
+		return false
+	}
+	for k := range d.Running {
+		if x := op.Operands[k]; x.Arg != nil && x.Arg.Kind == ir.ArgState {
+			return true
+		}
+	}
+	return false
 }
 
 // isImpure reports whether op may not be removed, merged or duplicated:

@@ -141,9 +141,10 @@ func (e *emitter) forward(op *ir.Op) []*ir.Value {
 		unbiased = e.op("mul", nil, name+".unbiased", q, e.scalar(d, 1/(count-1), name+".inv_count_1"))
 	}
 	meanC := e.op("reshape", perChannel, op.Results[3].Name, mean)
+	// ema's record tells the optimizer pass that the result is the
+	// statistic's new value, to write back as it writes batch_norm_train's.
 	running := func(old, batch *ir.Value, res *ir.Value) *ir.Value {
-		return e.op("add", nil, res.Name, e.op("mul", nil, res.Name+".kept", old, e.scalar(d, mom, res.Name+".momentum")),
-			e.op("mul", nil, res.Name+".new", e.op("reshape", perChannel, res.Name+".batch", batch), e.scalar(d, 1-mom, res.Name+".rest")))
+		return e.op("ema", ir.Attrs{"momentum": ir.FloatAttr(mom)}, res.Name, old, e.op("reshape", perChannel, res.Name+".batch", batch))
 	}
 	return []*ir.Value{y, running(rm, mean, op.Results[1]), running(rv, unbiased, op.Results[2]), meanC,
 		e.op("reshape", perChannel, op.Results[4].Name, invstd)}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kiln-compiler/kiln/interp"
+	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/liveness"
 	"github.com/kiln-compiler/kiln/passes"
 	"github.com/kiln-compiler/kiln/passes/microbatch"
@@ -80,6 +81,39 @@ func TestExactBNEqualsWholeBatch(t *testing.T) {
 	got, err := interp.Run(perSlice.Funcs[0], interp.CloneAll(args), interp.Options{})
 	require.NoError(t, err)
 	require.Greater(t, passtest.RelErr(got[0], want[0]), 1e-6, "per-slice statistics change the loss")
+}
+
+// TestExactBNUpdatesRunningStatistics: split before the optimizer pass
+// (the planner's order, what --microbatches asks for), exact-bn's
+// decomposed statistics still reach the running statistics: they are
+// inout, updated once, and after the step equal the whole batch's update,
+// as do the parameters (f64, the bound of TestExactBNEqualsWholeBatch).
+func TestExactBNUpdatesRunningStatistics(t *testing.T) {
+	whole := passtest.Parse(t, bnCNN)
+	f := whole.Funcs[0]
+	f.Results = f.Results[:1]
+	passes.RemoveDeadOps(f)
+	split := passtest.Clone(t, whole)
+	passtest.Run(t, whole, "autodiff{loss=mean},optimizer{kind=momentum}")
+	passtest.Run(t, split, "autodiff{loss=mean},microbatch{n=2,exact-bn=true},optimizer{kind=momentum}")
+	args := interp.RandomArgs(whole.Funcs[0], 4)
+	want, wantArgs, err := interp.RunWithUpdates(whole.Funcs[0], interp.CloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	got, gotArgs, err := interp.RunWithUpdates(split.Funcs[0], interp.CloneAll(args), interp.Options{})
+	require.NoError(t, err)
+	require.LessOrEqual(t, passtest.RelErr(got[0], want[0]), 1e-12, "the loss")
+	stats := 0
+	for i, a := range split.Funcs[0].Args {
+		w := whole.Funcs[0].Args[i]
+		require.Equal(t, w.Name, a.Name)
+		require.Equal(t, w.Arg.InOut, a.Arg.InOut, "%s is inout in one step only", a.Name)
+		if a.Arg.Kind == ir.ArgState && a.Arg.Attrs.String("role", "") == "running_stat" {
+			stats++
+			require.Equal(t, int64(1), a.Arg.Attrs.Int("updates", 0), "%s is updated once", a.Name)
+		}
+		require.LessOrEqual(t, passtest.RelErr(gotArgs[i], wantArgs[i]), 1e-12, "%s after the step", a.Name)
+	}
+	require.Equal(t, 6, stats, "every running statistic is written back")
 }
 
 // TestExactBNPhases: a stack of L convolutions with batch norms runs in
