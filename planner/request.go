@@ -79,8 +79,9 @@ type RequestError struct{ Msg string }
 
 func (e *RequestError) Error() string { return e.Msg }
 
-// Optimizers are the optimizer kinds a request may name.
-var Optimizers = []string{"sgd", "momentum", "adam", "adamw"}
+// Optimizers are the optimizer kinds a request may name ("none": no
+// update, the gradients returned, the step's state advancing).
+var Optimizers = []string{"sgd", "momentum", "adam", "adamw", "none"}
 
 // Check refuses a request that cannot be planned as asked, before any
 // input is read: a *RequestError.

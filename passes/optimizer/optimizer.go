@@ -21,6 +21,11 @@
 // (state operands of batch_norm_train) take the new values the step
 // computes, as a PyTorch module in training mode updates its buffers.
 //
+// kind=none updates no parameter and keeps the gradients as results: a
+// training step that only computes gradients still advances what PyTorch's
+// forward and backward advance (the running statistics, the random
+// position, and optimizer.step, which counts the steps taken).
+//
 // After dynamic loss scaling (precision with f16), each update also takes
 // the step's grads.finite result and writes nothing when it is false, as
 // GradScaler skips optimizer.step(); the updates then wait for every
@@ -65,7 +70,7 @@ func init() {
 }
 
 type options struct {
-	Kind        string   `opt:"kind" enum:"sgd|momentum|adam|adamw" default:"sgd" doc:"the update rule (torch.optim semantics)"`
+	Kind        string   `opt:"kind" enum:"sgd|momentum|adam|adamw|none" default:"sgd" doc:"the update rule (torch.optim semantics); none: no update, the gradients stay results and the state advances"`
 	LR          float64  `opt:"lr" default:"0.001" range:"(0,inf)" doc:"learning rate"`
 	Momentum    float64  `opt:"momentum" default:"0.9" range:"[0,1)" doc:"momentum factor (kind=momentum)"`
 	Beta1       float64  `opt:"beta1" default:"0.9" range:"[0,1)" doc:"Adam first-moment decay"`
@@ -115,11 +120,17 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	}
 	var updates []update
 	dropped := map[int]bool{}
-	lr := f.AddState("optimizer.lr", &ir.Dense{Type: f32Scalar, Floats: []float64{c.LR}}, false)
-	lr.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleLR)}
+	var lr *ir.Value
+	if c.Kind != "none" {
+		lr = f.AddState("optimizer.lr", &ir.Dense{Type: f32Scalar, Floats: []float64{c.LR}}, false)
+		lr.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleLR)}
+	}
 	step := f.AddState("optimizer.step", &ir.Dense{Type: f32Scalar, Floats: []float64{float64(c.Step)}}, true)
 	step.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleStep)}
 	for _, p := range f.Args {
+		if c.Kind == "none" {
+			break
+		}
 		if p.Arg.Kind != ir.ArgParam || !p.Type.DType.IsFloat() {
 			continue // an integer parameter (an index buffer) has no gradient and no update
 		}
