@@ -21,8 +21,11 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import threading
+import uuid
 
 __all__ = ["MemoryReport", "KilnError", "memory", "compile", "load", "Step"]
 
@@ -157,50 +160,173 @@ _NP_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "i64": "int6
               "u64": "uint64", "bool": "bool"}
 
 
-def _runtime(lib_path):
-    """Loads a compiled step's library and declares its C ABI (kiln_runtime.h)."""
+def _open_regular(path):
+    """A read-only descriptor of path, which must be a regular file: opened without blocking (a FIFO
+    would wait for a writer forever) and checked before anything is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise KilnError(f"cannot open {path}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise KilnError(f"{path} is not a regular file")
+    return fd
+
+
+def _read_regular(path, limit=1 << 24):
+    """The bytes of the regular file path, at most limit of them."""
+    fd = _open_regular(path)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise KilnError(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def _runtime(so_fd, origin):
+    """Loads the compiled step's library open at so_fd (a regular file) and declares its C ABI
+    (kiln_runtime.h).
+
+    The dynamic loader hands back a library already loaded under the same file name, whatever the
+    file holds now, so the library is loaded through a name of its own: a hard link (a copy across file
+    systems) in a fresh temporary folder, named by a random token, removed once loaded (the mapping
+    stays). Two steps of two models never share code, even when one's folder replaced the other's."""
     import ctypes
 
-    lib = ctypes.CDLL(lib_path)
+    tmp = tempfile.mkdtemp(prefix="kiln-lib-")
+    try:
+        private = os.path.join(tmp, f"step-{uuid.uuid4().hex}.so")
+        try:
+            os.link(f"/proc/self/fd/{so_fd}", private, follow_symlinks=True)
+            linked = os.stat(private).st_ino == os.fstat(so_fd).st_ino
+        except OSError:
+            linked = False
+        if not linked:
+            if os.path.lexists(private):
+                os.remove(private)
+            with os.fdopen(os.dup(so_fd), "rb") as src, open(private, "xb") as dst:
+                src.seek(0)
+                shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            lib = ctypes.CDLL(private)
+        except OSError as e:
+            raise KilnError(f"{origin} is not a step library Kiln built: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-    for name, res, args in [("kiln_descriptor", ctypes.c_char_p, []), ("kiln_create", p, [i]), ("kiln_destroy", None, [p]),
-                            ("kiln_run", i, [p]), ("kiln_data", p, [p, i]), ("kiln_set", i, [p, i, p, ll]),
-                            ("kiln_get", i, [p, i, p, ll]), ("kiln_bind", i, [p, i, p]), ("kiln_save", i, [p, ctypes.c_char_p]),
-                            ("kiln_load", i, [p, ctypes.c_char_p]), ("kiln_error", ctypes.c_char_p, [p]),
-                            ("kiln_profile", None, [i]), ("kiln_kernels", i, []),
-                            ("kiln_kernel", i, [i, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ll), ctypes.POINTER(ll),
-                                                ctypes.POINTER(ll), ctypes.POINTER(ctypes.c_double)])]:
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
+    try:
+        for name, res, args in [("kiln_descriptor", ctypes.c_char_p, []), ("kiln_create", p, [i]), ("kiln_destroy", None, [p]),
+                                ("kiln_run", i, [p]), ("kiln_data", p, [p, i]), ("kiln_set", i, [p, i, p, ll]),
+                                ("kiln_get", i, [p, i, p, ll]), ("kiln_bind", i, [p, i, p]), ("kiln_save", i, [p, ctypes.c_char_p]),
+                                ("kiln_load", i, [p, ctypes.c_char_p]), ("kiln_error", ctypes.c_char_p, [p]),
+                                ("kiln_profile", None, [i]), ("kiln_kernels", i, []),
+                                ("kiln_kernel", i, [i, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ll), ctypes.POINTER(ll),
+                                                    ctypes.POINTER(ll), ctypes.POINTER(ctypes.c_double)])]:
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+    except AttributeError as e:
+        raise KilnError(f"{origin} is not a step library Kiln built: {e}") from None
     return lib
+
+
+# The files of a saved step (Step.save): nothing else is ever written into, or removed from, its folder.
+_CHECKPOINT_FILES = ("step.so", "checkpoint.npz", "kiln.json")
+
+
+def _is_checkpoint(path):
+    """Whether the folder path holds exactly a saved step's files, each a regular file."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return sorted(names) == sorted(_CHECKPOINT_FILES) and all(
+        stat.S_ISREG(os.lstat(os.path.join(path, n)).st_mode) for n in names)
+
+
+def _exchange(a, b):
+    """Swaps the paths a and b in one step (renameat2 with RENAME_EXCHANGE); False where the system
+    cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class Step:
     """A compiled step, run in this process through its C ABI (ctypes; kiln_runtime.h). Made by
     kiln.compile or kiln.load; call it with the inputs (numpy arrays or torch tensors, in the order of
     the example inputs). Parameters, optimizer state, batch-norm statistics, the step count and the
-    learning rate live in the step and advance in place with every call. close() (or the end of a with
-    block) frees it."""
+    learning rate live in the step and advance in place with every call.
+
+    A step is safe to use from several threads: its calls take turns (a lock serialises them), so each
+    call's results are its own. A call that fails (a label or gather index outside its dimension, say)
+    raises and changes no state. close() (or the end of a with block) frees it; any use after that
+    raises ValueError."""
 
     def __init__(self, folder, meta, owned):
         import numpy as np
 
         self._np = np
+        self._lock = threading.RLock()
+        self._s = None
         self._folder, self._owned, self._meta = folder, owned, meta
-        self._lib = _runtime(os.path.join(folder, "step.so"))
-        self.descriptor = json.loads(self._lib.kiln_descriptor())
-        self._s = self._lib.kiln_create(0)
-        if not self._s:
-            raise MemoryError("the step's arena and arguments do not fit in memory")
-        self._tensors = self.descriptor["tensors"]
-        self._by_name = {t["name"]: t for t in self._tensors if t["kind"] != "result"}
-        by_name = {t["name"]: t for t in self._tensors if t["kind"] == "input"}
-        self._inputs = [by_name[n] for n in meta["inputs"]]
+        self._so_fd = _open_regular(os.path.join(folder, "step.so"))
+        try:
+            self._lib = _runtime(self._so_fd, os.path.join(folder, "step.so"))
+            try:
+                self.descriptor = json.loads(self._lib.kiln_descriptor())
+                self._tensors = self.descriptor["tensors"]
+                self._by_name = {t["name"]: t for t in self._tensors if t["kind"] != "result"}
+                by_name = {t["name"]: t for t in self._tensors if t["kind"] == "input"}
+                self._inputs = [by_name[n] for n in meta["inputs"]]
+            except (ValueError, KeyError, TypeError) as e:
+                raise KilnError(f"{folder}: the library and kiln.json do not describe one step ({e!r})") from None
+            self._s = self._lib.kiln_create(0)
+            if not self._s:
+                raise MemoryError("the step's arena and arguments do not fit in memory")
+        except BaseException:
+            os.close(self._so_fd)
+            self._so_fd = None
+            raise
+        # Tied tensors (one parameter under two module names, as a language model's head that is its
+        # embedding): the export keeps one; every name of the group reads and writes it.
+        self._alias = {}
+        for group in meta.get("tied", []):
+            held = [n for n in group if n in self._by_name]
+            if held:
+                for n in group:
+                    self._alias[n] = held[0]
         self._bound = {}
+
+    def _open(self):
+        if not self._s:
+            raise ValueError("the step is closed")
 
     def _check(self, rc):
         if rc != 0:
-            raise KilnError(self._lib.kiln_error(self._s).decode())
+            raise KilnError(self._lib.kiln_error(self._s).decode(errors="replace"))
 
     def _array(self, t):
         """A copy of tensor t (a descriptor entry) as a numpy array."""
@@ -209,9 +335,10 @@ class Step:
         self._check(self._lib.kiln_get(self._s, t["index"], out.ctypes.data, out.nbytes))
         return out
 
-    def _set(self, t, value):
+    def _set(self, t, a):
+        """Sets argument t from a, an array of t's shape (converted to its dtype)."""
         np = self._np
-        a = np.ascontiguousarray(np.asarray(value, dtype=_NP_DTYPES[t["dtype"]]).reshape(t["shape"]))
+        a = np.ascontiguousarray(a, dtype=_NP_DTYPES[t["dtype"]])
         self._check(self._lib.kiln_set(self._s, t["index"], a.ctypes.data, a.nbytes))
 
     def __call__(self, *inputs):
@@ -219,6 +346,7 @@ class Step:
         if len(inputs) != len(self._inputs):
             raise TypeError(f"the step takes {len(self._inputs)} inputs, not {len(inputs)}")
         as_torch = False
+        arrays = []
         for t, x in zip(self._inputs, inputs):
             if hasattr(x, "detach"):  # a torch tensor: its memory, when it lies on the CPU
                 as_torch = True
@@ -227,18 +355,25 @@ class Step:
             want = np.dtype(_NP_DTYPES[t["dtype"]])
             if list(a.shape) != list(t["shape"]):
                 raise ValueError(f"input {t['name']} has shape {list(a.shape)}, the step was compiled for {t['shape']}")
+            if want.kind in "iub" and a.dtype.kind not in "iub":
+                raise TypeError(f"input {t['name']} holds {t['dtype']} values (labels or indices), not {a.dtype}: "
+                                "convert it (y.long()) rather than let Kiln truncate it")
             if a.dtype != want or not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a, dtype=want)  # a copy only where the layout or type differs
-            self._bound[t["name"]] = a  # kept alive while the step reads it
-            self._check(self._lib.kiln_bind(self._s, t["index"], a.ctypes.data))
-        self._check(self._lib.kiln_run(self._s))
-        results = {}
-        for t in self._tensors:
-            if t["kind"] != "result":
-                continue
-            if self._meta.get("optimizer") and t["role"] != "loss":
-                continue
-            results[t["name"]] = self._array(t)
+            arrays.append((t, a))
+        with self._lock:
+            self._open()
+            for t, a in arrays:
+                self._bound[t["name"]] = a  # kept alive while the step reads it
+                self._check(self._lib.kiln_bind(self._s, t["index"], a.ctypes.data))
+            self._check(self._lib.kiln_run(self._s))
+            results = {}
+            for t in self._tensors:
+                if t["kind"] != "result":
+                    continue
+                if self._meta.get("optimizer") and t["role"] != "loss":
+                    continue
+                results[t["name"]] = self._array(t)
         if as_torch:
             import torch
             results = {k: torch.from_numpy(v) for k, v in results.items()}
@@ -246,17 +381,21 @@ class Step:
 
     def profile(self, on=True):
         """Starts (clearing it) or stops timing every kernel of the runs that follow."""
-        self._lib.kiln_profile(1 if on else 0)
+        with self._lock:
+            self._open()
+            self._lib.kiln_profile(1 if on else 0)
 
     def kernel_profile(self):
         """The kernels' profile since profile(): a list of {"kernel", "calls", "seconds", "bytes", "flops"}
         (bytes read and written and FLOPs per call by Kiln's cost model), the slowest first."""
         import ctypes
         out = []
-        for k in range(self._lib.kiln_kernels()):
-            name, b, fl, c, sec = ctypes.c_char_p(), ctypes.c_longlong(), ctypes.c_longlong(), ctypes.c_longlong(), ctypes.c_double()
-            self._lib.kiln_kernel(k, ctypes.byref(name), ctypes.byref(b), ctypes.byref(fl), ctypes.byref(c), ctypes.byref(sec))
-            out.append({"kernel": name.value.decode(), "calls": c.value, "seconds": sec.value, "bytes": b.value, "flops": fl.value})
+        with self._lock:
+            self._open()
+            for k in range(self._lib.kiln_kernels()):
+                name, b, fl, c, sec = ctypes.c_char_p(), ctypes.c_longlong(), ctypes.c_longlong(), ctypes.c_longlong(), ctypes.c_double()
+                self._lib.kiln_kernel(k, ctypes.byref(name), ctypes.byref(b), ctypes.byref(fl), ctypes.byref(c), ctypes.byref(sec))
+                out.append({"kernel": name.value.decode(errors="replace"), "calls": c.value, "seconds": sec.value, "bytes": b.value, "flops": fl.value})
         return sorted(out, key=lambda r: -r["seconds"])
 
     def _steps(self):
@@ -272,62 +411,136 @@ class Step:
     def state_dict(self):
         """Copies of the module's tensors, {name: torch.Tensor}, named as module.state_dict() names them
         (parameters and buffers, num_batches_tracked included: the module's count when compiled plus, per
-        step, the number of times the step updates its statistics, as PyTorch counts forward calls)."""
+        step, the number of times the step updates its statistics, as PyTorch counts forward calls).
+        Tied names share one tensor, as in the module's state_dict()."""
         import torch
 
-        out = {}
-        for name in self._meta["state_names"]:
-            if name in self._by_name:
-                out[name] = torch.from_numpy(self._array(self._by_name[name]))
-            elif name.endswith("num_batches_tracked"):
-                out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps() * self._updates(name), dtype=torch.int64)
+        out, read = {}, {}
+        with self._lock:
+            self._open()
+            for name in self._meta["state_names"]:
+                held = self._alias.get(name, name)
+                if held in self._by_name:
+                    if held not in read:
+                        read[held] = torch.from_numpy(self._array(self._by_name[held]))
+                    out[name] = read[held]
+                elif name.endswith("num_batches_tracked"):
+                    out[name] = torch.tensor(self._meta["tracked"].get(name, 0) + self._steps() * self._updates(name), dtype=torch.int64)
         return out
 
     def load_state_dict(self, state_dict):
-        """Sets the module's tensors that state_dict holds (as state_dict() names them)."""
-        for name, value in state_dict.items():
-            if hasattr(value, "detach"):
-                value = value.detach().cpu().numpy()
-            if name in self._by_name and name in self._meta["state_names"]:
-                self._set(self._by_name[name], value)
-            elif name.endswith("num_batches_tracked"):
-                self._meta["tracked"][name] = int(value) - self._steps() * self._updates(name)
-            else:
-                raise KeyError(f"the step holds no tensor {name!r}")
+        """Sets the module's tensors that state_dict holds (as state_dict() names them). Each tensor must
+        have the shape the step holds (its dtype is converted); every entry is checked before any is set,
+        so a refused state_dict changes nothing. Unknown names raise KeyError, shapes RuntimeError
+        (PyTorch's "size mismatch for NAME")."""
+        np = self._np
+        staged, tracked, mismatched = [], {}, []
+        with self._lock:
+            self._open()
+            steps = None
+            for name, value in state_dict.items():
+                held = self._alias.get(name, name)
+                if held in self._by_name and (name in self._meta["state_names"] or held != name):
+                    t = self._by_name[held]
+                    if hasattr(value, "detach"):
+                        value = value.detach().cpu().numpy()
+                    a = np.asarray(value)
+                    if list(a.shape) != list(t["shape"]):
+                        mismatched.append(f"size mismatch for {name}: copying a tensor of shape {list(a.shape)}, "
+                                          f"the shape in the step is {list(t['shape'])}")
+                        continue
+                    staged.append((t, a))
+                elif name.endswith("num_batches_tracked"):
+                    if steps is None:
+                        steps = self._steps()
+                    tracked[name] = int(value) - steps * self._updates(name)
+                else:
+                    raise KeyError(f"the step holds no tensor {name!r}")
+            if mismatched:
+                raise RuntimeError("Error(s) in loading state_dict:\n\t" + "\n\t".join(mismatched))
+            for t, a in staged:
+                self._set(t, a)
+            self._meta["tracked"].update(tracked)
 
     def set_lr(self, lr):
         """Sets the learning rate of the next steps."""
-        t = self._by_name.get("optimizer.lr")
-        if t is None:
-            raise KilnError("the step has no optimizer (compile it with optimizer=...)")
-        self._set(t, lr)
+        with self._lock:
+            self._open()
+            t = self._by_name.get("optimizer.lr")
+            if t is None:
+                raise KilnError("the step has no optimizer (compile it with optimizer=...)")
+            self._set(t, self._np.asarray(float(lr)))
 
     def save(self, path):
         """Writes a folder that kiln.load reopens: step.so (the compiled library), checkpoint.npz (every
         parameter and state tensor: module tensors, optimizer state, the step count, the learning rate;
-        numpy.savez's format, which numpy and torch users open with numpy.load) and kiln.json."""
-        tmp = path.rstrip("/") + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        try:
-            shutil.copyfile(os.path.join(self._folder, "step.so"), os.path.join(tmp, "step.so"))
-            self._check(self._lib.kiln_save(self._s, os.path.join(tmp, "checkpoint.npz").encode()))
-            with open(os.path.join(tmp, "kiln.json"), "w") as f:
-                json.dump(self._meta, f)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            os.rename(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        numpy.savez's format, which numpy and torch users open with numpy.load) and kiln.json.
+
+        The folder is written whole beside path under a temporary name and renamed into place, so path
+        holds either the old checkpoint or the new one. An existing path is replaced only when it is a
+        folder holding exactly a saved step's three files; anything else there raises FileExistsError
+        and nothing is removed or written."""
+        path = os.fspath(path)
+        target = os.path.abspath(path.rstrip("/") or "/")
+        parent, base = os.path.split(target)
+        with self._lock:
+            self._open()
+            replacing = os.path.lexists(target)
+            if replacing and (os.path.islink(target) or not os.path.isdir(target) or not _is_checkpoint(target)):
+                raise FileExistsError(f"{path} exists and is not a checkpoint that Step.save wrote; "
+                                      "save refuses to replace it (choose a new path)")
+            tmp = tempfile.mkdtemp(prefix=f".{base}.kiln-save-", dir=parent)
+            try:
+                with os.fdopen(os.dup(self._so_fd), "rb") as src, open(os.path.join(tmp, "step.so"), "xb") as dst:
+                    src.seek(0)
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                self._check(self._lib.kiln_save(self._s, os.fsencode(os.path.join(tmp, "checkpoint.npz"))))
+                with open(os.path.join(tmp, "kiln.json"), "x") as f:
+                    json.dump(self._meta, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o777 & ~_umask())
+                if not replacing:
+                    os.rename(tmp, target)  # fails, removing nothing, if a folder appeared there meanwhile
+                    tmp = None
+                elif _exchange(tmp, target):
+                    pass  # tmp now holds the old checkpoint, removed below
+                else:
+                    old = tempfile.mkdtemp(prefix=f".{base}.kiln-old-", dir=parent)
+                    os.rmdir(old)
+                    os.rename(target, old)
+                    os.rename(tmp, target)
+                    tmp = old
+                _fsync_dir(parent)
+            finally:
+                if tmp is not None:
+                    for n in _CHECKPOINT_FILES:
+                        try:
+                            os.remove(os.path.join(tmp, n))
+                        except FileNotFoundError:
+                            pass
+                    for n in os.listdir(tmp):  # checkpoint.npz.tmp of a failed kiln_save
+                        if n.startswith("checkpoint.npz"):
+                            os.remove(os.path.join(tmp, n))
+                    os.rmdir(tmp)
 
     def close(self):
-        if getattr(self, "_s", None):
-            self._lib.kiln_destroy(self._s)
-            self._s = None
-        if getattr(self, "_owned", False):
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._owned = False
+        """Frees the step; any use after this raises ValueError. Closing twice does nothing."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            if getattr(self, "_s", None):
+                self._lib.kiln_destroy(self._s)
+                self._s = None
+            if getattr(self, "_so_fd", None) is not None:
+                os.close(self._so_fd)
+                self._so_fd = None
+            if getattr(self, "_owned", False):
+                shutil.rmtree(self._folder, ignore_errors=True)
+                self._owned = False
 
     def __enter__(self):
         return self
@@ -342,13 +555,39 @@ class Step:
             pass
 
 
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _check_meta(meta, path):
+    """meta is what Step.save writes to kiln.json, or a KilnError naming path."""
+    ok = (isinstance(meta, dict) and isinstance(meta.get("inputs"), list) and all(isinstance(n, str) for n in meta["inputs"])
+          and isinstance(meta.get("state_names"), list) and all(isinstance(n, str) for n in meta["state_names"])
+          and isinstance(meta.get("tracked"), dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in meta["tracked"].items())
+          and meta.get("optimizer") in (None, "sgd", "momentum", "adam", "adamw")
+          and isinstance(meta.get("tied", []), list) and all(isinstance(g, list) and all(isinstance(n, str) for n in g) for g in meta.get("tied", [])))
+    if not ok:
+        raise KilnError(f"{path} is not the kiln.json of a saved step")
+    return meta
+
+
 def load(path):
     """Reopens a step that Step.save wrote: the same library, its state from the checkpoint; training
-    continues bit for bit, with no module and no recompilation."""
-    with open(os.path.join(path, "kiln.json")) as f:
-        meta = json.load(f)
-    step = Step(path, meta, owned=False)
-    step._check(step._lib.kiln_load(step._s, os.path.join(path, "checkpoint.npz").encode()))
+    continues bit for bit, with no module and no recompilation. Only regular files are read."""
+    path = os.fspath(path)
+    meta_path = os.path.join(path, "kiln.json")
+    try:
+        meta = json.loads(_read_regular(meta_path))
+    except ValueError as e:
+        raise KilnError(f"{meta_path} is not the kiln.json of a saved step: {e}") from None
+    step = Step(path, _check_meta(meta, meta_path), owned=False)
+    try:
+        step._check(step._lib.kiln_load(step._s, os.fsencode(os.path.join(path, "checkpoint.npz"))))
+    except BaseException:
+        step.close()
+        raise
     return step
 
 
@@ -371,12 +610,22 @@ def _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay):
     return kind, ",".join(opts)
 
 
+def _tied(module):
+    """The groups of names under which module.state_dict() holds one tensor (a head tied to its
+    embedding), each in the state_dict's order."""
+    groups = {}
+    for name, v in module.state_dict(keep_vars=True).items():
+        groups.setdefault(id(v), []).append(name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
 def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1e-3, momentum=0.0, betas=(0.9, 0.999),
             eps=1e-8, weight_decay=None, budget=None, microbatches=None, allow=(), device=None, precision=None):
     """Compile module for example_inputs (a tensor or a tuple; their shapes and dtypes are fixed) into a
     Step run in this process. train=True: module(*inputs) returns the loss (a scalar as it is, a tensor
     reduced by loss, "sum" or "mean"); with optimizer None the step returns {"loss", "grad.NAME"...} and
-    updates nothing; with "sgd" (momentum > 0: its momentum form), "momentum" (sgd, momentum 0.9 unless
+    updates no parameter (each call is still a forward and backward in training mode: new dropout masks,
+    batch-norm statistics updated, as in PyTorch); with "sgd" (momentum > 0: its momentum form), "momentum" (sgd, momentum 0.9 unless
     given), "adam" or "adamw" it runs forward, backward and the update in place (torch.optim's formulas
     and defaults; weight_decay None: torch's default) and returns {"loss"}. train=False compiles the
     forward (eval mode) and returns its outputs. budget, microbatches and allow are the planner's
@@ -392,13 +641,18 @@ def compile(module, example_inputs, train=True, loss="sum", optimizer=None, lr=1
         args = ["compile", kir, "--target", "llvm", "--emit", "lib", "-o", os.path.join(tmp, "step.so")]
         meta = {"inputs": names, "optimizer": optimizer, "train": bool(train),
                 "state_names": list(module.state_dict().keys()),
-                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")}}
+                "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")},
+                "tied": _tied(module)}
         if train:
             args += _plan_args(budget, None, allow, microbatches, device, precision)
             args[args.index("--train")] = f"--train={loss}"
             if optimizer is not None:
                 kind, opts = _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay)
                 args += ["--optimizer", kind, "--optimizer-options", opts]
+            else:
+                # Gradients only: no update, but each call is a new forward and backward in training
+                # mode (new dropout masks, running statistics updated, as PyTorch's).
+                args += ["--optimizer", "none"]
         else:
             args.append("-O2")
             if budget is not None:
