@@ -88,11 +88,17 @@ func gridSample(im *importer, n *node, in []entry) ([]entry, error) {
 	if mode == "nearest" {
 		px, py = c.op("round", nil, px), c.op("round", nil, py)
 	}
-	switch padding {
-	case "border":
+	// Nearest and linear sampling pad the coordinate, then take its taps;
+	// cubic sampling takes its 4x4 taps around the coordinate as given and
+	// pads each tap (pixel below), as PyTorch's grid_sampler and ONNX's
+	// reference do: clipping first would move the taps of a coordinate in
+	// (-0.5, 0) onto the border pixel.
+	switch {
+	case mode == "cubic":
+	case padding == "border":
 		px = c.op("clip", ir.Attrs{"lo": ir.FloatAttr(0), "hi": ir.FloatAttr(float64(W - 1))}, px)
 		py = c.op("clip", ir.Attrs{"lo": ir.FloatAttr(0), "hi": ir.FloatAttr(float64(H - 1))}, py)
-	case "reflection":
+	case padding == "reflection":
 		px, py = reflect(px, lo, hiX), reflect(py, lo, hiY)
 	}
 	flat, err := im.reshapeTo(x, ir.Shape{N, C, H * W})

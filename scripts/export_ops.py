@@ -70,8 +70,34 @@ def roi_align(ratio):
     return m.SerializeToString(), forward
 
 
+def grid_sample(mode, padding, align):
+    """An ONNX GridSample node (opset 16) with a fixed grid whose coordinates cover the border region
+    (within half a pixel of the edges, where bicubic taps must not be clipped before they are taken)
+    and beyond it; its reference is torch's F.grid_sample."""
+    from onnx import TensorProto, helper, numpy_helper
+    g = torch.Generator().manual_seed(3)
+    ramp = torch.linspace(-1.25, 1.25, 11)
+    grid = torch.stack([torch.stack(torch.meshgrid(ramp, ramp, indexing="xy"), -1),
+                        torch.rand(11, 11, 2, generator=g) * 2.6 - 1.3])  # [2, 11, 11, 2]
+    node = helper.make_node("Constant", [], ["grid"], name="/grid", value=numpy_helper.from_array(grid.numpy(), "grid"))
+    gs = helper.make_node("GridSample", ["input", "grid"], ["output"], name="/gs", mode=mode, padding_mode=padding,
+                          align_corners=align)
+    gr = helper.make_graph([node, gs], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 3, 5, 6])],
+                           [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 3, 11, 11])])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 16)])
+    m.ir_version = 8
+
+    def forward(x):
+        return torch.nn.functional.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=bool(align))
+    return m.SerializeToString(), forward
+
+
 # name: (ONNX model bytes and the PyTorch function it computes, input)
 BUILT = {
+    "grid_sample_bicubic_border": (lambda: grid_sample("bicubic", "border", 0), lambda: torch.randn(2, 3, 5, 6)),
+    "grid_sample_bicubic_reflection": (lambda: grid_sample("bicubic", "reflection", 0), lambda: torch.randn(2, 3, 5, 6)),
+    "grid_sample_bicubic_border_corners": (lambda: grid_sample("bicubic", "border", 1), lambda: torch.randn(2, 3, 5, 6)),
+    "grid_sample_bilinear_border": (lambda: grid_sample("bilinear", "border", 0), lambda: torch.randn(2, 3, 5, 6)),
     "roi_align": (lambda: roi_align(2), lambda: torch.randn(2, 3, 8, 9)),
     "roi_align_adaptive": (lambda: roi_align(0), lambda: torch.randn(2, 3, 8, 9)),
 }
