@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
@@ -53,6 +54,19 @@ func (t *trainFlag) Set(v string) error {
 	return nil
 }
 
+// countFlag is a count of at least 1 (0 while the flag is not given).
+type countFlag int
+
+func (c *countFlag) String() string { return strconv.Itoa(int(*c)) }
+func (c *countFlag) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return fmt.Errorf("takes a count of at least 1, not %q", v)
+	}
+	*c = countFlag(n)
+	return nil
+}
+
 func (l *optLevels) register(fs *flag.FlagSet) {
 	for i := range l.o {
 		usage := "the pipeline " + planner.LevelPipeline(i)
@@ -66,7 +80,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(planner.Optimizers, ", "))
 	fs.StringVar(&l.optimizerOptions, "optimizer-options", "", "the optimizer pass's options (kiln passes lists them): lr=0.01,momentum=0.9,weight-decay=0,...")
-	fs.IntVar(&l.microbatches, "microbatches", 0, "with --train: split the step into N slices of the batch and accumulate the gradients (the whole batch's statistics kept in phases unless --allow per-slice-bn)")
+	fs.Var((*countFlag)(&l.microbatches), "microbatches", "with --train: split the step into N slices of the batch and accumulate the gradients (the whole batch's statistics kept in phases unless --allow per-slice-bn)")
 	fs.StringVar(&l.precision, "precision", "", "with --train: mixed precision after autodiff, precision{dtype=D[,OPTIONS]}: bf16 or f16 activations and products, f32 master weights, statistics and gradients (f16 with dynamic loss scaling); bf16,saved=fp8 also stores the saved values in fp8 (with --allow fp8-saved)")
 	fs.StringVar(&l.parallel, "parallel", "", "with --train: partition the step over ranks, parallel{SPEC} after autodiff and the optimizer (dp=N: data parallelism); devices=N[,device-memory=M] searches for the fastest plan that fits")
 }

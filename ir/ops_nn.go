@@ -585,6 +585,35 @@ type ConvGeometry struct {
 	Groups                        int64
 }
 
+// MaxExtent bounds the windows, strides and paddings of convolutions and
+// pooling: no tensor has an axis that long, and sums and products of a
+// few such numbers stay far inside int64.
+const MaxExtent = int64(1) << 40
+
+// DilatedExtent is the span (k-1)·d+1 of a kernel of k taps d apart, and
+// whether it is at most MaxExtent (false also for k or d below 1).
+func DilatedExtent(k, d int64) (int64, bool) {
+	if k < 1 || d < 1 || k > MaxExtent || d > MaxExtent || (k > 1 && d > (MaxExtent-1)/(k-1)) {
+		return 0, false
+	}
+	return (k-1)*d + 1, true
+}
+
+// windowFits checks the attributes of one axis of a window: stride,
+// dilation and pads within MaxExtent, the dilated kernel too.
+func windowFits(what string, k, s, d, pa, pb int64) error {
+	if s < 1 || d < 1 || pa < 0 || pb < 0 {
+		return fmt.Errorf("%s strides and dilations must be positive and pads not negative", what)
+	}
+	if s > MaxExtent || pa > MaxExtent || pb > MaxExtent {
+		return fmt.Errorf("%s strides and pads must be at most 2^40", what)
+	}
+	if _, ok := DilatedExtent(k, d); !ok && k >= 1 {
+		return fmt.Errorf("%s kernel of %d taps with dilation %d spans more than 2^40 elements", what, k, d)
+	}
+	return nil
+}
+
 // ConvGeometryOf resolves conv2d attributes for x[N,C,H,W] and w[M,C/g,kH,kW].
 func ConvGeometryOf(x, w Shape, a AttrValues) (ConvGeometry, error) {
 	var g ConvGeometry
@@ -605,8 +634,11 @@ func ConvGeometryOf(x, w Shape, a AttrValues) (ConvGeometry, error) {
 	if g.Groups < 1 || g.C%g.Groups != 0 || g.M%g.Groups != 0 || w[1] != g.C/g.Groups {
 		return g, fmt.Errorf("conv2d groups=%d does not fit %d input and %d output channels with weight %s", g.Groups, g.C, g.M, w)
 	}
-	if g.SH < 1 || g.SW < 1 || g.DH < 1 || g.DW < 1 || g.PT < 0 || g.PL < 0 || g.PB < 0 || g.PR < 0 {
-		return g, fmt.Errorf("conv2d strides and dilations must be positive and pads not negative")
+	if err := windowFits("conv2d", g.KH, g.SH, g.DH, g.PT, g.PB); err != nil {
+		return g, err
+	}
+	if err := windowFits("conv2d", g.KW, g.SW, g.DW, g.PL, g.PR); err != nil {
+		return g, err
 	}
 	if g.H+g.PT+g.PB < g.DH*(g.KH-1)+1 || g.W+g.PL+g.PR < g.DW*(g.KW-1)+1 {
 		return g, fmt.Errorf("conv2d of %s with kernel %s: the window is larger than the padded input", x, w)
@@ -653,6 +685,12 @@ func PoolGeometryOf(x Shape, a AttrValues) (PoolGeometry, error) {
 	p.CountIncludePad = a.Bool("count_include_pad")
 	if p.KH < 1 || p.KW < 1 || p.SH < 1 || p.SW < 1 || p.DH < 1 || p.DW < 1 || p.PT < 0 || p.PL < 0 || p.PB < 0 || p.PR < 0 {
 		return p, fmt.Errorf("pooling kernel, strides and dilations must be positive and pads not negative")
+	}
+	if err := windowFits("pooling", p.KH, p.SH, p.DH, p.PT, p.PB); err != nil {
+		return p, err
+	}
+	if err := windowFits("pooling", p.KW, p.SW, p.DW, p.PL, p.PR); err != nil {
+		return p, err
 	}
 	out := func(in, pa, pb, k, s, d int64) int64 {
 		span := in + pa + pb - d*(k-1) - 1

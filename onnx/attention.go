@@ -239,7 +239,7 @@ func rotaryEmbedding(im *importer, n *node, in []entry) ([]entry, error) {
 	if rd == 0 {
 		rd = d
 	}
-	if rd > d || rd%2 != 0 {
+	if rd < 0 || rd > d || rd%2 != 0 {
 		return nil, im.errorf("rotary_embedding_dim %d must be even and at most the head size %d", rd, d)
 	}
 	if len(in) > 3 && !in[3].missing() {

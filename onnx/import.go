@@ -275,6 +275,7 @@ type importer struct {
 	seeds         int64
 	bound         map[string]*interp.Tensor // graph inputs specialised to their Options.Value
 	inputOf       map[*ir.Value]string      // the graph input each non-initializer argument is
+	readAsConst   map[*ir.Value]*node       // float initializers a node read as constants (initializerConst), and the first such node
 	unbiased      bool                      // training batch norm's running variance: unbiased (PyTorch) or population (ONNX)
 	// accumulating marks the ops emitted while it is set as steps of a
 	// reduction or scan written out as elementwise ops (ir.AttrAccumulator).
@@ -619,6 +620,9 @@ func (im *importer) run(g *graph) (*ir.Func, error) {
 		}
 		im.f.Results = append(im.f.Results, ir.Result{Name: vi.Name, Value: v})
 	}
+	if err := im.dropConstInitializers(); err != nil {
+		return nil, err
+	}
 	for _, vi := range append(append([]*valueInfo{}, g.Outputs...), g.ValueInfo...) {
 		if err := im.checkDeclared(vi); err != nil {
 			return nil, err
@@ -869,10 +873,12 @@ func (im *importer) constInts(in []entry, i int, what string) ([]int64, error) {
 	if i >= len(in) || in[i].missing() {
 		return nil, nil
 	}
-	if in[i].k == nil {
-		return nil, im.needConstant(in[i], what)
-	}
 	k := in[i].k
+	if k == nil {
+		if k = im.initializerConst(in[i]); k == nil {
+			return nil, im.needConstant(in[i], what)
+		}
+	}
 	if !k.Type.DType.IsFloat() {
 		return append([]int64(nil), k.I...), nil // exact: INT64_MAX stays
 	}
@@ -887,13 +893,70 @@ func (im *importer) constFloat(in []entry, i int, def float64, what string) (flo
 	if i >= len(in) || in[i].missing() {
 		return def, nil
 	}
-	if in[i].k == nil {
-		return 0, im.needConstant(in[i], what)
+	k := in[i].k
+	if k == nil {
+		if k = im.initializerConst(in[i]); k == nil {
+			return 0, im.needConstant(in[i], what)
+		}
 	}
-	if in[i].k.Len() != 1 {
+	if k.Len() != 1 {
 		return 0, im.errorf("%s must be a scalar", what)
 	}
-	return in[i].k.At(0), nil
+	return k.At(0), nil
+}
+
+// initializerConst is the value of e when e is a float initializer (an
+// argument with the initializer's value, not a graph input) that a node
+// reads as a constant (Resize's scales, as onnx-simplifier and tf2onnx
+// write them): the value it has at import. The node is recorded; after the
+// import an initializer read so must have no other use (it would change
+// as a parameter while the shapes stay what its initial value gave), and
+// it is no longer an argument. nil for anything else.
+func (im *importer) initializerConst(e entry) *interp.Tensor {
+	v := e.v
+	if v == nil || v.Arg == nil || v.Arg.Init == nil {
+		return nil
+	}
+	if _, input := im.inputOf[v]; input {
+		return nil
+	}
+	if im.readAsConst == nil {
+		im.readAsConst = map[*ir.Value]*node{}
+	}
+	if _, ok := im.readAsConst[v]; !ok {
+		im.readAsConst[v] = im.n
+	}
+	return interp.FromDense(v.Arg.Init)
+}
+
+// dropConstInitializers removes the arguments of initializers that nodes
+// only read as constants, or refuses one that is also used as a tensor.
+func (im *importer) dropConstInitializers() error {
+	if len(im.readAsConst) == 0 {
+		return nil
+	}
+	used := map[*ir.Value]bool{}
+	for _, op := range im.f.Body {
+		for _, x := range op.Operands {
+			used[x] = true
+		}
+	}
+	for _, r := range im.f.Results {
+		used[r.Value] = true
+	}
+	args := im.f.Args[:0]
+	for _, a := range im.f.Args {
+		if n, ok := im.readAsConst[a]; ok {
+			if used[a] {
+				return fmt.Errorf("%s: node %s (%s) reads initializer %q as a constant (its value at import fixes shapes), and other nodes use it as a tensor; give the node a constant of its own", im.opt.Name, strconv.Quote(n.Name), n.OpType, a.Name)
+			}
+			continue
+		}
+		a.Index = len(args)
+		args = append(args, a)
+	}
+	im.f.Args = args
+	return nil
 }
 
 func attr(n *node, name string) *attribute {

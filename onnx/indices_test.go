@@ -1,6 +1,7 @@
 package onnx
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -82,4 +83,84 @@ func TestIndicesCountFromZero(t *testing.T) {
 	require.ErrorContains(t, err, "out of range")
 	_, err = runWith(t, roi, x, box, i64s(2))
 	require.ErrorContains(t, err, "out of range")
+}
+
+// TestRefusalsSayWhatIsWrong: attributes whose arithmetic would overflow
+// (a dilation of 2^63-1 made a 4x4 convolution declare 6 rows) and values
+// outside their domain are refused with a message about the value itself,
+// naming the node.
+func TestRefusalsSayWhatIsWrong(t *testing.T) {
+	conv := func(op string, ints map[string][]int64, wshape []int64) []byte {
+		n := int64(1)
+		for _, d := range wshape {
+			n *= d
+		}
+		return encModel(tGraph{
+			nodes:   []tNode{{op: op, name: "/c", inputs: []string{"x", "w"}, outputs: []string{"y"}, ints: ints}},
+			inits:   [][]byte{encTensorF32("w", wshape, make([]float32, n))},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 4, 4}), encValueInfo("w", 1, wshape)},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 2, 2})},
+		})
+	}
+	for _, c := range []struct {
+		name, want string
+		model      []byte
+	}{
+		{"conv dilation 2^63-1", "spans more than 2^40 elements", conv("Conv", map[string][]int64{"dilations": {math.MaxInt64, 1}}, []int64{1, 1, 3, 3})},
+		{"conv dilation 2^62", "spans more than 2^40 elements", conv("Conv", map[string][]int64{"dilations": {1 << 62, 1}}, []int64{1, 1, 3, 3})},
+		{"conv pads", "pads", conv("Conv", map[string][]int64{"pads": {1 << 62, 0, 0, 0}}, []int64{1, 1, 3, 3})},
+		{"convtranspose dilation", "spans more than 2^40 elements", conv("ConvTranspose", map[string][]int64{"dilations": {math.MaxInt64 / 2, 1}}, []int64{1, 1, 3, 3})},
+		{"maxpool dilation", "spans more than 2^40 elements", encModel(tGraph{
+			nodes:   []tNode{{op: "MaxPool", name: "/p", inputs: []string{"x"}, outputs: []string{"y"}, ints: map[string][]int64{"kernel_shape": {2, 2}, "dilations": {math.MaxInt64, 1}}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 4, 4})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 2, 2})},
+		})},
+		{"random negative shape", "shape [-3,4] has a negative dimension", encModel(tGraph{
+			nodes:   []tNode{{op: "RandomUniform", name: "/r", outputs: []string{"y"}, ints: map[string][]int64{"shape": {-3, 4}}}},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{3, 4})},
+		})},
+		{"rotary negative", "rotary_embedding_dim -2 must be even and at most the head size", encModel(tGraph{opset: 23,
+			nodes: []tNode{{op: "RotaryEmbedding", name: "/rope", inputs: []string{"x", "c", "s", "p"}, outputs: []string{"y"},
+				ints: map[string][]int64{"rotary_embedding_dim": {-2}}}},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 2, 3, 4}), encValueInfo("c", 1, []int64{5, 2}), encValueInfo("s", 1, []int64{5, 2}), encValueInfo("p", 7, []int64{1, 3})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 2, 3, 4})},
+		})},
+		{"col2im negative block", "must be positive", encModel(tGraph{opset: 18,
+			nodes:   []tNode{{op: "Col2Im", name: "/c", inputs: []string{"x", "img", "blk"}, outputs: []string{"y"}}},
+			inits:   [][]byte{encTensorI64("img", []int64{2}, []int64{4, 4}), encTensorI64("blk", []int64{2}, []int64{-1, -1})},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 49})},
+			outputs: [][]byte{encValueInfo("y", 1, []int64{1, 1, 4, 4})},
+		})},
+	} {
+		_, err := Import(c.model, Options{Name: "m.onnx"})
+		require.Error(t, err, c.name)
+		require.Contains(t, err.Error(), c.want, c.name)
+		require.Contains(t, err.Error(), `node "/`, c.name)
+	}
+
+	// A Resize whose scales are a float initializer (onnx-simplifier and
+	// tf2onnx write them so) reads them as the constant they are; the
+	// initializer is no parameter of the step.
+	resize := func(share bool) []byte {
+		nodes := []tNode{{op: "Resize", name: "/r", inputs: []string{"x", "", "scales"}, outputs: []string{"y"}, strs: map[string]string{"mode": "nearest"}}}
+		outputs := [][]byte{encValueInfo("y", 1, []int64{1, 1, 2, 8})}
+		if share {
+			nodes = append(nodes, tNode{op: "Mul", name: "/m", inputs: []string{"scales", "scales"}, outputs: []string{"z"}})
+			outputs = append(outputs, encValueInfo("z", 1, []int64{4}))
+		}
+		return encModel(tGraph{opset: 13, nodes: nodes,
+			inits:   [][]byte{encTensorF32("scales", []int64{4}, []float32{1, 1, 1, 2})},
+			inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 1, 2, 4})},
+			outputs: outputs,
+		})
+	}
+	m, err := Import(resize(false), Options{Name: "m.onnx"})
+	require.NoError(t, err)
+	require.Len(t, m.Funcs[0].Args, 1, "the scales are no argument")
+	x := interp.FromFloats(ir.TensorOf(ir.F32, 1, 1, 2, 4), []float64{1, 2, 3, 4, 5, 6, 7, 8})
+	res, err := interp.Run(m.Funcs[0], []*interp.Tensor{x}, interp.Options{})
+	require.NoError(t, err)
+	require.Equal(t, []float64{1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8}, res[0].F)
+	_, err = Import(resize(true), Options{Name: "m.onnx"})
+	require.ErrorContains(t, err, `reads initializer "scales" as a constant`)
 }

@@ -243,6 +243,9 @@ func init() {
 			return nil, im.errorf("Col2Im of %s into an image of %v by blocks of %v: Kiln reads 2-D images", x.typ(), img, blk)
 		}
 		xs := x.typ().Shape
+		if blk[0] < 1 || blk[1] < 1 || blk[0] > ir.MaxExtent || blk[1] > ir.MaxExtent || img[0] < 1 || img[1] < 1 || img[0] > ir.MaxExtent || img[1] > ir.MaxExtent {
+			return nil, im.errorf("Col2Im's image %v and block %v must be positive (and at most 2^40)", img, blk)
+		}
 		k := blk[0] * blk[1]
 		if k <= 0 || xs[1]%k != 0 || !x.typ().DType.IsFloat() {
 			return nil, im.errorf("input %s does not hold columns of %v blocks", x.typ(), blk)
@@ -743,6 +746,11 @@ func init() {
 			}
 			if !dt.IsFloat() {
 				return nil, im.errorf("dtype %s: random numbers are floating-point", dt)
+			}
+			for _, d := range shape {
+				if d < 0 {
+					return nil, im.errorf("shape %v has a negative dimension", shape)
+				}
 			}
 			count, ok := shape.NumElements()
 			if !ok || count > 1<<40 {

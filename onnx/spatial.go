@@ -48,6 +48,15 @@ func (im *importer) readWindow(n *node, spatial int, kernel []int64, x ir.Shape)
 		if w.strides[i] < 1 || w.dilations[i] < 1 {
 			return w, im.errorf("strides %v and dilations %v must be at least 1", w.strides, w.dilations)
 		}
+		if w.kernel[i] < 1 {
+			return w, im.errorf("kernel_shape %v must be positive", w.kernel)
+		}
+		if w.strides[i] > ir.MaxExtent || w.pads[i] < 0 || w.pads[i] > ir.MaxExtent || w.pads[spatial+i] < 0 || w.pads[spatial+i] > ir.MaxExtent {
+			return w, im.errorf("strides %v and pads %v must lie in [1, 2^40] and [0, 2^40]", w.strides, w.pads)
+		}
+		if _, ok := ir.DilatedExtent(w.kernel[i], w.dilations[i]); !ok {
+			return w, im.errorf("kernel_shape %v with dilations %v spans more than 2^40 elements", w.kernel, w.dilations)
+		}
 	}
 	switch ap := attrString(n, "auto_pad", "NOTSET"); {
 	case ap == "NOTSET" || ap == "":
@@ -455,12 +464,15 @@ func (im *importer) constFloats(in []entry, i int, what string) ([]float64, erro
 	if i >= len(in) || in[i].missing() {
 		return nil, nil
 	}
-	if in[i].k == nil {
-		return nil, im.needConstant(in[i], what)
+	k := in[i].k
+	if k == nil {
+		if k = im.initializerConst(in[i]); k == nil {
+			return nil, im.needConstant(in[i], what)
+		}
 	}
-	out := make([]float64, in[i].k.Len())
+	out := make([]float64, k.Len())
 	for j := range out {
-		out[j] = in[i].k.At(j)
+		out[j] = k.At(j)
 	}
 	return out, nil
 }
