@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
+	"github.com/kiln-compiler/kiln/codegen/loops"
 	"github.com/kiln-compiler/kiln/interp"
 	"github.com/kiln-compiler/kiln/ir"
 )
@@ -21,14 +23,34 @@ var libraryTypes = map[string]struct {
 // gemmMatrix is one operand of a GEMM as the call stores it: rows ×
 // cols column-major with leading dimension ld, batches stride apart.
 type gemmMatrix struct {
-	name               string
-	access             *cuda.Access
-	typ                string
-	rows, cols, ld     int64
-	stride             int64
-	transposed         bool
-	mode, wantMode     string
-	footprint, batches int64
+	name           string
+	access         *cuda.Access
+	typ            string
+	rows, cols, ld int64
+	stride         int64
+	transposed     bool
+	mode, wantMode string
+}
+
+// spans are the byte ranges of its argument's memory that the matrix
+// spans over batch batches: its columns, merged where they touch.
+func (m gemmMatrix) spans(batch int64) [][2]int64 {
+	eb := libraryTypes[m.typ].bytes
+	var out [][2]int64
+	add := func(lo, hi int64) {
+		if k := len(out); k > 0 && out[k-1][1] == lo {
+			out[k-1][1] = hi
+			return
+		}
+		out = append(out, [2]int64{lo, hi})
+	}
+	for b := int64(0); b < batch; b++ {
+		for c := int64(0); c < m.cols; c++ {
+			lo := m.access.Offset + (b*m.stride+c*m.ld)*eb
+			add(lo, lo+m.rows*eb)
+		}
+	}
+	return out
 }
 
 // matrices lists a GEMM node's A, B and C as stored.
@@ -155,6 +177,69 @@ func libraryNode(i int, n cuda.Node) error {
 	return nil
 }
 
+// product is the shape of a matrix product an op's lowering computes: an
+// M × N result of sums of K terms (a Matmul stage of codegen/loops).
+type product struct{ m, n, k int64 }
+
+// products lowers f as the CUDA backend does (codegen/loops, implicit
+// GEMMs) and lists the matrix products of each op, by schedule position:
+// the shapes a library call of that op may compute. They come from the
+// ops' loop programs, which the LLVM backend's tests check against the
+// interpreter, not from the plan's GEMM mapping that replay checks.
+func products(f *ir.Func) (map[int][]product, error) {
+	prog, err := loops.LowerWith(f, loops.Options{ImplicitGemm: true})
+	if err != nil {
+		return nil, fmt.Errorf("the module's loop programs, to check its library calls: %v", err)
+	}
+	at := map[*ir.Op]int{}
+	for i, op := range f.Body {
+		at[op] = i
+	}
+	out := map[int][]product{}
+	var walk func(op int, steps []loops.Step)
+	walk = func(op int, steps []loops.Step) {
+		for _, st := range steps {
+			switch st := st.(type) {
+			case *loops.Loop:
+				walk(op, st.Body)
+			case *loops.Stage:
+				if st.Matmul != nil && len(st.Extents) == 2 {
+					out[op] = append(out[op], product{st.Extents[0], st.Extents[1], st.Matmul.Extent})
+				}
+			}
+		}
+	}
+	for _, k := range prog.Kernels {
+		if i, ok := at[k.Op]; ok {
+			walk(i, k.Steps)
+		}
+	}
+	return out, nil
+}
+
+// productOf checks that library node i computes one of the products of
+// its op, ps: the same number of terms per sum, and the same matrix (in
+// either orientation, cuBLAS's column-major terms swapping rows and
+// columns). A call summing fewer terms, or writing fewer rows or columns,
+// than its op's product is an error even where the replay cannot
+// recompute it (its operand a kernel's temporary).
+func productOf(i int, n cuda.Node, op *ir.Op, ps []product) error {
+	l := n.Library
+	for _, p := range ps {
+		if l.K == p.k && (l.M == p.m && l.N == p.n || l.M == p.n && l.N == p.m) {
+			return nil
+		}
+	}
+	var want []string
+	for _, p := range ps {
+		want = append(want, fmt.Sprintf("%d × %d by %d terms", p.m, p.n, p.k))
+	}
+	if len(want) == 0 {
+		return fmt.Errorf("node %d: a library call for op %d (%s), which computes no matrix product", i, n.Op, op.Kind)
+	}
+	return fmt.Errorf("node %d: %s computes %d × %d by %d terms, where op %d (%s) computes %s", i, l.Call, l.M, l.N, l.K, n.Op, op.Kind, strings.Join(want, " or "))
+}
+
 // element reads element e of a matrix stored as typ at byte offset off
 // of raw.
 func element(raw []byte, off int64, typ string) float64 {
@@ -216,6 +301,18 @@ func (rr *rankReplay) checkGemm(i int, n cuda.Node, op *ir.Op, out []*interp.Ten
 	_, roff, err := rr.valueAt(result)
 	if err != nil {
 		return err
+	}
+	// The call is the op's result: it writes every byte of it (a call
+	// that accumulates, beta 1, leaves an unwritten element holding the
+	// old sum, which no owner tells apart).
+	covered := roff
+	for _, sp := range ms[2].spans(l.Batch) {
+		if sp[0] <= covered && sp[1] > covered {
+			covered = sp[1]
+		}
+	}
+	if covered < roff+result.Type.SizeBytes() {
+		return fmt.Errorf("%snode %d (%s) writes C as %d × %d by %d terms, which leaves bytes of %s from %d on unwritten", rr.name, i, describe(rr.p, n), l.M, l.N, l.K, result.Ref(), covered-roff)
 	}
 	want, err := ir.DenseFromRaw(result.Type, out[res].ToDense().RawBytes())
 	if err != nil {

@@ -400,7 +400,14 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 	}
 	prev := map[int]int{}
 	recorded := map[int]int{}
+	var prods map[int][]product
 	for i, n := range p.Nodes {
+		if n.Kind == "library" && prods == nil {
+			var err error
+			if prods, err = products(f); err != nil {
+				return err
+			}
+		}
 		if n.ID != i {
 			return fmt.Errorf("plan.json: node %d has id %d", i, n.ID)
 		}
@@ -418,6 +425,9 @@ func structure(p *cuda.Plan, f *ir.Func) error {
 			}
 			if n.Kind == "library" {
 				if err := libraryNode(i, n); err != nil {
+					return err
+				}
+				if err := productOf(i, n, f.Body[n.Op], prods[n.Op]); err != nil {
 					return err
 				}
 			}
@@ -1184,9 +1194,27 @@ func (rr *rankReplay) write(v *ir.Value, t *interp.Tensor) error {
 // finds what the node's earlier accesses wrote.
 func (rr *rankReplay) access(i int, n cuda.Node) error {
 	p, mem := rr.p, rr.mem
+	// A library call writes the elements of C its m, n, ld, batch and
+	// stride reach, which need not be all of C's argument: those bytes
+	// alone become its buffer's (a call one column short leaves the
+	// column to whatever wrote it before, and a reader of it is caught).
+	var written map[*cuda.Access][][2]int64
+	if n.Library != nil {
+		if ms, err := matrices(n); err == nil {
+			written = map[*cuda.Access][][2]int64{ms[2].access: ms[2].spans(n.Library.Batch)}
+		}
+	}
 	record := func(a *cuda.Access) {
-		if a.Mode != "read" {
-			mem.owner[spaceKey(a.Space, a.Slot)].set(a.Offset, a.Offset+a.SizeBytes, int64(a.Buffer))
+		if a.Mode == "read" {
+			return
+		}
+		o := mem.owner[spaceKey(a.Space, a.Slot)]
+		spans, exact := written[a]
+		if !exact {
+			spans = [][2]int64{{a.Offset, a.Offset + a.SizeBytes}}
+		}
+		for _, s := range spans {
+			o.set(s[0], s[1], int64(a.Buffer))
 		}
 	}
 	for _, a := range accesses(n) {
@@ -1257,10 +1285,15 @@ func (rr *rankReplay) results(i int, op *ir.Op, in, out []*interp.Tensor) error 
 }
 
 // final compares the results and updated arguments with the
-// interpreter's.
+// interpreter's, after checking that the plan wrote every byte of each
+// (the replay stores the interpreter's values, so a byte no node wrote
+// would otherwise compare equal).
 func (rr *rankReplay) final() error {
 	f := rr.f
 	for i, r := range f.Results {
+		if err := rr.writtenWhole(r.Value); err != nil {
+			return err
+		}
 		got, err := rr.read(r.Value)
 		if err != nil {
 			return err
@@ -1280,6 +1313,26 @@ func (rr *rankReplay) final() error {
 		if fingerprint(got) != rr.ref.args[i] {
 			return fmt.Errorf("%supdated argument %s differs from the interpreter", rr.name, a.Ref())
 		}
+	}
+	return nil
+}
+
+// writtenWhole checks that the last writer of every byte of v is v's
+// buffer.
+func (rr *rankReplay) writtenWhole(v *ir.Value) error {
+	b, off, err := rr.valueAt(v)
+	if err != nil {
+		return err
+	}
+	id := int64(rr.byName[v.Name])
+	for _, w := range rr.mem.owner[spaceKey(b.Space, b.Slot)].who(off, off+v.Type.SizeBytes()) {
+		if w == id {
+			continue
+		}
+		if w < 0 {
+			return fmt.Errorf("%s%s: some of its bytes no node writes", rr.name, v.Ref())
+		}
+		return fmt.Errorf("%s%s: some of its bytes were written last by %s", rr.name, v.Ref(), rr.p.Buffers[w].Values[0])
 	}
 	return nil
 }

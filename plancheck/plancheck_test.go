@@ -288,7 +288,7 @@ func TestLibraryCallsReplay(t *testing.T) {
 		apply func(l *cuda.Library)
 		want  string
 	}{
-		{"one term fewer", func(l *cuda.Library) { l.K-- }, "where the interpreter has"},
+		{"one term fewer", func(l *cuda.Library) { l.K-- }, "terms, where op"},
 		{"lda below the rows", func(l *cuda.Library) { l.LDA = 0 }, "positive int"},
 		{"a leading dimension past its argument", func(l *cuda.Library) { l.LDB *= 1000 }, "touches"},
 		{"a beta without reading C", func(l *cuda.Library) { l.Beta = 1 }, "access is"},
@@ -402,7 +402,7 @@ func TestAccumulatingGemmReplays(t *testing.T) {
 		lib := *q.Nodes[i].Library
 		lib.K--
 		q.Nodes[i].Library = &lib
-		require.ErrorContains(t, check(t, dir, q), "where the interpreter has", "node %d with a term fewer", i)
+		require.ErrorContains(t, check(t, dir, q), "terms, where op", "node %d with a term fewer", i)
 		q = load(t, dir)
 		lib = *q.Nodes[i].Library
 		lib.Beta = 0
