@@ -155,13 +155,12 @@ func (p *planner) pipeline() (passes.Pipeline, error) {
 	return pipe, nil
 }
 
-// microbatchStep splits the step into n slices: exactly (statistics of
-// the whole batch in phases where the step has them), or with each
-// slice's statistics when the request allows them.
+// microbatchStep splits the step into n slices, keeping the statistics
+// of the whole batch in phases where the step has them: batch
+// normalisation's, unless the request allows each slice's (per-slice-bn,
+// as PyTorch's gradient accumulation), and every other (a mean loss's
+// count of the labels it does not ignore), which no name allows to change.
 func (p *planner) microbatchStep(n int) string {
-	if p.req.allows(passes.PerSliceBN) {
-		return fmt.Sprintf("microbatch{n=%d}", n)
-	}
 	return fmt.Sprintf("microbatch{n=%d,exact-bn=true}", n)
 }
 

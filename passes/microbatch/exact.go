@@ -19,8 +19,10 @@ import (
 // Steps that need no such statistic split as Split splits them. Others
 // are first written as the SPMD step of n ranks with one slice each,
 // batch normalisations written out as sums over the batch
-// (DecomposeBatchNorm), so that Shard all-reduces every statistic where
-// rows first read it; then that step runs on one device in phases:
+// (DecomposeBatchNorm; with opts.PerSliceBN, which the user allows by
+// name, they keep each slice's statistics and only the other statistics,
+// such as a loss's count of labels not ignored, stay whole), so that
+// Shard all-reduces every statistic where rows first read it; then that step runs on one device in phases:
 // phase p computes, slice after slice, what the all-reduces of depth p
 // read (those that wait for p−1 others), summing (or taking the maximum)
 // over the slices where the ranks would all-reduce and joining where they
@@ -31,7 +33,6 @@ import (
 // the last phase is the ordinary microbatched step. Stats.Phases counts
 // the phases.
 func SplitExact(f *ir.Func, n int, opts Options) (Stats, error) {
-	opts.PerSliceBN = false // the whole batch's statistics, not the slices'
 	st, err := SplitWith(f, n, opts)
 	var wb *WholeBatchError
 	if err == nil || !errors.As(err, &wb) {
@@ -46,10 +47,12 @@ func SplitExact(f *ir.Func, n int, opts Options) (Stats, error) {
 		}
 	}
 	g := f.Clone()
-	if err := DecomposeBatchNorm(g); err != nil {
-		return Stats{}, fmt.Errorf("microbatch{exact-bn}: %v", err)
+	if !opts.PerSliceBN {
+		if err := DecomposeBatchNorm(g); err != nil {
+			return Stats{}, fmt.Errorf("microbatch{exact-bn}: %v", err)
+		}
 	}
-	st, err = split(g, n, n, Options{Trace: opts.Trace})
+	st, err = split(g, n, n, Options{Trace: opts.Trace, PerSliceBN: opts.PerSliceBN})
 	if err != nil {
 		return st, err
 	}
