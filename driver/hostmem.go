@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,8 +23,34 @@ const hostTensorBytes = 8
 // with the interpreter, the most elements live at once in schedule order
 // (arguments throughout, each value from its op to its last use, results
 // to the end); with a compiled program, its arguments and results (the
-// program's own arena comes on top).
+// program's own arena comes on top); and with either, one .npy file's
+// bytes, as each input is read and each result written whole, one at a
+// time. A quarter more is the Go runtime's headroom: the collector runs
+// with a memory limit at what is available (limitHeap), so garbage stays
+// near that, but a heap also holds freed spans and its own structures
+// (measured under RLIMIT_AS: a 512 MiB result needed 2.15 GiB where the
+// live tensors were 1.5 GiB, 2026-12-07).
 func hostBytesNeeded(f *ir.Func, interpreted bool) int64 {
+	need := satAdd(liveHostBytes(f, interpreted), largestFile(f))
+	return satAdd(need, need/4)
+}
+
+// largestFile is the bytes of the largest argument or result as a .npy
+// file.
+func largestFile(f *ir.Func) int64 {
+	var n int64
+	for _, a := range f.Args {
+		n = max(n, a.Type.SizeBytes())
+	}
+	for _, r := range f.Results {
+		n = max(n, r.Value.Type.SizeBytes())
+	}
+	return n
+}
+
+// liveHostBytes is the most bytes of tensors kiln run holds at once (8
+// per element).
+func liveHostBytes(f *ir.Func, interpreted bool) int64 {
 	elems := func(v *ir.Value) int64 { return v.Type.NumElements() }
 	live := int64(0)
 	for _, a := range f.Args {
@@ -96,6 +123,16 @@ func satMul(a, b int64) int64 {
 		return 1<<63 - 1
 	}
 	return a * b
+}
+
+// limitHeap has the Go runtime collect garbage before the heap passes
+// available bytes (debug.SetMemoryLimit), so that a run sized to fit does
+// not fail for garbage not yet collected. available <= 0 leaves the
+// runtime as it is.
+func limitHeap(available int64) {
+	if available > 0 {
+		debug.SetMemoryLimit(available)
+	}
 }
 
 // availableMemory is the memory kiln may still use, or 0 when it cannot
@@ -227,9 +264,9 @@ func checkHostMemory(file string, f *ir.Func, interpreted bool, available int64)
 	if f.Pos.IsValid() {
 		at = f.Pos.String()
 	}
-	how := "the interpreter holds every element of a live value as 8 bytes"
+	how := "the interpreter holds every element of a live value as 8 bytes, with one file's bytes and a quarter more for the Go runtime"
 	if !interpreted {
-		how = "its arguments and results as 8 bytes per element, before the program's own arena"
+		how = "its arguments and results as 8 bytes per element, with one file's bytes and a quarter more for the Go runtime, before the program's own arena"
 	}
 	return fmt.Errorf("%s: error: running @%s needs about %s of host memory (%s), more than the %s available",
 		at, f.Name, diag.Bytes(need), how, diag.Bytes(available))

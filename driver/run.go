@@ -73,9 +73,11 @@ func init() {
 				if err != nil {
 					return err
 				}
-				if err := checkHostMemory(args[0], f, *backend == "interp", availableMemory()); err != nil {
+				avail := availableMemory()
+				if err := checkHostMemory(args[0], f, *backend == "interp", avail); err != nil {
 					return err
 				}
+				limitHeap(avail)
 				if stages := parallel.Stages(in.module); len(stages) > 1 && *fn == "" {
 					run := func(parts [][]*interp.Tensor) ([][]*interp.Tensor, [][]*interp.Tensor, error) {
 						return interp.RunPrograms(parallel.RankPrograms(stages), parts, interp.Options{})
