@@ -322,11 +322,53 @@ func readModule(e *env, path string, opt onnx.Options) (*input, error) {
 	return in, nil
 }
 
+// inputBytesPerByte is what kiln holds, at most, per byte of an input it
+// reads, rewrites and prints back: an ONNX model's weights decoded (8
+// bytes an element) and printed as hex, or a .kir text's hex constants
+// decoded; measured 2026-12-07 as peak resident bytes over input bytes:
+// 12.2 for kiln import of a 47 MB ResNet-18, 9.3 for kiln mem --train of
+// it, 8.6 for kiln opt of a 64 MiB constant in hex, 8.0 of the 93 MB
+// ResNet-18 text. inputBytesPerNumber is what each number written out in
+// a list of a .kir text adds (its tokens and syntax tree): 915 measured
+// for a list of a million numbers in 10 MB (1.05 GB resident; a list
+// holds at most a million).
+const (
+	inputBytesPerByte   = 13
+	inputBytesPerNumber = 1024
+)
+
+// inputBytesNeeded estimates what reading data holds: inputBytesPerByte
+// a byte and, for text, inputBytesPerNumber a number outside hex, and a
+// quarter more for the Go runtime (as hostBytesNeeded).
+func inputBytesNeeded(data []byte, text bool) int64 {
+	need := satMul(int64(len(data)), inputBytesPerByte)
+	if text {
+		need = satAdd(need, satMul(countNumbers(data), inputBytesPerNumber))
+	}
+	return satAdd(need, need/4)
+}
+
+// countNumbers counts the numbers of a text: runs of digits that do not
+// continue a name or a number (a hex constant is one).
+func countNumbers(data []byte) int64 {
+	var numbers int64
+	prev := byte(' ')
+	for _, c := range data {
+		if c >= '0' && c <= '9' && !(prev >= '0' && prev <= '9' || prev >= 'a' && prev <= 'z' || prev >= 'A' && prev <= 'Z' || prev == '_' || prev == '.') {
+			numbers++
+		}
+		prev = c
+	}
+	return numbers
+}
+
 // readInputFile reads an input whole: a regular file or standard input
-// ("-"), not a device (/dev/zero never ends), and no more than a quarter
-// of the memory available (what kiln then builds from it takes more).
+// ("-"), not a device (/dev/zero never ends), and only while what kiln
+// then builds from it (inputBytesNeeded) fits the memory available.
 func readInputFile(e *env, path string) ([]byte, error) {
-	limit := availableMemory() / 4
+	avail := availableMemory()
+	limitHeap(avail)
+	limit := avail / inputBytesPerByte
 	if limit <= 0 {
 		limit = 1 << 40
 	}
@@ -343,7 +385,11 @@ func readInputFile(e *env, path string) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s holds more than %s, a quarter of the memory available: kiln reads its input whole", name, diag.Bytes(limit))
+		return nil, fmt.Errorf("%s holds more than %s, 1/%d of the memory available (%s): kiln reads its input whole and holds up to %d bytes a byte of it", name, diag.Bytes(limit), inputBytesPerByte, diag.Bytes(avail), inputBytesPerByte)
+	}
+	text := !(strings.HasSuffix(strings.ToLower(path), ".onnx") || len(data) > 0 && data[0] == 0x08)
+	if need := inputBytesNeeded(data, text); avail > 0 && need > avail {
+		return nil, fmt.Errorf("%s needs about %s to read (%d bytes a byte and %d a number written out in a list, and a quarter more for the Go runtime), more than the %s available", name, diag.Bytes(need), inputBytesPerByte, inputBytesPerNumber, diag.Bytes(avail))
 	}
 	return data, nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kiln-compiler/kiln/parser"
@@ -131,5 +132,54 @@ func TestRunSizedToTheLimit(t *testing.T) {
 		default:
 			t.Fatalf("%d GiB: exit %d: %s", gib, code, b)
 		}
+	}
+}
+
+// TestInputBytesNeeded: reading costs inputBytesPerByte a byte, and a .kir
+// text's numbers outside hex cost inputBytesPerNumber each (a hex
+// constant is one).
+func TestInputBytesNeeded(t *testing.T) {
+	text := []byte("%c = constant() {value = dense<f32[3]: [1.5, -2.0, 3e4]>} : f32[3]\n%d = constant() {value = dense<f32[2]: 0x0000803f00000040>} : f32[2]\n")
+	// The numbers: 1.5, 2.0, 3e4, 0x…, and the extents [3] and [2] twice each; f32 counts none.
+	require.Equal(t, int64(8), countNumbers(text))
+	want := int64(len(text))*inputBytesPerByte + 8*inputBytesPerNumber
+	require.Equal(t, want+want/4, inputBytesNeeded(text, true))
+	bin := int64(len(text)) * inputBytesPerByte
+	require.Equal(t, bin+bin/4, inputBytesNeeded(text, false))
+}
+
+// TestLargeTextsWithinAnAddressSpaceLimit: a 10 MB .kir of a million
+// numbers in a list holds about 1 GB while it is parsed; under a 2.6 GB
+// address-space limit (some 0.8 GB left to the heap once the runtime has
+// started) it is refused before parsing, under 8 GB it is read; never the
+// Go runtime's out of memory.
+func TestLargeTextsWithinAnAddressSpaceLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("parses a 40 MB text")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "list.kir")
+	const n = 1000000
+	var b strings.Builder
+	fmt.Fprintf(&b, "func @f(%%x: f32[%d]) -> (f32[%d]) {\n  %%c = constant() {value = dense<f32[%d]: [", n, n, n)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d.%06d", i%10, i%999983)
+	}
+	fmt.Fprintf(&b, "]>} : f32[%d]\n  %%y = add(%%x, %%c) : f32[%d]\n  return %%y\n}\n", n, n)
+	require.NoError(t, os.WriteFile(src, []byte(b.String()), 0o644))
+	for _, c := range []struct {
+		kb   int
+		code int
+		want string
+	}{{2600000, 1, "list.kir needs about"}, {8 << 20, 0, ""}} {
+		cmd := exec.Command("sh", "-c", fmt.Sprintf(`ulimit -v %d && exec "$0" "$@"`, c.kb), os.Args[0], "opt", src, "-o", filepath.Join(dir, "out.kir"))
+		cmd.Env = append(os.Environ(), "KILN_TEST_AS_KILN=1")
+		out, _ := cmd.CombinedOutput()
+		require.Equal(t, c.code, cmd.ProcessState.ExitCode(), "%d KiB: %s", c.kb, out)
+		require.Contains(t, string(out), c.want)
+		require.NotContains(t, string(out), "goroutine")
 	}
 }
