@@ -231,3 +231,45 @@ func TestDropoutSlicesDrawTheWholeBatchsMask(t *testing.T) {
 		}
 	}
 }
+
+// flatLabelsLM is a language model's step as PyTorch exports it when the
+// labels come flattened ([B·T], not led by the batch B of the ids) and
+// the loss is cross-entropy's mean over the labels not ignored
+// (ignore_index): the count of those is a sum over the whole batch that
+// every row's gradient reads.
+const flatLabelsLM = `func @lm(%ids: i64[4,8], %labels: i64[32], %emb: f64[16,8] {param}, %head: f64[16,8] {param}) -> (f64[]) {
+  %e = gather(%emb, %ids) {axis = 0} : f64[4,8,8]
+  %rows = reshape(%e) {shape = [32, 8]} : f64[32,8]
+  %logits = gemm(%rows, %head) {trans_b = true} : f64[32,16]
+  %lp = log_softmax(%logits) {axis = 1} : f64[32,16]
+  %ignore = constant() {value = dense<i64[]: -100>} : i64[]
+  %valid = ne(%labels, %ignore) : bool[32]
+  %zero = constant() {value = dense<i64[]: 0>} : i64[]
+  %safe = where(%valid, %labels, %zero) : i64[32]
+  %idx = unsqueeze(%safe) {axes = [1]} : i64[32,1]
+  %picked = gather_elements(%lp, %idx) {axis = 1, negative = false} : f64[32,1]
+  %p = squeeze(%picked) {axes = [1]} : f64[32]
+  %one = constant() {value = dense<f64[]: 1.0>} : f64[]
+  %nil = constant() {value = dense<f64[]: 0.0>} : f64[]
+  %w = where(%valid, %one, %nil) : f64[32]
+  %neg = neg(%p) : f64[32]
+  %l = mul(%neg, %w) : f64[32]
+  %sum = reduce_sum(%l) {axes = [0], keepdims = false} : f64[]
+  %count = reduce_sum(%w) {axes = [0], keepdims = false} : f64[]
+  %loss = div(%sum, %count) : f64[]
+  return %loss
+}`
+
+// TestFlatLabelsMeanLossSplits: the split of that step used to promote the
+// loss gradient's expand into the slices after the count it reads had
+// become a sum of the slices' parts: the slices read a value defined only
+// after them (invalid IR). Split and SplitExact now equal the whole step.
+func TestFlatLabelsMeanLossSplits(t *testing.T) {
+	whole := passtest.Parse(t, flatLabelsLM)
+	passtest.Run(t, whole, "autodiff{loss=sum}")
+	for _, pipe := range []string{"microbatch{n=2}", "microbatch{n=4}", "microbatch{n=2,exact-bn=true}"} {
+		split := passtest.Clone(t, whole)
+		passtest.Run(t, split, pipe)
+		passtest.Equivalent(t, whole.Funcs[0], split.Funcs[0], 1e-12, 1, 2, 3)
+	}
+}

@@ -224,7 +224,10 @@ func (s *splitter) plan(promote map[*ir.Value]cut) error {
 }
 
 // promoted is the per-slice plan of op when a result of it is promoted
-// (and the op's own operands allow it: reemitCuts).
+// (and the op's own operands allow it: reemitCuts, and each operand is
+// whole or cut, as this round planned it: one that became late or a
+// slice's partial fold, since the round that promoted op, cannot be read
+// per slice).
 func (s *splitter) promoted(op *ir.Op, promote map[*ir.Value]cut) (plan, bool) {
 	for _, r := range op.Results {
 		c, ok := promote[r]
@@ -233,6 +236,11 @@ func (s *splitter) promoted(op *ir.Op, promote map[*ir.Value]cut) (plan, bool) {
 		}
 		if _, ok := s.reemitCuts(r, c); !ok {
 			return plan{}, false
+		}
+		for _, x := range op.Operands {
+			if st := s.info[x].state; st != whole && st != sliced {
+				return plan{}, false
+			}
 		}
 		ax, _ := ir.OpAxes(op)
 		if ax.Flat {
