@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/codegen/llvm"
@@ -131,7 +132,11 @@ func init() {
 			out := fs.String("o", "-", "output file (- for standard output: ll and header only)")
 			fn := fs.String("func", "", "function to compile (default: the first)")
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
+			buildTimeout := fs.Duration("build-timeout", DefaultBuildTimeout, "with --emit obj, lib or exe: stop clang past this long, with a message (0: no limit)")
 			return func(e *env, args []string) error {
+				if *buildTimeout < 0 {
+					return usageError{fmt.Sprintf("--build-timeout must be 0 (no limit) or more, not %v", *buildTimeout)}
+				}
 				if *target == "cuda" {
 					cudaEmit := "plan"
 					fs.Visit(func(f *flag.Flag) {
@@ -180,27 +185,34 @@ func init() {
 					}
 					ext := map[string]string{"ll": ".ll", "header": ".h", "obj": ".o", "lib": ".so", "exe": ""}[*emit]
 					for s, f := range stages {
-						if err := compileLLVM(e, &pf, in, f, *emit, *threads, filepath.Join(*out, fmt.Sprintf("stage%d%s", s, ext))); err != nil {
+						if err := compileLLVM(e, in, f, *emit, llvm.Options{Threads: *threads, BuildTimeout: *buildTimeout}, filepath.Join(*out, fmt.Sprintf("stage%d%s", s, ext))); err != nil {
 							return err
 						}
 					}
 					return nil
 				}
-				return compileLLVM(e, &pf, in, f, *emit, *threads, *out)
+				return compileLLVM(e, in, f, *emit, llvm.Options{Threads: *threads, BuildTimeout: *buildTimeout}, *out)
 			}
 		},
 	})
 }
 
+// DefaultBuildTimeout bounds clang's run for one step (--build-timeout):
+// well past what the zoo's largest steps take (ResNet-50's training step,
+// under a minute), short of an afternoon.
+const DefaultBuildTimeout = 20 * time.Minute
+
 // compileLLVM writes f compiled for the LLVM target as emit says to out.
-func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, threads int, out string) error {
+// A build longer than two seconds shows its time on the terminal's
+// progress line.
+func compileLLVM(e *env, in *input, f *ir.Func, emit string, opt llvm.Options, out string) error {
 	p, err := lowerForLLVM(in, f)
 	if err != nil {
 		return err
 	}
 	switch emit {
 	case "ll":
-		text, err := llvm.Text(p, llvm.Options{Threads: threads})
+		text, err := llvm.Text(p, opt)
 		if err != nil {
 			return fmt.Errorf("%s: error: @%s: %v", in.name, f.Name, err)
 		}
@@ -211,8 +223,17 @@ func compileLLVM(e *env, pf *pipelineFlags, in *input, f *ir.Func, emit string, 
 		return writeOutput(e, out, []byte(llvm.RuntimeHeader))
 	}
 	prog := progress.For(e.terminal)
-	prog.Step("compile: clang -O2 of @%s (%d kernels)", f.Name, len(p.Kernels))
-	data, err := llvm.Build(p, emit, llvm.Options{Threads: threads})
+	prog.Step("compile: clang -O3 of @%s (%d kernels)", f.Name, len(p.Kernels))
+	opt.Progress = func(d time.Duration) {
+		if d >= 2*time.Second {
+			limit := ""
+			if opt.BuildTimeout > 0 {
+				limit = fmt.Sprintf(" of at most %v", opt.BuildTimeout)
+			}
+			prog.Step("compile: clang -O3 of @%s (%d kernels): %ds%s", f.Name, len(p.Kernels), int(d.Seconds()), limit)
+		}
+	}
+	data, err := llvm.Build(p, emit, opt)
 	prog.Done()
 	if err != nil {
 		return fmt.Errorf("kiln: %v", err)

@@ -121,7 +121,7 @@ func init() {
 				if ranks > 1 && *backend == "interp" {
 					res, final, err = runRanks(f, vals, *repeat, &seconds)
 				} else if *backend == "llvm" {
-					opt := llvm.RunOptions{Repeat: *repeat, Options: llvm.Options{Threads: *threads}}
+					opt := llvm.RunOptions{Repeat: *repeat, Options: llvm.Options{Threads: *threads, BuildTimeout: DefaultBuildTimeout}}
 					if *repeat > 1 {
 						opt.Seconds = &seconds
 					}

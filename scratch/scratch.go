@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 var (
@@ -83,6 +85,28 @@ func CombinedOutput(cmd *exec.Cmd) ([]byte, error) {
 	cmd.Stdout, cmd.Stderr = &b, &b
 	err := Run(cmd)
 	return b.Bytes(), err
+}
+
+// CombinedOutputWithin is CombinedOutput, ending cmd with its process
+// group (the compilers a driver starts included) when it runs past limit
+// (0: no limit); timedOut says that it did.
+func CombinedOutputWithin(cmd *exec.Cmd, limit time.Duration) (out []byte, timedOut bool, err error) {
+	if limit <= 0 {
+		out, err = CombinedOutput(cmd)
+		return out, false, err
+	}
+	var late atomic.Bool
+	t := time.AfterFunc(limit, func() {
+		late.Store(true)
+		mu.Lock()
+		if children[cmd] {
+			killGroup(cmd)
+		}
+		mu.Unlock()
+	})
+	out, err = CombinedOutput(cmd)
+	t.Stop()
+	return out, late.Load(), err
 }
 
 // Output is cmd's standard output, as (*exec.Cmd).Output, run by Run.

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -62,4 +63,28 @@ func TestExecutableCounts(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	code, out = run("--repeat", "2")
 	require.Equal(t, 0, code, out)
+}
+
+// TestBuildTimeout: a build that runs past Options.BuildTimeout stops
+// clang (its cc1 child too) and says so; the same build without the
+// limit succeeds. Progress hears the time.
+func TestBuildTimeout(t *testing.T) {
+	requireClang(t)
+	m, err := parser.Parse("t.kir", `func @f(%x: f32[64,64], %w: f32[64,64] {param}) -> (f32[64,64]) {
+  %p = matmul(%x, %w) : f32[64,64]
+  %r = relu(%p) : f32[64,64]
+  return %r
+}
+`)
+	require.NoError(t, err)
+	pipelineOn(t, m, "fuse,assign")
+	p, err := llvm.Lower(m.Funcs[0])
+	require.NoError(t, err)
+	_, err = llvm.Build(p, "obj", llvm.Options{BuildTimeout: time.Millisecond})
+	require.ErrorContains(t, err, "clang did not finish compiling the step within 1ms")
+	require.ErrorContains(t, err, "--build-timeout")
+	ticks := 0
+	_, err = llvm.Build(p, "obj", llvm.Options{BuildTimeout: 10 * time.Minute, Progress: func(time.Duration) { ticks++ }})
+	require.NoError(t, err)
+	require.Contains(t, llvm.Flags, "-unroll-allow-partial=false", "partial unrolling stays off (Zen 3's cost model asked for it and clang took hours)")
 }

@@ -19,6 +19,7 @@ import (
 	"maps"
 	"math"
 	"runtime"
+	"time"
 
 	"github.com/kiln-compiler/kiln/codegen/loops"
 	kir "github.com/kiln-compiler/kiln/ir"
@@ -53,6 +54,11 @@ type Options struct {
 	// operating system for the number of online cores when the program
 	// runs, 1 emits sequential code.
 	Threads int
+	// BuildTimeout bounds clang's run in Build (0: no bound): past it the
+	// build fails with a message that says so.
+	BuildTimeout time.Duration
+	// Progress, when set, hears every second how long clang has run.
+	Progress func(elapsed time.Duration)
 }
 
 // module emits one program.
