@@ -116,3 +116,19 @@ func defaultPeak(t *testing.T, model string) int64 {
 	require.NoError(t, json.Unmarshal([]byte(out), &plain))
 	return plain.Peak
 }
+
+// TestBudgetMicrobatchesKeepRunningStatistics: the small CNN's step at a
+// budget of half its peak runs as 2 microbatches with the whole batch's
+// statistics, and still writes its batch norms' running statistics back
+// (they were frozen: the split's decomposed updates fed nothing).
+func TestBudgetMicrobatchesKeepRunningStatistics(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	_, stderr, code := kiln(t, "run", "../testdata/models/small_cnn/model.onnx", "--train", "-O2", "--budget", "0.5", "--optimizer", "momentum", "--seed", "1", "--output-dir", out, "--print-pipeline")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "microbatch{exact-bn=true,n=2}")
+	for _, bn := range []string{"stem.1", "block.1"} {
+		for _, stat := range []string{"running_mean", "running_var"} {
+			require.FileExists(t, filepath.Join(out, "updated."+bn+"."+stat+".npy"))
+		}
+	}
+}
