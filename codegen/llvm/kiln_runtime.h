@@ -46,7 +46,10 @@ kiln_step *kiln_create(int threads);
 void kiln_destroy(kiln_step *s);
 
 /* kiln_run runs the step once. A label or gather index outside its
-   dimension is an error (the results must then not be used). */
+   dimension is an error: the results must then not be used, and no
+   argument the step updates in place (parameters, optimizer state,
+   running statistics, the step count, the random position) has
+   changed. */
 int kiln_run(kiln_step *s);
 
 /* kiln_count is the number of tensors; kiln_find the index of the tensor
@@ -75,7 +78,8 @@ int kiln_bind(kiln_step *s, int i, void *data);
    archive as numpy.savez writes it (member NAME.npy for each), through a
    temporary file renamed into place; kiln_load reads such an archive
    (every parameter and state tensor must be in it, with its dtype and
-   shape) and changes nothing when it fails. */
+   shape) and changes nothing when it fails; it reads a regular file
+   only (a FIFO or a device is refused without blocking). */
 int kiln_save(kiln_step *s, const char *path);
 int kiln_load(kiln_step *s, const char *path);
 
