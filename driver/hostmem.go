@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -125,14 +126,22 @@ func satMul(a, b int64) int64 {
 	return a * b
 }
 
-// limitHeap has the Go runtime collect garbage before the heap passes
-// available bytes (debug.SetMemoryLimit), so that a run sized to fit does
-// not fail for garbage not yet collected. available <= 0 leaves the
-// runtime as it is.
+// limitHeap has the Go runtime collect garbage before it holds available
+// bytes more than it holds now (debug.SetMemoryLimit caps the runtime's
+// total: what it has mapped and not released, plus what is still
+// available), so that a run sized to fit does not fail for garbage not yet
+// collected. available <= 0 leaves the runtime as it is.
 func limitHeap(available int64) {
-	if available > 0 {
-		debug.SetMemoryLimit(available)
+	if available <= 0 {
+		return
 	}
+	sample := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(sample)
+	var held int64
+	if sample[0].Value.Kind() == metrics.KindUint64 && sample[1].Value.Kind() == metrics.KindUint64 {
+		held = int64(sample[0].Value.Uint64() - sample[1].Value.Uint64())
+	}
+	debug.SetMemoryLimit(satAdd(held, available))
 }
 
 // availableMemory is the memory kiln may still use, or 0 when it cannot

@@ -48,7 +48,11 @@ func init() {
 			fn := fs.String("func", "", "function to run (default: the first)")
 			threads := fs.Int("threads", 0, "with --backend llvm: threads of parallel loops (0: all cores)")
 			repeat := fs.Int("repeat", 1, "run the function this many times and report the mean time of one run on stderr")
+			buildTimeout := fs.Duration("build-timeout", DefaultBuildTimeout, "with --backend llvm: stop clang past this long, with a message (0: no limit)")
 			return func(e *env, args []string) error {
+				if *buildTimeout < 0 {
+					return usageError{fmt.Sprintf("--build-timeout must be 0 (no limit) or more, not %v", *buildTimeout)}
+				}
 				if *outDir == "" {
 					return usageError{"--output-dir is required"}
 				}
@@ -121,7 +125,7 @@ func init() {
 				if ranks > 1 && *backend == "interp" {
 					res, final, err = runRanks(f, vals, *repeat, &seconds)
 				} else if *backend == "llvm" {
-					opt := llvm.RunOptions{Repeat: *repeat, Options: llvm.Options{Threads: *threads, BuildTimeout: DefaultBuildTimeout}}
+					opt := llvm.RunOptions{Repeat: *repeat, Options: llvm.Options{Threads: *threads, BuildTimeout: *buildTimeout}}
 					if *repeat > 1 {
 						opt.Seconds = &seconds
 					}

@@ -187,7 +187,7 @@ type product struct{ m, n, k int64 }
 // ops' loop programs, which the LLVM backend's tests check against the
 // interpreter, not from the plan's GEMM mapping that replay checks.
 func products(f *ir.Func) (map[int][]product, error) {
-	prog, err := loops.LowerWith(f, loops.Options{ImplicitGemm: true})
+	prog, err := loops.LowerWith(f, cuda.LoopOptions)
 	if err != nil {
 		return nil, fmt.Errorf("the module's loop programs, to check its library calls: %v", err)
 	}

@@ -63,19 +63,38 @@ func Remove(path string) error {
 // Run runs cmd to completion in a process group of its own (unless cmd
 // already asks for one), which Interrupt kills while it runs.
 func Run(cmd *exec.Cmd) error {
+	_, err := runWithin(cmd, 0)
+	return err
+}
+
+// runWithin is Run, killing cmd's process group when it runs past limit
+// (0: no limit); late says that it did.
+func runWithin(cmd *exec.Cmd, limit time.Duration) (late bool, err error) {
 	ownGroup(cmd)
 	mu.Lock() // KillStrays never sees a child started but not yet known
 	if err := cmd.Start(); err != nil {
 		mu.Unlock()
-		return err
+		return false, err
 	}
 	children[cmd] = true
 	mu.Unlock()
-	err := cmd.Wait()
+	var killed atomic.Bool
+	if limit > 0 {
+		t := time.AfterFunc(limit, func() {
+			mu.Lock()
+			if children[cmd] { // still running
+				killed.Store(true)
+				killGroup(cmd)
+			}
+			mu.Unlock()
+		})
+		defer t.Stop()
+	}
+	err = cmd.Wait()
 	mu.Lock()
 	delete(children, cmd)
 	mu.Unlock()
-	return err
+	return killed.Load(), err
 }
 
 // CombinedOutput is cmd's standard output and error together, as
@@ -91,22 +110,10 @@ func CombinedOutput(cmd *exec.Cmd) ([]byte, error) {
 // group (the compilers a driver starts included) when it runs past limit
 // (0: no limit); timedOut says that it did.
 func CombinedOutputWithin(cmd *exec.Cmd, limit time.Duration) (out []byte, timedOut bool, err error) {
-	if limit <= 0 {
-		out, err = CombinedOutput(cmd)
-		return out, false, err
-	}
-	var late atomic.Bool
-	t := time.AfterFunc(limit, func() {
-		late.Store(true)
-		mu.Lock()
-		if children[cmd] {
-			killGroup(cmd)
-		}
-		mu.Unlock()
-	})
-	out, err = CombinedOutput(cmd)
-	t.Stop()
-	return out, late.Load(), err
+	var b bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &b, &b
+	timedOut, err = runWithin(cmd, limit)
+	return b.Bytes(), timedOut, err
 }
 
 // Output is cmd's standard output, as (*exec.Cmd).Output, run by Run.

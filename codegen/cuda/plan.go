@@ -241,6 +241,10 @@ type Output struct {
 // needs sm_60; sm_80 is the A100 and later).
 const Arch = "sm_80"
 
+// LoopOptions is how the CUDA backend lowers a function to loop programs
+// (implicit GEMMs), which plan-check lowers again to check library calls.
+var LoopOptions = loops.Options{ImplicitGemm: true}
+
 // Lower builds the launch plan of f, which must carry offsets.
 func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 	if _, ok := f.Attrs["arena"]; !ok {
@@ -251,7 +255,7 @@ func Lower(f *ir.Func, dev costmodel.Device) (*Output, error) {
 			return nil, fmt.Errorf("data input %s is in host memory (swap left it there to reach the budget), and launch plans take inputs in device memory only", a.Ref())
 		}
 	}
-	prog, err := loops.LowerWith(f, loops.Options{ImplicitGemm: true})
+	prog, err := loops.LowerWith(f, LoopOptions)
 	if err != nil {
 		return nil, err
 	}

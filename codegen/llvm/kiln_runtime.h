@@ -59,7 +59,8 @@ int kiln_find(const char *name);
 
 /* kiln_data is tensor i's memory: an argument's buffer (or the caller's
    memory kiln_bind gave it), a result's place in the arena, valid until
-   the next run. kiln_bytes is its size in bytes. */
+   the next run (NULL for a result before a run has succeeded, or after
+   one failed). kiln_bytes is its size in bytes. */
 void *kiln_data(kiln_step *s, int i);
 long long kiln_bytes(int i);
 

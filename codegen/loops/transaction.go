@@ -50,14 +50,23 @@ func (p *Program) transactional(store map[*ir.Value]*Buffer) error {
 	for i, k := range p.Kernels {
 		producer[k.Op] = i
 	}
-	var checked []indexUse // checks that run before the first write
+	// A check proves a later one only when it reads every index: an op of
+	// its own does; a fused kernel computes its ops only where something
+	// reads them (a gather whose result is sliced reads the indices the
+	// slice keeps), so its checks may cover a part.
+	whole := func(k *Kernel) bool { return k.Op != nil && k.Op.Region == nil }
+	var checked []indexUse // whole checks that run before the first write
+	checks := false
 	for _, k := range p.Kernels[:first] {
-		checked = append(checked, indexUses(k.Op)...)
+		uses := indexUses(k.Op)
+		checks = checks || len(uses) > 0
+		if whole(k) {
+			checked = append(checked, uses...)
+		}
 	}
-	checks := len(checked) > 0
 	hoisted := map[int][]indexUse{} // after kernel i (-1: at the start)
 	last := -1                      // the last kernel whose check may fail after a write
-	var seen []indexUse             // every check so far, failing or not
+	var seen []indexUse             // every whole check so far, failing or not
 	for i, k := range p.Kernels[first:] {
 		for _, u := range indexUses(k.Op) {
 			checks = true
@@ -69,14 +78,16 @@ func (p *Program) transactional(store map[*ir.Value]*Buffer) error {
 					at = producer[r.Def]
 				}
 				hoisted[at] = append(hoisted[at], u)
-				checked = append(checked, u)
+				checked = append(checked, u) // the check kernel reads every index
 			case u.value != nil && impliedBy(u, seen):
-				// The same indices failed or passed an earlier check
-				// already: this one adds no failure.
+				// The same indices failed or passed a whole check earlier:
+				// this one adds no failure.
 			default:
 				last = first + i
 			}
-			seen = append(seen, u)
+			if whole(k) {
+				seen = append(seen, u)
+			}
 		}
 	}
 	if !checks {

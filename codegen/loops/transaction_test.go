@@ -13,9 +13,8 @@ import (
 	"github.com/kiln-compiler/kiln/passtest"
 )
 
-// checked reports, for each kernel of p, the index tensors it checks (an
-// IR op's index operands, or a check kernel's) and whether it writes an
-// argument.
+// transactionalOrder is the first kernel of p that tests the status
+// (writes an argument) and the last check kernel.
 func transactionalOrder(t *testing.T, p *loops.Program) (firstWrite, lastCheck int) {
 	t.Helper()
 	firstWrite, lastCheck = -1, -1
@@ -80,7 +79,7 @@ func TestLabelsCheckedBeforeRunningStatistics(t *testing.T) {
 }
 
 func regionOps(op *ir.Op) []*ir.Op {
-	if op.Region == nil {
+	if op == nil || op.Region == nil {
 		return nil
 	}
 	return op.Region.Body
@@ -139,4 +138,34 @@ func TestIndicesComputedAfterAWriteRestore(t *testing.T) {
 	require.Nil(t, p.Kernels[1].Op, "the check follows the index's kernel")
 	first, _ := transactionalOrder(t, p)
 	require.Equal(t, 3, first)
+}
+
+// TestPartialChecksProveNothing: an embedding gather fused with a slice
+// (CLS pooling) computes, and checks, only the rows the slice keeps; the
+// gradient's scatter after the updates reads every index. The fused
+// check proves nothing about the others: the indices are checked whole
+// at the start of the run.
+func TestPartialChecksProveNothing(t *testing.T) {
+	src := `func @f(%e: f32[7,4] {param}, %ids: i64[2,3], %w: f32[4,2] {param}) -> (f32[]) {
+  %emb = gather(%e, %ids) : f32[2,3,4]
+  %cls = slice(%emb) {axes = [1], ends = [1], starts = [0]} : f32[2,1,4]
+  %flat = reshape(%cls) {shape = [2, 4]} : f32[2,4]
+  %y = matmul(%flat, %w) : f32[2,2]
+  %l = reduce_sum(%y) : f32[]
+  return %l
+}
+`
+	m := passtest.Parse(t, src)
+	passtest.Run(t, m, "autodiff,optimizer{kind=adam},fuse,assign")
+	p, err := loops.LowerWith(m.Funcs[0], loops.Options{Transactional: true})
+	require.NoError(t, err)
+	fusedGather := false
+	for _, k := range p.Kernels {
+		for _, op := range regionOps(k.Op) {
+			fusedGather = fusedGather || op.Kind == "gather"
+		}
+	}
+	require.True(t, fusedGather, "the gather is fused (else the case tests nothing)")
+	require.Nil(t, p.Kernels[0].Op, "a whole check of the indices at the start")
+	require.Equal(t, "k0_check_gather_grad", p.Kernels[0].Name)
 }

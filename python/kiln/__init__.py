@@ -18,6 +18,7 @@ arena. kiln.compile builds it into a shared library (clang) and runs it in this 
 ABI with ctypes. Only torch (and onnx, which torch.onnx uses) and numpy are needed.
 """
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -193,10 +194,17 @@ def _runtime(so_fd, origin):
     The dynamic loader hands back a library already loaded under the same file name, whatever the
     file holds now, so the library is loaded through a name of its own: a hard link (a copy across file
     systems) in a fresh temporary folder, named by a random token, removed once loaded (the mapping
-    stays). Two steps of two models never share code, even when one's folder replaced the other's."""
+    stays). Two steps of two models never share code, even when one's folder replaced the other's. The
+    temporary folder lies beside the step's folder where it can (the same file system for the hard link;
+    a temporary folder mounted noexec could not map the library), else in the temporary folder."""
     import ctypes
 
-    tmp = tempfile.mkdtemp(prefix="kiln-lib-")
+    # Beside the step's folder (one file system, so the hard link works, and not a noexec /tmp), else in
+    # the temporary folder.
+    try:
+        tmp = tempfile.mkdtemp(prefix=".kiln-lib-", dir=os.path.dirname(os.path.dirname(os.path.abspath(origin))))
+    except OSError:
+        tmp = tempfile.mkdtemp(prefix="kiln-lib-")
     try:
         private = os.path.join(tmp, f"step-{uuid.uuid4().hex}.so")
         try:
@@ -246,9 +254,9 @@ def _is_checkpoint(path):
         stat.S_ISREG(os.lstat(os.path.join(path, n)).st_mode) for n in names)
 
 
-def _exchange(a, b):
-    """Swaps the paths a and b in one step (renameat2 with RENAME_EXCHANGE); False where the system
-    cannot."""
+def _renameat2(a, b, flags):
+    """renameat2(a, b, flags): True when it renamed, False where the system has no renameat2 (or the file
+    system refuses the flags); other failures raise OSError."""
     import ctypes
 
     try:
@@ -256,9 +264,39 @@ def _exchange(a, b):
         fn = libc.renameat2
     except (OSError, AttributeError):
         return False
-    at_fdcwd, rename_exchange = -100, 2
+    at_fdcwd = -100
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def _remove_checkpoint_dir(path):
+    """Removes the folder path holding a saved step's files (or a failed save's), best effort: only those
+    files, through a descriptor of the folder itself (never through a symbolic link), then the folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        for n in os.listdir(fd):
+            if n in _CHECKPOINT_FILES or n.startswith("checkpoint.npz"):
+                try:
+                    os.unlink(n, dir_fd=fd)
+                except OSError:
+                    pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _fsync_dir(path):
@@ -503,28 +541,27 @@ class Step:
                     os.fsync(f.fileno())
                 os.chmod(tmp, 0o777 & ~_umask())
                 if not replacing:
-                    os.rename(tmp, target)  # fails, removing nothing, if a folder appeared there meanwhile
+                    # Never over anything that appeared there meanwhile (a plain rename would replace an
+                    # empty folder).
+                    if not _renameat2(tmp, target, _RENAME_NOREPLACE):
+                        os.rename(tmp, target)
                     tmp = None
-                elif _exchange(tmp, target):
-                    pass  # tmp now holds the old checkpoint, removed below
-                else:
-                    old = tempfile.mkdtemp(prefix=f".{base}.kiln-old-", dir=parent)
-                    os.rmdir(old)
+                elif not _renameat2(tmp, target, _RENAME_EXCHANGE):
+                    # No exchange here: the old checkpoint aside, the new one in, the old one back if
+                    # that fails. A crash between the two renames leaves the old one under old's name.
+                    old = tmp + ".old"
                     os.rename(target, old)
-                    os.rename(tmp, target)
+                    try:
+                        os.rename(tmp, target)
+                    except BaseException:
+                        os.rename(old, target)
+                        raise
                     tmp = old
+                # Else tmp holds the old checkpoint now.
                 _fsync_dir(parent)
             finally:
                 if tmp is not None:
-                    for n in _CHECKPOINT_FILES:
-                        try:
-                            os.remove(os.path.join(tmp, n))
-                        except FileNotFoundError:
-                            pass
-                    for n in os.listdir(tmp):  # checkpoint.npz.tmp of a failed kiln_save
-                        if n.startswith("checkpoint.npz"):
-                            os.remove(os.path.join(tmp, n))
-                    os.rmdir(tmp)
+                    _remove_checkpoint_dir(tmp)
 
     def close(self):
         """Frees the step; any use after this raises ValueError. Closing twice does nothing."""
@@ -556,9 +593,15 @@ class Step:
 
 
 def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The process's umask, read without setting it (another thread may be creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _check_meta(meta, path):

@@ -136,6 +136,8 @@ int kilnrt_save(void *const *pv, const char *path, char *err, size_t errlen) {
 	put32(end, 0x06054b50), put16(end + 8, 0xffff), put16(end + 10, 0xffff), put32(end + 12, 0xffffffffu), put32(end + 16, 0xffffffffu);
 	ok = ok && fwrite(z, 1, 56, f) == 56 && fwrite(loc, 1, 20, f) == 20 && fwrite(end, 1, 22, f) == 22;
 	free(offsets), free(sizes), free(crcs);
+	/* On disk before it takes the checkpoint's name. */
+	ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
 	if (fclose(f) != 0 || !ok) {
 		remove(tmp);
 		return ckfail(err, errlen, "cannot write %s: %s", tmp, strerror(errno));

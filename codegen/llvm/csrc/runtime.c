@@ -317,6 +317,11 @@ int kiln_run(kiln_step *s) {
 	pthread_mutex_lock(&run_lock);
 	int status = kilnrt_entry(s->arena, s->pv, s->iv, s->ov);
 	pthread_mutex_unlock(&run_lock);
+	if (status != 0) {
+		/* The results are not this run's (the arena holds a part of it):
+		   kiln_data and kiln_get refuse them until a run succeeds. */
+		memset(s->ov, 0, sizeof *s->ov * ((size_t)NRESULTS + 1));
+	}
 	if (status == kilnrt_program.status_index_out_of_range) return fail(s, "index out of range: a gather index or a cross-entropy label lies outside its dimension");
 	if (status != 0) return fail(s, "the step failed (status %d)", status);
 	return 0;
@@ -342,7 +347,7 @@ int kiln_get(kiln_step *s, int i, void *dst, long long bytes) {
 	if (i < 0 || i >= NTENSORS) return fail(s, "no tensor %d", i);
 	if (bytes != tensors[i].bytes) return fail(s, "%s holds %lld bytes, not %lld", tensors[i].name, tensors[i].bytes, bytes);
 	void *p = kiln_data(s, i);
-	if (!p) return fail(s, "result %s is not made before the first run", tensors[i].name);
+	if (!p) return fail(s, "result %s is not made: no run has succeeded since the step was made or a run failed", tensors[i].name);
 	memcpy(dst, p, (size_t)bytes);
 	return 0;
 }
