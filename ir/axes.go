@@ -119,10 +119,7 @@ func OpAxes(op *Op) (Axes, bool) {
 	if d == nil || d.Axes == nil || op.Region != nil {
 		return Axes{}, false
 	}
-	in := make([]Type, len(op.Operands))
-	for i, v := range op.Operands {
-		in[i] = v.Type
-	}
+	in := op.OperandTypes()
 	out := make([]Type, len(op.Results))
 	for i, v := range op.Results {
 		out[i] = v.Type
@@ -151,10 +148,7 @@ func LinearIn(op *Op, set []int) bool {
 	if d.Scalar == nil || len(op.Results) != 1 {
 		return false
 	}
-	in := make([]Type, len(op.Operands))
-	for i, v := range op.Operands {
-		in[i] = v.Type
-	}
+	in := op.OperandTypes()
 	if !op.Results[0].Type.DType.IsFloat() {
 		return false
 	}

@@ -156,6 +156,15 @@ type Op struct {
 // Def returns the op's registry entry, or nil when the kind is unknown.
 func (o *Op) Def() *OpDef { return Lookup(o.Kind) }
 
+// OperandTypes is the types of o's operands, in order.
+func (o *Op) OperandTypes() []Type {
+	in := make([]Type, len(o.Operands))
+	for i, x := range o.Operands {
+		in[i] = x.Type
+	}
+	return in
+}
+
 // Result returns result i.
 func (o *Op) Result(i int) *Value { return o.Results[i] }
 

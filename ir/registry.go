@@ -566,10 +566,7 @@ func OpCost(op *Op) Cost {
 	if d == nil {
 		return c
 	}
-	in := make([]Type, len(op.Operands))
-	for i, v := range op.Operands {
-		in[i] = v.Type
-	}
+	in := op.OperandTypes()
 	out := make([]Type, len(op.Results))
 	for i, v := range op.Results {
 		out[i] = v.Type
@@ -630,10 +627,7 @@ func DrawsRandom(op *Op) bool {
 	if d == nil || d.Random == nil {
 		return false
 	}
-	in := make([]Type, len(op.Operands))
-	for i, x := range op.Operands {
-		in[i] = x.Type
-	}
+	in := op.OperandTypes()
 	return d.Random(in)
 }
 
@@ -644,10 +638,7 @@ func IndexOperands(op *Op) []IndexOperand {
 	if d == nil || d.Indices == nil {
 		return nil
 	}
-	in := make([]Type, len(op.Operands))
-	for i, x := range op.Operands {
-		in[i] = x.Type
-	}
+	in := op.OperandTypes()
 	return d.Indices(in, op.Attr())
 }
 

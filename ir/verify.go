@@ -182,10 +182,7 @@ func (v *verifier) op(op *Op, scope map[*Value]bool) {
 	if !ok {
 		return
 	}
-	in := make([]Type, len(op.Operands))
-	for i, x := range op.Operands {
-		in[i] = x.Type
-	}
+	in := op.OperandTypes()
 	want, err := d.InferTypes(in, op.Attrs)
 	if err != nil {
 		msg := err.Error()

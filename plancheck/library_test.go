@@ -2,14 +2,9 @@ package plancheck_test
 
 import (
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/kiln-compiler/kiln/codegen/cuda"
-	"github.com/kiln-compiler/kiln/costmodel"
-	"github.com/kiln-compiler/kiln/passtest"
 )
 
 // TestLibraryCallsComputeTheWholeProduct: every library call of a
@@ -21,15 +16,7 @@ import (
 // one column short left that column's old sum, and a gradient's column
 // unwritten passed before).
 func TestLibraryCallsComputeTheWholeProduct(t *testing.T) {
-	src, err := os.ReadFile("../codegen/cuda/testdata/mlp.kir")
-	require.NoError(t, err)
-	m := passtest.Parse(t, string(src))
-	passtest.Run(t, m, "autodiff{loss=sum},microbatch{n=2},fuse,reorder,assign")
-	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
-	require.NoError(t, err)
-	mlp := t.TempDir()
-	require.NoError(t, cuda.Write(mlp, out, m, nil, nil))
-	dirs := []string{mlp}
+	dirs := []string{planKir(t, "../codegen/cuda/testdata/mlp.kir", "autodiff{loss=sum},microbatch{n=2},fuse,reorder,assign")}
 	if !testing.Short() {
 		dirs = append(dirs, plan(t, "../testdata/models/one_layer_transformer/model.onnx", "autodiff,optimizer{kind=sgd,lr=0.01},fuse,reorder,assign"))
 	}

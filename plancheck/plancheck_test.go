@@ -11,6 +11,7 @@ import (
 
 	"github.com/kiln-compiler/kiln/codegen/cuda"
 	"github.com/kiln-compiler/kiln/costmodel"
+	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/onnx"
 	_ "github.com/kiln-compiler/kiln/passes/assign"
 	_ "github.com/kiln-compiler/kiln/passes/autodiff"
@@ -22,11 +23,27 @@ import (
 	"github.com/kiln-compiler/kiln/plancheck"
 )
 
-// plan compiles a model with pipeline into a plan directory.
+// plan compiles an ONNX model with pipeline into a plan directory.
 func plan(t testing.TB, model, pipeline string) string {
 	t.Helper()
 	m, err := onnx.ImportFile(model, onnx.Options{})
 	require.NoError(t, err)
+	return planModule(t, m, pipeline)
+}
+
+// planKir compiles the .kir file path with pipeline into a plan
+// directory.
+func planKir(t testing.TB, path, pipeline string) string {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return planModule(t, passtest.Parse(t, string(src)), pipeline)
+}
+
+// planModule runs pipeline on m and writes its launch plan to a new
+// folder, which it returns.
+func planModule(t testing.TB, m *ir.Module, pipeline string) string {
+	t.Helper()
 	passtest.Run(t, m, pipeline)
 	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
 	require.NoError(t, err)
@@ -310,14 +327,7 @@ func TestLibraryCallsReplay(t *testing.T) {
 // too short for the rows, one that overlaps C or is not 16-byte aligned,
 // and epilogues the runtime does not call.
 func TestBiasEpilogueReplays(t *testing.T) {
-	src, err := os.ReadFile("../codegen/cuda/testdata/bias.kir")
-	require.NoError(t, err)
-	m := passtest.Parse(t, string(src))
-	passtest.Run(t, m, "fuse,reorder,assign")
-	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
+	dir := planKir(t, "../codegen/cuda/testdata/bias.kir", "fuse,reorder,assign")
 	validate(t, dir)
 	p, f, err := plancheck.Load(dir)
 	require.NoError(t, err)
@@ -376,14 +386,7 @@ func TestBiasEpilogueReplays(t *testing.T) {
 // with the interpreter, so a sum of one term fewer is caught, and so is
 // the call made with beta 0 (the operand overwritten, not added).
 func TestAccumulatingGemmReplays(t *testing.T) {
-	src, err := os.ReadFile("../codegen/cuda/testdata/mlp.kir")
-	require.NoError(t, err)
-	m := passtest.Parse(t, string(src))
-	passtest.Run(t, m, "autodiff{loss=sum},microbatch{n=2},fuse,reorder,assign")
-	out, err := cuda.Lower(m.Funcs[0], costmodel.Default)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, cuda.Write(dir, out, m, nil, nil))
+	dir := planKir(t, "../codegen/cuda/testdata/mlp.kir", "autodiff{loss=sum},microbatch{n=2},fuse,reorder,assign")
 	p, f, err := plancheck.Load(dir)
 	require.NoError(t, err)
 	r, err := plancheck.Check(p, f, 3)
