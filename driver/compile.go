@@ -32,6 +32,7 @@ type optLevels struct {
 	optimizer        string
 	optimizerOptions string
 	microbatches     int
+	keepOutputs      bool
 	parallel         string
 	precision        string
 }
@@ -79,6 +80,7 @@ func (l *optLevels) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.budget, "budget", "", "with -O2/-O3: bound the step's peak by recomputation, microbatches, then swapping and offloading: bytes, or a fraction of the step's peak after autodiff alone")
 	fs.StringVar(&l.deviceBudget, "device-budget", "", "with -O2/-O3: swap (or recompute) so that the device arena and workspace fit: bytes, or a fraction of the step's after autodiff alone")
 	fs.Var(&l.train, "train", "plan the training step: autodiff{loss=sum|mean} (--train alone: sum) runs first; with no -O or --passes, -O2 follows")
+	fs.BoolVar(&l.keepOutputs, "keep-outputs", false, "with --train: the step also returns the forward's results after the loss and gradients (a model's logits beside its loss)")
 	fs.StringVar(&l.optimizer, "optimizer", "", "after autodiff, the optimizer pass: "+strings.Join(planner.Optimizers, ", "))
 	fs.StringVar(&l.optimizerOptions, "optimizer-options", "", "the optimizer pass's options (kiln passes lists them): lr=0.01,momentum=0.9,weight-decay=0,...")
 	fs.Var((*countFlag)(&l.microbatches), "microbatches", "with --train: split the step into N slices of the batch and accumulate the gradients (the whole batch's statistics kept in phases unless --allow per-slice-bn)")
@@ -99,7 +101,7 @@ func (l *optLevels) request() (planner.Request, error) {
 		}
 	}
 	req.Budget, req.DeviceBudget = l.budget, l.deviceBudget
-	req.Train, req.Optimizer, req.OptimizerOptions = string(l.train), l.optimizer, l.optimizerOptions
+	req.Train, req.KeepOutputs, req.Optimizer, req.OptimizerOptions = string(l.train), l.keepOutputs, l.optimizer, l.optimizerOptions
 	req.Microbatches, req.Parallel, req.Precision = l.microbatches, l.parallel, l.precision
 	return req, nil
 }

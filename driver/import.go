@@ -13,7 +13,7 @@ import (
 func init() {
 	addCommand(&command{
 		name:    "import",
-		usage:   "kiln import MODEL.onnx|- [-o OUT.kir] [--batch N] [--data-inputs a,b] [--trainable-file F]",
+		usage:   "kiln import MODEL.onnx|- [-o OUT.kir] [--batch N] [--data-inputs a,b] [--trainable-file F] [--eval]",
 		summary: "convert an ONNX model to Kiln IR",
 		flags: func(fs *flag.FlagSet) func(*env, []string) error {
 			out := fs.String("o", "-", "output file (- for standard output)")
@@ -21,6 +21,7 @@ func init() {
 			dataInputs := fs.String("data-inputs", "", "comma-separated graph inputs that are data (default: the first input)")
 			trainable := fs.String("trainable-file", "", "a file naming, one per line, the float initializers and inputs that are parameters; the others become state (default: all are parameters)")
 			runningVar := fs.String("running-var", "", runningVarHelp)
+			eval := fs.Bool("eval", false, "read a graph exported in training mode as its module's eval mode: batch norms use their running statistics, dropout is off (the parameters keep their names; an export in eval mode folds batch norms away)")
 			var inputs inputFlags
 			fs.Var(&inputs, "input", "NAME=FILE.npy: the value of a graph input that a node needs when the model is imported, such as a Reduce's axes; the graph is specialised to it (repeatable)")
 			return func(e *env, args []string) error {
@@ -37,7 +38,7 @@ func init() {
 				if err != nil {
 					return err
 				}
-				opt := onnx.Options{Batch: *batch, RunningVar: *runningVar, Value: values}
+				opt := onnx.Options{Batch: *batch, RunningVar: *runningVar, Value: values, Eval: *eval}
 				for _, d := range strings.Split(*dataInputs, ",") {
 					if d = strings.TrimSpace(d); d != "" {
 						opt.DataInputs = append(opt.DataInputs, d)

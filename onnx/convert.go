@@ -144,6 +144,15 @@ func init() {
 		if im.opset < 7 {
 			training = attrInt(n, "is_test", 0) == 0
 		}
+		if training && im.opt.Eval {
+			// The running statistics as they are (the outputs a training
+			// graph gives their new values).
+			y, err := im.emit("batch_norm_infer", in, ir.Attrs{"epsilon": eps})
+			if err != nil {
+				return nil, err
+			}
+			return append(y, in[3], in[4]), nil
+		}
 		if training {
 			a := ir.Attrs{"epsilon": eps, "momentum": ir.FloatAttr(f32(attrFloat(n, "momentum", 0.9)))}
 			if !im.unbiased {
@@ -180,6 +189,9 @@ func init() {
 		training, err := im.constFloat(in, 2, 0, "training_mode")
 		if err != nil {
 			return nil, err
+		}
+		if im.opt.Eval {
+			training = 0
 		}
 		if training == 0 || ratio == 0 {
 			// The mask keeps every element: a splat, never a tensor of the

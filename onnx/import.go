@@ -42,6 +42,12 @@ type Options struct {
 	// producer's: unbiased when producer_name is "pytorch", the spec's
 	// otherwise.
 	RunningVar string
+	// Eval reads a graph exported in training mode as its module's eval
+	// mode (PyTorch's module.eval()): batch norms normalise with their
+	// running statistics, which they leave as they are, and dropout
+	// passes its input through. The parameters keep their names, where an
+	// export in eval mode folds batch norms into convolutions.
+	Eval bool
 	// Value, when not nil, gives the value of a graph input, or nil when
 	// it is not known. The import asks for one, and specialises the graph
 	// to it (a constant, no longer an argument), only where a node needs

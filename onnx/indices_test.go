@@ -164,3 +164,43 @@ func TestRefusalsSayWhatIsWrong(t *testing.T) {
 	_, err = Import(resize(true), Options{Name: "m.onnx"})
 	require.ErrorContains(t, err, `reads initializer "scales" as a constant`)
 }
+
+// TestEvalReadsTrainingGraphs: Options.Eval reads a graph exported in
+// training mode as its module's eval mode: the batch norm normalises with
+// the running statistics it is given (and gives them back unchanged), the
+// dropout passes its input through, and the parameters keep their names.
+func TestEvalReadsTrainingGraphs(t *testing.T) {
+	data := encModel(tGraph{
+		nodes: []tNode{
+			{op: "BatchNormalization", name: "/bn", inputs: []string{"x", "g", "b", "rm", "rv"}, outputs: []string{"y", "rm_out", "rv_out"},
+				ints: map[string][]int64{"training_mode": {1}}, floats: map[string]float32{"epsilon": 0, "momentum": 0.9}},
+			{op: "Dropout", name: "/d", inputs: []string{"y", "ratio", "mode"}, outputs: []string{"z"}, ints: map[string][]int64{"seed": {1}}},
+		},
+		inits: [][]byte{encTensorF32("g", []int64{2}, []float32{2, 3}), encTensorF32("b", []int64{2}, []float32{1, -1}),
+			encTensorF32("rm", []int64{2}, []float32{0.5, 1}), encTensorF32("rv", []int64{2}, []float32{4, 9}),
+			encTensorF32("ratio", nil, []float32{0.5}), encTensorRaw("mode", 9, &ir.Dense{Type: ir.TensorOf(ir.Bool), Ints: []int64{1}})},
+		inputs:  [][]byte{encValueInfo("x", 1, []int64{1, 2, 1, 1})},
+		outputs: [][]byte{encValueInfo("z", 1, []int64{1, 2, 1, 1})},
+		opset:   15,
+	})
+	m, err := Import(data, Options{Name: "m.onnx", Eval: true})
+	require.NoError(t, err)
+	f := m.Funcs[0]
+	var kinds, names []string
+	for _, op := range f.Body {
+		kinds = append(kinds, op.Kind)
+	}
+	for _, a := range f.Args {
+		names = append(names, a.Name)
+	}
+	require.Equal(t, []string{"batch_norm_infer"}, kinds, "no batch statistics, no dropout")
+	require.Equal(t, []string{"x", "g", "b", "rm", "rv"}, names)
+	args := []*interp.Tensor{interp.FromFloats(ir.TensorOf(ir.F32, 1, 2, 1, 1), []float64{2.5, 7})}
+	for _, a := range f.Args[1:] {
+		args = append(args, interp.FromDense(a.Arg.Init))
+	}
+	res, err := interp.Run(f, args, interp.Options{})
+	require.NoError(t, err)
+	// (2.5 - 0.5) / 2 * 2 + 1 = 3; (7 - 1) / 3 * 3 - 1 = 5.
+	require.InDeltaSlice(t, []float64{3, 5}, res[0].F, 1e-6)
+}

@@ -111,7 +111,11 @@ func (p *planner) pipeline() (passes.Pipeline, error) {
 	}
 	var steps []string
 	if r.Train != "" {
-		steps = append(steps, "autodiff{loss="+r.Train+"}")
+		if r.KeepOutputs {
+			steps = append(steps, "autodiff{loss="+r.Train+",keep-outputs=true}")
+		} else {
+			steps = append(steps, "autodiff{loss="+r.Train+"}")
+		}
 	}
 	if r.Precision != "" {
 		steps = append(steps, r.precisionStep())

@@ -23,6 +23,10 @@ type Request struct {
 	// Train differentiates the function first (autodiff{loss=Train}):
 	// "sum" or "mean" of the first result; "" plans the function as it is.
 	Train string
+	// KeepOutputs, with Train, has the step return the forward's results
+	// after the loss and gradients (autodiff{keep-outputs=true}): a
+	// model's logits beside its loss.
+	KeepOutputs bool
 	// Optimizer appends its update step after autodiff: "sgd",
 	// "momentum", "adam" or "adamw" ("": none). Its updates are placed
 	// where the plan needs less memory (UpdatePlacement).
@@ -89,6 +93,8 @@ func (r Request) Check() error {
 	switch {
 	case r.Train != "" && r.Train != "sum" && r.Train != "mean":
 		return &RequestError{fmt.Sprintf("the loss is sum or mean, not %q", r.Train)}
+	case r.KeepOutputs && r.Train == "":
+		return &RequestError{"--keep-outputs needs --train"}
 	case r.OptimizerOptions != "" && r.Optimizer == "":
 		return &RequestError{"--optimizer-options needs --optimizer"}
 	case strings.ContainsAny(r.OptimizerOptions, "{}"):
