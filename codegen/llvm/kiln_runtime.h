@@ -64,15 +64,22 @@ int kiln_find(const char *name);
 void *kiln_data(kiln_step *s, int i);
 long long kiln_bytes(int i);
 
-/* kiln_set copies bytes into argument i's own buffer (bytes must be its
-   size; a data input bound by kiln_bind is unbound, the caller's memory
-   never written); kiln_get copies tensor i out. */
+/* kiln_set copies bytes into argument i (bytes must be its size): a
+   parameter or state into the memory the step uses for it (shared by
+   kiln_bind, or its own); a data input into its own buffer (a data input
+   bound by kiln_bind is unbound, the caller's memory never written).
+   kiln_get copies tensor i out. */
 int kiln_set(kiln_step *s, int i, const void *src, long long bytes);
 int kiln_get(kiln_step *s, int i, void *dst, long long bytes);
 
-/* kiln_bind makes data input i read the caller's memory (no copy) until
-   it is bound again; NULL returns it to its own buffer. The memory must
-   hold kiln_bytes(i) bytes and stay valid while the step runs. */
+/* kiln_bind makes argument i use the caller's memory (no copy) until it
+   is bound again: a data input reads it; a parameter or state reads and
+   updates it in place (two steps of one model, a training step and its
+   eval step, share their weights so), its own buffer freed. NULL returns
+   a data input to its own buffer, and gives a parameter or state a
+   buffer of its own again, holding what the shared memory held. The
+   memory must hold kiln_bytes(i) bytes, 64-byte aligned for a parameter
+   or state, and stay valid while the step runs. */
 int kiln_bind(kiln_step *s, int i, void *data);
 
 /* kiln_save writes every parameter and state tensor to path, an .npz

@@ -336,10 +336,16 @@ void *kiln_data(kiln_step *s, int i) {
 int kiln_set(kiln_step *s, int i, const void *src, long long bytes) {
 	if (i < 0 || i >= NPARAMS + NINPUTS) return fail(s, "tensor %d is not an argument", i);
 	if (bytes != tensors[i].bytes) return fail(s, "%s holds %lld bytes, not %lld", tensors[i].name, tensors[i].bytes, bytes);
+	if (tensors[i].kind == 0) {
+		/* A parameter or state: into the memory the step uses for it,
+		   its own or the memory it shares (kiln_bind). */
+		memcpy(s->pv[tensors[i].slot], src, (size_t)bytes);
+		return 0;
+	}
 	/* Into the step's own buffer: a data input bound to the caller's
 	   memory is unbound, never written through. */
 	memcpy(s->own[i], src, (size_t)bytes);
-	if (tensors[i].kind == 1) s->iv[tensors[i].slot] = s->own[i];
+	s->iv[tensors[i].slot] = s->own[i];
 	return 0;
 }
 
@@ -353,8 +359,29 @@ int kiln_get(kiln_step *s, int i, void *dst, long long bytes) {
 }
 
 int kiln_bind(kiln_step *s, int i, void *data) {
-	if (i < 0 || i >= NTENSORS || tensors[i].kind != 1) return fail(s, "tensor %d is not a data input", i);
-	s->iv[tensors[i].slot] = data ? data : s->own[i];
+	if (i < 0 || i >= NPARAMS + NINPUTS) return fail(s, "tensor %d is not an argument", i);
+	const kiln_tensor_info *t = &tensors[i];
+	if (t->kind == 1) {
+		s->iv[t->slot] = data ? data : s->own[i];
+		return 0;
+	}
+	/* A parameter or state: the step reads and updates the caller's
+	   memory (another step's, a framework's tensor), and its own buffer
+	   is freed; unbound, it gets a buffer of its own again, holding the
+	   values it had in the shared memory. */
+	if (data) {
+		if (s->own[i]) free(s->own[i]);
+		s->own[i] = NULL;
+		s->pv[t->slot] = data;
+		return 0;
+	}
+	if (!s->own[i]) {
+		void *own = aligned(t->bytes);
+		if (!own) return fail(s, "out of memory for %s", t->name);
+		memcpy(own, s->pv[t->slot], (size_t)t->bytes);
+		s->own[i] = own;
+	}
+	s->pv[t->slot] = s->own[i];
 	return 0;
 }
 
