@@ -58,7 +58,7 @@ def same_as_cli(name, model, x, budget):
     ask the planner the same request."""
     py = kiln.memory(model, x, budget=budget)
     with tempfile.TemporaryDirectory(prefix="kiln-test-") as tmp:
-        kir, _, _ = kiln._export(model, x, tmp, training=True)
+        kir = kiln._export_train(kiln._Model(model, x, None, None, False), tmp, kiln._binary.Phases("test", quiet=True), None)[0]
         out = subprocess.run([os.environ["KILN"], "mem", kir, "--train", "-O2", "--budget", str(budget), "--json"],
                              capture_output=True, text=True, check=True).stdout
     cli = json.loads(out)
