@@ -33,46 +33,70 @@ func init() {
 		return nil, nil
 	}
 	kernels["momentum_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
-		if skipped(in, 4) {
+		if skipped(in, 5) {
 			return nil, nil
 		}
 		p, g, buf := in[0], in[1], in[2]
-		lr, wd, mu := in[3].F[0], op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
+		lr, mu, wd := in[3].F[0], in[4].F[0], op.Attr().Float("weight_decay")
+		nesterov := op.Attr().Bool("nesterov")
 		for i := range p.F {
 			d := g.F[i] + wd*p.F[i]
 			buf.F[i] = mu*buf.F[i] + d
-			p.F[i] -= lr * buf.F[i]
+			if nesterov {
+				p.F[i] -= lr * (d + mu*buf.F[i])
+			} else {
+				p.F[i] -= lr * buf.F[i]
+			}
 		}
 		buf.round()
 		p.round()
 		return nil, nil
 	}
-	kernels["adam_update"] = func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
-		if skipped(in, 6) {
+	adam := func(amsgrad bool) func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+		return func(op *ir.Op, in []*Tensor, _ []ir.Type, _ *runtime) ([]*Tensor, error) {
+			n := 4
+			if amsgrad {
+				n = 5
+			}
+			if skipped(in, n+4) {
+				return nil, nil
+			}
+			p, g, m, v := in[0], in[1], in[2], in[3]
+			a := op.Attr()
+			lr, wd, eps := in[n].F[0], a.Float("weight_decay"), a.Float("eps")
+			t := in[n+1].F[0] + 1 // the steps taken before this one, and this one
+			b1, b2 := in[n+2].F[0], in[n+3].F[0]
+			decoupled := a.Bool("decoupled")
+			bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
+			for i := range p.F {
+				d := g.F[i]
+				if decoupled {
+					p.F[i] *= 1 - lr*wd
+				} else {
+					d += wd * p.F[i]
+				}
+				m.F[i] = b1*m.F[i] + (1-b1)*d
+				v.F[i] = b2*v.F[i] + (1-b2)*d*d
+				second := v.F[i]
+				if amsgrad {
+					vmax := in[4]
+					if v.F[i] != v.F[i] || v.F[i] > vmax.F[i] { // NaN propagates, as torch.maximum
+						vmax.F[i] = v.F[i]
+					}
+					second = vmax.F[i]
+				}
+				denom := math.Sqrt(second)/math.Sqrt(bc2) + eps
+				p.F[i] -= lr / bc1 * m.F[i] / denom
+			}
+			m.round()
+			v.round()
+			if amsgrad {
+				in[4].round()
+			}
+			p.round()
 			return nil, nil
 		}
-		p, g, m, v := in[0], in[1], in[2], in[3]
-		a := op.Attrs
-		lr, wd := in[4].F[0], a.Float("weight_decay", 0)
-		b1, b2, eps := a.Float("beta1", 0.9), a.Float("beta2", 0.999), a.Float("eps", 1e-8)
-		t := in[5].F[0] + 1 // the steps taken before this one, and this one
-		decoupled := a.Bool("decoupled", false)
-		bc1, bc2 := 1-math.Pow(b1, t), 1-math.Pow(b2, t)
-		for i := range p.F {
-			d := g.F[i]
-			if decoupled {
-				p.F[i] *= 1 - lr*wd
-			} else {
-				d += wd * p.F[i]
-			}
-			m.F[i] = b1*m.F[i] + (1-b1)*d
-			v.F[i] = b2*v.F[i] + (1-b2)*d*d
-			denom := math.Sqrt(v.F[i])/math.Sqrt(bc2) + eps
-			p.F[i] -= lr / bc1 * m.F[i] / denom
-		}
-		m.round()
-		v.round()
-		p.round()
-		return nil, nil
 	}
+	kernels["adam_update"] = adam(false)
+	kernels["amsgrad_update"] = adam(true)
 }

@@ -77,6 +77,7 @@ const (
 	RoleRandom         = "rng"             // the random generator's position
 	RoleOptimizerState = "optimizer_state" // momentum buffers, Adam's moments
 	RoleRunningStat    = "running_stat"    // batch-norm running statistics
+	RoleHyperParameter = "hyper"           // an optimizer's momentum or beta, which a scheduler may move
 )
 
 // Role returns the result's role, or "".
@@ -319,7 +320,7 @@ func isBareName(s string) bool {
 }
 
 // KeepsInit reports whether argument a holds a hyper-parameter or a
-// counter (the roles lr, step and rng), whose domain a random draw would
+// counter (the roles lr, hyper, step and rng), whose domain a random draw would
 // leave (a negative step count or learning rate): random arguments for
 // tests keep its initial value.
 func KeepsInit(a *Value) bool {
@@ -327,7 +328,7 @@ func KeepsInit(a *Value) bool {
 		return false
 	}
 	switch a.Arg.Attrs.String("role", "") {
-	case RoleLR, RoleStep, RoleRandom:
+	case RoleLR, RoleHyperParameter, RoleStep, RoleRandom:
 		return true
 	}
 	return false

@@ -6,14 +6,16 @@ import "fmt"
 // in place from its gradient. They have no results, are impure (never
 // removed, merged or recomputed), and the overwritten operands must be
 // inout arguments. What changes from step to step is an operand, never an
-// attribute: the learning rate (a float scalar, after the tensors) and,
-// for Adam, the number of steps taken before this one (a float scalar
-// after the learning rate; bias correction uses t = that number + 1, so
-// the first step is t = 1). An update may take one more
-// operand, a bool scalar: when it is false the update writes nothing (a
-// step skipped because dynamic loss scaling found non-finite gradients).
-// overwrite copies a value into an inout argument (the loss-scale state,
-// the step count, batch-norm running statistics).
+// attribute: the learning rate (a float scalar, after the tensors), the
+// momentum of SGD (after the learning rate) and, for Adam, the number of
+// steps taken before this one (bias correction uses t = that number + 1,
+// so the first step is t = 1) and its two betas, all float scalars (a
+// scheduler such as OneCycleLR moves the learning rate and the momentum or
+// beta1 every step). An update may take one more operand, a bool scalar:
+// when it is false the update writes nothing (a step skipped because
+// dynamic loss scaling found non-finite gradients). overwrite copies a
+// value into an inout argument (the loss-scale state, the step count,
+// batch-norm running statistics).
 
 func init() {
 	common := []AttrSpec{{Name: "weight_decay", Kind: AttrFloat}}
@@ -22,7 +24,7 @@ func init() {
 	updateTypes := func(n, scalars int) func(in []Type, _ AttrValues) ([]Type, error) {
 		return func(in []Type, _ AttrValues) ([]Type, error) {
 			if len(in) < n+scalars {
-				return nil, fmt.Errorf("want %d tensors and %d scalars (the learning rate%s), got %d operands", n, scalars, map[bool]string{true: ", the step"}[scalars > 1], len(in))
+				return nil, fmt.Errorf("want %d tensors and %d float scalars (the learning rate and the hyper-parameters that change), got %d operands", n, scalars, len(in))
 			}
 			if len(in) > n+scalars {
 				if c := in[n+scalars]; c.DType != Bool || c.Rank() != 0 {
@@ -36,7 +38,7 @@ func init() {
 			}
 			for _, t := range in[n : n+scalars] {
 				if t.Rank() != 0 || !t.DType.IsFloat() {
-					return nil, fmt.Errorf("the learning rate and step must be float scalars, got %s", t)
+					return nil, fmt.Errorf("the learning rate and the hyper-parameters after it must be float scalars, got %s", t)
 				}
 			}
 			return nil, floatOperand(in[0])
@@ -51,16 +53,20 @@ func init() {
 		FLOPs: perElement(3), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0}, Update: true,
 	})
 	Register(&OpDef{
-		Name: "momentum_update", Summary: "buf = momentum * buf + g'; p -= lr * buf, in place (p, g, buf, lr[, ok]), g' = g + weight_decay * p",
-		MinOperands: 4, MaxOperands: 5, Attrs: append(common, AttrSpec{Name: "momentum", Kind: AttrFloat, Default: FloatAttr(0.9)}), Infer: updateTypes(3, 1),
+		Name: "momentum_update", Summary: "buf = momentum * buf + g'; p -= lr * buf (nesterov: p -= lr * (g' + momentum * buf)), in place (p, g, buf, lr, momentum[, ok]), g' = g + weight_decay * p",
+		MinOperands: 5, MaxOperands: 6, Attrs: append(common, AttrSpec{Name: "nesterov", Kind: AttrBool}), Infer: updateTypes(3, 2),
 		FLOPs: perElement(5), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2}, Update: true,
 	})
+	adamAttrs := append(common, AttrSpec{Name: "eps", Kind: AttrFloat, Default: FloatAttr(1e-8)}, AttrSpec{Name: "decoupled", Kind: AttrBool})
 	Register(&OpDef{
-		Name: "adam_update", Summary: "Adam (decoupled = true: AdamW) with bias correction for step t = taken + 1, in place (p, g, m, v, lr, taken[, ok])",
-		MinOperands: 6, MaxOperands: 7,
-		Attrs: append(common, AttrSpec{Name: "beta1", Kind: AttrFloat, Default: FloatAttr(0.9)}, AttrSpec{Name: "beta2", Kind: AttrFloat, Default: FloatAttr(0.999)},
-			AttrSpec{Name: "eps", Kind: AttrFloat, Default: FloatAttr(1e-8)}, AttrSpec{Name: "decoupled", Kind: AttrBool}),
-		Infer: updateTypes(4, 2), FLOPs: perElement(12), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2, 3}, Update: true,
+		Name: "adam_update", Summary: "Adam (decoupled = true: AdamW) with bias correction for step t = taken + 1, in place (p, g, m, v, lr, taken, beta1, beta2[, ok])",
+		MinOperands: 8, MaxOperands: 9, Attrs: adamAttrs,
+		Infer: updateTypes(4, 4), FLOPs: perElement(12), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2, 3}, Update: true,
+	})
+	Register(&OpDef{
+		Name: "amsgrad_update", Summary: "Adam's AMSGrad variant: as adam_update, dividing by the root of vmax = max(vmax, v), in place (p, g, m, v, vmax, lr, taken, beta1, beta2[, ok])",
+		MinOperands: 9, MaxOperands: 10, Attrs: adamAttrs,
+		Infer: updateTypes(5, 4), FLOPs: perElement(13), Fusion: Opaque, Impure: true, KeepF32: true, Grad: NoGrad, Writes: []int{0, 2, 3, 4}, Update: true,
 	})
 	Register(&OpDef{
 		Name: "overwrite", Summary: "dst := src, in place (dst, src)",

@@ -248,9 +248,11 @@ func handInstances() []instance {
 
 		{op: "sgd_update", in: tys("f32[10]", "f32[10]", "f32[]"), attrs: ir.Attrs{"weight_decay": ir.FloatAttr(0.01)}, model: modelRelative},
 		{op: "sgd_update", in: tys("f32[10]", "f32[10]", "f32[]", "bool[]"), model: modelRelative},
-		{op: "momentum_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[]"), attrs: ir.Attrs{"momentum": ir.FloatAttr(0.5)}, model: modelRelative},
-		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]"), attrs: ir.Attrs{"weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
-		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]"), attrs: ir.Attrs{"decoupled": ir.BoolAttr(true), "weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
+		{op: "momentum_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]"), model: modelRelative},
+		{op: "momentum_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]", "bool[]"), attrs: ir.Attrs{"nesterov": ir.BoolAttr(true), "weight_decay": ir.FloatAttr(0.01)}, model: modelRelative},
+		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]", "f32[]", "f32[]"), attrs: ir.Attrs{"weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
+		{op: "adam_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]", "f32[]", "f32[]"), attrs: ir.Attrs{"decoupled": ir.BoolAttr(true), "weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
+		{op: "amsgrad_update", in: tys("f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[10]", "f32[]", "f32[]", "f32[]", "f32[]", "bool[]"), attrs: ir.Attrs{"decoupled": ir.BoolAttr(true), "weight_decay": ir.FloatAttr(0.1)}, model: modelRelative},
 		{op: "overwrite", in: tys("f32[10]", "f32[10]"), model: modelExact},
 
 		{op: "swap_out", in: tys("f32[3,4]"), model: modelExact},

@@ -19,6 +19,7 @@ func init() {
 	stageRules["sgd_update"] = lowerSGD
 	stageRules["momentum_update"] = lowerMomentum
 	stageRules["adam_update"] = lowerAdam
+	stageRules["amsgrad_update"] = lowerAdam
 	stageRules["overwrite"] = func(b *builder, _ *ir.Op, in []Tensor, _ []*Buffer) error {
 		b.store(in[0].Buf, func(idx []Expr) Expr { return in[1].At(idx) })
 		return nil
@@ -356,29 +357,39 @@ func lowerSGD(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 }
 
 func lowerMomentum(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
-	wd, mu := op.Attr().Float("weight_decay"), op.Attr().Float("momentum")
-	p, g, buf, lr := in[0], in[1], in[2], scalarOperand(in[3])
-	store := updateStore(b, in, 4)
+	wd, nesterov := op.Attr().Float("weight_decay"), op.Attr().Bool("nesterov")
+	p, g, buf, lr, mu := in[0], in[1], in[2], scalarOperand(in[3]), scalarOperand(in[4])
+	store := updateStore(b, in, 5)
+	d := func(idx []Expr) Expr {
+		return add(conv(g.At(idx), F64), mul(Float{V: wd, K: F64}, conv(p.At(idx), F64)))
+	}
 	store(buf, func(idx []Expr) Expr {
-		d := add(conv(g.At(idx), F64), mul(Float{V: wd, K: F64}, conv(p.At(idx), F64)))
-		return add(mul(Float{V: mu, K: F64}, conv(buf.At(idx), F64)), d)
+		return add(mul(mu, conv(buf.At(idx), F64)), d(idx))
 	})
 	store(p, func(idx []Expr) Expr {
-		return sub(conv(p.At(idx), F64), mul(lr, conv(buf.At(idx), F64)))
+		step := conv(buf.At(idx), F64) // the buffer just stored
+		if nesterov {
+			step = add(d(idx), mul(mu, step))
+		}
+		return sub(conv(p.At(idx), F64), mul(lr, step))
 	})
 	return nil
 }
 
+// lowerAdam lowers adam_update and, with vmax, amsgrad_update.
 func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
-	a := op.Attrs
-	wd := a.Float("weight_decay", 0)
-	b1, b2, eps := a.Float("beta1", 0.9), a.Float("beta2", 0.999), a.Float("eps", 1e-8)
-	decoupled := a.Bool("decoupled", false)
+	a := op.Attr()
+	wd, eps, decoupled := a.Float("weight_decay"), a.Float("eps"), a.Bool("decoupled")
+	n := 4
+	if op.Kind == "amsgrad_update" {
+		n = 5
+	}
 	p, g, m, v := in[0], in[1], in[2], in[3]
 	f := func(x float64) Expr { return Float{V: x, K: F64} }
-	lr, t := scalarOperand(in[4]), add(scalarOperand(in[5]), f(1)) // t: the steps taken before this one, and this one
-	bc1, bc2 := sub(f(1), bin(scalar.Pow, f(b1), t)), sub(f(1), bin(scalar.Pow, f(b2), t))
-	store := updateStore(b, in, 6)
+	lr, t := scalarOperand(in[n]), add(scalarOperand(in[n+1]), f(1)) // t: the steps taken before this one, and this one
+	b1, b2 := scalarOperand(in[n+2]), scalarOperand(in[n+3])
+	bc1, bc2 := sub(f(1), bin(scalar.Pow, b1, t)), sub(f(1), bin(scalar.Pow, b2, t))
+	store := updateStore(b, in, n+4)
 	d := func(idx []Expr) Expr {
 		gv := conv(g.At(idx), F64)
 		if decoupled {
@@ -387,18 +398,26 @@ func lowerAdam(b *builder, op *ir.Op, in []Tensor, _ []*Buffer) error {
 		return add(gv, mul(f(wd), conv(p.At(idx), F64)))
 	}
 	store(m, func(idx []Expr) Expr {
-		return add(mul(f(b1), conv(m.At(idx), F64)), mul(f(1-b1), d(idx)))
+		return add(mul(b1, conv(m.At(idx), F64)), mul(sub(f(1), b1), d(idx)))
 	})
 	store(v, func(idx []Expr) Expr {
 		dv := d(idx)
-		return add(mul(f(b2), conv(v.At(idx), F64)), mul(f(1-b2), mul(dv, dv)))
+		return add(mul(b2, conv(v.At(idx), F64)), mul(sub(f(1), b2), mul(dv, dv)))
 	})
+	second := v
+	if n == 5 {
+		vmax := in[4]
+		store(vmax, func(idx []Expr) Expr {
+			return bin(scalar.Max, conv(vmax.At(idx), F64), conv(v.At(idx), F64))
+		})
+		second = vmax
+	}
 	store(p, func(idx []Expr) Expr {
 		pv := conv(p.At(idx), F64)
 		if decoupled {
 			pv = mul(pv, sub(f(1), mul(lr, f(wd))))
 		}
-		denom := add(div(un(scalar.Sqrt, conv(v.At(idx), F64)), un(scalar.Sqrt, bc2)), f(eps))
+		denom := add(div(un(scalar.Sqrt, conv(second.At(idx), F64)), un(scalar.Sqrt, bc2)), f(eps))
 		return sub(pv, div(mul(div(lr, bc1), conv(m.At(idx), F64)), denom))
 	})
 	return nil

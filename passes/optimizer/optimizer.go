@@ -35,7 +35,10 @@ package optimizer
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/kiln-compiler/kiln/ir"
 	"github.com/kiln-compiler/kiln/passes"
@@ -50,13 +53,25 @@ func init() {
 		Establishes: []passes.Property{passes.OptimizerStep},
 		Invalidates: []passes.Property{passes.Assigned},
 	}, func(ctx *passes.Context, m *ir.Module, o *options) error {
-		c := Config{Kind: o.Kind, LR: o.LR, Momentum: o.Momentum, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps,
-			Step: o.Step, KeepGrads: o.KeepGrads, AtEnd: o.Placement == "end"}
+		c := Config{Kind: o.Kind, Step: o.Step, KeepGrads: o.KeepGrads, AtEnd: o.Placement == "end",
+			Nesterov: o.Nesterov, AMSGrad: o.AMSGrad, MaxGradNorm: o.MaxGradNorm}
+		g := Group{LR: o.LR, Momentum: o.Momentum, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps}
 		switch {
 		case o.WeightDecay != nil:
-			c.WeightDecay = *o.WeightDecay
+			g.WeightDecay = *o.WeightDecay
 		case c.Kind == "adamw":
-			c.WeightDecay = 0.01 // PyTorch's AdamW default
+			g.WeightDecay = 0.01 // PyTorch's AdamW default
+		}
+		groups, err := ParseGroups(o.Groups, g)
+		if err != nil {
+			return err
+		}
+		c.Groups = append([]Group{g}, groups...)
+		if c.Nesterov && (c.Kind != "momentum" || g.Momentum == 0) {
+			return fmt.Errorf("nesterov needs kind=momentum with a momentum above 0")
+		}
+		if c.AMSGrad && c.Kind != "adam" && c.Kind != "adamw" {
+			return fmt.Errorf("amsgrad needs kind=adam or adamw")
 		}
 		for _, f := range m.Funcs {
 			n, err := Apply(f, c)
@@ -78,24 +93,121 @@ type options struct {
 	Eps         float64  `opt:"eps" default:"1e-08" range:"(0,inf)" doc:"Adam denominator term"`
 	WeightDecay *float64 `opt:"weight-decay" default:"0; 0.01 for adamw" range:"[0,inf)" doc:"weight decay (PyTorch's defaults)"`
 	Step        int64    `opt:"step" default:"0" range:"[0,inf)" doc:"the steps already taken (the initial value of optimizer.step)"`
+	Nesterov    bool     `opt:"nesterov" default:"false" doc:"Nesterov momentum (kind=momentum), as SGD(nesterov=True)"`
+	AMSGrad     bool     `opt:"amsgrad" default:"false" doc:"AMSGrad (kind=adam or adamw): divide by the root of the largest second moment so far"`
+	MaxGradNorm float64  `opt:"max-grad-norm" default:"0" range:"[0,inf)" doc:"clip the gradients' global norm to this, as clip_grad_norm_ (0: no clipping; the updates then wait for every gradient)"`
+	Groups      string   `opt:"groups" default:"" doc:"the options of parameter groups 1, 2, ... (a parameter's group is its argument's attribute group; 0 takes the options above): groups separated by ';', each KEY:VALUE pairs separated by ':' (lr, weight-decay, momentum, beta1, beta2, eps), as lr:0.01:weight-decay:0"`
 	KeepGrads   bool     `opt:"keep-grads" default:"false" doc:"keep returning the gradients"`
 	Placement   string   `opt:"placement" enum:"auto|early|end" default:"auto" doc:"early: each update right after its gradient; end: all updates at the end (as optimizer.step()); auto: kiln's commands run the rest of the pipeline with both and keep the plan that needs less memory (then less modelled time), the pass alone places early"`
 }
 
 // Config is the optimizer and its hyper-parameters.
 type Config struct {
-	Kind              string
+	Kind string
+	// Groups holds each parameter group's hyper-parameters: a parameter's
+	// group is its argument's attribute "group" (0 where it has none).
+	Groups            []Group
+	Step              int64 // steps already taken
+	KeepGrads, AtEnd  bool
+	Nesterov, AMSGrad bool
+	// MaxGradNorm, when positive, clips the gradients' global 2-norm to
+	// it before the updates, as torch.nn.utils.clip_grad_norm_.
+	MaxGradNorm float64
+}
+
+// Group is a parameter group's hyper-parameters (torch.optim's
+// param_groups). The learning rate, the momentum and the betas are state
+// (each group's optimizer.lr, optimizer.momentum, optimizer.beta1 and
+// optimizer.beta2, suffixed .K for group K > 0), which a scheduler moves;
+// weight decay and eps are constants of the step.
+type Group struct {
 	LR, Momentum      float64
 	Beta1, Beta2, Eps float64
 	WeightDecay       float64
-	Step              int64 // steps already taken
-	KeepGrads, AtEnd  bool
+}
+
+// ParseGroups reads the groups option: groups separated by ';', each
+// KEY:VALUE pairs separated by ':', every key not given taking base's.
+func ParseGroups(spec string, base Group) ([]Group, error) {
+	if spec == "" {
+		return nil, nil
+	}
+	var out []Group
+	for k, part := range strings.Split(spec, ";") {
+		g := base
+		fields := strings.Split(part, ":")
+		if len(fields)%2 != 0 {
+			return nil, fmt.Errorf("groups: group %d is %q, not KEY:VALUE pairs", k+1, part)
+		}
+		for i := 0; i < len(fields); i += 2 {
+			v, err := strconv.ParseFloat(fields[i+1], 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				return nil, fmt.Errorf("groups: group %d's %s is %q, not a number at least 0", k+1, fields[i], fields[i+1])
+			}
+			switch fields[i] {
+			case "lr":
+				g.LR = v
+			case "weight-decay":
+				g.WeightDecay = v
+			case "momentum":
+				g.Momentum = v
+			case "beta1":
+				g.Beta1 = v
+			case "beta2":
+				g.Beta2 = v
+			case "eps":
+				g.Eps = v
+			default:
+				return nil, fmt.Errorf("groups: group %d has %q, none of lr, weight-decay, momentum, beta1, beta2, eps", k+1, fields[i])
+			}
+		}
+		if g.Momentum >= 1 || g.Beta1 >= 1 || g.Beta2 >= 1 || g.LR <= 0 || g.Eps <= 0 {
+			return nil, fmt.Errorf("groups: group %d: lr and eps must be above 0, momentum and the betas below 1", k+1)
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// groupState is a group's hyper-parameters as state arguments, made on
+// first use.
+type groupState struct {
+	f     *ir.Func
+	c     Config
+	state map[string]*ir.Value
+}
+
+// get is the state argument of hyper-parameter what (lr, momentum, beta1,
+// beta2) of group k: optimizer.WHAT, or optimizer.WHAT.K for k > 0,
+// initially the group's value, read-only (a runtime sets it).
+func (gs *groupState) get(what string, k int) *ir.Value {
+	name := "optimizer." + what
+	if k > 0 {
+		name += "." + strconv.Itoa(k)
+	}
+	if v := gs.state[name]; v != nil {
+		return v
+	}
+	g := gs.c.Groups[k]
+	val := map[string]float64{"lr": g.LR, "momentum": g.Momentum, "beta1": g.Beta1, "beta2": g.Beta2}[what]
+	// The momentum and the betas are f64, as the Python floats of
+	// torch.optim: 1 - beta2 and 1 - beta2^t then match PyTorch's, where
+	// 1 - f32(0.999) would be 1.3e-5 off.
+	ty, role := f64Scalar, RoleHyper
+	if what == "lr" {
+		ty, role = f32Scalar, RoleLR
+	}
+	v := gs.f.AddState(name, &ir.Dense{Type: ty, Floats: []float64{val}}, false)
+	v.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(role)}
+	gs.state[name] = v
+	return v
 }
 
 // Roles of the optimizer's state arguments (the argument attribute
 // "role"), which runtimes and checkpoints use to find them.
 const (
 	RoleLR      = ir.RoleLR
+	RoleHyper   = ir.RoleHyperParameter
 	RoleStep    = ir.RoleStep
 	RoleMoment  = ir.RoleOptimizerState
 	RoleRunning = ir.RoleRunningStat
@@ -120,13 +232,27 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	}
 	var updates []update
 	dropped := map[int]bool{}
-	var lr *ir.Value
-	if c.Kind != "none" {
-		lr = f.AddState("optimizer.lr", &ir.Dense{Type: f32Scalar, Floats: []float64{c.LR}}, false)
-		lr.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleLR)}
+	gs := &groupState{f: f, c: c, state: map[string]*ir.Value{}}
+	if len(c.Groups) == 0 {
+		return 0, fmt.Errorf("the optimizer has no parameter group")
+	}
+	switch c.Kind { // group 0's exist even with no parameter to update, in this order
+	case "sgd":
+		gs.get("lr", 0)
+	case "momentum":
+		gs.get("lr", 0)
+		gs.get("momentum", 0)
+	case "adam", "adamw":
+		gs.get("lr", 0)
 	}
 	step := f.AddState("optimizer.step", &ir.Dense{Type: f32Scalar, Floats: []float64{float64(c.Step)}}, true)
 	step.Arg.Attrs = ir.Attrs{"role": ir.StringAttr(RoleStep)}
+	if c.Kind == "adam" || c.Kind == "adamw" {
+		gs.get("beta1", 0)
+		gs.get("beta2", 0)
+	}
+	var params []*ir.Value
+	var grads []*ir.Value
 	for _, p := range f.Args {
 		if c.Kind == "none" {
 			break
@@ -138,28 +264,53 @@ func Apply(f *ir.Func, c Config) (int, error) {
 		if ri < 0 {
 			return 0, fmt.Errorf("@%s has no gradient result for param %s: run autodiff before optimizer", f.Name, p.Ref())
 		}
-		g := f.Results[ri].Value
+		params = append(params, p)
+		grads = append(grads, f.Results[ri].Value)
+		if !c.KeepGrads {
+			dropped[ri] = true
+		}
+	}
+	if c.MaxGradNorm > 0 && len(grads) > 0 {
+		var err error
+		if grads, err = clipGradients(f, grads, c.MaxGradNorm); err != nil {
+			return 0, err
+		}
+	}
+	for i, p := range params {
+		g := grads[i]
+		k := int(p.Arg.Attrs.Int("group", 0))
+		if k < 0 || k >= len(c.Groups) {
+			return 0, fmt.Errorf("param %s is in group %d, and the optimizer has %d groups (the groups option gives groups 1 on)", p.Ref(), k, len(c.Groups))
+		}
+		grp := c.Groups[k]
 		p.Arg.InOut = true
 		attrs := ir.Attrs{}
-		if c.WeightDecay != 0 {
-			attrs["weight_decay"] = ir.FloatAttr(c.WeightDecay)
+		if grp.WeightDecay != 0 {
+			attrs["weight_decay"] = ir.FloatAttr(grp.WeightDecay)
 		}
 		operands := []*ir.Value{p, g}
 		kind := "sgd_update"
 		switch c.Kind {
 		case "momentum":
 			kind = "momentum_update"
-			attrs["momentum"] = ir.FloatAttr(c.Momentum)
-			operands = append(operands, newState(f, "momentum."+p.Name, p.Type), lr)
+			if c.Nesterov {
+				attrs["nesterov"] = ir.BoolAttr(true)
+			}
+			operands = append(operands, newState(f, "momentum."+p.Name, p.Type), gs.get("lr", k), gs.get("momentum", k))
 		case "adam", "adamw":
 			kind = "adam_update"
-			attrs["beta1"], attrs["beta2"], attrs["eps"] = ir.FloatAttr(c.Beta1), ir.FloatAttr(c.Beta2), ir.FloatAttr(c.Eps)
+			attrs["eps"] = ir.FloatAttr(grp.Eps)
 			if c.Kind == "adamw" {
 				attrs["decoupled"] = ir.BoolAttr(true)
 			}
-			operands = append(operands, newState(f, "adam.m."+p.Name, p.Type), newState(f, "adam.v."+p.Name, p.Type), lr, step)
+			operands = append(operands, newState(f, "adam.m."+p.Name, p.Type), newState(f, "adam.v."+p.Name, p.Type))
+			if c.AMSGrad {
+				kind = "amsgrad_update"
+				operands = append(operands, newState(f, "adam.vmax."+p.Name, p.Type))
+			}
+			operands = append(operands, gs.get("lr", k), step, gs.get("beta1", k), gs.get("beta2", k))
 		default:
-			operands = append(operands, lr)
+			operands = append(operands, gs.get("lr", k))
 		}
 		if finite != nil {
 			operands = append(operands, finite) // skipped when a gradient is not finite
@@ -169,9 +320,6 @@ func Apply(f *ir.Func, c Config) (int, error) {
 			return 0, err
 		}
 		updates = append(updates, update{op: op})
-		if !c.KeepGrads {
-			dropped[ri] = true
-		}
 	}
 	// Place each update after the last op reading its parameter or
 	// producing its gradient or condition (or at the end).
@@ -225,7 +373,67 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	return len(updates), nil
 }
 
-var f32Scalar = ir.Type{DType: ir.F32, Shape: ir.Shape{}}
+var (
+	f32Scalar = ir.Type{DType: ir.F32, Shape: ir.Shape{}}
+	f64Scalar = ir.Type{DType: ir.F64, Shape: ir.Shape{}}
+)
+
+// clipGradients appends to f the global-norm clipping of grads, as
+// torch.nn.utils.clip_grad_norm_(max_norm): the norm is the root of the
+// sum of every gradient's squares, and each gradient is multiplied by
+// min(1, maxNorm / (norm + 1e-6)). It returns the clipped gradients, which
+// depend on every gradient: the updates wait for the last.
+func clipGradients(f *ir.Func, grads []*ir.Value, maxNorm float64) ([]*ir.Value, error) {
+	b := &appender{f: f}
+	var total *ir.Value
+	for _, g := range grads {
+		sq := b.op("reduce_sum", nil, g.Name+".sq", b.op("mul", nil, g.Name+".sq2", g, g))
+		if sq != nil && sq.Type.DType != ir.F32 {
+			sq = b.op("cast", ir.Attrs{"to": ir.TypeAttr(ir.F32)}, g.Name+".sq.f32", sq)
+		}
+		if total == nil {
+			total = sq
+		} else {
+			total = b.op("add", nil, "grads.sq", total, sq)
+		}
+	}
+	norm := b.op("sqrt", nil, "grads.norm", total)
+	coef := b.op("div", nil, "grads.clip", b.constant(maxNorm, "grads.max_norm"), b.op("add", nil, "grads.norm.eps", norm, b.constant(1e-6, "grads.eps")))
+	coef = b.op("min", nil, "grads.clip.coef", coef, b.constant(1, "grads.one"))
+	out := make([]*ir.Value, len(grads))
+	for i, g := range grads {
+		c := coef
+		if g.Type.DType != ir.F32 {
+			c = b.op("cast", ir.Attrs{"to": ir.TypeAttr(g.Type.DType)}, g.Name+".clip.coef", coef)
+		}
+		out[i] = b.op("mul", nil, g.Name+".clipped", g, c)
+	}
+	return out, b.err
+}
+
+// appender appends ops to the end of a function's body; the first error
+// sticks and later ops are not made.
+type appender struct {
+	f   *ir.Func
+	err error
+}
+
+func (b *appender) op(kind string, attrs ir.Attrs, name string, in ...*ir.Value) *ir.Value {
+	if b.err != nil {
+		return nil
+	}
+	o, err := b.f.NewOp(kind, in, attrs, ir.Location{}, name)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	b.f.Body = append(b.f.Body, o)
+	return o.Results[0]
+}
+
+func (b *appender) constant(v float64, name string) *ir.Value {
+	return b.op("constant", ir.Attrs{"value": ir.DenseAttr(&ir.Dense{Type: f32Scalar, Floats: []float64{v}})}, name)
+}
 
 // newState adds a zero-initialised state argument updated in place.
 func newState(f *ir.Func, name string, t ir.Type) *ir.Value {
