@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kiln-compiler/kiln/onnx"
@@ -19,7 +20,7 @@ func init() {
 			out := fs.String("o", "-", "output file (- for standard output)")
 			batch := fs.Int64("batch", 0, "replace the first dimension of the data inputs")
 			dataInputs := fs.String("data-inputs", "", "comma-separated graph inputs that are data (default: the first input)")
-			trainable := fs.String("trainable-file", "", "a file naming, one per line, the float initializers and inputs that are parameters; the others become state (default: all are parameters)")
+			trainable := fs.String("trainable-file", "", "a file naming, one per line, the float initializers and inputs that are parameters, each optionally followed by a tab and its optimizer parameter group (a number: the optimizer's groups option); the others become state (default: all are parameters, in group 0)")
 			runningVar := fs.String("running-var", "", runningVarHelp)
 			eval := fs.Bool("eval", false, "read a graph exported in training mode as its module's eval mode: batch norms use their running statistics, dropout is off (the parameters keep their names; an export in eval mode folds batch norms away)")
 			var inputs inputFlags
@@ -49,11 +50,8 @@ func init() {
 					if err != nil {
 						return err
 					}
-					opt.Trainable = []string{}
-					for _, line := range strings.Split(string(b), "\n") {
-						if line = strings.TrimSpace(line); line != "" {
-							opt.Trainable = append(opt.Trainable, line)
-						}
+					if opt.Trainable, opt.Groups, err = parseTrainable(*trainable, string(b)); err != nil {
+						return err
 					}
 				}
 				in, err := readModule(e, args[0], opt)
@@ -69,4 +67,26 @@ func init() {
 			}
 		},
 	})
+}
+
+// parseTrainable reads a --trainable-file: one parameter per line, NAME or
+// NAME, a tab and its parameter group (0 when not given).
+func parseTrainable(path, text string) ([]string, map[string]int64, error) {
+	names, groups := []string{}, map[string]int64{}
+	for i, line := range strings.Split(text, "\n") {
+		line = strings.TrimRight(line, "\r")
+		name, group, grouped := strings.Cut(line, "\t")
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		names = append(names, name)
+		if grouped {
+			k, err := strconv.ParseInt(strings.TrimSpace(group), 10, 64)
+			if err != nil || k < 0 {
+				return nil, nil, fmt.Errorf("%s:%d:%d: error: parameter %s's group is %q, not a number at least 0", path, i+1, len(name)+2, name, group)
+			}
+			groups[name] = k
+		}
+	}
+	return names, groups, nil
 }

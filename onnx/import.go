@@ -36,6 +36,9 @@ type Options struct {
 	// that are parameters; the others are state (read, not trained: a
 	// loss's class weights, a buffer). Nil: every one is a parameter.
 	Trainable []string
+	// Groups gives parameters their optimizer parameter group (the
+	// argument attribute group; absent: group 0).
+	Groups map[string]int64
 	// RunningVar is how a training-mode BatchNormalization updates its
 	// running variance: "unbiased" (PyTorch's nn.BatchNorm), "population"
 	// (the ONNX spec's BatchNormalization-15), or "" for the model's
@@ -736,6 +739,9 @@ func (im *importer) runNodes(nodes []*node) error {
 
 func (im *importer) addArg(name string, t ir.Type, kind ir.ArgKind, init *ir.Dense) {
 	v := &ir.Value{Name: im.f.UniqueName(name), Type: t, Index: len(im.f.Args), Arg: &ir.ArgInfo{Kind: kind, Init: init}, Offset: ir.NoOffset}
+	if k := im.opt.Groups[name]; k != 0 && kind == ir.ArgParam {
+		v.Arg.Attrs = ir.Attrs{"group": ir.IntAttr(k)}
+	}
 	im.f.Args = append(im.f.Args, v)
 	im.vals[name] = entry{v: v}
 }

@@ -67,12 +67,6 @@ func init() {
 			return err
 		}
 		c.Groups = append([]Group{g}, groups...)
-		if c.Nesterov && (c.Kind != "momentum" || g.Momentum == 0) {
-			return fmt.Errorf("nesterov needs kind=momentum with a momentum above 0")
-		}
-		if c.AMSGrad && c.Kind != "adam" && c.Kind != "adamw" {
-			return fmt.Errorf("amsgrad needs kind=adam or adamw")
-		}
 		for _, f := range m.Funcs {
 			n, err := Apply(f, c)
 			if err != nil {
@@ -99,6 +93,23 @@ type options struct {
 	Groups      string   `opt:"groups" default:"" doc:"the options of parameter groups 1, 2, ... (a parameter's group is its argument's attribute group; 0 takes the options above): groups separated by ';', each KEY:VALUE pairs separated by ':' (lr, weight-decay, momentum, beta1, beta2, eps), as lr:0.01:weight-decay:0"`
 	KeepGrads   bool     `opt:"keep-grads" default:"false" doc:"keep returning the gradients"`
 	Placement   string   `opt:"placement" enum:"auto|early|end" default:"auto" doc:"early: each update right after its gradient; end: all updates at the end (as optimizer.step()); auto: kiln's commands run the rest of the pipeline with both and keep the plan that needs less memory (then less modelled time), the pass alone places early"`
+}
+
+// Validate checks the options that depend on each other.
+func (o *options) Validate() error {
+	if o.Nesterov && (o.Kind != "momentum" || o.Momentum == 0) {
+		return fmt.Errorf("nesterov needs kind=momentum with a momentum above 0")
+	}
+	if o.AMSGrad && o.Kind != "adam" && o.Kind != "adamw" {
+		return fmt.Errorf("amsgrad needs kind=adam or adamw")
+	}
+	groups, err := ParseGroups(o.Groups, Group{LR: o.LR, Momentum: o.Momentum, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps})
+	for k, g := range groups {
+		if o.Nesterov && g.Momentum == 0 {
+			return fmt.Errorf("nesterov needs a momentum above 0, and group %d has none", k+1)
+		}
+	}
+	return err
 }
 
 // Config is the optimizer and its hyper-parameters.
@@ -278,9 +289,12 @@ func Apply(f *ir.Func, c Config) (int, error) {
 	}
 	for i, p := range params {
 		g := grads[i]
+		if a, ok := p.Arg.Attrs["group"]; ok && a.Kind != ir.AttrInt {
+			return 0, fmt.Errorf("param %s: its group attribute must be a number, not %s", p.Ref(), a)
+		}
 		k := int(p.Arg.Attrs.Int("group", 0))
 		if k < 0 || k >= len(c.Groups) {
-			return 0, fmt.Errorf("param %s is in group %d, and the optimizer has %d groups (the groups option gives groups 1 on)", p.Ref(), k, len(c.Groups))
+			return 0, fmt.Errorf("param %s is in group %d, and the optimizer has groups 0 to %d (the groups option gives groups 1 on)", p.Ref(), k, len(c.Groups)-1)
 		}
 		grp := c.Groups[k]
 		p.Arg.InOut = true
