@@ -80,7 +80,7 @@ func init() {
 
 type options struct {
 	Kind        string   `opt:"kind" enum:"sgd|momentum|adam|adamw|none" default:"sgd" doc:"the update rule (torch.optim semantics); none: no update, the gradients stay results and the state advances"`
-	LR          float64  `opt:"lr" default:"0.001" range:"(0,inf)" doc:"learning rate"`
+	LR          float64  `opt:"lr" default:"0.001" range:"[0,inf)" doc:"learning rate (its initial value: a scheduler may start at 0)"`
 	Momentum    float64  `opt:"momentum" default:"0.9" range:"[0,1)" doc:"momentum factor (kind=momentum)"`
 	Beta1       float64  `opt:"beta1" default:"0.9" range:"[0,1)" doc:"Adam first-moment decay"`
 	Beta2       float64  `opt:"beta2" default:"0.999" range:"[0,1)" doc:"Adam second-moment decay"`
@@ -172,8 +172,8 @@ func ParseGroups(spec string, base Group) ([]Group, error) {
 				return nil, fmt.Errorf("groups: group %d has %q, none of lr, weight-decay, momentum, beta1, beta2, eps", k+1, fields[i])
 			}
 		}
-		if g.Momentum >= 1 || g.Beta1 >= 1 || g.Beta2 >= 1 || g.LR <= 0 || g.Eps <= 0 {
-			return nil, fmt.Errorf("groups: group %d: lr and eps must be above 0, momentum and the betas below 1", k+1)
+		if g.Momentum >= 1 || g.Beta1 >= 1 || g.Beta2 >= 1 || g.Eps <= 0 {
+			return nil, fmt.Errorf("groups: group %d: eps must be above 0, momentum and the betas below 1", k+1)
 		}
 		out = append(out, g)
 	}

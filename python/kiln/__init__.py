@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 
-from . import _binary, _export, _files
+from . import _binary, _export, _files, _optim
 from ._errors import KilnError
 from ._step import EvalStep, Step
 
@@ -127,15 +127,26 @@ def _loss_shape(onnx_path):
     return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in out.type.tensor_type.shape.dim]
 
 
-def _export_train(model, folder, phases, verbose):
-    """Exports and imports the training graph; returns the kir and ONNX paths, the trainable names and
-    the graph's output names."""
+def _export_train(model, folder, phases, verbose, plan=None):
+    """Exports and imports the training graph; returns the kir and ONNX paths, the trainable names, the
+    graph's output names and the trainable names' parameter groups (plan: what _optim.plan returned;
+    without one every parameter requiring a gradient is trained)."""
     own = model.inputs[:len(model.inputs) - model.targets]
     names = model.output_names(_count_outputs(model.module, own) if model.outputs else 1)
     onnx_path = phases.time("export", _export.export, model.exported, model.inputs, folder, model.names, True, verbose, names)
     trainable = _export.trainable_names(model.exported, onnx_path)
-    kir = phases.time("import", _export.import_onnx, onnx_path, folder, model.names, trainable)
-    return kir, onnx_path, trainable, names
+    groups = None
+    if plan is not None:
+        group_of = {model.prefix + n: k for n, k in plan[2].items()}
+        every = [n for n, p in model.exported.named_parameters() if p.requires_grad]
+        if trainable is None and (set(group_of) != set(every) or any(group_of.values())):
+            raise KilnError("the ONNX export renamed the module's parameters, so Kiln cannot tell them apart: the "
+                            "optimizer must then train every parameter in one group")
+        if trainable is not None:
+            trainable = [n for n in trainable if n in group_of]
+            groups = {n: group_of[n] for n in trainable if group_of[n]}
+    kir = phases.time("import", _export.import_onnx, onnx_path, folder, model.names, trainable, groups=groups)
+    return kir, onnx_path, trainable, names, groups
 
 
 def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microbatches=None, device=None,
@@ -154,7 +165,7 @@ def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microba
     args = _plan_args(budget, optimizer, allow, microbatches, device, precision, loss)
     phases = _binary.Phases("kiln.memory", quiet=verbose is False)
     with tempfile.TemporaryDirectory(prefix="kiln-") as tmp:
-        kir, _, _, _ = _export_train(m, tmp, phases, verbose)
+        kir = _export_train(m, tmp, phases, verbose)[0]
         out, err = phases.time("plan", _binary.run, ["mem", kir, *args, "--json", "--print-pipeline"], phases.report, "plan")
     raw = json.loads(out)
     pipes = [line[len("pipeline: "):] for line in err.splitlines() if line.startswith("pipeline: ")]
@@ -163,25 +174,6 @@ def memory(model, example_inputs, budget=None, optimizer=None, allow=(), microba
         params_bytes=raw["params_bytes"], state_bytes=raw["state_bytes"], inputs_bytes=raw["inputs_bytes"],
         flops=raw["flops"], recompute_flops=raw["recompute_flops"], pipeline=pipes[-1] if pipes else "",
         raw=raw)
-
-
-def _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay):
-    """The optimizer pass's kind and options for torch.optim's defaults and keywords."""
-    if optimizer not in ("sgd", "momentum", "adam", "adamw"):
-        raise ValueError(f"optimizer must be None, 'sgd', 'momentum', 'adam' or 'adamw', not {optimizer!r}")
-    if optimizer == "momentum" and not momentum:
-        momentum = 0.9
-    kind = optimizer
-    if optimizer in ("sgd", "momentum"):
-        kind = "momentum" if momentum else "sgd"
-    if weight_decay is None:
-        weight_decay = 0.01 if optimizer == "adamw" else 0.0
-    opts = [f"lr={float(lr)!r}", f"weight-decay={float(weight_decay)!r}"]
-    if kind == "momentum":
-        opts.append(f"momentum={float(momentum)!r}")
-    if kind in ("adam", "adamw"):
-        opts += [f"beta1={float(betas[0])!r}", f"beta2={float(betas[1])!r}", f"eps={float(eps)!r}"]
-    return kind, ",".join(opts)
 
 
 def _check_device(device):
@@ -196,8 +188,29 @@ def _check_device(device):
     return device
 
 
+def _optimizer(module, optimizer, param_groups, lr, momentum, betas, eps, weight_decay, nesterov, amsgrad):
+    """The torch.optim optimizer a compile trains with: optimizer itself, or one made from its name over
+    param_groups (else the module's parameters)."""
+    import torch
+
+    given = {"lr": lr, "momentum": momentum, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+             "nesterov": nesterov or None, "amsgrad": amsgrad or None, "param_groups": param_groups}
+    if isinstance(optimizer, torch.optim.Optimizer):
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise ValueError(f"{', '.join(extra)}: the optimizer given holds its hyper-parameters and groups; "
+                             "pass them to it, not to kiln.compile")
+        return optimizer
+    if not isinstance(optimizer, str):
+        raise ValueError(f"optimizer must be None, 'sgd', 'momentum', 'adam', 'adamw' or a torch.optim.SGD, Adam "
+                         f"or AdamW, not {optimizer!r}")
+    params = param_groups if param_groups is not None else list(module.parameters())
+    return _optim.make(optimizer, params, lr, momentum, betas, eps, weight_decay, nesterov, amsgrad)
+
+
 def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets=None, outputs=False,
-            optimizer=None, lr=1e-3, momentum=0.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=None,
+            optimizer=None, lr=None, momentum=None, betas=None, eps=None, weight_decay=None, nesterov=False,
+            amsgrad=False, param_groups=None, max_grad_norm=None,
             budget=None, microbatches=None, allow=(), device=None, precision=None, threads=None, verbose=None):
     """Compile module for example_inputs (a tensor or a tuple; their dtypes and shapes fixed, their first
     dimension the largest batch) into a Step run in this process.
@@ -211,9 +224,14 @@ def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets
 
     train=True: with optimizer None the step returns {"loss", "grad.NAME"...} and updates no parameter
     (each call is still a forward and backward in training mode: new dropout masks, batch-norm
-    statistics updated, as in PyTorch); with "sgd" (momentum > 0: its momentum form), "momentum" (sgd,
-    momentum 0.9 unless given), "adam" or "adamw" it runs forward, backward and the update in place
-    (torch.optim's formulas and defaults; weight_decay None: torch's default) and returns {"loss"}.
+    statistics updated, as in PyTorch). With an optimizer it runs forward, backward and the update in
+    place and returns {"loss"}: optimizer is a torch.optim.SGD, Adam or AdamW over the module's parameters
+    (its groups, hyper-parameters, nesterov and amsgrad are compiled; a parameter in no group is not
+    trained), or a name, "sgd", "momentum" (SGD with momentum 0.9 unless given), "adam" or "adamw", with
+    torch.optim's keywords (lr, momentum, betas, eps, weight_decay, nesterov, amsgrad; None: PyTorch's
+    defaults, lr 1e-3) and param_groups (torch.optim's list of {"params": [...], "lr": ...} dicts).
+    max_grad_norm clips the gradients' global norm first, as torch.nn.utils.clip_grad_norm_. The step's
+    optimizer (Step.optimizer) is that torch.optim object: schedulers drive it (Step)
     train=False compiles the module's eval-mode forward and returns its outputs.
 
     The module's parameters and buffers become views of the step's memory: training updates them in
@@ -225,6 +243,12 @@ def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets
     device = _check_device(device)
     if not train and (optimizer is not None or microbatches is not None or precision is not None or loss_fn is not None):
         raise ValueError("an optimizer, microbatches, precision or a loss_fn need train=True")
+    opt = plan = None
+    if optimizer is not None:
+        opt = _optimizer(module, optimizer, param_groups, lr, momentum, betas, eps, weight_decay, nesterov, amsgrad)
+        plan = _optim.plan(opt, module.named_parameters(), max_grad_norm)
+    elif any(v is not None for v in (lr, momentum, betas, eps, weight_decay, param_groups, max_grad_norm)) or nesterov or amsgrad:
+        raise ValueError("optimizer keywords without an optimizer: pass optimizer= ('sgd', 'adam', 'adamw' or a torch.optim one)")
     if loss not in (None, "sum", "mean"):
         raise ValueError(f"loss must be None, 'sum' or 'mean', not {loss!r}")
     if loss is not None and loss_fn is not None:
@@ -236,7 +260,7 @@ def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets
     tmp = tempfile.mkdtemp(prefix="kiln-compile-")
     try:
         if train:
-            kir, onnx_path, trainable, out_names = _export_train(model, tmp, phases, verbose)
+            kir, onnx_path, trainable, out_names, groups = _export_train(model, tmp, phases, verbose, plan)
             shape = _loss_shape(onnx_path)
             if loss is None:
                 if shape and optimizer is not None:
@@ -247,9 +271,8 @@ def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets
             args = _plan_args(budget, None, allow, microbatches, device, precision, loss)
             if outputs:
                 args.append("--keep-outputs")
-            if optimizer is not None:
-                kind, opts = _optimizer_options(optimizer, lr, momentum, betas, eps, weight_decay)
-                args += ["--optimizer", kind, "--optimizer-options", opts]
+            if plan is not None:
+                args += ["--optimizer", plan[0], "--optimizer-options", plan[1]]
             else:
                 # Gradients only: no update, but each call is a new forward and backward in training mode
                 # (new dropout masks, running statistics updated, as PyTorch's).
@@ -258,7 +281,7 @@ def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets
             own = model.inputs
             out_names = _export.forward_output_names(_count_outputs(module, own))
             onnx_path = phases.time("export", _export.export, module, own, tmp, model.names, True, verbose, out_names)
-            out_names = []
+            out_names, groups = [], None
             trainable = _export.trainable_names(module, onnx_path)
             kir = phases.time("import", _export.import_onnx, onnx_path, tmp, model.names, trainable, None, True)
             args = ["-O2"]
@@ -276,19 +299,22 @@ def compile(module, example_inputs, train=True, loss=None, loss_fn=None, targets
         if not train:
             os.replace(os.path.join(tmp, "model.onnx"), os.path.join(tmp, "eval.onnx"))
         own_names = model.names[:len(model.names) - model.targets]
-        meta = {"inputs": model.names, "optimizer": optimizer, "train": bool(train),
+        meta = {"inputs": model.names, "optimizer": plan[0] if plan else None, "train": bool(train),
+                "param_groups": plan[3] if plan else [],
                 "state_names": list(module.state_dict().keys()),
                 "tracked": {k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")},
                 "tied": _export.tied(module), "prefix": model.prefix if train else "",
                 "outputs": out_names[1:] if outputs and train else [],
                 "batch": model.batch, "batched": model.batched,
-                "recompile": {"trainable": trainable, "compile": args if train else ["-O2"],
+                "recompile": {"trainable": trainable, "groups": groups, "compile": args if train else ["-O2"],
                               "eval_inputs": own_names,
                               "eval_trainable": [n for n, p in module.named_parameters() if p.requires_grad]}}
         step = Step(tmp, meta, owned=True, threads=threads, verbose=verbose)
         try:
             step.load_state_dict({k: v for k, v in module.state_dict().items() if k in step._held})
             step._share_with(module, model.inputs[:len(own_names)])
+            if opt is not None:
+                step._bind_optimizer(opt, dict(module.named_parameters()))
         except BaseException:
             step.close()
             raise
@@ -306,6 +332,9 @@ def _check_meta(meta, path):
     ok = (isinstance(meta, dict) and strings(meta.get("inputs")) and strings(meta.get("state_names"))
           and isinstance(meta.get("tracked"), dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in meta["tracked"].items())
           and meta.get("optimizer") in (None, "sgd", "momentum", "adam", "adamw")
+          and isinstance(meta.get("param_groups", []), list)
+          and all(isinstance(g, dict) and strings(g.get("params")) for g in meta.get("param_groups", []))
+          and (meta.get("optimizer") is None or meta.get("param_groups"))
           and isinstance(meta.get("tied", []), list) and all(strings(g) for g in meta.get("tied", []))
           and isinstance(meta.get("prefix", ""), str) and strings(meta.get("outputs", []))
           and isinstance(meta.get("batch", 0), int) and isinstance(meta.get("batched", []), list)
@@ -328,6 +357,8 @@ def load(path, threads=None):
     step = Step(path, _check_meta(meta, meta_path), owned=False, threads=threads)
     try:
         step._check(step._lib.kiln_load(step._s, os.fsencode(os.path.join(path, "checkpoint.npz"))))
+        if meta.get("optimizer"):
+            step._bind_optimizer(None, None)
     except BaseException:
         step.close()
         raise

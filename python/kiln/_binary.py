@@ -98,9 +98,9 @@ class Phases:
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    def time(self, name, fn, *args):
+    def time(self, name, fn, *args, **kwargs):
         t = time.monotonic()
-        out = fn(*args)
+        out = fn(*args, **kwargs)
         self.done.append((name, time.monotonic() - t))
         if time.monotonic() - self.start >= 2:
             self.report(f"kiln: {self.what}: " + ", ".join(f"{n} {s:.1f} s" for n, s in self.done))

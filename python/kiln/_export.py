@@ -175,14 +175,16 @@ def forward_output_names(n):
     return ["output"] if n == 1 else [f"output{i}" for i in range(n)]
 
 
-def import_onnx(onnx_path, folder, data, trainable, batch=None, eval_mode=False, report=None):
+def import_onnx(onnx_path, folder, data, trainable, batch=None, eval_mode=False, report=None, groups=None):
     """Imports onnx_path as folder/NAME.kir (kiln import), data naming the data inputs; trainable the
-    parameters (the others state). Returns the kir path and the import's arguments."""
+    parameters (the others state), groups their optimizer parameter groups where not 0. Returns the kir
+    path."""
     args = ["--data-inputs", ",".join(data)]
     if trainable is not None:
         tfile = os.path.join(folder, "trainable.txt")
+        groups = groups or {}
         with open(tfile, "w") as f:
-            f.write("".join(n + "\n" for n in trainable))
+            f.write("".join(n + (f"\t{groups[n]}" if groups.get(n) else "") + "\n" for n in trainable))
         args += ["--trainable-file", tfile]
     if batch is not None:
         args += ["--batch", str(int(batch))]

@@ -6,7 +6,7 @@ import shutil
 import tempfile
 import threading
 
-from . import _binary, _export, _files
+from . import _binary, _export, _files, _optim
 from ._errors import KilnError
 from ._runtime import NP_DTYPES, Runtime
 
@@ -20,6 +20,12 @@ class Step:
     parameters and buffers: they are views of the step's memory, so after step(x, y) the module holds the
     trained values under its own names (and module.load_state_dict writes into the step), until close(),
     which gives the module copies of its own.
+
+    The optimizer (step.optimizer, a torch.optim.SGD, Adam or AdamW): its param_groups' lr, momentum and
+    betas are the step's from its next call on, so a torch.optim.lr_scheduler made on it drives the
+    step, and each call counts as its step(); its state is views of the step's moments and count, so
+    step.optimizer.state_dict() and load_state_dict() are torch.optim's. Weight decay and eps are
+    compiled in: changing them raises.
 
     Batches: a batch smaller than the compiled one (an epoch's last) runs as that batch, on a step compiled
     for it the first time it comes (cached, sharing this step's memory); a larger one is refused.
@@ -36,6 +42,8 @@ class Step:
         self._shared = []  # (module, attribute, kind) of the module tensors that view the step's memory
         self._module = None
         self._examples = None
+        self.optimizer = None  # the torch.optim optimizer whose groups and state are the step's
+        self._binding = None
         self._folder, self._owned, self._meta = folder, owned, meta
         self._threads, self._verbose = threads, verbose
         self._so_fd = _files.open_regular(os.path.join(folder, "step.so"))
@@ -142,9 +150,14 @@ class Step:
             self._check_batch(batch)
             rt = self._runtime_for("train", batch)
             byname = {t["name"]: t for t in rt.tensors if t["kind"] == "input"}
+            if self._binding is not None:
+                self._binding.state_in()
+                self._binding.hyper_in()
             rt.run([(byname[t["name"]], a) for t, a in zip(self._inputs, arrays)])
             results = self._results(rt)
             self._after_step()
+            if self._binding is not None:
+                self._binding.stepped()
         if as_torch:
             import torch
             results = {k: torch.from_numpy(v) for k, v in results.items()}
@@ -213,15 +226,24 @@ class Step:
         return self._module_names[(id(mod), attr)]
 
     def state_dict(self):
-        """Copies of the module's tensors, {name: torch.Tensor}, named as module.state_dict() names them
-        (parameters and buffers, num_batches_tracked included: the module's count when compiled plus, per
-        step, the number of times the step updates its statistics, as PyTorch counts forward calls).
-        Tied names share one tensor, as in the module's state_dict()."""
+        """Copies of the step's tensors, {name: torch.Tensor}: first the module's, named as
+        module.state_dict() names them (parameters and buffers, num_batches_tracked included: the module's
+        count when compiled plus, per step, the number of times the step updates its statistics, as
+        PyTorch counts forward calls; tied names share one tensor, as in the module's state_dict()); then,
+        with an optimizer, its state as torch.optim keeps it, under keys that start "optimizer.":
+        optimizer.state.NAME.KEY (KEY: momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq; NAME the
+        parameter's module name: torch.optim's state_dict() numbers the same tensors by their order in
+        param_groups), optimizer.step (the steps taken, torch's per-parameter "step"), and
+        optimizer.param_groups.K.HYPER (HYPER: lr, momentum, beta1, beta2 of group K, what the next step
+        uses); last, the step's own state under kiln.NAME (kiln.random.offset: the position of dropout's
+        random stream). Loaded into a step compiled from the same module, it continues bit for bit."""
         import torch
 
         out, read = {}, {}
         with self._lock:
             self._open()
+            if self._binding is not None:
+                self._binding.state_in()
             steps = self._steps()
             for name in self._meta["state_names"]:
                 t = self._held.get(name)
@@ -231,20 +253,109 @@ class Step:
                     out[name] = read[t["name"]]
                 elif name.endswith("num_batches_tracked"):
                     out[name] = torch.tensor(self._tracked(name, steps), dtype=torch.int64)
+            if self._binding is not None:
+                out.update(self._optimizer_entries())
+            for t in self._own_state():
+                out["kiln." + t["name"]] = torch.from_numpy(self._array(t))
         return out
 
+    def _own_state(self):
+        """The step's state that is neither the module's nor the optimizer's (state_dict()'s kiln.NAME
+        entries): the random generator's position, a loss scale's."""
+        held = {t["name"] for t in self._held.values()}
+        covered = ("optimizer_state", "lr", "hyper", "step") if self._binding is not None else ()
+        return [t for t in self._tensors if t["kind"] == "state" and t["name"] not in held
+                and t.get("role") not in covered and t.get("role") != "running_stat"]
+
+    def _optimizer_entries(self):
+        """The optimizer's entries of state_dict()."""
+        import torch
+
+        b = self._binding
+        views, step_view = b.state_views()
+        out = {}
+        for g in self.optimizer.param_groups:
+            for p in g["params"]:
+                for key, v in views.get(id(p), {}).items():
+                    out[f"optimizer.state.{b.names[id(p)]}.{key}"] = v.clone()
+        t = self._by_name.get("optimizer.step")
+        if t is not None:
+            out["optimizer.step"] = torch.from_numpy(self._array(t))
+        for k, g in enumerate(self.optimizer.param_groups):
+            for key, value in _hyper_values(g).items():
+                out[f"optimizer.param_groups.{k}.{key}"] = torch.tensor(value, dtype=torch.float64)
+        return out
+
+    def _stage_optimizer_entry(self, name, a, mismatched):
+        """What loading state_dict entry name (an array a) does, as a function to call once every entry is
+        checked; None (and a line in mismatched) when it does not fit."""
+        import torch
+
+        b = self._binding
+        views, step_view = b.state_views()
+        t = self._by_name.get("optimizer.step")
+        if name == "optimizer.step" and t is not None:
+            if a.size != 1:
+                mismatched.append(f"size mismatch for {name}: a tensor of shape {list(a.shape)}, not a count")
+                return None
+            return lambda: self._set(t, a.reshape(()))
+        if name.startswith("optimizer.state."):
+            pname, _, key = name[len("optimizer.state."):].rpartition(".")
+            for g in self.optimizer.param_groups:
+                for p in g["params"]:
+                    if b.names.get(id(p)) == pname and key in views.get(id(p), {}):
+                        v = views[id(p)][key]
+                        if list(a.shape) != list(v.shape):
+                            mismatched.append(f"size mismatch for {name}: copying a tensor of shape {list(a.shape)}, "
+                                              f"the shape in the step is {list(v.shape)}")
+                            return None
+                        return lambda: v.copy_(torch.from_numpy(a.astype(v.numpy().dtype, copy=False)))
+        if name.startswith("optimizer.param_groups."):
+            k, _, key = name[len("optimizer.param_groups."):].partition(".")
+            if k.isdigit() and int(k) < len(self.optimizer.param_groups):
+                g = self.optimizer.param_groups[int(k)]
+                if key in _hyper_values(g):
+                    if a.size != 1:
+                        mismatched.append(f"size mismatch for {name}: a tensor of shape {list(a.shape)}, not a number")
+                        return None
+                    return lambda: _set_hyper(g, key, float(a.reshape(())))
+        raise KeyError(f"the step holds no tensor {name!r}")
+
     def load_state_dict(self, state_dict):
-        """Sets the module's tensors that state_dict holds (as state_dict() names them). Each tensor must
-        have the shape the step holds (its dtype is converted); every entry is checked before any is set,
-        so a refused state_dict changes nothing. Unknown names raise KeyError, shapes RuntimeError
-        (PyTorch's "size mismatch for NAME")."""
+        """Sets the tensors that state_dict holds, named as state_dict() names them: the module's, the
+        optimizer's and the step's own (a module's state_dict alone leaves the others as they are). Each
+        tensor must have the shape the step holds (its dtype is converted); every entry is checked before
+        any is set, so a refused state_dict changes nothing. Unknown names raise KeyError, shapes
+        RuntimeError (PyTorch's "size mismatch for NAME")."""
         import numpy as np
 
-        staged, tracked, mismatched = [], {}, []
+        staged, tracked, mismatched, later = [], {}, [], []
         with self._lock:
             self._open()
             steps = None
+            if self._binding is not None:
+                self._binding.state_in()
             for name, value in state_dict.items():
+                if name.startswith("kiln."):
+                    t = next((t for t in self._own_state() if t["name"] == name[len("kiln."):]), None)
+                    if t is None:
+                        raise KeyError(f"the step holds no tensor {name!r}")
+                    if hasattr(value, "detach"):
+                        value = value.detach().cpu().numpy()
+                    a = np.asarray(value)
+                    if list(a.shape) != list(t["shape"]):
+                        mismatched.append(f"size mismatch for {name}: copying a tensor of shape {list(a.shape)}, "
+                                          f"the shape in the step is {list(t['shape'])}")
+                    else:
+                        staged.append((t, a))
+                    continue
+                if name.startswith("optimizer.") and self._binding is not None:
+                    if hasattr(value, "detach"):
+                        value = value.detach().cpu().numpy()
+                    fn = self._stage_optimizer_entry(name, np.asarray(value), mismatched)
+                    if fn is not None:
+                        later.append(fn)
+                    continue
                 t = self._held.get(name)
                 if t is not None:
                     if hasattr(value, "detach"):
@@ -257,7 +368,9 @@ class Step:
                     staged.append((t, a))
                 elif name.endswith("num_batches_tracked") and name in self._meta["state_names"]:
                     if steps is None:
-                        steps = self._steps()
+                        # The count after loading: the state_dict's, else the step's.
+                        count = state_dict.get("optimizer.step", state_dict.get("kiln.optimizer.step"))
+                        steps = int(float(count)) if count is not None else self._steps()
                     tracked[name] = int(value) - steps * self._updates(name)
                 else:
                     raise KeyError(f"the step holds no tensor {name!r}")
@@ -265,17 +378,42 @@ class Step:
                 raise RuntimeError("Error(s) in loading state_dict:\n\t" + "\n\t".join(mismatched))
             for t, a in staged:
                 self._set(t, a)
+            for fn in later:
+                fn()
             self._meta["tracked"].update(tracked)
             self._after_step()
 
     def set_lr(self, lr):
-        """Sets the learning rate of the next steps."""
+        """Sets the learning rate of every parameter group for the next steps (as a scheduler sets
+        step.optimizer.param_groups[k]["lr"])."""
         with self._lock:
             self._open()
-            t = self._by_name.get("optimizer.lr")
-            if t is None:
+            if self._binding is None:
                 raise KilnError("the step has no optimizer (compile it with optimizer=...)")
-            self._set(t, self._rt.np.asarray(float(lr)))
+            for g in self.optimizer.param_groups:
+                g["lr"] = float(lr)
+            self._binding.hyper_in()
+
+    def _bind_optimizer(self, opt, params):
+        """Makes opt (a torch.optim optimizer over params, {module name: parameter}) the step's optimizer;
+        None: one rebuilt from kiln.json's groups over the step's own parameters (a reopened checkpoint),
+        its hyper-parameters the checkpoint's."""
+        import torch
+
+        if opt is None:
+            params = {}
+            prefix = self._meta.get("prefix", "")
+            for g in self._meta["param_groups"]:
+                for n in g["params"]:
+                    t = self._by_name.get(prefix + n)
+                    if t is not None and t["kind"] == "param":
+                        params[n] = torch.nn.Parameter(torch.from_numpy(self._rt.view(t)))
+            opt = _optim.rebuild(self._meta["optimizer"], self._meta["param_groups"], params)
+        names = {}
+        for n, p in params.items():
+            names.setdefault(id(p), n)
+        self._binding = _optim.Binding(opt, self._meta["optimizer"], self._rt, names, self._meta.get("prefix", ""))
+        self.optimizer = opt
 
     # --- the module trained in place ---
 
@@ -310,8 +448,10 @@ class Step:
             self._views.add(view.data_ptr())
 
     def _unshare(self):
-        """Gives the module copies of the tensors that still view the step's memory (it is about to go;
-        a later compile of the same module may have taken them over)."""
+        """Gives the module (and the optimizer) copies of the tensors that still view the step's memory (it
+        is about to go; a later compile of the same module may have taken them over)."""
+        if self._binding is not None:
+            self._binding.unshare()
         for mod, attr, kind in self._shared:
             t = getattr(mod, attr, None)
             if t is None or kind == "tracked" or t.data_ptr() not in self._views:
@@ -354,7 +494,9 @@ class Step:
             onnx_path = os.path.join(self._folder, "model.onnx")
             data, trainable, prefix = meta["inputs"], rc["trainable"], ""
             compile_args = rc["compile"]
-        kir = phases.time("import", _export.import_onnx, onnx_path, self._folder, data, trainable, batch, mode == "eval")
+        groups = rc.get("groups") if mode == "train" else None
+        kir = phases.time("import", _export.import_onnx, onnx_path, self._folder, data, trainable, batch, mode == "eval",
+                          groups=groups)
         lib = os.path.join(self._folder, f"{mode}.b{batch or 0}.so")
         phases.time("compile", _binary.run, ["compile", kir, "--target", "llvm", "--emit", "lib", *compile_args, "-o", lib],
                     phases.report, "compile")
@@ -427,6 +569,9 @@ class Step:
                     os.fsync(dst.fileno())
                 self._check(self._lib.kiln_save(self._s, os.fsencode(os.path.join(tmp, "checkpoint.npz"))))
                 saved = {k: v for k, v in self._meta.items() if k != "recompile"}
+                if self.optimizer is not None:  # the groups' hyper-parameters as the next step reads them
+                    saved["param_groups"] = [dict(g, **{k: _optim.plain(v) for k, v in tg.items() if k != "params"})
+                                             for g, tg in zip(self._meta["param_groups"], self.optimizer.param_groups)]
                 with open(os.path.join(tmp, "kiln.json"), "x") as f:
                     json.dump(saved, f)
                     f.flush()
@@ -490,6 +635,26 @@ class Step:
             self.close()
         except Exception:  # at interpreter shutdown the modules it uses may be gone already
             pass
+
+
+def _hyper_values(g):
+    """The hyper-parameters of param group g that the step reads each call, flat: lr, momentum, beta1,
+    beta2 (those g has)."""
+    out = {"lr": float(g["lr"])}
+    if "momentum" in g:
+        out["momentum"] = float(g["momentum"])
+    if "betas" in g:
+        out["beta1"], out["beta2"] = (float(b) for b in g["betas"])
+    return out
+
+
+def _set_hyper(g, key, value):
+    if key in ("beta1", "beta2"):
+        b = list(g["betas"])
+        b[0 if key == "beta1" else 1] = value
+        g["betas"] = tuple(b)
+    else:
+        g[key] = value
 
 
 class EvalStep:
