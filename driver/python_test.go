@@ -18,7 +18,9 @@ import (
 // checkpoints, Fashion-MNIST against torch) and python/tests/test_runtime.py
 // (failed steps change nothing, threads, closed steps, checkpoint files,
 // a property test against torch) and python/tests/test_trainer.py (losses
-// as PyTorch writes them, the module trained in place, eval, any batch)
+// as PyTorch writes them, the module trained in place, eval, any batch,
+// optimizers and schedulers, checkpoints, two epochs of Fashion-MNIST) and
+// python/tests/test_package.py (pip install ./python, the README's example)
 // with a kiln binary
 // built from this tree, under Debian's system Python, which .ci/run
 // provides with python3-torch and python3-torchvision.
@@ -36,7 +38,7 @@ func TestPythonEntry(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
-	for _, script := range []string{"test_memory.py", "test_compile.py", "test_train.py", "test_runtime.py", "test_trainer.py"} {
+	for _, script := range []string{"test_memory.py", "test_compile.py", "test_train.py", "test_runtime.py", "test_trainer.py", "test_package.py"} {
 		cmd := exec.Command(python, filepath.Join(root, "python", "tests", script))
 		cmd.Dir = filepath.Join(root, "python", "tests")
 		cmd.Env = append(os.Environ(), "KILN="+bin, "PYTHONPATH="+filepath.Join(root, "python"))

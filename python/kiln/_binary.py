@@ -45,8 +45,10 @@ def binary(report=None):
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kiln")
         os.makedirs(cache, exist_ok=True)
         out = os.path.join(cache, "kiln")
-        if report:
-            report(f"kiln: building the kiln binary from {root} with go build (once; set $KILN to use another)")
+        # Said even where progress is off: the build takes a while (a minute with a cold Go cache).
+        say = report or (lambda line: print(line, file=sys.stderr, flush=True))
+        say(f"kiln: building the kiln binary from {root} with go build (once per process; set $KILN to use another)")
+        start = time.monotonic()
         fd, tmp = tempfile.mkstemp(prefix=".kiln-", dir=cache)
         os.close(fd)
         try:
@@ -55,6 +57,7 @@ def binary(report=None):
                 raise KilnError(f"go build of kiln in {root} failed:\n{proc.stderr.strip()}")
             os.chmod(tmp, 0o755)
             os.replace(tmp, out)
+            say(f"kiln: built {out} in {time.monotonic() - start:.0f} s")
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)

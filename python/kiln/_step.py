@@ -660,7 +660,8 @@ def _set_hyper(g, key, value):
 class EvalStep:
     """A training step's eval mode (Step.eval()): the module's forward as module.eval() runs it (batch norm
     with its running statistics, dropout off), on the step's current weights; called with the module's own
-    inputs (no targets), it returns the module's output (a tensor, or a tuple of them)."""
+    inputs (no targets), it returns the module's output (a tensor, or a tuple of them). Any batch runs, a
+    larger one than the training step's too: each batch's forward is compiled the first time it comes."""
 
     def __init__(self, step):
         self._step = step
@@ -676,7 +677,7 @@ class EvalStep:
             rt = step._runtime_for("eval", None)
             byname = {t["name"]: t for t in rt.tensors if t["kind"] == "input"}
             arrays, batch, as_torch = step._arrays(inputs, [byname[n] for n in names], batched[:len(names)])
-            step._check_batch(batch)
+            # Any batch: a forward holds no gradients, and each batch's is compiled for it.
             if batch is not None:
                 rt = step._runtime_for("eval", batch)
                 byname = {t["name"]: t for t in rt.tensors if t["kind"] == "input"}
