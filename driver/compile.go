@@ -135,6 +135,7 @@ func init() {
 			fn := fs.String("func", "", "function to compile (default: the first)")
 			threads := fs.Int("threads", 0, "threads of parallel loops (0: all online cores when the program runs; 1: sequential code)")
 			buildTimeout := fs.Duration("build-timeout", DefaultBuildTimeout, "with --emit obj, lib or exe: stop clang past this long, with a message (0: no limit)")
+			cache := fs.String("cache", "", "with --emit obj, lib or exe: the directory of compiled kernels kept for the next build of the same kernels, off for none (default: $KILN_CACHE, else kiln/ in the user's cache directory)")
 			return func(e *env, args []string) error {
 				if *buildTimeout < 0 {
 					return usageError{fmt.Sprintf("--build-timeout must be 0 (no limit) or more, not %v", *buildTimeout)}
@@ -157,6 +158,7 @@ func init() {
 				if *threads < 0 {
 					return usageError{fmt.Sprintf("--threads must be 0 (all cores) or more, not %d", *threads)}
 				}
+				opt := llvm.Options{Threads: *threads, BuildTimeout: *buildTimeout, CacheDir: objectCacheDir(*cache)}
 				switch *emit {
 				case "ll", "header", "runtime-header":
 				case "obj", "lib", "exe":
@@ -187,16 +189,37 @@ func init() {
 					}
 					ext := map[string]string{"ll": ".ll", "header": ".h", "obj": ".o", "lib": ".so", "exe": ""}[*emit]
 					for s, f := range stages {
-						if err := compileLLVM(e, in, f, *emit, llvm.Options{Threads: *threads, BuildTimeout: *buildTimeout}, filepath.Join(*out, fmt.Sprintf("stage%d%s", s, ext))); err != nil {
+						if err := compileLLVM(e, in, f, *emit, opt, filepath.Join(*out, fmt.Sprintf("stage%d%s", s, ext))); err != nil {
 							return err
 						}
 					}
 					return nil
 				}
-				return compileLLVM(e, in, f, *emit, llvm.Options{Threads: *threads, BuildTimeout: *buildTimeout}, *out)
+				return compileLLVM(e, in, f, *emit, opt, *out)
 			}
 		},
 	})
+}
+
+// objectCacheDir is where compile keeps compiled kernels: flag, else
+// $KILN_CACHE, else kiln/ in the user's cache directory ("" where none
+// can be found); "off" keeps none.
+func objectCacheDir(flag string) string {
+	dir := flag
+	if dir == "" {
+		dir = os.Getenv("KILN_CACHE")
+	}
+	if dir == "off" {
+		return ""
+	}
+	if dir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			return ""
+		}
+		dir = filepath.Join(base, "kiln")
+	}
+	return filepath.Join(dir, "objects")
 }
 
 // DefaultBuildTimeout bounds clang's run for one step (--build-timeout):

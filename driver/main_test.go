@@ -12,7 +12,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_AS_KILN") == "1" {
 		Run()
 	}
+	// Compiled kernels go to a cache of the tests' own, not the user's.
+	cache, err := os.MkdirTemp("", "kiln-test-cache-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("KILN_CACHE", cache)
 	code := m.Run()
+	os.RemoveAll(cache)
 	if fuzzExeDir != "" {
 		os.RemoveAll(fuzzExeDir) // the executable FuzzExecutableReader built for this process
 	}

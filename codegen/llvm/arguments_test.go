@@ -2,6 +2,7 @@ package llvm_test
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,4 +88,46 @@ func TestBuildTimeout(t *testing.T) {
 	_, err = llvm.Build(p, "obj", llvm.Options{BuildTimeout: 10 * time.Minute, Progress: func(time.Duration) { ticks++ }})
 	require.NoError(t, err)
 	require.Contains(t, llvm.Flags, "-unroll-allow-partial=false", "partial unrolling stays off (Zen 3's cost model asked for it and clang took hours)")
+}
+
+// TestBuildCachesKernels: with a cache, a library of the same kernels and
+// other embedded weights links the cached objects (the cache gains
+// nothing) and behaves as one built without the cache.
+func TestBuildCachesKernels(t *testing.T) {
+	requireClang(t)
+	src := func(w string) string {
+		return `func @f(%x: f32[4,4], %w: f32[4,4] {param, init = dense<f32[4,4]: ` + w + `>}) -> (f32[4,4]) {
+  %p = matmul(%x, %w) : f32[4,4]
+  %r = relu(%p) : f32[4,4]
+  return %r
+}
+`
+	}
+	cache := t.TempDir()
+	count := func() int {
+		n := 0
+		require.NoError(t, filepath.WalkDir(cache, func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				n++
+			}
+			return err
+		}))
+		return n
+	}
+	var libs [][]byte
+	for i, w := range []string{"1.0", "2.0"} {
+		m, err := parser.Parse("t.kir", src(w))
+		require.NoError(t, err)
+		pipelineOn(t, m, "fuse,assign")
+		p, err := llvm.Lower(m.Funcs[0])
+		require.NoError(t, err)
+		lib, err := llvm.Build(p, "lib", llvm.Options{CacheDir: cache})
+		require.NoError(t, err)
+		libs = append(libs, lib)
+		require.Equal(t, 2, count(), "build %d: the runtime's object and the kernels'", i)
+		plain, err := llvm.Build(p, "lib", llvm.Options{})
+		require.NoError(t, err)
+		require.Equal(t, plain, lib, "a cached build is the build")
+	}
+	require.NotEqual(t, libs[0], libs[1], "the weights differ")
 }

@@ -1,9 +1,7 @@
 package llvm
 
 import (
-	"crypto/sha256"
 	_ "embed"
-	"encoding/hex"
 	"fmt"
 	"github.com/kiln-compiler/kiln/scratch"
 	"os"
@@ -224,10 +222,7 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		return nil, err
 	}
 	defer scratch.Remove(dir)
-	ll := filepath.Join(dir, "program.ll")
-	if err := os.WriteFile(ll, []byte(text), 0o644); err != nil {
-		return nil, err
-	}
+	cache := objectCache{dir: opt.CacheDir}
 	args := append([]string{}, Flags...)
 	// The step's tables and embedded initial values (program.c), which
 	// the fixed runtime and driver read; their headers serve both.
@@ -245,9 +240,19 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		}
 		return filepath.Join(dir, "program.c"), nil
 	}
+	// The kernels (program.ll) compile to an object of their own: the
+	// longest part of a build, and the same for a model whatever its
+	// weights, so the cache can keep it.
+	kernels := func(extra ...string) (string, error) {
+		return compileKernels(clang, dir, text, extra, opt, cache, len(p.Kernels))
+	}
 	switch kind {
 	case "obj":
-		args = append(args, "-c", ll)
+		obj, err := kernels()
+		if err != nil {
+			return nil, err
+		}
+		return os.ReadFile(obj)
 	case "lib":
 		if Ranks(p) > 1 {
 			return nil, fmt.Errorf("a step of %d ranks is built as an executable (--emit exe, run under mpirun), not a library", Ranks(p))
@@ -256,17 +261,21 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		rt, err := fixedObject(clang, dir, "runtime", runtimeSource, nil)
+		rt, err := fixedObject(clang, dir, "runtime", runtimeSource, nil, cache)
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", tc, rt, ll, "-lm", "-lpthread")
+		obj, err := kernels("-fPIC")
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", tc, rt, obj, "-lm", "-lpthread")
 	case "exe":
 		tc, err := tables()
 		if err != nil {
 			return nil, err
 		}
-		rt, err := fixedObject(clang, dir, "runtime", runtimeSource, nil)
+		rt, err := fixedObject(clang, dir, "runtime", runtimeSource, nil, cache)
 		if err != nil {
 			return nil, err
 		}
@@ -276,17 +285,55 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 				return nil, err
 			}
 		}
-		drv, err := fixedObject(clang, dir, "driver", driverSource, append([]string{fmt.Sprintf("-DKILN_MPI=%d", min(len(mpi), 1))}, mpi...))
+		drv, err := fixedObject(clang, dir, "driver", driverSource, append([]string{fmt.Sprintf("-DKILN_MPI=%d", min(len(mpi), 1))}, mpi...), cache)
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", tc, drv, rt, ll, "-lm", "-lpthread")
+		obj, err := kernels()
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", tc, drv, rt, obj, "-lm", "-lpthread")
 		args = append(args, mpi...)
 	default:
 		return nil, fmt.Errorf("unknown output kind %q", kind)
 	}
 	tmp := filepath.Join(dir, "out")
 	args = append(args, "-o", tmp)
+	if err := runClang(clang, dir, args, opt, len(p.Kernels), len(text)); err != nil {
+		return nil, err
+	}
+	return os.ReadFile(tmp)
+}
+
+// compileKernels compiles the LLVM IR text to dir/program.o (clang with
+// Flags, extra and -c), or takes the object from cache, and returns its
+// path.
+func compileKernels(clang, dir, text string, extra []string, opt Options, cache objectCache, kernels int) (string, error) {
+	obj := filepath.Join(dir, "program.o")
+	cargs := append(append(append([]string{}, Flags...), extra...), "-c")
+	key := cacheKey(clang, cargs, []byte(text))
+	if b := cache.get(key); b != nil {
+		return obj, os.WriteFile(obj, b, 0o644)
+	}
+	ll := filepath.Join(dir, "program.ll")
+	if err := os.WriteFile(ll, []byte(text), 0o644); err != nil {
+		return "", err
+	}
+	if err := runClang(clang, dir, append(cargs, ll, "-o", obj), opt, kernels, len(text)); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		return "", err
+	}
+	cache.put(key, b)
+	return obj, nil
+}
+
+// runClang runs clang with args in dir, within opt's time limit and with
+// its progress.
+func runClang(clang, dir string, args []string, opt Options, kernels, textBytes int) error {
 	cmd := exec.Command(clang, args...)
 	cmd.Dir = dir                                 // .incbin reads the init files from here
 	cmd.Env = append(os.Environ(), "TMPDIR="+dir) // clang's own temporaries go with the folder
@@ -294,12 +341,12 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	msg, late, err := scratch.CombinedOutputWithin(cmd, opt.BuildTimeout)
 	stop()
 	if late {
-		return nil, fmt.Errorf("clang did not finish compiling the step within %v (%d kernels, %s of LLVM IR), and was stopped; raise the limit (--build-timeout) or make the step smaller (a recurrence compiles one kernel per time step)", opt.BuildTimeout, len(p.Kernels), sizeText(len(text)))
+		return fmt.Errorf("clang did not finish compiling the step within %v (%d kernels, %s of LLVM IR), and was stopped; raise the limit (--build-timeout) or make the step smaller (a recurrence compiles one kernel per time step)", opt.BuildTimeout, kernels, sizeText(textBytes))
 	}
 	if err != nil || len(msg) > 0 {
-		return nil, fmt.Errorf("clang failed on the generated code: %v\n%s", err, tail(string(msg), 4000))
+		return fmt.Errorf("clang failed on the generated code: %v\n%s", err, tail(string(msg), 4000))
 	}
-	return os.ReadFile(tmp)
+	return nil
 }
 
 // ticker calls progress every second with the time since it started,
@@ -349,21 +396,20 @@ type fixedObj struct {
 // fixedObject writes the object of the fixed source src, compiled with
 // Flags and extra, to dir/name.o (compiling it the first time this
 // process needs it; dir holds the headers) and returns its path.
-func fixedObject(clang, dir, name, src string, extra []string) (string, error) {
-	h := sha256.New()
-	for _, s := range append(append([]string{clang, src, programHeader, RuntimeHeader}, Flags...), extra...) {
-		fmt.Fprintf(h, "%d:%s", len(s), s)
-	}
-	key := hex.EncodeToString(h.Sum(nil))
+func fixedObject(clang, dir, name, src string, extra []string, cache objectCache) (string, error) {
+	args := append(append(append([]string{}, Flags...), "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE"), extra...)
+	key := cacheKey(clang, args, []byte(src+programHeader+RuntimeHeader))
 	v, _ := fixedObjects.LoadOrStore(key, &fixedObj{})
 	o := v.(*fixedObj)
 	obj := filepath.Join(dir, name+".o")
 	o.once.Do(func() {
+		if o.data = cache.get(key); o.data != nil {
+			return
+		}
 		c := filepath.Join(dir, name+".c")
 		if o.err = os.WriteFile(c, []byte(src), 0o644); o.err != nil {
 			return
 		}
-		args := append(append(append([]string{}, Flags...), "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE"), extra...)
 		cmd := exec.Command(clang, append(args, "-c", c, "-o", obj)...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "TMPDIR="+dir)
@@ -377,6 +423,7 @@ func fixedObject(clang, dir, name, src string, extra []string) (string, error) {
 		fixedObjects.CompareAndDelete(key, o) // a failure (a full disk, a killed clang) is not kept: the next build tries again
 		return "", o.err
 	}
+	cache.keep(key, o.data) // this build's cache may not hold what an earlier one in this process compiled
 	return obj, os.WriteFile(obj, o.data, 0o644)
 }
 

@@ -59,6 +59,10 @@ type Options struct {
 	BuildTimeout time.Duration
 	// Progress, when set, hears every second how long clang has run.
 	Progress func(elapsed time.Duration)
+	// CacheDir, when set, is where Build keeps the objects clang compiled
+	// (the kernels, the fixed runtime), so that a build of the same
+	// kernels links them instead (objectCache); "" compiles everything.
+	CacheDir string
 }
 
 // module emits one program.
