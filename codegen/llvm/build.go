@@ -38,19 +38,7 @@ func moduleText(m *llir.Module) string {
 	if err := m.AssignGlobalIDs(); err != nil {
 		panic(fmt.Errorf("llvm: global IDs: %v", err))
 	}
-	funcs := make([]string, len(m.Funcs))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < len(funcs); i = int(next.Add(1)) - 1 {
-				funcs[i] = m.Funcs[i].LLString()
-			}
-		}()
-	}
-	wg.Wait()
+	funcs := printFuncs(m.Funcs)
 	var b strings.Builder
 	size := 0
 	for _, f := range funcs {
@@ -72,6 +60,24 @@ func moduleText(m *llir.Module) string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// printFuncs prints each function of fs (LLString), on all cores.
+func printFuncs(fs []*llir.Func) []string {
+	out := make([]string, len(fs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(out); i = int(next.Add(1)) - 1 {
+				out[i] = fs[i].LLString()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // Header is a C header declaring p's entry point and its sizes.
@@ -213,9 +219,17 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	text, err := Text(p, opt)
+	m, err := Emit(p, opt)
 	if err != nil {
 		return nil, err
+	}
+	// The kernels compile as modules of their own (program.ll, or
+	// program.K.ll in parallel for a large step), apart from the tables
+	// and weights: the longest part of a build, and the same for a model
+	// whatever its weights, so the cache keeps them.
+	texts := []string{moduleText(m)}
+	if kind != "obj" {
+		texts = splitModule(m, opt)
 	}
 	dir, err := scratch.MkdirTemp("", "kiln-build-")
 	if err != nil {
@@ -240,11 +254,8 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		}
 		return filepath.Join(dir, "program.c"), nil
 	}
-	// The kernels (program.ll) compile to an object of their own: the
-	// longest part of a build, and the same for a model whatever its
-	// weights, so the cache can keep it.
-	kernels := func(extra ...string) (string, error) {
-		return compileKernels(clang, dir, text, extra, opt, cache, len(p.Kernels))
+	kernels := func(extra ...string) ([]string, error) {
+		return compileKernels(clang, dir, texts, extra, opt, cache, len(p.Kernels))
 	}
 	switch kind {
 	case "obj":
@@ -252,7 +263,7 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		return os.ReadFile(obj)
+		return os.ReadFile(obj[0])
 	case "lib":
 		if Ranks(p) > 1 {
 			return nil, fmt.Errorf("a step of %d ranks is built as an executable (--emit exe, run under mpirun), not a library", Ranks(p))
@@ -269,7 +280,8 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", tc, rt, obj, "-lm", "-lpthread")
+		args = append(append(args, "-shared", "-fPIC", "-std=c11", "-D_DEFAULT_SOURCE", tc, rt), obj...)
+		args = append(args, "-lm", "-lpthread")
 	case "exe":
 		tc, err := tables()
 		if err != nil {
@@ -293,42 +305,69 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "-std=c11", "-D_DEFAULT_SOURCE", tc, drv, rt, obj, "-lm", "-lpthread")
+		args = append(append(args, "-std=c11", "-D_DEFAULT_SOURCE", tc, drv, rt), obj...)
+		args = append(args, "-lm", "-lpthread")
 		args = append(args, mpi...)
 	default:
 		return nil, fmt.Errorf("unknown output kind %q", kind)
 	}
 	tmp := filepath.Join(dir, "out")
 	args = append(args, "-o", tmp)
-	if err := runClang(clang, dir, args, opt, len(p.Kernels), len(text)); err != nil {
+	size := 0
+	for _, t := range texts {
+		size += len(t)
+	}
+	if err := runClang(clang, dir, args, opt, len(p.Kernels), size); err != nil {
 		return nil, err
 	}
 	return os.ReadFile(tmp)
 }
 
-// compileKernels compiles the LLVM IR text to dir/program.o (clang with
-// Flags, extra and -c), or takes the object from cache, and returns its
-// path.
-func compileKernels(clang, dir, text string, extra []string, opt Options, cache objectCache, kernels int) (string, error) {
-	obj := filepath.Join(dir, "program.o")
+// compileKernels compiles the LLVM IR texts (one module each) to
+// dir/program.K.o, in parallel (clang with Flags, extra and -c), or takes
+// their objects from cache, and returns their paths.
+func compileKernels(clang, dir string, texts, extra []string, opt Options, cache objectCache, kernels int) ([]string, error) {
 	cargs := append(append(append([]string{}, Flags...), extra...), "-c")
-	key := cacheKey(clang, cargs, []byte(text))
-	if b := cache.get(key); b != nil {
-		return obj, os.WriteFile(obj, b, 0o644)
+	size := 0
+	for _, t := range texts {
+		size += len(t)
 	}
-	ll := filepath.Join(dir, "program.ll")
-	if err := os.WriteFile(ll, []byte(text), 0o644); err != nil {
-		return "", err
+	objs := make([]string, len(texts))
+	errs := make([]error, len(texts))
+	stop := ticker(opt.Progress)
+	defer stop()
+	opt.Progress = nil // one ticker for the parts together
+	var wg sync.WaitGroup
+	for i, text := range texts {
+		objs[i] = filepath.Join(dir, fmt.Sprintf("program.%d.o", i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := cacheKey(clang, cargs, []byte(text))
+			if b := cache.get(key); b != nil {
+				errs[i] = os.WriteFile(objs[i], b, 0o644)
+				return
+			}
+			ll := filepath.Join(dir, fmt.Sprintf("program.%d.ll", i))
+			if errs[i] = os.WriteFile(ll, []byte(text), 0o644); errs[i] != nil {
+				return
+			}
+			if errs[i] = runClang(clang, dir, append(cargs, ll, "-o", objs[i]), opt, kernels, size); errs[i] != nil {
+				return
+			}
+			b, err := os.ReadFile(objs[i])
+			if errs[i] = err; err == nil {
+				cache.put(key, b)
+			}
+		}()
 	}
-	if err := runClang(clang, dir, append(cargs, ll, "-o", obj), opt, kernels, len(text)); err != nil {
-		return "", err
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
 	}
-	b, err := os.ReadFile(obj)
-	if err != nil {
-		return "", err
-	}
-	cache.put(key, b)
-	return obj, nil
+	return objs, nil
 }
 
 // runClang runs clang with args in dir, within opt's time limit and with

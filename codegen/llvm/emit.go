@@ -63,6 +63,10 @@ type Options struct {
 	// (the kernels, the fixed runtime), so that a build of the same
 	// kernels links them instead (objectCache); "" compiles everything.
 	CacheDir string
+	// Parts is how many modules clang compiles a library's or an
+	// executable's kernels as, in parallel (0: one per core, each of at
+	// least 128 KB of LLVM IR; 1: one module).
+	Parts int
 }
 
 // module emits one program.
