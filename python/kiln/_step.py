@@ -340,14 +340,7 @@ class Step:
                     t = next((t for t in self._own_state() if t["name"] == name[len("kiln."):]), None)
                     if t is None:
                         raise KeyError(f"the step holds no tensor {name!r}")
-                    if hasattr(value, "detach"):
-                        value = value.detach().cpu().numpy()
-                    a = np.asarray(value)
-                    if list(a.shape) != list(t["shape"]):
-                        mismatched.append(f"size mismatch for {name}: copying a tensor of shape {list(a.shape)}, "
-                                          f"the shape in the step is {list(t['shape'])}")
-                    else:
-                        staged.append((t, a))
+                    _stage(name, t, value, staged, mismatched)
                     continue
                 if name.startswith("optimizer.") and self._binding is not None:
                     if hasattr(value, "detach"):
@@ -358,14 +351,7 @@ class Step:
                     continue
                 t = self._held.get(name)
                 if t is not None:
-                    if hasattr(value, "detach"):
-                        value = value.detach().cpu().numpy()
-                    a = np.asarray(value)
-                    if list(a.shape) != list(t["shape"]):
-                        mismatched.append(f"size mismatch for {name}: copying a tensor of shape {list(a.shape)}, "
-                                          f"the shape in the step is {list(t['shape'])}")
-                        continue
-                    staged.append((t, a))
+                    _stage(name, t, value, staged, mismatched)
                 elif name.endswith("num_batches_tracked") and name in self._meta["state_names"]:
                     if steps is None:
                         # The count after loading: the state_dict's, else the step's.
@@ -686,3 +672,16 @@ class EvalStep:
         import torch
         outs = [torch.from_numpy(o) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _stage(name, t, value, staged, mismatched):
+    """Stages value (a tensor or array) for the step's tensor t of that name, or records PyTorch's size
+    mismatch message when its shape differs."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    a = np.asarray(value)
+    if list(a.shape) != list(t["shape"]):
+        mismatched.append(f"size mismatch for {name}: copying a tensor of shape {list(a.shape)}, "
+                          f"the shape in the step is {list(t['shape'])}")
+    else:
+        staged.append((t, a))

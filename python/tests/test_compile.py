@@ -11,13 +11,9 @@ import torchvision
 
 import kiln
 from test_memory import TinyGPT
+from compare import rel_err
 
 TOL = 1e-4
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
 def check_training_step():

@@ -22,16 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-
-
-def module_part(state_dict):
-    """A step's state_dict without the optimizer's and the step's own entries: the module's."""
-    return {k: v for k, v in state_dict.items() if not k.startswith(("optimizer.", "kiln."))}
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+from compare import module_part, rel_err
 
 
 class Net(torch.nn.Module):

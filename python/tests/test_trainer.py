@@ -15,11 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+from compare import rel_err
 
 
 class CNN(nn.Module):
@@ -373,6 +369,15 @@ def check_checkpoints_continue_bit_for_bit():
 
         net, step, sched = fresh(41)
         first = run_steps(step, sched, batches[:20])
+
+        def continues(resumed, resumed_sched, how):
+            rest = run_steps(resumed, resumed_sched, batches[20:])
+            assert first + rest == whole, (name, how, first + rest, whole)
+            got = resumed.state_dict()
+            assert list(got) == list(want), (name, how)
+            for k, v in want.items():
+                assert torch.equal(got[k], v), (name, how, k)
+
         buf = io.BytesIO()
         torch.save({"step": step.state_dict(), "scheduler": sched.state_dict() if sched else None,
                     "optimizer": step.optimizer.state_dict()}, buf)
@@ -386,12 +391,7 @@ def check_checkpoints_continue_bit_for_bit():
             step2.load_state_dict(ck["step"])
             if sched2:
                 sched2.load_state_dict(ck["scheduler"])
-            rest = run_steps(step2, sched2, batches[20:])
-            assert first + rest == whole, (name, "state_dict", first + rest, whole)
-            got = step2.state_dict()
-            assert list(got) == list(want), name
-            for k, v in want.items():
-                assert torch.equal(got[k], v), (name, "state_dict", k)
+            continues(step2, sched2, "state_dict")
             step2.close()
 
             step3 = kiln.load(os.path.join(tmp, "ckpt"))
@@ -400,12 +400,7 @@ def check_checkpoints_continue_bit_for_bit():
                 if sched3:
                     sched3.load_state_dict(ck["scheduler"])
                 step3.optimizer.load_state_dict(ck["optimizer"])  # torch's resume: the groups' lr, the state
-                rest3 = run_steps(step3, sched3, batches[20:])
-                assert first + rest3 == whole, (name, "kiln.load", first + rest3, whole)
-                got = step3.state_dict()
-                assert list(got) == list(want), name
-                for k, v in want.items():
-                    assert torch.equal(got[k], v), (name, "kiln.load", k)
+                continues(step3, sched3, "kiln.load")
     print("20 steps, a checkpoint, 20 more equal 40 steps bit for bit (state_dict and save/load) for "
           + "; ".join(n for n, _, _, _ in OPTIMIZERS))
 
