@@ -182,7 +182,7 @@ func printHelp(w io.Writer) {
 		fmt.Fprintf(w, "  %-52s %s\n", c.usage, c.summary)
 	}
 	fmt.Fprintf(w, "  %-52s %s\n", "kiln version", "print the version")
-	fmt.Fprintf(w, "\nIN is a .kir file or - for standard input. 'kiln help COMMAND' shows a command's flags.\n")
+	fmt.Fprintf(w, "\nIN is a .kir file, an ONNX model (.onnx, imported as kiln import does; --batch and --data-inputs apply) or - for standard input (either). 'kiln help COMMAND' shows a command's flags.\n")
 }
 
 func commandHelp(c *command) string {
