@@ -49,7 +49,7 @@ func TestInterruptLeavesNothing(t *testing.T) {
 		{syscall.SIGINT, []string{"run", src, "--backend", "llvm", "--output-dir", filepath.Join(dir, "out")}, programRuns},
 		{syscall.SIGTERM, []string{"run", src, "--backend", "llvm", "--output-dir", filepath.Join(dir, "out")}, programRuns},
 		{syscall.SIGHUP, []string{"compile", src, "--emit", "exe", "-o", filepath.Join(dir, "slow")}, func(tmp string) bool {
-			m, _ := filepath.Glob(filepath.Join(tmp, "kiln-build-*", "program.ll"))
+			m, _ := filepath.Glob(filepath.Join(tmp, "kiln-build-*", "program.*.ll"))
 			return len(m) > 0
 		}},
 	} {

@@ -677,6 +677,8 @@ class EvalStep:
 def _stage(name, t, value, staged, mismatched):
     """Stages value (a tensor or array) for the step's tensor t of that name, or records PyTorch's size
     mismatch message when its shape differs."""
+    import numpy as np
+
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     a = np.asarray(value)
