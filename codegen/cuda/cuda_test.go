@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -76,32 +75,33 @@ func TestKernelsAreValidCUDA(t *testing.T) {
 	if clang == "" {
 		passtest.Missing(t, "clang is not installed (.ci/run installs clang-14)")
 	}
-	for k, c := range []struct {
+	for _, c := range []struct {
 		model, pipeline string
 		host            bool // the plan calls host functions
+		short           bool // in -short
 	}{
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.9,params=false},assign", false},
-		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.7,params=false},assign", false},
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.9,params=false},assign", false, true},
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.7,params=false},assign", false, false},
 		// Parameters and moments in host memory: host functions run the updates.
-		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true},
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true, false},
 		// ... with bf16 copies of f32 master weights: the host functions
 		// convert between the encodings.
-		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true},
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=f16,loss-scale=1024},optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.75},assign", true},
-		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", true},
+		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.4},assign", true, true},
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=f16,loss-scale=1024},optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.75},assign", true, false},
+		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=adam,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", true, true},
 		// bf16 with fp8 saved values: products read f32 and bf16 operands
 		// (result_dtype), the restore reads fp8 bytes and a bf16 scale.
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false},
+		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false, true},
 		// u64: unsigned division, comparison, conversion and reduction.
-		{"testdata/uint64.kir", "fuse,assign", false},
+		{"testdata/uint64.kir", "fuse,assign", false, true},
 		// Two data-parallel ranks with ZeRO-3: NCCL calls, MPI start-up.
-		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=adam,placement=early},parallel{dp=2,zero=3},canonicalize,dce,cse,fuse,reorder,assign", false},
+		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=adam,placement=early},parallel{dp=2,zero=3},canonicalize,dce,cse,fuse,reorder,assign", false, false},
 		// A pipeline's first stage: NCCL sends and receives.
-		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=momentum,lr=0.1},parallel{pp=2,microbatches=2},canonicalize,dce,cse,fuse,reorder,assign", false},
+		{"testdata/mlp.kir", "autodiff{loss=sum},optimizer{kind=momentum,lr=0.1},parallel{pp=2,microbatches=2},canonicalize,dce,cse,fuse,reorder,assign", false, true},
 		// cuBLASLt calls with bias epilogues.
-		{"testdata/bias.kir", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false},
+		{"testdata/bias.kir", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", false, true},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 3, 5, 6, 7, 9, 10}, k) {
+		if testing.Short() && !c.short {
 			continue // -short: one plan without host functions, bf16 and f16 with them, fp8 saved values, u64, a pipeline stage, cuBLASLt
 		}
 		dir, out, _ := compile(t, c.model, c.pipeline)

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 
@@ -127,32 +126,33 @@ var emulated = regexp.MustCompile(`emulated: (\d+) bytes in (\d+) allocations, (
 //   - the runtime frees every allocation, stream, event and graph, and
 //     reports the device bytes the plan names.
 func TestExecutableMatchesInterpreter(t *testing.T) {
-	for k, c := range []struct {
-		model, pipeline string
-		batch           int64 // an ONNX model's batch (0: its own)
+	for _, c := range []struct {
+		name, model, pipeline string
+		batch                 int64 // an ONNX model's batch (0: its own)
+		short                 bool  // in -short
 	}{
 		// A batch of 4: the order floor rotates 3 rows or more.
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.95,params=false},assign", 4},
+		{"cnn-swap", "../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,swap{device-budget=0.95,params=false},assign", 4, true},
 		// A batch of 32: batch norm's statistics fold 8192 terms per
 		// channel, split into partial sums (reduce.go).
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 32},
+		{"cnn-batch-32", "../../testdata/models/small_cnn/model.onnx", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 32, false},
 		// Offloaded parameters: host functions update them. (Momentum, not
 		// Adam: Adam's update g/(√v+ε) turns the rounding noise of a
 		// mathematically zero gradient into a full step of either sign.)
-		{"../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=momentum,lr=0.01},fuse,reorder,swap{device-budget=0.4},assign", 0},
-		{"testdata/mlp_f16.kir", "autodiff,optimizer{kind=momentum,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", 0},
+		{"bert-offloaded", "../../testdata/models/ci/bert_base_ci.onnx", "autodiff,optimizer{kind=momentum,lr=0.01},fuse,reorder,swap{device-budget=0.4},assign", 0, false},
+		{"mlp-f16-swap", "testdata/mlp_f16.kir", "autodiff,optimizer{kind=momentum,lr=0.001},fuse,reorder,swap{device-budget=0.5},assign", 0, true},
 		// bf16 activations and products with f32 master weights: bf16 GEMMs.
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4},
+		{"cnn-bf16", "../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4, false},
 		// fp8 saved values: the narrowing (max and min folds, a division
 		// rounded to e4m3), the restores and the scaled products.
-		{"../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4},
+		{"cnn-fp8-saved", "../../testdata/models/small_cnn/model.onnx", "autodiff,precision{dtype=bf16,saved=fp8},optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 4, false},
 		// Linear layers whose biases cuBLASLt adds in the GEMMs' epilogues.
-		{"testdata/bias.kir", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 0},
+		{"bias-epilogue", "testdata/bias.kir", "autodiff,optimizer{kind=momentum,lr=0.1},fuse,reorder,assign", 0, true},
 	} {
-		if testing.Short() && !slices.Contains([]int{0, 1, 3, 6}, k) {
-			continue
+		if testing.Short() && !c.short {
+			continue // -short: an offloaded CNN, f16 with host functions, cuBLASLt's epilogue
 		}
-		t.Run(fmt.Sprint(k), func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			dir, out, m := executable(t, c.model, c.pipeline, c.batch)
 			f := m.Funcs[0]
 			args := interp.RandomArgs(f, 7)

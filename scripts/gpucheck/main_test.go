@@ -19,6 +19,9 @@ import (
 // and finds every output within its bound and every program within its
 // planned device memory, in gpu_check.json.
 func TestPrepareAndRunEmulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the device check emulated end to end: the full run (codegen/cuda's -short tests check the programs' parts)")
+	}
 	python := "/usr/bin/python3"
 	if _, err := os.Stat(python); err != nil {
 		passtest.Missing(t, "%s is not installed (.ci/run installs python3-numpy)", python)
