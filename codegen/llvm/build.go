@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,8 +228,10 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	// program.K.ll in parallel for a large step), apart from the tables
 	// and weights: the longest part of a build, and the same for a model
 	// whatever its weights, so the cache keeps them.
-	texts := []string{moduleText(m)}
-	if kind != "obj" {
+	var texts []string
+	if kind == "obj" {
+		texts = []string{moduleText(m)}
+	} else {
 		texts = splitModule(m, opt)
 	}
 	dir, err := scratch.MkdirTemp("", "kiln-build-")
@@ -237,6 +240,7 @@ func Build(p *loops.Program, kind string, opt Options) ([]byte, error) {
 	}
 	defer scratch.Remove(dir)
 	cache := objectCache{dir: opt.CacheDir}
+	defer cache.evict(CacheLimit)
 	args := append([]string{}, Flags...)
 	// The step's tables and embedded initial values (program.c), which
 	// the fixed runtime and driver read; their headers serve both.
@@ -352,7 +356,8 @@ func compileKernels(clang, dir string, texts, extra []string, opt Options, cache
 			if errs[i] = os.WriteFile(ll, []byte(text), 0o644); errs[i] != nil {
 				return
 			}
-			if errs[i] = runClang(clang, dir, append(cargs, ll, "-o", objs[i]), opt, kernels, size); errs[i] != nil {
+			args := append(slices.Clip(cargs), ll, "-o", objs[i]) // each part its own arguments
+			if errs[i] = runClang(clang, dir, args, opt, kernels, size); errs[i] != nil {
 				return
 			}
 			b, err := os.ReadFile(objs[i])

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-compiler/kiln/passtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -15,7 +16,7 @@ import (
 // stays.
 func TestObjectCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	c := objectCache{dir: t.TempDir()}
-	obj := make([]byte, 100)
+	obj := append([]byte("\x7fELF"), make([]byte, 96)...)
 	keys := []string{"aa01", "bb02", "cc03", "dd04"}
 	for i, k := range keys {
 		c.put(k, obj)
@@ -44,4 +45,28 @@ func TestCacheKey(t *testing.T) {
 	require.NotEqual(t, base, cacheKey("/no/such/clang", []string{"-O3", "-c"}, []byte("src2")))
 	require.NotEqual(t, base, cacheKey("/no/such/clang2", []string{"-O3", "-c"}, []byte("src")))
 	require.NotEqual(t, cacheKey("/no/such/clang", []string{"-O3c"}, nil), cacheKey("/no/such/clang", []string{"-O3", "c"}, nil))
+}
+
+// TestObjectCacheMissesWhatIsNotAnObject: an entry that is not an ELF
+// object (a torn or foreign file) is a miss, not a link failure.
+func TestObjectCacheMissesWhatIsNotAnObject(t *testing.T) {
+	c := objectCache{dir: t.TempDir()}
+	c.put("ee05", append([]byte("\x7fELF"), 1, 2, 3))
+	require.NotNil(t, c.get("ee05"))
+	require.NoError(t, os.WriteFile(c.path("ee05"), make([]byte, 64), 0o644))
+	require.Nil(t, c.get("ee05"), "zeros left by a crash")
+}
+
+// TestCacheKeyNamesTheNativeTarget: the key covers what -march=native
+// means on this machine, so a cache shared with another CPU misses.
+func TestCacheKeyNamesTheNativeTarget(t *testing.T) {
+	clang, err := Clang()
+	if err != nil {
+		passtest.Missing(t, "clang is not installed (.ci/run installs clang-14)")
+	}
+	require.Contains(t, nativeTarget(clang), "-target-cpu", "clang -### names the CPU -march=native chose")
+	k := cacheKey(clang, []string{"-O3"}, []byte("x"))
+	nativeTargets.Store(clang, "-target-cpu other")
+	defer nativeTargets.Delete(clang)
+	require.NotEqual(t, k, cacheKey(clang, []string{"-O3"}, []byte("x")))
 }
